@@ -1,0 +1,1 @@
+"""Package data: model and hardware catalogs, bundled traces."""
