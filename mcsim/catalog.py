@@ -1,0 +1,318 @@
+"""Model and hardware catalogs, and the sizes that follow from a model's shape.
+
+The catalogs are package data (``mcsim/data/models.toml``, ``mcsim/data/hardware.toml``): one flat table
+per preset, every entry citing its public source. A scenario names a preset and may override any field
+with a dotted path (``model.kv_heads``, ``hardware.hbm_gb``); :data:`MODEL_FIELDS` and
+:data:`HARDWARE_FIELDS` are the schema that the scenario validator checks those overrides against.
+
+Examples
+--------
+>>> from mcsim import catalog
+>>> model = catalog.model_preset("llama-3-70b")
+>>> catalog.kv_bytes_per_token(model, kv_dtype_bytes=2)
+327680.0
+>>> round(catalog.param_counts(catalog.model_preset("deepseek-v3"))[0] / 1e9)
+671
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import tomllib
+from importlib import resources
+
+__all__ = [
+    "HARDWARE_FIELDS",
+    "HARDWARE_FIELD_DOCS",
+    "MODEL_FIELDS",
+    "MODEL_FIELD_DOCS",
+    "UnknownPresetError",
+    "hardware",
+    "hardware_preset",
+    "kv_bytes_per_token",
+    "model_preset",
+    "models",
+    "param_counts",
+    "weight_bytes",
+]
+
+#: Model field -> (type, description with units).
+MODEL_FIELD_DOCS: dict[str, tuple[type, str]] = {
+    "name": (str, "display name"),
+    "source": (str, "public sources of the figures (config.json, model card, paper)"),
+    "layers": (int, "transformer layers of the main model (MTP modules excluded)"),
+    "hidden_size": (int, "model (residual stream) width"),
+    "attention_heads": (int, "query heads per layer"),
+    "kv_heads": (int, "key/value heads per layer (GQA); for MLA the config value, unused by the KV size"),
+    "head_dim": (int, "query/key dimension per head (MLA: qk_nope_head_dim + qk_rope_head_dim)"),
+    "attention": (str, '"gqa" (grouped-query, incl. MHA/MQA) or "mla" (multi-head latent attention)'),
+    "kv_lora_rank": (int, "MLA compressed KV latent width, cached per token per layer; 0 for GQA"),
+    "qk_rope_head_dim": (int, "MLA decoupled RoPE key width, cached per token per layer; 0 for GQA"),
+    "q_lora_rank": (int, "MLA query low-rank width (0: full-rank query projection)"),
+    "qk_nope_head_dim": (int, "MLA per-head query/key width without RoPE; 0 for GQA"),
+    "v_head_dim": (int, "MLA per-head value width; 0 for GQA (values use head_dim)"),
+    "dense_layers": (int, "layers with a dense FFN (the rest are MoE); equals layers for a dense model"),
+    "experts": (int, "routed experts per MoE layer; 0 for a dense model"),
+    "active_experts": (int, "routed experts each token uses per MoE layer (top-k)"),
+    "shared_experts": (int, "always-on shared experts per MoE layer"),
+    "expert_ffn": (int, "intermediate size of one expert's SwiGLU FFN"),
+    "dense_ffn": (int, "intermediate size of a dense layer's SwiGLU FFN"),
+    "vocab": (int, "vocabulary size (rows of the embedding and of the output head)"),
+    "max_context": (int, "published context window, tokens"),
+    "total_params_b": (float, "published total parameters, billions (main model)"),
+    "active_params_b": (float, "published parameters used per token, billions"),
+    "mtp_layers": (int, "multi-token-prediction modules shipped with the weights (DeepSeek-V3: 1)"),
+}
+
+#: Hardware field -> (type, description with units).
+HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
+    "name": (str, "display name"),
+    "source": (str, "public sources: datasheets; how estimates (price, rental, idle power) were made"),
+    "bf16_tflops": (float, "dense BF16 tensor peak, TFLOP/s (no sparsity)"),
+    "fp8_tflops": (float, "dense FP8 tensor peak, TFLOP/s; 0 where unsupported"),
+    "fp4_tflops": (float, "dense FP4 tensor peak, TFLOP/s; 0 where unsupported"),
+    "hbm_gb": (float, "HBM capacity usable per GPU, GB (1e9 bytes)"),
+    "hbm_tb_s": (float, "HBM bandwidth per GPU, TB/s (1e12 bytes/s)"),
+    "scale_up_gb_s": (float, "scale-up (NVLink / Infinity Fabric) bandwidth per GPU, one direction, GB/s"),
+    "scale_out_gb_s": (float, "scale-out network bandwidth per GPU, one direction, GB/s"),
+    "host_link_gb_s": (float, "GPU-host link (PCIe x16) bandwidth, one direction, GB/s"),
+    "tdp_w": (float, "board power limit, W"),
+    "idle_w": (float, "power of a powered-on idle GPU, W (estimate)"),
+    "price_usd": (float, "purchase price of one accelerator, USD (estimate)"),
+    "gpus_per_node": (int, "GPUs in one scale-up node"),
+    "rental_usd_per_hour": (float, "typical on-demand rental price, USD per GPU-hour (estimate)"),
+}
+
+#: Model field name -> Python type (int, float or str), for the scenario validator.
+MODEL_FIELDS: dict[str, type] = {key: kind for key, (kind, _) in MODEL_FIELD_DOCS.items()}
+
+#: Hardware field name -> Python type (int, float or str), for the scenario validator.
+HARDWARE_FIELDS: dict[str, type] = {key: kind for key, (kind, _) in HARDWARE_FIELD_DOCS.items()}
+
+ATTENTION_KINDS = ("gqa", "mla")
+
+
+class UnknownPresetError(KeyError):
+    """A preset name that is not in the catalog; the message lists the valid names."""
+
+    def __str__(self) -> str:  # KeyError would print the message inside quotes
+        return str(self.args[0]) if self.args else ""
+
+
+def _check_entry(kind: str, preset: str, entry: dict, fields: dict[str, type]) -> None:
+    """Raise ``ValueError`` if a catalog entry lacks a field, has an extra one or a wrong type."""
+    missing = sorted(set(fields) - set(entry))
+    extra = sorted(set(entry) - set(fields))
+    if missing or extra:
+        raise ValueError(f"{kind} catalog entry {preset!r}: missing fields {missing}, unknown fields {extra}")
+    for key, expected in fields.items():
+        value = entry[key]
+        # bool is an int subclass; a catalog value of true/false is always a mistake here.
+        if type(value) is not expected:
+            raise ValueError(
+                f"{kind} catalog entry {preset!r}: {key} = {value!r} is {type(value).__name__}, "
+                f"expected {expected.__name__}"
+            )
+    if kind == "model" and entry["attention"] not in ATTENTION_KINDS:
+        raise ValueError(f"model catalog entry {preset!r}: attention must be one of {ATTENTION_KINDS}")
+
+
+def _load(filename: str, kind: str, fields: dict[str, type]) -> dict[str, dict]:
+    text = resources.files("mcsim.data").joinpath(filename).read_text(encoding="utf-8")
+    table = tomllib.loads(text)
+    for preset, entry in table.items():
+        _check_entry(kind, preset, entry, fields)
+    return table
+
+
+@functools.cache
+def models() -> dict[str, dict]:
+    """All model presets, ``{preset name: {field: value}}``.
+
+    Loaded once from ``mcsim/data/models.toml`` and cached; treat the result as read-only and use
+    :func:`model_preset` for a copy that can be modified.
+    """
+    return _load("models.toml", "model", MODEL_FIELDS)
+
+
+@functools.cache
+def hardware() -> dict[str, dict]:
+    """All hardware presets, ``{preset name: {field: value}}``.
+
+    Cached; treat as read-only and use :func:`hardware_preset` for a modifiable copy.
+    """
+    return _load("hardware.toml", "hardware", HARDWARE_FIELDS)
+
+
+def _preset(table: dict[str, dict], name: str, kind: str) -> dict:
+    key = name.strip().lower()
+    if key in table:
+        return dict(table[key])
+    valid = sorted(table)
+    nearest = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
+    hint = f" Did you mean {nearest[0]!r}?" if nearest else ""
+    raise UnknownPresetError(f"unknown {kind} preset {name!r}.{hint} Valid presets: {', '.join(valid)}.")
+
+
+def model_preset(name: str) -> dict:
+    """A copy of one model preset.
+
+    Parameters
+    ----------
+    name : str
+        Preset name, case-insensitive (``"deepseek-v3"``, ``"llama-3-70b"``, ...).
+
+    Returns
+    -------
+    dict
+        Field -> value (see :data:`MODEL_FIELDS`); a fresh copy the caller may modify.
+
+    Raises
+    ------
+    UnknownPresetError
+        A ``KeyError`` whose message names the nearest valid preset and lists them all.
+    """
+    return _preset(models(), name, "model")
+
+
+def hardware_preset(name: str) -> dict:
+    """A copy of one hardware preset (``"h100"``, ``"mi300x"``, ...); see :func:`model_preset`."""
+    return _preset(hardware(), name, "hardware")
+
+
+def kv_bytes_per_token(model: dict, kv_dtype_bytes: float) -> float:
+    """KV-cache bytes one token occupies across all layers of the main model.
+
+    GQA caches a key and a value vector per KV head: ``2 * layers * kv_heads * head_dim * bytes``.
+    MLA caches one compressed latent plus the decoupled RoPE key, shared by all heads:
+    ``(kv_lora_rank + qk_rope_head_dim) * layers * bytes``.
+
+    Parameters
+    ----------
+    model : dict
+        A model entry (preset, possibly overridden).
+    kv_dtype_bytes : float
+        Bytes per cached element (BF16: 2, FP8: 1).
+
+    Returns
+    -------
+    float
+        Bytes per token. MTP modules, if served, add their own (small) cache, not counted here.
+
+    Examples
+    --------
+    >>> kv_bytes_per_token(model_preset("deepseek-v3"), 2)
+    70272.0
+    """
+    layers = model["layers"]
+    if model["attention"] == "mla":
+        return float((model["kv_lora_rank"] + model["qk_rope_head_dim"]) * layers * kv_dtype_bytes)
+    if model["attention"] == "gqa":
+        return float(2 * layers * model["kv_heads"] * model["head_dim"] * kv_dtype_bytes)
+    raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {model['attention']!r}")
+
+
+def _attention_params(model: dict) -> int:
+    """Weights of one attention block, including its internal norms (no biases in these models)."""
+    hidden, heads = model["hidden_size"], model["attention_heads"]
+    if model["attention"] == "gqa":
+        head_dim, kv_heads = model["head_dim"], model["kv_heads"]
+        q_and_o = 2 * hidden * heads * head_dim
+        k_and_v = 2 * hidden * kv_heads * head_dim
+        return q_and_o + k_and_v
+    # MLA, as in DeepSeek-V2/V3 (q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm,
+    # kv_b_proj, o_proj).
+    q_lora, kv_lora = model["q_lora_rank"], model["kv_lora_rank"]
+    nope, rope, v_dim = model["qk_nope_head_dim"], model["qk_rope_head_dim"], model["v_head_dim"]
+    q_head = nope + rope
+    if q_lora > 0:
+        query = hidden * q_lora + q_lora + q_lora * heads * q_head
+    else:
+        query = hidden * heads * q_head
+    kv_down = hidden * (kv_lora + rope) + kv_lora  # latent + shared RoPE key, and the latent's norm
+    kv_up = kv_lora * heads * (nope + v_dim)
+    output = heads * v_dim * hidden
+    return query + kv_down + kv_up + output
+
+
+def _layer_params(model: dict, moe: bool) -> tuple[int, int]:
+    """(total, active) weights of one transformer layer: attention, two RMSNorms, FFN or MoE."""
+    hidden = model["hidden_size"]
+    common = _attention_params(model) + 2 * hidden
+    if not moe:
+        ffn = 3 * hidden * model["dense_ffn"]  # SwiGLU: gate, up, down
+        return common + ffn, common + ffn
+    expert = 3 * hidden * model["expert_ffn"]
+    router = model["experts"] * hidden  # every token is scored against every expert
+    total = common + router + (model["experts"] + model["shared_experts"]) * expert
+    active = common + router + (model["active_experts"] + model["shared_experts"]) * expert
+    return total, active
+
+
+def _mtp_params(model: dict) -> tuple[int, int]:
+    """(total, active) weights of the MTP modules, excluding the embedding and head they share."""
+    modules = model["mtp_layers"]
+    if modules == 0:
+        return 0, 0
+    hidden = model["hidden_size"]
+    # enorm + hnorm, eh_proj (2*hidden -> hidden), one transformer layer shaped like the main model's
+    # last layer, and the shared head's own final norm.
+    glue = 2 * hidden + 2 * hidden * hidden + hidden
+    layer_total, layer_active = _layer_params(model, moe=model["experts"] > 0)
+    return modules * (glue + layer_total), modules * (glue + layer_active)
+
+
+def param_counts(model: dict, include_mtp: bool = False) -> tuple[float, float]:
+    """Total and per-token active parameter counts computed from the model's shape.
+
+    Counted: the input embedding and the (untied) output head, ``vocab * hidden_size`` each; per layer
+    two RMSNorms and the attention projections (GQA: q, k, v, o; MLA: the low-rank query, the KV latent
+    down-projection with its shared RoPE key, the KV up-projection, o, and the two latent norms); SwiGLU
+    FFNs (three matrices) in the ``dense_layers`` dense layers; in each MoE layer every routed and shared
+    expert plus the router matrix; the final norm. Not counted: the few-hundred-element router bias of
+    DeepSeek's auxiliary-loss-free balancing, and anything not in the weights (rotary tables).
+
+    Active counts everything a token touches: all of the above except that each MoE layer contributes
+    ``active_experts + shared_experts`` experts instead of all of them. The input embedding is counted
+    as active (a lookup rather than a matrix product; DeepSeek's 36.6B figure leaves it out).
+
+    Parameters
+    ----------
+    model : dict
+        A model entry.
+    include_mtp : bool
+        Add the multi-token-prediction modules (``mtp_layers``), which reuse the embedding and head.
+        Published totals (DeepSeek-V3: 671B) exclude them.
+
+    Returns
+    -------
+    (float, float)
+        (total, active) parameter counts, in parameters (not billions).
+    """
+    hidden = model["hidden_size"]
+    layers, dense = model["layers"], model["dense_layers"]
+    if not 0 <= dense <= layers:
+        raise ValueError(f"dense_layers must be between 0 and layers ({layers}), got {dense}")
+    if layers > dense and model["experts"] == 0:
+        raise ValueError("a model with MoE layers (dense_layers < layers) needs experts > 0")
+    dense_total, _ = _layer_params(model, moe=False) if dense else (0, 0)
+    moe_total, moe_active = _layer_params(model, moe=True) if layers > dense else (0, 0)
+    embeddings = 2 * model["vocab"] * hidden + hidden  # input embedding, output head, final norm
+    total = embeddings + dense * dense_total + (layers - dense) * moe_total
+    active = embeddings + dense * dense_total + (layers - dense) * moe_active
+    if include_mtp:
+        mtp_total, mtp_active = _mtp_params(model)
+        total, active = total + mtp_total, active + mtp_active
+    return float(total), float(active)
+
+
+def weight_bytes(model: dict, bytes_per_param: float, include_mtp: bool = False) -> float:
+    """Bytes needed to hold all of the model's weights at ``bytes_per_param`` (BF16: 2, FP8: 1, FP4: 0.5).
+
+    Uses the total of :func:`param_counts` (every expert is resident somewhere); quantization scales and
+    other per-block metadata are not included. ``include_mtp`` adds the MTP modules, which a deployment
+    that uses them for speculative decoding must also hold.
+    """
+    total, _ = param_counts(model, include_mtp=include_mtp)
+    return total * bytes_per_param
