@@ -1,3 +1,28 @@
-"""mcsim: a Monte Carlo laboratory for the economics of serving large language models."""
+"""mcsim: a Monte Carlo laboratory for the economics of serving large language models.
+
+Importing the package compiles nothing; the Python API is loaded on first use:
+
+- :func:`mcsim.run` — run a scenario, return the result :class:`xarray.Dataset`;
+- :func:`mcsim.compare` — baseline vs factory on identical draws (a ``variant`` dim);
+- :func:`mcsim.load_scenario` — read and validate a scenario file.
+"""
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "run": ("mcsim.runner", "run"),
+    "compare": ("mcsim.runner", "compare"),
+    "load_scenario": ("mcsim.scenario", "load_scenario"),
+    "ScenarioError": ("mcsim.scenario", "ScenarioError"),
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'mcsim' has no attribute {name!r}")

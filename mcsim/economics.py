@@ -1,0 +1,82 @@
+"""Stage 6: fleet, energy and money.
+
+Everything here is closed-form arithmetic over a few totals, so it is easy to check by hand — for example against
+DeepSeek's published day (2025-02-28): 226.75 H800 nodes on average at $2/GPU-hour cost $87,072; 608 B input
+tokens (56.3 % cache hits) and 168 B output tokens at $0.14 / $0.55 / $2.19 per million would bring $562,027, a
+cost-profit margin of 545 %.
+
+Boundaries: cost counts accelerator depreciation and electricity (or a rental price) only — not networking,
+storage, CPUs, staff, tax, R&D or financing. Payback is an inference-unit indicator, not an accounting forecast.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+HOURS_PER_YEAR = 8760.0
+DAYS_PER_MONTH = 365.25 / 12
+
+
+@dataclass(frozen=True)
+class Economics:
+    """Daily money and energy of a fleet."""
+
+    cost_usd_per_day: float
+    revenue_usd_per_day: float
+    gross_margin: float
+    cost_profit_margin: float
+    cost_usd_per_mtok: float
+    energy_j_per_token: float
+    payback_months: float
+
+
+def gpu_power_w(tdp_w: float, idle_w: float, busy_fraction: float) -> float:
+    """Mean electrical power of a GPU that is busy ``busy_fraction`` of the time (linear idle -> TDP)."""
+    return idle_w + (tdp_w - idle_w) * min(max(busy_fraction, 0.0), 1.0)
+
+
+def revenue_usd(hit_tokens: float, miss_tokens: float, output_tokens: float, price_hit: float, price_miss: float,
+                price_output: float, billed_fraction: float = 1.0) -> float:
+    """Revenue of token counts at prices in USD per million tokens."""
+    return billed_fraction * (hit_tokens * price_hit + miss_tokens * price_miss + output_tokens * price_output) / 1e6
+
+
+def daily(gpus: float, busy_fraction: float, *, hit_tokens_per_day: float, miss_tokens_per_day: float,
+          output_tokens_per_day: float, prices: tuple[float, float, float], billed_fraction: float = 1.0,
+          pricing: str = "purchase", price_usd: float = 0.0, lifetime_years: float = 4.0,
+          rental_usd_per_gpu_hour: float = 0.0, tdp_w: float = 0.0, idle_w: float = 0.0, pue: float = 1.0,
+          electricity_usd_per_kwh: float = 0.0) -> Economics:
+    """Daily economics of ``gpus`` accelerators serving the given daily token volumes.
+
+    Parameters
+    ----------
+    gpus : float
+        GPUs deployed (may be fractional: a share of a larger fleet).
+    busy_fraction : float
+        Mean fraction of time the GPUs compute (sets power between idle and TDP).
+    prices : (hit, miss, output)
+        USD per million cache-hit input, cache-miss input and output tokens.
+    pricing : {'purchase', 'rental'}
+        Purchase: depreciation ``price_usd / lifetime_years`` plus electricity (power x PUE). Rental: the hourly
+        price, which includes power.
+    """
+    watts = gpu_power_w(tdp_w, idle_w, busy_fraction) * pue
+    energy_j_per_day = gpus * watts * 86400.0
+    electricity_per_gpu_day = watts / 1000.0 * 24.0 * electricity_usd_per_kwh
+    if pricing == "rental":
+        cost_per_gpu_day = rental_usd_per_gpu_hour * 24.0
+        electricity_per_gpu_day_paid = 0.0
+    else:
+        cost_per_gpu_day = price_usd / (lifetime_years * HOURS_PER_YEAR) * 24.0 + electricity_per_gpu_day
+        electricity_per_gpu_day_paid = electricity_per_gpu_day
+    cost = gpus * cost_per_gpu_day
+    revenue = revenue_usd(hit_tokens_per_day, miss_tokens_per_day, output_tokens_per_day, *prices,
+                          billed_fraction=billed_fraction)
+    margin = 1.0 - cost / revenue if revenue > 0 else -math.inf
+    cost_profit = (revenue - cost) / cost if cost > 0 else math.inf
+    per_mtok = cost / output_tokens_per_day * 1e6 if output_tokens_per_day > 0 else math.inf
+    energy_per_token = energy_j_per_day / output_tokens_per_day if output_tokens_per_day > 0 else math.inf
+    monthly_net_per_gpu = (revenue / gpus - electricity_per_gpu_day_paid) * DAYS_PER_MONTH if gpus > 0 else 0.0
+    payback = price_usd / monthly_net_per_gpu if monthly_net_per_gpu > 0 else math.inf
+    return Economics(cost, revenue, margin, cost_profit, per_mtok, energy_per_token, payback)

@@ -1,0 +1,112 @@
+"""Stage 2 orchestration: route requests to instances, size the tiers, run the KV-tier kernel.
+
+The kernel (:func:`mcsim.kernels.kv_tiers.simulate_tiers`) keeps its state in flat arrays indexed by a dense key,
+so block identities are remapped here: each (instance, block) pair gets its own key, since each instance has its
+own cache. ``routing = 'pooled'`` is one cache with the capacity of all instances together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ROUTING = ("random", "round-robin", "prefix-affinity", "pooled")
+
+
+@dataclass(frozen=True)
+class CacheResult:
+    """Per-request reuse.
+
+    Attributes
+    ----------
+    cached_tokens : int64[n, 3]
+        Prompt tokens reused from HBM, DRAM, NVMe.
+    instance : int32[n]
+        Instance that served each request.
+    capacity_blocks : int64[3]
+        Capacity per instance and tier, blocks.
+    """
+
+    cached_tokens: np.ndarray
+    instance: np.ndarray
+    capacity_blocks: np.ndarray
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser: a well-spread hash of integer ids, for affinity routing."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def route(policy: str, block_ptr: np.ndarray, block_ids: np.ndarray, n_instances: int, rng) -> np.ndarray:
+    """Instance of each request.
+
+    ``prefix-affinity`` sends requests whose first block is the same (same system prompt, same session) to the
+    same instance, by a hash of that block; requests with no whole block are spread at random.
+    """
+    n = len(block_ptr) - 1
+    if policy == "pooled" or n_instances == 1:
+        return np.zeros(n, dtype=np.int32)
+    if policy == "round-robin":
+        return (np.arange(n) % n_instances).astype(np.int32)
+    random_choice = rng.integers(0, n_instances, n).astype(np.int32)
+    if policy == "random":
+        return random_choice
+    if policy == "prefix-affinity":
+        has_block = np.diff(block_ptr) > 0
+        first = block_ids[np.minimum(block_ptr[:-1], max(len(block_ids) - 1, 0))] if len(block_ids) else np.zeros(n)
+        by_prefix = (_mix64(np.asarray(first)) % np.uint64(n_instances)).astype(np.int32)
+        return np.where(has_block, by_prefix, random_choice)
+    raise ValueError(f"unknown routing policy {policy!r}; expected one of {', '.join(ROUTING)}")
+
+
+def capacity_blocks(hbm_bytes: float, dram_bytes: float, nvme_bytes: float, kv_bytes_per_token: float,
+                    block_tokens: int) -> np.ndarray:
+    """Blocks per tier = bytes / (KV bytes per token x block tokens)."""
+    per_block = kv_bytes_per_token * block_tokens
+    return np.floor(np.array([hbm_bytes, dram_bytes, nvme_bytes], dtype=float) / per_block).astype(np.int64)
+
+
+def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instance: np.ndarray, rng) -> CacheResult:
+    """Run the tiers for one sample's requests (in arrival order).
+
+    Parameters
+    ----------
+    requests : mcsim.workload.Requests
+    policy : str
+        One of :data:`ROUTING`.
+    n_instances : int
+    capacity_per_instance : int64[3]
+        Blocks per tier of one instance's cache (multiplied by ``n_instances`` when pooled).
+    rng : numpy.random.Generator
+        The sample's routing stream.
+    """
+    from mcsim.kernels.kv_tiers import simulate_tiers
+
+    n = requests.n
+    instance = route(policy, requests.block_ptr, requests.block_ids, n_instances, rng)
+    capacity = np.asarray(capacity_per_instance, dtype=np.int64).copy()
+    caches = n_instances
+    if policy == "pooled":
+        capacity = capacity * n_instances
+        caches = 1
+    hits = np.zeros((n, 3), dtype=np.int64)
+    counts = np.diff(requests.block_ptr)
+    if len(requests.block_ids) and capacity[0] > 0:
+        owner_instance = np.repeat(instance, counts).astype(np.int64)
+        ids = requests.block_ids
+        span = int(ids.max()) + 1
+        uniq, keys = np.unique(owner_instance * span + ids, return_inverse=True)
+        simulate_tiers(requests.block_ptr.astype(np.int64), keys.astype(np.int64), instance, caches, len(uniq),
+                       capacity, hits)
+    cached = hits * requests.block_tokens
+    # A fully cached prompt still computes its last token (the first output needs one forward position).
+    excess = np.maximum(cached.sum(axis=1) - (requests.prompt_tokens - 1), 0)
+    for tier in range(3):
+        take = np.minimum(excess, cached[:, tier])
+        cached[:, tier] -= take
+        excess -= take
+    return CacheResult(cached_tokens=cached, instance=instance, capacity_blocks=capacity)

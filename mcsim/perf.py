@@ -1,0 +1,234 @@
+"""Stage 5, factor fidelity: from the per-request stage outputs to throughput, latency and fleet size.
+
+Decode throughput per GPU at a batch of ``b`` sequences per GPU follows the weight-streaming roofline shape
+
+    X(b) = X_sat * b / (b + b_half)
+
+where ``X_sat`` is the saturated (b -> infinity) throughput and ``b_half = weight-read time / per-sequence time``.
+``X_sat`` is the BF16, unoptimised ``efficiency.base_decode_tok_s_per_gpu`` times one factor per lever that is on:
+low precision, fused kernels, communication overlap, the realized speculative gain (from the drawn verification
+passes), the expert factor (from the drawn rank loads) and, when prefill and decode share GPUs, the loss to their
+interference. Each lever is an independent switch.
+
+The operating batch is the largest that fits KV memory, meets the TPOT target and the batch cap. When the traffic
+cannot fill the smallest fleet (``deployment.instances`` x ``gpus_per_instance``), the batch is what Little's law
+gives instead: concurrency per GPU = arrival rate x decode time per request / GPUs, solved together with X(b).
+Static batching runs each batch until its longest request ends: the useful-slot fraction follows from the trace's
+output lengths, batch by batch.
+
+Prefill serves only the tokens that are not cached; cached tokens cost their restore time from DRAM (host link)
+or NVMe. These factors overlap in reality; the model multiplies them, which is its central simplification.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mcsim import catalog
+from mcsim.variables import QUANTILES
+
+BF16_BYTES = 2.0
+
+
+def static_slot_utilization(output_tokens: np.ndarray, batch: int) -> float:
+    """Useful fraction of decode slots when consecutive groups of ``batch`` requests run until their longest ends.
+
+    Sum of output tokens / sum over batches of (batch size x longest output in the batch).
+    """
+    batch = max(int(batch), 1)
+    n = len(output_tokens)
+    if n == 0:
+        return 1.0
+    full = (n // batch) * batch
+    longest = output_tokens[:full].reshape(-1, batch).max(axis=1).sum() * batch if full else 0
+    if full < n:
+        longest += output_tokens[full:].max() * (n - full)
+    return float(output_tokens.sum() / longest)
+
+
+def expert_factor(expert_efficiency: float, ffn_time_fraction: float) -> float:
+    """Decode speed factor when the MoE FFN part of a step waits for the slowest rank (Amdahl)."""
+    return 1.0 / ((1.0 - ffn_time_fraction) + ffn_time_fraction / expert_efficiency)
+
+
+def memory_batch_limit(p: dict, kv_bytes_per_token: float, mean_context: float, block_tokens: int) -> tuple[float, str]:
+    """Sequences per decode GPU whose KV fits in HBM after weights, activations and (colocated) prefix cache."""
+    gpus = p["deployment.gpus_per_instance"]
+    weight_bytes_per_param = p["precision.weight_bytes"] if p["precision.enabled"] else BF16_BYTES
+    weights = catalog.weight_bytes(_model(p), weight_bytes_per_param,
+                                   include_mtp=bool(p["speculative.enabled"] and p.get("model.mtp_layers", 0)))
+    free = p["hardware.hbm_gb"] * 1e9 * p["deployment.memory_fraction"] - weights / gpus \
+        - p["deployment.activation_gb_per_gpu"] * 1e9
+    if p["cache.enabled"] and not p["deployment.disaggregated"]:
+        free -= p["cache.hbm_gb_per_instance"] * 1e9 / gpus
+    if free <= 0:
+        return 0.0, "weights do not fit in HBM"
+    blocks = math.ceil(mean_context / block_tokens)
+    per_sequence = kv_bytes_per_token * blocks * block_tokens
+    limit = free / per_sequence
+    if limit < 1:
+        return limit, "KV for one sequence does not fit"
+    return limit, "ok"
+
+
+def _model(p: dict) -> dict:
+    return {k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("model.")}
+
+
+def kv_bytes(p: dict) -> float:
+    """KV bytes per token of the sample's model at its KV precision."""
+    dtype = p["precision.kv_bytes"] if p["precision.enabled"] else BF16_BYTES
+    return catalog.kv_bytes_per_token(_model(p), dtype)
+
+
+def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None,
+                       expert_eff: float) -> dict:
+    """Throughput, latency and fleet of one sample in factor mode.
+
+    Parameters
+    ----------
+    p : dict
+        Resolved parameters of the sample.
+    requests : mcsim.workload.Requests
+    cached_tokens : int64[n, 3]
+        Reused prompt tokens per tier (zeros when the cache is off).
+    passes : int64[n] or None
+        Verification passes per request (None when speculative decoding is off).
+    expert_eff : float
+        Mean/max expert-GPU load (1 for dense models).
+
+    Returns
+    -------
+    dict
+        Metric name -> value (see :mod:`mcsim.variables`), plus ``busy_fraction`` and token totals for economics.
+    """
+    out_tokens = requests.output_tokens
+    prompt = requests.prompt_tokens
+    n = requests.n
+    duration = requests.duration_s
+    total_out = float(out_tokens.sum())
+    total_in = float(prompt.sum())
+    kvb = kv_bytes(p)
+    disagg = bool(p["deployment.disaggregated"])
+    g_decode = p["deployment.gpus_per_instance"]
+    g_prefill = p["deployment.prefill_gpus_per_instance"] if disagg else g_decode
+    instances = p["deployment.instances"]
+
+    # -- decode: saturated throughput and its factors --------------------------------------------------------
+    x_nospec = p["efficiency.base_decode_tok_s_per_gpu"]
+    if p["precision.enabled"]:
+        x_nospec *= p["precision.decode_gain"]
+    if p["efficiency.fused_kernels"]:
+        x_nospec *= p["efficiency.fused_kernel_gain"]
+    if p["efficiency.comm_overlap"]:
+        x_nospec *= p["efficiency.comm_overlap_gain"]
+    if p["model.experts"] > 0:
+        x_nospec *= expert_factor(expert_eff, p["moe.ffn_time_fraction"])
+    if not disagg:
+        x_nospec *= 1.0 - p["efficiency.colocated_interference"]
+    k = p["speculative.draft_tokens"] if passes is not None else 0
+    pass_cost = 1.0 + k * (p["speculative.draft_cost"] + p["speculative.verify_cost"])
+    if passes is not None:
+        raw_tpp = total_out / float(passes.sum())
+        passes_r = passes
+    else:
+        raw_tpp = 1.0
+        passes_r = out_tokens
+    spec_gain = raw_tpp / pass_cost
+    x_sat = x_nospec * spec_gain
+    b_half = p["efficiency.batch_half_saturation"]
+
+    # -- operating batch -------------------------------------------------------------------------------------
+    mean_context = float(prompt.mean() + out_tokens.mean() / 2.0)
+    b_mem, reason = memory_batch_limit(p, kvb, mean_context, requests.block_tokens)
+    b_tpot = x_sat * p["deployment.tpot_target_s"] - b_half
+    b_cap = min(p["deployment.max_batch_per_gpu"], b_mem, b_tpot)
+    if reason == "ok" and b_tpot < 1:
+        reason = "TPOT target not met at batch 1"
+    feasible = reason == "ok"
+    b_cap = max(b_cap, 1.0)
+    static = p["deployment.batching"] == "static"
+    slot_util = static_slot_utilization(out_tokens, round(b_cap)) if static else 1.0
+
+    def throughput(b):  # useful decode tokens/s per GPU at batch b
+        return x_sat * slot_util * b / (b + b_half)
+
+    # -- fleet: prefill work, then decode GPUs (Little's law when the smallest fleet is not full) -------------
+    cached = cached_tokens.sum(axis=1)
+    miss = prompt - cached
+    x_prefill = p["efficiency.base_prefill_tok_s_per_gpu"] * (p["precision.prefill_gain"] if p["precision.enabled"]
+                                                              else 1.0)
+    restore_bytes = cached_tokens[:, 1:] * kvb  # DRAM, NVMe
+    host_bw = p["hardware.host_link_gb_s"] * 1e9
+    nvme_bw_per_gpu = p["cache.nvme_gb_s_per_node"] * 1e9 / p["hardware.gpus_per_node"]
+    prefill_gpu_s = float(miss.sum()) / x_prefill + float(restore_bytes[:, 0].sum()) / host_bw \
+        + float(restore_bytes[:, 1].sum()) / nvme_bw_per_gpu
+    u = p["economics.target_utilization"]
+    demand = total_out / duration  # decode tokens/s
+    min_decode = instances * g_decode
+    prefill_share = 0.0 if disagg else prefill_gpu_s / duration  # GPUs' worth of prefill on the decode pool
+    n_at_cap = demand / (throughput(b_cap) * u) + prefill_share / u
+    if n_at_cap >= min_decode:
+        decode_gpus, b_op = n_at_cap, b_cap
+    else:
+        decode_gpus = float(min_decode)
+        available = max(min_decode - prefill_share, 1e-9)
+        a = demand / (available * x_sat * slot_util)
+        b_op = b_cap if a >= 1 else min(b_cap, a * b_half / (1 - a))
+        b_op = max(b_op, 1e-9)
+    x_op = throughput(b_op)
+    decode_gpu_s = total_out / x_op
+    if disagg:
+        prefill_gpus = max(prefill_gpu_s / duration / u, float(instances * g_prefill))
+    else:
+        prefill_gpus = 0.0
+    gpus = decode_gpus + prefill_gpus
+    useful_gpu_s = decode_gpu_s + prefill_gpu_s
+    busy = min(useful_gpu_s / (gpus * duration), 1.0)
+
+    # -- latency (factor mode: no queueing) ------------------------------------------------------------------
+    t_pass = (b_op + b_half) / (x_nospec * slot_util) * pass_cost
+    tpot = t_pass * passes_r / out_tokens
+    nodes_prefill = max(g_prefill / p["hardware.gpus_per_node"], 1.0)
+    ttft = miss / (x_prefill * g_prefill) + restore_bytes[:, 0] / (host_bw * g_prefill) \
+        + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill) + t_pass
+    if disagg:
+        ttft = ttft + prompt * kvb / (p["hardware.scale_out_gb_s"] * 1e9 * g_prefill) \
+            + p["efficiency.kv_transfer_latency_s"]
+    decode_time = t_pass * passes_r
+    concurrency = (n / duration) * float(decode_time.mean()) / (decode_gpus - prefill_share if not disagg
+                                                                 else decode_gpus)
+
+    by_tier = cached_tokens.sum(axis=0) / total_in
+    return {
+        "decode_tok_s_per_gpu": x_op,
+        "prefill_tok_s_per_gpu": total_in / prefill_gpu_s if prefill_gpu_s > 0 else math.inf,
+        "batch_efficiency": slot_util * b_op / (b_op + b_half),
+        "operating_batch_per_gpu": b_op,
+        "mean_concurrency_per_gpu": concurrency,
+        "max_batch_by_memory": b_mem,
+        "spec_tokens_per_pass": spec_gain,
+        "spec_raw_tokens_per_pass": raw_tpp,
+        "cache_hit_rate": float(cached.sum()) / total_in,
+        "cache_hit_rate_by_tier": by_tier,
+        "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / n / 1e9]),
+        "kv_bytes_per_token": kvb,
+        "ttft_s": np.quantile(ttft, QUANTILES),
+        "tpot_s": np.quantile(tpot, QUANTILES),
+        "gpus": gpus,
+        "decode_gpus": decode_gpus,
+        "prefill_gpus": prefill_gpus,
+        "gpu_hours": useful_gpu_s / 3600.0,
+        "feasible": int(feasible),
+        "infeasible_reason": reason,
+        "busy_fraction": busy,
+        "requests": n,
+        "mean_input_tokens": total_in / n,
+        "mean_output_tokens": total_out / n,
+        "trace_duration_s": duration,
+        "_hit_tokens": float(cached.sum()),
+        "_miss_tokens": float(miss.sum()),
+        "_output_tokens": total_out,
+    }

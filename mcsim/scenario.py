@@ -1,0 +1,412 @@
+"""Loading, validating and overriding scenarios; drawing their uncertain inputs.
+
+A scenario is TOML (see ``scenarios/`` and :mod:`mcsim.schema`). Validation is strict: an unknown key, a wrong
+type, a value out of range or a malformed distribution raises :class:`ScenarioError` naming the file, the dotted
+key, what was expected and, for a misspelt key, the nearest valid one.
+
+Examples
+--------
+>>> from mcsim.scenario import load_scenario
+>>> scn = load_scenario("scenarios/factory.toml", overrides=["speculative.draft_tokens=2"])  # doctest: +SKIP
+>>> sorted(scn.uncertain())[:2]  # doctest: +SKIP
+['economics.electricity_usd_per_kwh', 'hardware.price_usd']
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import tomllib
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mcsim import catalog, distributions
+from mcsim.distributions import Dist, DistributionError
+from mcsim.schema import CLASS_FIELDS, DEFAULT_CLASSES, SECTIONS, Field, baseline_overrides
+
+#: Random stream ids, one per stage; a sample's stream is SeedSequence(seed, spawn_key=(sample, stage, ...)).
+STREAM_PARAMS, STREAM_WORKLOAD, STREAM_ROUTING, STREAM_SPECULATIVE, STREAM_EXPERTS = range(5)
+
+
+class ScenarioError(ValueError):
+    """Bad scenario input. ``str(err)`` is the one-line message the CLI prints."""
+
+    def __init__(self, source: str, key: str, message: str):
+        where = f"{source}: " if source else ""
+        keypart = f"{key}: " if key else ""
+        super().__init__(f"{where}{keypart}{message}")
+        self.source, self.key, self.detail = source, key, message
+
+
+def rng_for(seed: int, sample: int, stream: int, *extra: int) -> np.random.Generator:
+    """The random generator of one sample and one stage; independent of chunking and workers."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(sample, stream, *extra))))
+
+
+def _path_key(path: str) -> int:
+    return zlib.crc32(path.encode())
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario.
+
+    Attributes
+    ----------
+    values : dict
+        Flat ``dotted.path -> value``; numbers that are uncertain are :class:`~mcsim.distributions.Dist`,
+        per-request fields are always a Dist (possibly fixed).
+    classes : tuple of str
+        Names of the workload classes, in file order.
+    baseline : dict
+        Flat overrides that make the ``baseline`` variant (all levers off, then the file's ``[baseline]``).
+    source : str
+        File name for messages; ``text`` is the file's text, kept for provenance.
+    """
+
+    values: dict = field(hash=False)
+    classes: tuple
+    baseline: dict = field(hash=False)
+    source: str = ""
+    text: str = ""
+    base_dir: Path | None = None
+    overrides: tuple = ()
+
+    @property
+    def name(self) -> str:
+        return self.values["meta.name"]
+
+    def __getitem__(self, path: str):
+        return self.values[path]
+
+    def uncertain(self) -> dict[str, Dist]:
+        """Uncertain inputs, ``path -> Dist``, sorted; includes uncertain parameters of per-request fields."""
+        out = {}
+        for path, v in self.values.items():
+            if isinstance(v, Dist):
+                if _is_perreq(path):
+                    out.update(v.nested())
+                elif not v.is_fixed:
+                    out[path] = v
+        return dict(sorted(out.items()))
+
+    def variant(self, name: str) -> "Scenario":
+        """``factory`` (as written) or ``baseline`` (levers off, then ``[baseline]``)."""
+        if name == "factory":
+            return self
+        if name == "baseline":
+            return self.with_values(self.baseline, origin="[baseline]")
+        raise ValueError(f"unknown variant {name!r}; expected 'baseline' or 'factory'")
+
+    def with_values(self, flat: dict[str, Any], origin: str = "--set") -> "Scenario":
+        """A copy with some dotted paths replaced (values are validated like the file's)."""
+        values = dict(self.values)
+        for path, raw in flat.items():
+            values[path] = _validate_path(path, raw, self.source, origin)
+        return replace(self, values=values)
+
+
+def _is_perreq(path: str) -> bool:
+    spec = field_for(path)
+    return spec is not None and spec.kind == "perreq"
+
+
+def field_for(path: str) -> Field | None:
+    """The schema Field of a dotted path (catalog fields are typed ``float``/``int``/``str``)."""
+    parts = path.split(".")
+    if len(parts) == 4 and parts[0] == "workload" and parts[1] == "classes":
+        return CLASS_FIELDS.get(parts[3])
+    if len(parts) != 2:
+        return None
+    section, key = parts
+    if section in SECTIONS and key in SECTIONS[section]:
+        return SECTIONS[section][key]
+    fields = {"model": catalog.MODEL_FIELDS, "hardware": catalog.HARDWARE_FIELDS}.get(section)
+    if fields and key in fields:
+        t = fields[key]
+        return Field({int: "int", float: "float", str: "str"}[t], None, "catalog field", 0 if t is not str else None)
+    return None
+
+
+def _nearest(word: str, options) -> str:
+    near = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
+    return f" (did you mean '{near[0]}'?)" if near else ""
+
+
+def _support(d: Dist) -> tuple[float, float]:
+    p = d.params
+    if d.kind == "fixed":
+        return p["value"], p["value"]
+    if d.kind in ("uniform", "loguniform", "triangular"):
+        return p["low"], p["high"]
+    if d.kind == "choice":
+        return min(p["values"]), max(p["values"])
+    if d.kind == "beta":
+        return p.get("low", 0.0), p.get("high", 1.0)
+    if d.kind == "lognormal":
+        return 0.0, math.inf
+    if d.kind == "normal":
+        lo, hi = p.get("low"), p.get("high")
+        return (-math.inf if lo is None else lo), (math.inf if hi is None else hi)
+    raise AssertionError(d.kind)
+
+
+def _check_value(spec: Field, path: str, value, source: str):
+    """Validate one raw TOML value against its Field; return the stored value."""
+
+    def fail(msg):
+        raise ScenarioError(source, path, msg)
+
+    kind = spec.kind
+    if kind == "bool":
+        if not isinstance(value, bool):
+            fail(f"expected true or false, got {value!r}")
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            fail(f"expected a string, got {value!r}")
+        return value
+    if kind == "choice":
+        if value not in spec.choices:
+            fail(f"expected {spec.describe()}, got {value!r}{_nearest(str(value), spec.choices)}")
+        return value
+    # numbers and distributions
+    try:
+        if kind == "int" and not isinstance(value, dict):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+                fail(f"expected {spec.describe()}, got {value!r}")
+            value = int(value)
+        d = distributions.parse(value, path, allow_nested=(kind == "perreq"))
+    except DistributionError as err:
+        raise ScenarioError(source, err.key, err.detail) from None
+    if not d.nested():
+        lo, hi = _support(d)
+        if (spec.lo is not None and (lo < spec.lo or (spec.lo_open and lo <= spec.lo))) or (
+            spec.hi is not None and hi > spec.hi
+        ):
+            what = "value" if d.is_fixed else f"{d.kind} distribution's support [{lo:g}, {hi:g}]"
+            shown = f"{lo:g}" if d.is_fixed else what
+            fail(f"expected {spec.describe()}, got {shown}")
+    if kind == "perreq":
+        return d
+    if d.is_fixed:
+        v = d.params["value"]
+        return int(v) if kind == "int" else float(v)
+    return d
+
+
+def _validate_path(path: str, raw, source: str, origin: str):
+    spec = field_for(path)
+    if spec is None:
+        section = path.split(".")[0]
+        options = list(SECTIONS.get(section, {}))
+        if section == "model":
+            options += list(catalog.MODEL_FIELDS)
+        if section == "hardware":
+            options += list(catalog.HARDWARE_FIELDS)
+        key = path.split(".")[-1]
+        hint = _nearest(key, options) if options else _nearest(section, SECTIONS)
+        raise ScenarioError(source, path, f"unknown key in {origin}{hint}")
+    return _check_value(spec, path, raw, source)
+
+
+def _flatten(table: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in table.items():
+        path = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and "dist" not in v:
+            out.update(_flatten(v, path))
+        else:
+            out[path] = v
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"a.b=1"`` -> ``("a.b", 1)``; the value is read as TOML, or taken as a bare string."""
+    if "=" not in text:
+        raise ScenarioError("--set", text, "expected PATH=VALUE, e.g. speculative.draft_tokens=2")
+    path, value = text.split("=", 1)
+    path, value = path.strip(), value.strip()
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return path, parsed
+
+
+def _set_path(raw: dict, path: str, value):
+    parts = path.split(".")
+    node = raw
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ScenarioError("--set", path, f"'{p}' is a value, not a table")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
+    """Read, override and validate a scenario file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The TOML file (``text`` may supply its content instead, ``path`` then only names it).
+    overrides : sequence of str
+        ``PATH=VALUE`` strings as given to ``--set``.
+    """
+    path = Path(path) if path is not None else None
+    source = str(path) if path is not None else "<scenario>"
+    if text is None:
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise ScenarioError(source, "", f"cannot read the file ({err.strerror})") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ScenarioError(source, "", f"not valid TOML: {err}") from None
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_path(raw, key, value)
+    return validate(raw, source=source, text=text, base_dir=path.parent if path else None,
+                    overrides=tuple(overrides))
+
+
+def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=None, overrides=()) -> Scenario:
+    """Validate a parsed TOML document into a :class:`Scenario`."""
+    known = set(SECTIONS) | {"baseline"}
+    for section, body in raw.items():
+        if section not in known:
+            raise ScenarioError(source, section, f"unknown section{_nearest(section, known)}; expected one of "
+                                + ", ".join(sorted(known)))
+        if not isinstance(body, dict):
+            raise ScenarioError(source, section, "expected a table")
+
+    values: dict[str, Any] = {}
+    for section, fields in SECTIONS.items():
+        body = dict(raw.get(section, {}))
+        classes_raw = body.pop("classes", None) if section == "workload" else None
+        for key, spec in fields.items():
+            values[f"{section}.{key}"] = _check_value(spec, f"{section}.{key}", body.pop(key, spec.default), source)
+        if section in ("model", "hardware"):
+            values.update(_catalog_section(section, body, values[f"{section}.preset"], source))
+            body = {}
+        for key in body:
+            raise ScenarioError(source, f"{section}.{key}", f"unknown key{_nearest(key, fields)}")
+        if section == "workload":
+            classes = _validate_classes(classes_raw, source, values)
+    values["meta.name"] = values["meta.name"] if "name" in raw.get("meta", {}) else (
+        Path(source).stem if source and not source.startswith("<") else "scenario")
+
+    baseline = baseline_overrides()
+    for path, v in _flatten(raw.get("baseline", {})).items():
+        _validate_path(path, v, source, "[baseline]")
+        baseline[path] = v
+    scn = Scenario(values=values, classes=classes, baseline=baseline, source=source, text=text,
+                   base_dir=base_dir, overrides=tuple(overrides))
+    _cross_checks(scn)
+    return scn
+
+
+def _catalog_section(section: str, body: dict, preset: str, source: str) -> dict:
+    lookup = catalog.model_preset if section == "model" else catalog.hardware_preset
+    fields = catalog.MODEL_FIELDS if section == "model" else catalog.HARDWARE_FIELDS
+    try:
+        entry = lookup(preset)
+    except KeyError as err:
+        raise ScenarioError(source, f"{section}.preset", str(err.args[0]) if err.args else str(err)) from None
+    out = {}
+    for key, default in entry.items():
+        if key in fields:
+            out[f"{section}.{key}"] = default
+    for key, v in body.items():
+        path = f"{section}.{key}"
+        out[path] = _validate_path(path, v, source, f"[{section}]")
+    return out
+
+
+def _validate_classes(classes_raw, source: str, values: dict) -> tuple:
+    if classes_raw is None:
+        classes_raw = DEFAULT_CLASSES
+    if not isinstance(classes_raw, dict) or not classes_raw:
+        raise ScenarioError(source, "workload.classes", "expected at least one [workload.classes.<name>] table")
+    for name, body in classes_raw.items():
+        if not isinstance(body, dict):
+            raise ScenarioError(source, f"workload.classes.{name}", "expected a table of class settings")
+        for key, spec in CLASS_FIELDS.items():
+            path = f"workload.classes.{name}.{key}"
+            values[path] = _check_value(spec, path, body.get(key, spec.default), source)
+        for key in body:
+            if key not in CLASS_FIELDS:
+                raise ScenarioError(source, f"workload.classes.{name}.{key}",
+                                    f"unknown key{_nearest(key, CLASS_FIELDS)}")
+    return tuple(classes_raw)
+
+
+def _cross_checks(scn: Scenario):
+    v = scn.values
+    shares = [v[f"workload.classes.{c}.share"] for c in scn.classes]
+    if all(isinstance(s, float) for s in shares) and sum(shares) <= 0:
+        raise ScenarioError(scn.source, "workload.classes", "class shares must not all be 0")
+    ep = v["moe.ep_ranks"] or v["deployment.gpus_per_instance"]
+    if isinstance(v["model.experts"], int) and v["model.experts"] > 0 and isinstance(v["moe.redundant_experts"], int):
+        slots = v["model.experts"] + v["moe.redundant_experts"]
+        if isinstance(ep, int) and slots % ep:
+            raise ScenarioError(scn.source, "moe.redundant_experts",
+                                f"experts + redundant_experts = {slots} must be divisible by the EP ranks ({ep})")
+
+
+# -- drawing uncertain inputs ------------------------------------------------------------------------------------
+
+def draw_uncertain(scn: Scenario, samples, seed: int, n_samples: int | None = None,
+                   sampling: str | None = None) -> dict[str, np.ndarray]:
+    """Values of every uncertain input for the given sample indices.
+
+    Each input has its own stream keyed by (seed, sample, its path), so a value does not depend on which other
+    inputs are uncertain, on chunking or on workers. With ``sampling='lhs'`` the uniforms of each input are
+    stratified over all ``n_samples`` samples (one random permutation per input), so the value of a sample still
+    depends only on (seed, path, sample, n_samples).
+    """
+    samples = np.asarray(samples, dtype=np.int64)
+    sampling = sampling or scn["mc.sampling"]
+    out = {}
+    for path, dist in scn.uncertain().items():
+        key = _path_key(path)
+        if sampling == "lhs":
+            if n_samples is None:
+                raise ValueError("Latin hypercube sampling needs the total number of samples")
+            perm = rng_for(seed, 0, STREAM_PARAMS, key, 1).permutation(n_samples)
+            u = np.array([(perm[s] + rng_for(seed, int(s), STREAM_PARAMS, key).random()) / n_samples
+                          for s in samples])
+        else:
+            u = np.array([rng_for(seed, int(s), STREAM_PARAMS, key).random() for s in samples])
+        values = dist.ppf(u)
+        spec = field_for(path)
+        if spec is not None and spec.kind == "int":
+            values = np.rint(values)
+        out[path] = values
+    return out
+
+
+def resolve(scn: Scenario, draws: dict[str, float]) -> dict[str, Any]:
+    """The concrete parameters of one sample: a flat dict where every uncertain value is replaced by its draw
+    and per-request distributions have their uncertain parameters resolved."""
+    params = {}
+    for path, v in scn.values.items():
+        if isinstance(v, Dist):
+            if _is_perreq(path):
+                try:
+                    params[path] = v.resolve(draws)
+                except DistributionError as err:
+                    raise ScenarioError(scn.source, err.key, f"a drawn parameter is invalid: {err.detail}") from None
+            else:
+                x = float(draws[path])
+                params[path] = int(x) if field_for(path).kind == "int" else x
+        else:
+            params[path] = v
+    return params

@@ -1,0 +1,223 @@
+"""The scenario schema: every section, key, type, default, range and meaning, written once.
+
+The validator (:mod:`mcsim.scenario`), the README's key reference and the ablation levers all read this table,
+so a key cannot be accepted in one place and unknown in another.
+
+Kinds
+-----
+``float`` / ``int``
+    A model input. May be a distribution table: then it is *uncertain*, drawn once per Monte Carlo sample and
+    stored in the result. ``int`` values drawn from a distribution are rounded.
+``perreq``
+    Per-request variability: a number or a distribution sampled once per request. Its parameters may be
+    uncertain (nested distribution tables).
+``bool`` / ``str`` / ``choice``
+    Switches and names; never uncertain (sweep them instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: str
+    default: Any
+    doc: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple = ()
+    lo_open: bool = False  # lo is exclusive
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        rng = ""
+        if self.lo is not None or self.hi is not None:
+            lo = "-inf" if self.lo is None else f"{self.lo:g}"
+            hi = "inf" if self.hi is None else f"{self.hi:g}"
+            rng = f" in {'(' if self.lo_open else '['}{lo}, {hi}]"
+        noun = {"float": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
+                "perreq": "a number or a per-request distribution"}[self.kind]
+        return noun + rng
+
+
+def F(default, doc, lo=None, hi=None, lo_open=False):
+    return Field("float", default, doc, lo, hi, lo_open=lo_open)
+
+
+def I(default, doc, lo=None, hi=None):  # noqa: E743 - a short constructor name keeps the table readable
+    return Field("int", default, doc, lo, hi)
+
+
+def B(default, doc):
+    return Field("bool", default, doc)
+
+
+def S(default, doc):
+    return Field("str", default, doc)
+
+
+def C(default, doc, *choices):
+    return Field("choice", default, doc, choices=choices)
+
+
+def R(default, doc, lo=None, hi=None):
+    return Field("perreq", default, doc, lo, hi)
+
+
+SECTIONS: dict[str, dict[str, Field]] = {
+    "meta": {
+        "name": S("scenario", "Short name; default output file is outputs/<name>.nc."),
+        "description": S("", "What the scenario asks."),
+    },
+    "mc": {
+        "samples": I(32, "Monte Carlo samples (draws of the uncertain inputs).", 1, 1_000_000),
+        "requests": I(20_000, "Requests simulated per sample.", 1, 100_000_000),
+        "seed": I(0, "Root seed; every random stream is derived from it and the sample index.", 0, 2**63 - 1),
+        "sampling": C("random", "How uncertain inputs are drawn.", "random", "lhs"),
+        "warmup_fraction": F(0.2, "Leading fraction of each sample's requests that only warms the caches and is "
+                                  "left out of every statistic.", 0, 0.9),
+    },
+    "model": {
+        "preset": S("deepseek-v3", "Model catalog entry (mcsim/data/models.toml); any field may be overridden."),
+    },
+    "hardware": {
+        "preset": S("h800", "Hardware catalog entry (mcsim/data/hardware.toml); any field may be overridden."),
+    },
+    "deployment": {
+        "instances": I(4, "Serving instances the simulated traffic is spread over; each has its own prefix cache "
+                          "unless routing = 'pooled'. Also the smallest fleet deployed.", 1, 100_000),
+        "gpus_per_instance": I(32, "Decode GPUs per instance (the EP/TP group).", 1, 100_000),
+        "prefill_gpus_per_instance": I(16, "Prefill GPUs per instance when disaggregated.", 1, 100_000),
+        "disaggregated": B(True, "Prefill and decode on separate pools (lever: prefill/decode split)."),
+        "batching": C("continuous", "Batching policy (lever: continuous batching).", "continuous", "static"),
+        "routing": C("prefix-affinity", "How requests are routed to instances (and their caches).",
+                     "random", "round-robin", "prefix-affinity", "pooled"),
+        "max_batch_per_gpu": F(256, "Cap on concurrent decode sequences per GPU.", 1, None),
+        "tpot_target_s": F(0.05, "Time-per-output-token target; the operating batch is the largest that meets it.",
+                           0, None, lo_open=True),
+        "memory_fraction": F(0.9, "Fraction of HBM usable for weights, activations and KV.", 0, 1, lo_open=True),
+        "activation_gb_per_gpu": F(4.0, "HBM reserved per GPU for activations and workspace.", 0, None),
+    },
+    "workload": {
+        "trace": S("", "Replay a real trace instead of the generator: a path, or 'bundled:mooncake', "
+                       "'bundled:azure-code', 'bundled:azure-conv'. Relative paths are from the scenario file."),
+        "trace_format": C("auto", "Trace format.", "auto", "mooncake", "azure"),
+        "rate_rps": F(50.0, "Mean arrival rate of the simulated traffic, requests/s (generator only; traces "
+                            "keep their own timestamps).", 0, None, lo_open=True),
+        "arrivals": C("poisson", "Arrival process.", "poisson", "gamma"),
+        "burstiness": F(1.0, "Gamma arrivals: 1/shape of the inter-arrival gamma (1 = Poisson, >1 = bursty).",
+                        0, None, lo_open=True),
+        "system_prompts": I(64, "Pool of shared system prompts (Zipf-popular).", 1, 10_000_000),
+        "system_prompt_zipf": F(1.0, "Zipf exponent of system-prompt popularity.", 0, 10),
+        "system_prompt_tokens": R({"dist": "lognormal", "median": 1500, "sigma": 0.6},
+                                  "Length of each system prompt, tokens (drawn per system prompt).", 0, None),
+        "think_time_s": F(30.0, "Mean gap between turns of a session, seconds.", 0, None),
+        "max_context": I(0, "Longest prompt allowed, tokens; later turns beyond it are dropped "
+                            "(0 = the model's max_context).", 0, None),
+    },
+    "cache": {
+        "enabled": B(True, "Reuse prefix KV (lever: tiered KV cache)."),
+        "block_tokens": I(64, "Tokens per KV block; only whole blocks are reused.", 1, 1_000_000),
+        "hbm_gb_per_instance": F(100.0, "HBM set aside for reusable prefix KV per instance, GB.", 0, None),
+        "dram_gb_per_node": F(1024.0, "Host DRAM for KV per node, GB (0 = no DRAM tier).", 0, None),
+        "nvme_gb_per_node": F(8000.0, "NVMe for KV per node, GB (0 = no NVMe tier).", 0, None),
+        "nvme_gb_s_per_node": F(25.0, "NVMe read bandwidth per node, GB/s.", 0, None, lo_open=True),
+    },
+    "speculative": {
+        "enabled": B(True, "Speculative decoding / MTP (lever)."),
+        "draft_tokens": I(1, "Draft tokens k per verification pass.", 0, 64),
+        "acceptance_decay": F(1.0, "Acceptance of draft position i is alpha * decay**i.", 0, 1, lo_open=True),
+        "draft_cost": F(0.02, "Cost of drafting one token, as a fraction of a decode step.", 0, None),
+        "verify_cost": F(0.02, "Extra cost of verifying one more token per sequence, fraction of a decode step.",
+                         0, None),
+    },
+    "moe": {
+        "redundant_experts": I(32, "Redundant expert slots replicated from a past window's hottest experts "
+                                   "(lever: expert replication; 0 = static contiguous placement).", 0, 100_000),
+        "ep_ranks": I(0, "Expert-parallel ranks (0 = gpus_per_instance).", 0, 100_000),
+        "groups": I(1, "Expert groups for hierarchical placement (EPLB).", 1, 100_000),
+        "nodes": I(1, "Nodes for hierarchical placement (EPLB).", 1, 100_000),
+        "window_steps": I(32, "Past steps whose loads decide the placement.", 1, 1_000_000),
+        "eval_steps": I(32, "Fresh steps on which the placement is measured.", 1, 1_000_000),
+        "tokens_per_step": I(0, "Tokens per MoE step across the EP group (0 = operating batch x EP ranks).",
+                             0, None),
+        "ffn_time_fraction": F(0.5, "Share of a decode step spent in the MoE FFN (the part the slowest rank "
+                                    "slows down).", 0, 1),
+    },
+    "precision": {
+        "enabled": B(True, "Low-precision weights and KV (lever)."),
+        "weight_bytes": F(1.0, "Bytes per weight when enabled (baseline: 2, BF16).", 0, None, lo_open=True),
+        "kv_bytes": F(1.0, "Bytes per KV element when enabled (baseline: 2, BF16). MLA latent caches are "
+                           "commonly kept at 2.", 0, None, lo_open=True),
+        "decode_gain": F(1.3, "Decode throughput gain from low precision.", 0, None, lo_open=True),
+        "prefill_gain": F(1.5, "Prefill throughput gain from low precision.", 0, None, lo_open=True),
+    },
+    "efficiency": {
+        "base_decode_tok_s_per_gpu": F(1500.0, "Saturated decode tok/s per GPU at BF16 with no optimization "
+                                               "(the batch -> infinity asymptote).", 0, None, lo_open=True),
+        "base_prefill_tok_s_per_gpu": F(5000.0, "Prefill tok/s per GPU at BF16 with no optimization.",
+                                        0, None, lo_open=True),
+        "batch_half_saturation": F(16.0, "Per-GPU batch at which decode reaches half its saturated throughput "
+                                         "(weight-read time / per-sequence time).", 0, None),
+        "fused_kernels": B(True, "Fused kernels (lever)."),
+        "fused_kernel_gain": F(1.1, "Decode gain from fused kernels.", 0, None, lo_open=True),
+        "comm_overlap": B(True, "Overlap of communication with compute (lever)."),
+        "comm_overlap_gain": F(1.15, "Decode gain from communication overlap.", 0, None, lo_open=True),
+        "colocated_interference": F(0.2, "Decode throughput lost to prefill interference when prefill and "
+                                         "decode share GPUs.", 0, 1),
+        "kv_transfer_latency_s": F(0.002, "Fixed latency of a prefill -> decode KV transfer.", 0, None),
+    },
+    "economics": {
+        "target_utilization": F(0.7, "Mean utilization the fleet is sized for.", 0, 1, lo_open=True),
+        "pricing": C("purchase", "Cost basis.", "purchase", "rental"),
+        "rental_usd_per_gpu_hour": F(0.0, "Rental price (0 = the hardware catalog's).", 0, None),
+        "price_usd": F(0.0, "Purchase price per GPU, accelerator only (0 = the hardware catalog's).",
+                       0, None),
+        "lifetime_years": F(4.0, "Depreciation period.", 0, None, lo_open=True),
+        "electricity_usd_per_kwh": F(0.08, "Electricity price.", 0, None),
+        "pue": F(1.3, "Power usage effectiveness of the data centre.", 1, None),
+        "price_input_cache_hit_usd_per_mtok": F(0.14, "Price of cached input tokens, USD per million.", 0, None),
+        "price_input_cache_miss_usd_per_mtok": F(0.55, "Price of uncached input tokens, USD per million.", 0, None),
+        "price_output_usd_per_mtok": F(2.19, "Price of output tokens, USD per million.", 0, None),
+        "billed_fraction": F(1.0, "Fraction of tokens that are paid for (free tiers, discounts).", 0, 1),
+    },
+}
+
+#: Fields of each ``[workload.classes.<name>]`` table.
+CLASS_FIELDS: dict[str, Field] = {
+    "share": F(1.0, "Share of requests from this class (shares are normalised).", 0, None),
+    "prompt_tokens": R({"dist": "lognormal", "median": 400, "sigma": 1.0},
+                       "New user tokens per turn (the prompt adds the system prompt and the earlier turns); rounded, "
+                       "at least 1.", 0, None),
+    "output_tokens": R({"dist": "lognormal", "median": 300, "sigma": 0.8}, "Output tokens per request; rounded, at least 1.", 0, None),
+    "turns": F(1.0, "Mean turns per session (geometric); turn t carries the whole earlier conversation.", 1, None),
+    "system_prompt_share": F(0.8, "Probability that a session starts with a shared system prompt.", 0, 1),
+    "acceptance": R({"dist": "beta", "a": 17, "b": 3}, "Per-request draft acceptance rate.", 0, 1),
+    "expert_skew": F(1.0, "Zipf exponent of this class's expert popularity (0 = uniform routing).", 0, 10),
+}
+
+DEFAULT_CLASSES = {"chat": {}}
+
+#: What ``compare`` switches off for its baseline (before the scenario's own ``[baseline]`` overrides).
+LEVERS: dict[str, dict[str, Any]] = {
+    "continuous_batching": {"deployment.batching": "static"},
+    "kv_cache": {"cache.enabled": False},
+    "speculative": {"speculative.enabled": False},
+    "expert_replication": {"moe.redundant_experts": 0},
+    "low_precision": {"precision.enabled": False},
+    "fused_kernels": {"efficiency.fused_kernels": False},
+    "comm_overlap": {"efficiency.comm_overlap": False},
+    "pd_split": {"deployment.disaggregated": False},
+}
+
+
+def baseline_overrides() -> dict[str, Any]:
+    """Every lever off."""
+    out: dict[str, Any] = {}
+    for overrides in LEVERS.values():
+        out.update(overrides)
+    return out

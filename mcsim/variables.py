@@ -1,0 +1,105 @@
+"""The registry of output variables: every result Dataset is built and checked through it.
+
+Each entry gives the variable's name, its own dims (the run adds ``sample`` and, where present, ``variant`` and
+grid axes in front), units, a long name and a one-line description. A name or a unit is written here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TIERS = ("hbm", "dram", "nvme")
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    dims: tuple
+    units: str
+    long_name: str
+    description: str
+    headline: bool = False
+    dtype: str = "float64"
+
+
+_VARS = [
+    # performance
+    Variable("decode_tok_s_per_gpu", (), "tokens/s/GPU", "decode throughput per GPU",
+             "Output tokens per second per decode GPU at the operating point, all factors applied.", True),
+    Variable("prefill_tok_s_per_gpu", (), "tokens/s/GPU", "prefill throughput per GPU",
+             "Input tokens (cached ones included) served per prefill GPU-second; cached tokens cost only their "
+             "restore time.", True),
+    Variable("batch_efficiency", (), "1", "batch efficiency",
+             "Fraction of saturated decode throughput reached at the operating batch (b / (b + b_half)), times "
+             "the useful-slot fraction under static batching: how fully the fleet amortizes weight movement.", True),
+    Variable("operating_batch_per_gpu", (), "sequences/GPU", "operating decode batch per GPU",
+             "Concurrent sequences per decode GPU: the largest that fits KV memory, meets the TPOT target and the "
+             "batch cap, or less when the traffic cannot fill the smallest fleet (Little's law)."),
+    Variable("mean_concurrency_per_gpu", (), "sequences/GPU", "mean decode concurrency per GPU",
+             "Little's law: arrival rate x mean decode time per request / decode GPUs."),
+    Variable("max_batch_by_memory", (), "sequences/GPU", "KV-memory batch limit per GPU",
+             "Sequences of mean length whose KV fits in the HBM left after weights, activations and prefix cache."),
+    Variable("spec_tokens_per_pass", (), "1", "realized speculative gain",
+             "Tokens per verification pass after the cost of drafting and of verifying k+1 tokens per sequence "
+             "(1 when off): the realized decode speed-up.", True),
+    Variable("spec_raw_tokens_per_pass", (), "1", "raw tokens per verification pass",
+             "Accepted drafts + 1 per pass as drawn, before draft and verification costs."),
+    Variable("expert_efficiency", (), "1", "expert load efficiency",
+             "Mean expert-GPU load / slowest GPU's load per step, averaged over steps (1 for dense models).", True),
+    Variable("distinct_experts_per_step", (), "experts", "distinct experts touched per step",
+             "Routed experts with at least one token in a step, per MoE layer."),
+    Variable("cache_hit_rate", (), "1", "prefix cache hit rate",
+             "Cached input tokens / all input tokens (a token fraction, not a request fraction).", True),
+    Variable("cache_hit_rate_by_tier", ("tier",), "1", "prefix cache hit rate by tier",
+             "Input tokens restored from each tier / all input tokens."),
+    Variable("restore_gb_per_request_by_tier", ("tier",), "GB/request", "KV restored per request by tier",
+             "Prefix KV bytes brought back to HBM from each tier, per request (HBM hits move nothing)."),
+    Variable("kv_bytes_per_token", (), "bytes/token", "KV cache bytes per token",
+             "GQA: 2 x layers x kv_heads x head_dim x bytes; MLA: (kv_lora_rank + rope_dim) x layers x bytes."),
+    Variable("ttft_s", ("quantile",), "s", "time to first token",
+             "Per-request quantiles of prefill compute + KV restore + KV transfer + one decode pass (factor "
+             "mode: no queueing)."),
+    Variable("tpot_s", ("quantile",), "s", "time per output token",
+             "Per-request quantiles of decode time / output tokens at the operating batch."),
+    # fleet and economics
+    Variable("gpus", (), "GPUs", "GPUs deployed", "Decode + prefill GPUs needed at the target utilization, "
+             "at least the smallest fleet.", True),
+    Variable("decode_gpus", (), "GPUs", "decode GPUs", "GPUs serving decode (all GPUs when colocated)."),
+    Variable("prefill_gpus", (), "GPUs", "prefill GPUs", "GPUs serving prefill when disaggregated (0 otherwise)."),
+    Variable("gpu_hours", (), "GPU-hours", "useful GPU-hours for the trace",
+             "Accelerator work the simulated trace needs; cost charges it at target utilization."),
+    Variable("energy_j_per_token", (), "J/token", "energy per output token",
+             "Fleet energy incl. PUE (idle + busy power) / output tokens."),
+    Variable("cost_usd_per_mtok", (), "USD/Mtok", "cost per million output tokens",
+             "Daily cost / daily output tokens x 1e6.", True),
+    Variable("revenue_usd_per_day", (), "USD/day", "revenue per day",
+             "Cache-hit input, cache-miss input and output tokens at their prices, scaled to a day.", True),
+    Variable("cost_usd_per_day", (), "USD/day", "cost per day",
+             "Accelerator depreciation + electricity (or rental) for the fleet, per day.", True),
+    Variable("gross_margin", (), "1", "gross margin",
+             "1 - cost/revenue, counting accelerators and electricity only.", True),
+    Variable("cost_profit_margin", (), "1", "cost-profit margin",
+             "(revenue - cost) / cost, the form DeepSeek published.", True),
+    Variable("payback_months", (), "months", "payback of one GPU",
+             "GPU price / (monthly revenue - electricity per GPU); an inference-unit indicator, not an "
+             "accounting forecast (inf when it never pays back).", True),
+    Variable("feasible", (), "1", "recipe feasible",
+             "1 when weights and KV fit and the TPOT target is met at a batch of at least one.", True, "int8"),
+    # trace facts
+    Variable("requests", (), "requests", "requests simulated", "Requests in the sample's trace.", dtype="int64"),
+    Variable("mean_input_tokens", (), "tokens", "mean input tokens", "Mean prompt length of the trace."),
+    Variable("mean_output_tokens", (), "tokens", "mean output tokens", "Mean output length of the trace."),
+    Variable("trace_duration_s", (), "s", "trace duration", "Span of the simulated arrivals."),
+]
+
+REGISTRY: dict[str, Variable] = {v.name: v for v in _VARS}
+HEADLINE = [v.name for v in _VARS if v.headline]
+FEASIBLE_REASONS = ("ok", "weights do not fit in HBM", "KV for one sequence does not fit",
+                    "TPOT target not met at batch 1")
+
+
+def attrs_for(name: str, kind: str = "modelled") -> dict:
+    """NetCDF attributes of a registered variable."""
+    v = REGISTRY[name]
+    return {"units": v.units, "long_name": v.long_name, "description": v.description, "source": kind}

@@ -1,0 +1,277 @@
+"""Stage 1: the requests of one sample, generated or replayed from a real trace.
+
+The generator builds prefix structure that creates real reuse, vectorised over requests:
+
+* a pool of ``workload.system_prompts`` shared system prompts, picked with Zipf popularity;
+* multi-turn sessions (geometric number of turns, mean ``turns`` per class) whose turn *t* carries the whole
+  earlier conversation (system prompt, earlier user messages and answers) plus a new user message;
+* a unique tail (each new user message).
+
+Prompts are cut into ``cache.block_tokens`` blocks; only whole blocks are cacheable. Block identities follow the
+chain-hash rule that vLLM, SGLang and Mooncake use: two requests share block *k* if and only if they share the
+whole prompt up to the end of block *k*. The generator knows which content each block holds, so it assigns those
+identities directly (block *k* of system prompt *j*, or block *k* of session *s*'s conversation) instead of hashing
+token ids; a replayed Mooncake trace brings its own chain hashes.
+
+Arrivals form an exact renewal process (Poisson, or gamma with squared coefficient of variation
+``burstiness``). Sessions start in time and their turns follow after exponential think times; the resulting order
+decides which request gets which arrival, so every session's turns arrive in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mcsim.distributions import Dist
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Struct of arrays, one row per request, sorted by arrival.
+
+    Attributes
+    ----------
+    arrival_s : float64[n]
+        Arrival time, seconds from the first request.
+    class_id : int32[n]
+        Index into ``class_names``.
+    prompt_tokens, output_tokens : int64[n]
+    acceptance : float64[n]
+        Per-request draft acceptance rate (used when speculative decoding is on).
+    block_ptr : int64[n+1]
+        CSR pointers into ``block_ids``.
+    block_ids : int64[nnz]
+        Identity of each whole prompt block (chain-hash semantics), in prompt order.
+    block_tokens : int
+        Tokens per block.
+    class_names : tuple of str
+    source : str
+        ``"generator"`` or the trace file.
+    """
+
+    arrival_s: np.ndarray
+    class_id: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    acceptance: np.ndarray
+    block_ptr: np.ndarray
+    block_ids: np.ndarray
+    block_tokens: int
+    class_names: tuple
+    source: str = "generator"
+
+    @property
+    def n(self) -> int:
+        return len(self.prompt_tokens)
+
+    def tail(self, start: int) -> "Requests":
+        """Requests ``start:`` (the ones measured after a warm-up), with block pointers re-based."""
+        ptr = self.block_ptr[start:]
+        return Requests(
+            arrival_s=self.arrival_s[start:], class_id=self.class_id[start:],
+            prompt_tokens=self.prompt_tokens[start:], output_tokens=self.output_tokens[start:],
+            acceptance=self.acceptance[start:], block_ptr=ptr - ptr[0],
+            block_ids=self.block_ids[ptr[0]:ptr[-1]], block_tokens=self.block_tokens,
+            class_names=self.class_names, source=self.source,
+        )
+
+    @property
+    def duration_s(self) -> float:
+        """Span of the arrivals plus one mean gap (so a single request has a positive duration)."""
+        n = self.n
+        span = float(self.arrival_s[-1] - self.arrival_s[0]) if n > 1 else 0.0
+        return span * n / (n - 1) if n > 1 and span > 0 else max(span, 1.0)
+
+
+def _class_values(params: dict, classes, key: str) -> np.ndarray:
+    return np.array([params[f"workload.classes.{c}.{key}"] for c in classes], dtype=float)
+
+
+def _per_class_sample(params, classes, key, class_of, rng) -> np.ndarray:
+    """Draw the per-request field ``key`` for rows whose class is ``class_of`` (one vector call per class)."""
+    out = np.empty(len(class_of), dtype=float)
+    for c, name in enumerate(classes):
+        rows = np.flatnonzero(class_of == c)
+        dist: Dist = params[f"workload.classes.{name}.{key}"]
+        out[rows] = dist.sample(rng, len(rows))
+    return out
+
+
+def _tokens(x) -> np.ndarray:
+    return np.maximum(np.rint(x), 1).astype(np.int64)
+
+
+def renewal_arrivals(n: int, rate_rps: float, arrivals: str, burstiness: float, rng) -> np.ndarray:
+    """Arrival times of a renewal process starting at 0: Poisson, or gamma gaps with CV^2 = burstiness."""
+    if arrivals == "poisson":
+        gaps = rng.exponential(1.0 / rate_rps, n)
+    else:
+        shape = 1.0 / burstiness
+        gaps = rng.gamma(shape, burstiness / rate_rps, n)
+    t = np.cumsum(gaps)
+    return t - t[0]
+
+
+def zipf_probabilities(n: int, exponent: float) -> np.ndarray:
+    """P(rank r) proportional to r**-exponent, r = 1..n."""
+    w = np.arange(1, n + 1, dtype=float) ** -exponent
+    return w / w.sum()
+
+
+def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max_context: int) -> Requests:
+    """Generate ``n`` requests for one sample (see module docstring).
+
+    Parameters
+    ----------
+    params : dict
+        Resolved parameters of the sample (:func:`mcsim.scenario.resolve`).
+    classes : tuple of str
+    n : int
+    rng : numpy.random.Generator
+        The sample's workload stream.
+    max_context : int
+        Longest prompt + output, tokens.
+    """
+    block = int(params["cache.block_tokens"])
+    shares = _class_values(params, classes, "share")
+    shares = shares / shares.sum()
+    mean_turns = _class_values(params, classes, "turns")
+    sys_share = _class_values(params, classes, "system_prompt_share")
+
+    # Sessions: enough that their turns cover n requests after a 25 % margin for the window's edge.
+    session_shares = shares / mean_turns
+    session_shares /= session_shares.sum()
+    mean_turns_all = 1.0 / np.sum(shares / mean_turns)
+    n_sessions = int(np.ceil(1.25 * n / mean_turns_all)) + 16
+    session_class = rng.choice(len(classes), size=n_sessions, p=session_shares).astype(np.int32)
+    turns = rng.geometric(1.0 / mean_turns[session_class]).astype(np.int64)
+
+    # System prompts: Zipf-popular pool, lengths drawn once per prompt.
+    n_prompts = int(params["workload.system_prompts"])
+    prompt_len = _tokens(params["workload.system_prompt_tokens"].sample(rng, n_prompts))
+    uses_prompt = rng.random(n_sessions) < sys_share[session_class]
+    prompt_of_session = rng.choice(n_prompts, size=n_sessions,
+                                   p=zipf_probabilities(n_prompts, params["workload.system_prompt_zipf"]))
+    sys_len = np.where(uses_prompt, prompt_len[prompt_of_session], 0)
+
+    # Flatten turns: one row per (session, turn).
+    rows = int(turns.sum())
+    session = np.repeat(np.arange(n_sessions), turns)
+    first_row = np.concatenate([[0], np.cumsum(turns)[:-1]])
+    turn = np.arange(rows) - np.repeat(first_row, turns)
+    cls = session_class[session]
+    user = _tokens(_per_class_sample(params, classes, "prompt_tokens", cls, rng))
+    output = _tokens(_per_class_sample(params, classes, "output_tokens", cls, rng))
+    acceptance = np.clip(_per_class_sample(params, classes, "acceptance", cls, rng), 0.0, 1.0)
+
+    # Context limits: a first turn is clipped to fit; later turns that do not fit end their session.
+    output = np.minimum(output, max(max_context // 2, 1))
+    user = np.where(turn == 0, np.minimum(user, np.maximum(max_context - output - sys_len[session], 1)), user)
+    exchange = user + output
+    cum_exchange = np.cumsum(exchange)
+    session_start_cum = np.repeat(cum_exchange[first_row] - exchange[first_row], turns)
+    before = cum_exchange - exchange - session_start_cum  # tokens of earlier turns in this session
+    prompt = sys_len[session] + before + user
+    keep = (prompt + output <= max_context) | (turn == 0)
+    # A dropped turn drops every later turn of its session: keep only a leading run per session.
+    bad = (~keep).astype(np.int64)
+    bad_before = np.cumsum(bad) - np.repeat(np.cumsum(bad)[first_row] - bad[first_row], turns)
+    keep = bad_before == 0
+
+    # Virtual times: sessions start as a Poisson process, turns follow after exponential think times.
+    session_rate = params["workload.rate_rps"] / mean_turns_all
+    start = np.cumsum(rng.exponential(1.0 / session_rate, n_sessions))
+    think = rng.exponential(params["workload.think_time_s"], rows)
+    think[first_row] = 0.0
+    cum_think = np.cumsum(think)
+    t_virtual = start[session] + cum_think - np.repeat(cum_think[first_row], turns)
+
+    order = np.flatnonzero(keep)
+    order = order[np.argsort(t_virtual[order], kind="stable")][:n]
+    if len(order) < n:  # pathological context limits: fewer turns than asked
+        n = len(order)
+    arrival = renewal_arrivals(n, params["workload.rate_rps"], params["workload.arrivals"],
+                               params["workload.burstiness"], rng)
+
+    # Block identities: block k of system prompt j, or block k of session s's conversation.
+    prompt_r = prompt[order]
+    nblocks = prompt_r // block
+    sys_blocks_of_prompt = prompt_len // block
+    sys_base = np.concatenate([[0], np.cumsum(sys_blocks_of_prompt)])
+    session_r = session[order]
+    sys_full = np.where(uses_prompt[session_r], sys_len[session_r] // block, 0)
+    max_blocks_session = np.zeros(n_sessions, dtype=np.int64)
+    np.maximum.at(max_blocks_session, session_r, nblocks)
+    session_base = sys_base[-1] + np.concatenate([[0], np.cumsum(max_blocks_session)[:-1]])
+    block_ptr = np.concatenate([[0], np.cumsum(nblocks)]).astype(np.int64)
+    owner = np.repeat(np.arange(n), nblocks)
+    k = np.arange(block_ptr[-1]) - block_ptr[:-1][owner]
+    in_sys = k < sys_full[owner]
+    block_ids = np.where(in_sys, sys_base[prompt_of_session[session_r]][owner] + k, session_base[session_r][owner] + k)
+
+    return Requests(
+        arrival_s=arrival,
+        class_id=cls[order].astype(np.int32),
+        prompt_tokens=prompt_r.astype(np.int64),
+        output_tokens=output[order].astype(np.int64),
+        acceptance=acceptance[order],
+        block_ptr=block_ptr,
+        block_ids=block_ids.astype(np.int64),
+        block_tokens=block,
+        class_names=tuple(classes),
+    )
+
+
+def from_trace(trace, params: dict, classes: tuple, n: int, rng: np.random.Generator) -> Requests:
+    """Requests from a replayed trace: the first ``n`` records (all if fewer).
+
+    Classes (for acceptance and expert skew) are assigned at random by their shares, since traces do not carry
+    them. A trace without prefix hashes (Azure) has no cacheable blocks: its reuse cannot be known.
+    """
+    from mcsim.traces import Trace  # noqa: F401  (type only)
+
+    m = min(n, len(trace.prompt_tokens))
+    shares = _class_values(params, classes, "share")
+    cls = rng.choice(len(classes), size=m, p=shares / shares.sum()).astype(np.int32)
+    acceptance = np.clip(_per_class_sample(params, classes, "acceptance", cls, rng), 0.0, 1.0)
+    ptr = trace.block_ptr[: m + 1].astype(np.int64)
+    hashes = trace.block_hashes[ptr[0]: ptr[-1]]
+    block_tokens = trace.block_tokens or int(params["cache.block_tokens"])
+    prompt = trace.prompt_tokens[:m].astype(np.int64)
+    if trace.block_tokens:
+        # A trace's last hashed block may be partial; only whole blocks are cacheable.
+        whole = prompt // block_tokens
+        counts = np.diff(ptr)
+        take = np.minimum(counts, whole)
+        keep_mask = (np.arange(len(hashes)) - np.repeat(ptr[:-1] - ptr[0], counts)) < np.repeat(take, counts)
+        hashes = hashes[keep_mask]
+        ptr = np.concatenate([[0], np.cumsum(take)]).astype(np.int64)
+    else:
+        ptr = ptr - ptr[0]
+    return Requests(
+        arrival_s=(trace.arrival_s[:m] - trace.arrival_s[0]).astype(float),
+        class_id=cls,
+        prompt_tokens=prompt,
+        output_tokens=np.maximum(trace.output_tokens[:m].astype(np.int64), 1),
+        acceptance=acceptance,
+        block_ptr=ptr,
+        block_ids=hashes.astype(np.int64),
+        block_tokens=int(block_tokens),
+        class_names=tuple(classes),
+        source=trace.source,
+    )
+
+
+def resolve_trace_path(value: str, base_dir: Path | None) -> Path:
+    """``bundled:NAME`` -> the packaged trace; a relative path -> relative to the scenario file."""
+    from mcsim import traces
+
+    if value.startswith("bundled:"):
+        return traces.bundled_trace_path(value.split(":", 1)[1])
+    p = Path(value)
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p
+    return p
