@@ -1,0 +1,478 @@
+"""Real request traces: read Mooncake JSONL and Azure LLM inference CSV into one struct of arrays.
+
+A :class:`Trace` holds one row per request, sorted by arrival: arrival time, prompt and output lengths,
+and (when the format has them) the chain-hashed ids of the prompt's fixed-size blocks as a CSR
+(``block_ptr``, ``block_hashes``). The workload stage can use it instead of its generator.
+
+Formats
+-------
+``mooncake``
+    JSON lines with ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``: the ids of
+    the prompt's 512-token blocks, prefix-chained (two requests share an id only if they share the whole
+    prefix up to and including that block), so ``len(hash_ids) == ceil(input_length / 512)``.
+    Other fields are ignored.
+``azure``
+    CSV with header ``TIMESTAMP,ContextTokens,GeneratedTokens``; timestamps like
+    ``2023-11-16 18:17:03.9799600`` (ISO 8601, space or ``T``, up to nanoseconds). No prefix
+    information: every request has zero blocks and ``block_tokens`` is None.
+
+Conventions
+-----------
+* ``arrival_s`` counts seconds from the first request, which arrives at 0.
+* Rows are sorted by arrival (stably: ties keep file order). Error messages give line numbers in the
+  file as written.
+* A request with 0 output tokens is counted as 1. The serving system still prefilled its prompt, and
+  prefill itself produces the first output token, so the request cost at least one token's work;
+  dropping it would lose its prefill load, and downstream stages (decode, speculative passes) count
+  at least one token per request. When this happens ``Trace.source`` says how many rows were raised.
+  (The bundled traces have none.)
+* Any other malformed row is an error (:class:`TraceError`) naming ``path:line N``, what was found and
+  what was expected.
+
+Bundled traces (see ``mcsim/data/traces/README.md`` for source, licence and attribution) are found with
+:func:`bundled_trace_path`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.resources
+import itertools
+import json
+import math
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import NoReturn
+
+import numpy as np
+
+MOONCAKE_BLOCK_TOKENS = 512
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+FORMATS = ("mooncake", "azure")
+BUNDLED_TRACES = {
+    "mooncake": "mooncake_synthetic_trace.jsonl",
+    "azure-code": "AzureLLMInferenceTrace_code_2023.csv",
+    "azure-conv": "AzureLLMInferenceTrace_conv_2023.csv",
+}
+_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MIN = np.iinfo(np.int64).min
+
+
+class TraceError(ValueError):
+    """A trace file that does not follow its format; the message names the file and the line."""
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """Requests of a trace as a struct of arrays, one row per request, sorted by arrival.
+
+    Attributes
+    ----------
+    arrival_s : float64[n]
+        Arrival time in seconds from the first request (the first is 0).
+    prompt_tokens : int64[n]
+        Prompt (input, context) length in tokens.
+    output_tokens : int64[n]
+        Generated tokens (>= 1).
+    block_ptr : int64[n + 1]
+        CSR offsets: request ``i``'s block ids are ``block_hashes[block_ptr[i]:block_ptr[i + 1]]``.
+        All rows are empty when the format has no prefix information.
+    block_hashes : int64[nnz]
+        Chain-hashed block ids exactly as the trace gives them.
+    block_tokens : int or None
+        Tokens per hashed block (512 for Mooncake); None without prefix information.
+    source : str
+        Provenance: file name and format.
+    """
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    block_ptr: np.ndarray
+    block_hashes: np.ndarray
+    block_tokens: int | None
+    source: str
+
+    def __post_init__(self) -> None:
+        n = self.arrival_s.shape[0]
+        for name, dtype, length in [
+            ("arrival_s", np.float64, n),
+            ("prompt_tokens", np.int64, n),
+            ("output_tokens", np.int64, n),
+            ("block_ptr", np.int64, n + 1),
+            ("block_hashes", np.int64, None),
+        ]:
+            array = getattr(self, name)
+            if array.ndim != 1 or array.dtype != dtype or (length is not None and array.shape[0] != length):
+                expected_length = "nnz" if length is None else length
+                raise ValueError(
+                    f"Trace.{name} must be a one-dimensional {np.dtype(dtype)} array of length "
+                    f"{expected_length}, got {array.dtype} with shape {array.shape}"
+                )
+        if self.block_ptr[0] != 0 or self.block_ptr[-1] != self.block_hashes.shape[0]:
+            raise ValueError("Trace.block_ptr must start at 0 and end at len(block_hashes)")
+        if np.any(np.diff(self.block_ptr) < 0) or np.any(np.diff(self.arrival_s) < 0):
+            raise ValueError("Trace.block_ptr and Trace.arrival_s must be non-decreasing")
+
+    def __len__(self) -> int:
+        return self.arrival_s.shape[0]
+
+    @property
+    def n_requests(self) -> int:
+        """Number of requests."""
+        return len(self)
+
+
+def read_trace(path: str | os.PathLike, format: str | None = None) -> Trace:
+    """Read a trace file in either supported format.
+
+    Parameters
+    ----------
+    path : str or path-like
+        Trace file.
+    format : {"mooncake", "azure"} or None
+        File format; None infers it from the extension (``.jsonl`` Mooncake, ``.csv`` Azure).
+
+    Returns
+    -------
+    Trace
+
+    Examples
+    --------
+    >>> trace = read_trace(bundled_trace_path("azure-code"))
+    >>> len(trace), trace.block_tokens
+    (8819, None)
+    """
+    path = pathlib.Path(path)
+    if format is None:
+        by_suffix = {".jsonl": "mooncake", ".csv": "azure"}
+        format = by_suffix.get(path.suffix.lower())
+        if format is None:
+            raise ValueError(
+                f"{path}: cannot tell the trace format from the extension {path.suffix!r}; "
+                "expected .jsonl (mooncake) or .csv (azure), or pass format='mooncake' or 'azure'"
+            )
+    if format == "mooncake":
+        return read_mooncake(path)
+    if format == "azure":
+        return read_azure(path)
+    raise ValueError(f"unknown trace format {format!r}; expected one of {', '.join(FORMATS)}")
+
+
+def bundled_trace_path(name: str) -> pathlib.Path:
+    """Path of a trace shipped with mcsim.
+
+    Parameters
+    ----------
+    name : {"mooncake", "azure-code", "azure-conv"}
+        Mooncake FAST'25 synthetic trace, Azure LLM inference 2023 code or conversation trace.
+
+    Returns
+    -------
+    pathlib.Path
+        The file inside the installed package (source and licence: ``mcsim/data/traces/README.md``).
+
+    Examples
+    --------
+    >>> bundled_trace_path("mooncake").name
+    'mooncake_synthetic_trace.jsonl'
+    """
+    if name not in BUNDLED_TRACES:
+        close = difflib.get_close_matches(name, BUNDLED_TRACES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"no bundled trace {name!r}{hint}; expected one of {', '.join(BUNDLED_TRACES)}")
+    resource = importlib.resources.files("mcsim.data").joinpath("traces", BUNDLED_TRACES[name])
+    return pathlib.Path(str(resource))
+
+
+# --- Mooncake ------------------------------------------------------------------------------------
+
+
+def read_mooncake(path: str | os.PathLike) -> Trace:
+    """Read a Mooncake JSONL trace (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``).
+
+    Parameters
+    ----------
+    path : str or path-like
+        JSON-lines file, one request object per line; blank lines are skipped.
+
+    Returns
+    -------
+    Trace
+        With ``block_tokens == 512`` and the ``hash_ids`` of each request as its CSR row.
+
+    Raises
+    ------
+    TraceError
+        Invalid JSON, a missing field, a non-integer or negative length, a bad timestamp, or
+        ``len(hash_ids) != ceil(input_length / 512)``; the message names ``path:line N``.
+
+    Examples
+    --------
+    >>> trace = read_mooncake(bundled_trace_path("mooncake"))
+    >>> len(trace), trace.block_tokens, round(float(trace.prompt_tokens.mean()))
+    (3993, 512, 15325)
+    """
+    path = pathlib.Path(path)
+    records = []
+    line_numbers = []
+    with path.open(encoding="utf-8") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise TraceError(
+                    f"{path}:line {line_number}: invalid JSON ({error.msg}, column {error.colno}); "
+                    "expected one JSON object per line"
+                ) from None
+            line_numbers.append(line_number)
+    if not records:
+        raise TraceError(f"{path}: no requests; expected one JSON object per line with {', '.join(MOONCAKE_FIELDS)}")
+
+    columns = _mooncake_columns(records)
+    if columns is None:
+        _diagnose_mooncake(path, records, line_numbers)
+    timestamp_ms, prompt_tokens, output_tokens, block_counts, block_hashes = columns
+    expected_blocks = -(-prompt_tokens // MOONCAKE_BLOCK_TOKENS)
+    if (
+        not np.all(np.isfinite(timestamp_ms))
+        or np.any(timestamp_ms < 0)
+        or np.any(prompt_tokens < 0)
+        or np.any(output_tokens < 0)
+        or np.any(block_counts != expected_blocks)
+    ):
+        _diagnose_mooncake(path, records, line_numbers)
+
+    block_ptr = np.zeros(len(records) + 1, dtype=np.int64)
+    np.cumsum(block_counts, out=block_ptr[1:])
+    return _finish(
+        path,
+        "mooncake",
+        (timestamp_ms - timestamp_ms.min()) / 1000.0,
+        prompt_tokens,
+        output_tokens,
+        block_ptr,
+        block_hashes,
+        MOONCAKE_BLOCK_TOKENS,
+    )
+
+
+def _mooncake_columns(records: list):
+    """Columns as arrays when every record has the right fields and types, else None.
+
+    Types are checked on whole columns (a set of Python types per column); range checks follow in
+    NumPy. Anything unusual sends the caller to the record-by-record diagnosis.
+    """
+    if set(map(type, records)) != {dict}:
+        return None
+    try:
+        timestamps = [record["timestamp"] for record in records]
+        inputs = [record["input_length"] for record in records]
+        outputs = [record["output_length"] for record in records]
+        hash_lists = [record["hash_ids"] for record in records]
+    except KeyError:
+        return None
+    if not set(map(type, timestamps)) <= {int, float}:
+        return None
+    if not (set(map(type, inputs)) <= {int} and set(map(type, outputs)) <= {int}):
+        return None
+    if not set(map(type, hash_lists)) <= {list}:
+        return None
+    flat_hashes = list(itertools.chain.from_iterable(hash_lists))
+    if not set(map(type, flat_hashes)) <= {int}:
+        return None
+    try:
+        timestamp_ms = np.array(timestamps, dtype=np.float64)
+        prompt_tokens = np.array(inputs, dtype=np.int64)
+        output_tokens = np.array(outputs, dtype=np.int64)
+        block_hashes = np.array(flat_hashes, dtype=np.int64)
+    except OverflowError:
+        return None
+    block_counts = np.fromiter(map(len, hash_lists), dtype=np.int64, count=len(hash_lists))
+    return timestamp_ms, prompt_tokens, output_tokens, block_counts, block_hashes
+
+
+def _diagnose_mooncake(path: pathlib.Path, records: list, line_numbers: list[int]) -> NoReturn:
+    """Raise :class:`TraceError` for the first malformed record (slow; only on the error path)."""
+    for record, line_number in zip(records, line_numbers):
+        where = f"{path}:line {line_number}"
+        if not isinstance(record, dict):
+            raise TraceError(
+                f"{where}: got a JSON {type(record).__name__}; expected an object with fields "
+                f"{', '.join(MOONCAKE_FIELDS)}"
+            )
+        for field in MOONCAKE_FIELDS:
+            if field not in record:
+                raise TraceError(f"{where}: missing field {field!r}; expected fields {', '.join(MOONCAKE_FIELDS)}")
+        timestamp = record["timestamp"]
+        if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not (
+            math.isfinite(timestamp) and timestamp >= 0
+        ):
+            raise TraceError(f"{where}: timestamp {timestamp!r}; expected a non-negative number of milliseconds")
+        for field in ("input_length", "output_length"):
+            _check_count(record[field], f"{where}: {field}")
+        hash_ids = record["hash_ids"]
+        if not isinstance(hash_ids, list):
+            raise TraceError(f"{where}: hash_ids {hash_ids!r}; expected a list of integer block ids")
+        for block_id in hash_ids:
+            if type(block_id) is not int or not _INT64_MIN <= block_id <= _INT64_MAX:
+                raise TraceError(f"{where}: hash_ids contains {block_id!r}; expected 64-bit integer block ids")
+        expected_blocks = -(-record["input_length"] // MOONCAKE_BLOCK_TOKENS)
+        if len(hash_ids) != expected_blocks:
+            raise TraceError(
+                f"{where}: {len(hash_ids)} hash_ids for input_length {record['input_length']}; expected "
+                f"ceil(input_length / {MOONCAKE_BLOCK_TOKENS}) = {expected_blocks}"
+            )
+    # The vectorised checks only call this when some record is malformed, so this line is a guard.
+    raise TraceError(f"{path}: malformed records; expected fields {', '.join(MOONCAKE_FIELDS)}")
+
+
+def _check_count(value, what: str) -> None:
+    if type(value) is not int or not 0 <= value <= _INT64_MAX:
+        raise TraceError(f"{what} {value!r}; expected a non-negative integer")
+
+
+# --- Azure ---------------------------------------------------------------------------------------
+
+
+def read_azure(path: str | os.PathLike) -> Trace:
+    """Read an Azure LLM inference CSV trace (``TIMESTAMP,ContextTokens,GeneratedTokens``).
+
+    Parameters
+    ----------
+    path : str or path-like
+        CSV file with exactly that header; blank lines are skipped. Parsed column-wise with NumPy.
+
+    Returns
+    -------
+    Trace
+        Without prefix information (every ``block_ptr`` row empty, ``block_tokens`` None).
+
+    Raises
+    ------
+    TraceError
+        A wrong header, a row without exactly three fields, an unparsable timestamp, or a non-integer
+        or negative token count; the message names ``path:line N``.
+
+    Examples
+    --------
+    >>> trace = read_azure(bundled_trace_path("azure-conv"))
+    >>> len(trace), round(float(trace.output_tokens.mean()))
+    (19366, 211)
+    """
+    path = pathlib.Path(path)
+    # utf-8-sig: tolerate the byte-order mark that spreadsheet exports put before the header.
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    expected_header = ",".join(AZURE_HEADER)
+    if not lines or [name.strip() for name in lines[0].split(",")] != list(AZURE_HEADER):
+        found = repr(lines[0]) if lines else "an empty file"
+        raise TraceError(f"{path}:line 1: header {found}; expected {expected_header!r}")
+
+    body = np.array(lines[1:], dtype=str)
+    nonblank = np.flatnonzero(np.char.str_len(np.char.strip(body)) > 0)
+    if nonblank.size == 0:
+        raise TraceError(f"{path}: no requests after the header; expected rows of {expected_header}")
+    body = body[nonblank]
+    line_numbers = nonblank + 2  # file lines are 1-based and the header is line 1
+
+    field_counts = np.char.count(body, ",") + 1
+    wrong_width = np.flatnonzero(field_counts != len(AZURE_HEADER))
+    if wrong_width.size:
+        row = wrong_width[0]
+        raise TraceError(
+            f"{path}:line {line_numbers[row]}: {field_counts[row]} fields; "
+            f"expected {len(AZURE_HEADER)} ({expected_header})"
+        )
+    fields = np.char.strip(np.array(",".join(body.tolist()).split(","), dtype=str).reshape(-1, len(AZURE_HEADER)))
+
+    timestamps = _parse_timestamps(path, fields[:, 0], line_numbers)
+    prompt_tokens = _parse_counts(path, fields[:, 1], line_numbers, AZURE_HEADER[1])
+    output_tokens = _parse_counts(path, fields[:, 2], line_numbers, AZURE_HEADER[2])
+    arrival_ns = (timestamps - timestamps.min()).astype(np.int64)
+    return _finish(
+        path,
+        "azure",
+        arrival_ns / 1e9,
+        prompt_tokens,
+        output_tokens,
+        np.zeros(prompt_tokens.shape[0] + 1, dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+        None,
+    )
+
+
+def _parse_timestamps(path: pathlib.Path, column: np.ndarray, line_numbers: np.ndarray) -> np.ndarray:
+    expectation = "expected a date and time like '2023-11-16 18:17:03.9799600'"
+    try:
+        timestamps = column.astype("datetime64[ns]")
+    except ValueError:
+        for text, line_number in zip(column.tolist(), line_numbers.tolist()):
+            try:
+                np.datetime64(text, "ns")
+            except ValueError:
+                raise TraceError(f"{path}:line {line_number}: TIMESTAMP {text!r}; {expectation}") from None
+        raise
+    missing = np.flatnonzero(np.isnat(timestamps))
+    if missing.size:
+        row = missing[0]
+        raise TraceError(f"{path}:line {line_numbers[row]}: TIMESTAMP {str(column[row])!r}; {expectation}")
+    return timestamps
+
+
+def _parse_counts(path: pathlib.Path, column: np.ndarray, line_numbers: np.ndarray, name: str) -> np.ndarray:
+    expectation = "expected a non-negative integer"
+    try:
+        counts = column.astype(np.int64)
+    except (ValueError, OverflowError):
+        for text, line_number in zip(column.tolist(), line_numbers.tolist()):
+            try:
+                np.array([text]).astype(np.int64)
+            except (ValueError, OverflowError):
+                raise TraceError(f"{path}:line {line_number}: {name} {text!r}; {expectation}") from None
+        raise
+    negative = np.flatnonzero(counts < 0)
+    if negative.size:
+        row = negative[0]
+        raise TraceError(f"{path}:line {line_numbers[row]}: {name} {str(column[row])!r}; {expectation}")
+    return counts
+
+
+# --- shared --------------------------------------------------------------------------------------
+
+
+def _finish(path, format_name, arrival_s, prompt_tokens, output_tokens, block_ptr, block_hashes, block_tokens):
+    """Raise zero outputs to one token, sort by arrival (stably) and build the Trace."""
+    source = f"{path.name} ({format_name})"
+    zero_outputs = int(np.count_nonzero(output_tokens == 0))
+    if zero_outputs:
+        output_tokens = np.maximum(output_tokens, 1)
+        source += f"; {zero_outputs} requests with 0 output tokens counted as 1"
+    if np.any(np.diff(arrival_s) < 0):
+        order = np.argsort(arrival_s, kind="stable")
+        arrival_s = arrival_s[order]
+        prompt_tokens = prompt_tokens[order]
+        output_tokens = output_tokens[order]
+        block_ptr, block_hashes = _reorder_rows(block_ptr, block_hashes, order)
+    return Trace(
+        arrival_s=np.ascontiguousarray(arrival_s, dtype=np.float64),
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        block_ptr=block_ptr,
+        block_hashes=block_hashes,
+        block_tokens=block_tokens,
+        source=source,
+    )
+
+
+def _reorder_rows(block_ptr: np.ndarray, block_hashes: np.ndarray, order: np.ndarray):
+    """CSR rows taken in ``order``."""
+    counts = np.diff(block_ptr)[order]
+    new_ptr = np.zeros_like(block_ptr)
+    np.cumsum(counts, out=new_ptr[1:])
+    # Element e of new row i comes from old position block_ptr[order[i]] + (e - new_ptr[i]).
+    shift = np.repeat(block_ptr[:-1][order] - new_ptr[:-1], counts)
+    return new_ptr, block_hashes[np.arange(new_ptr[-1]) + shift]

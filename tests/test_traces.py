@@ -1,0 +1,297 @@
+"""Trace readers: published figures of the bundled traces, the Mooncake block chain, malformed files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from mcsim.traces import (
+    BUNDLED_TRACES,
+    Trace,
+    TraceError,
+    bundled_trace_path,
+    read_azure,
+    read_mooncake,
+    read_trace,
+)
+
+AZURE_HEADER_LINE = "TIMESTAMP,ContextTokens,GeneratedTokens"
+
+
+@pytest.fixture(scope="module")
+def mooncake():
+    return read_trace(bundled_trace_path("mooncake"))
+
+
+@pytest.fixture(scope="module")
+def azure_code():
+    return read_trace(bundled_trace_path("azure-code"))
+
+
+@pytest.fixture(scope="module")
+def azure_conv():
+    return read_trace(bundled_trace_path("azure-conv"))
+
+
+def mooncake_line(timestamp=0, input_length=1000, output_length=5, hash_ids=None, drop=None):
+    record = {
+        "timestamp": timestamp,
+        "input_length": input_length,
+        "output_length": output_length,
+        "hash_ids": list(range(math.ceil(input_length / 512))) if hash_ids is None else hash_ids,
+    }
+    if drop:
+        del record[drop]
+    return json.dumps(record)
+
+
+def write(tmp_path, name, lines):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# --- published figures ---------------------------------------------------------------------------
+
+
+def test_mooncake_matches_fast25_table_2(mooncake):
+    # Qin et al. FAST'25, Table 2: synthetic trace, average input 15,325 and average output 149 tokens.
+    assert len(mooncake) == 3993
+    assert round(float(mooncake.prompt_tokens.mean())) == 15325
+    assert round(float(mooncake.output_tokens.mean())) == 149
+    assert mooncake.block_tokens == 512
+    np.testing.assert_array_equal(np.diff(mooncake.block_ptr), -(-mooncake.prompt_tokens // 512))
+
+
+@pytest.mark.parametrize(
+    ("fixture", "requests", "mean_context", "mean_generated"),
+    [("azure_code", 8819, 2048, 28), ("azure_conv", 19366, 1155, 211)],
+)
+def test_azure_matches_published_means(fixture, requests, mean_context, mean_generated, request):
+    trace = request.getfixturevalue(fixture)
+    assert len(trace) == requests
+    assert round(float(trace.prompt_tokens.mean())) == mean_context
+    assert round(float(trace.output_tokens.mean())) == mean_generated
+    assert trace.block_tokens is None
+    assert trace.block_hashes.size == 0
+    np.testing.assert_array_equal(trace.block_ptr, 0)
+
+
+def test_azure_arrivals_span_about_an_hour(azure_code, azure_conv):
+    # First and last rows of the code file: 18:17:03.9799600 and 19:14:19.9280160.
+    assert azure_code.arrival_s[-1] == pytest.approx(3435.948056, abs=1e-6)
+    assert azure_code.arrival_s[1] == pytest.approx(0.052, abs=1e-9)
+    assert 3000 < azure_conv.arrival_s[-1] < 3700
+
+
+def test_mooncake_arrivals_are_milliseconds(mooncake):
+    # First rows: timestamps 0, 0, 40 ms; the last is 1,022,025 ms.
+    np.testing.assert_allclose(mooncake.arrival_s[:3], [0.0, 0.0, 0.04])
+    assert mooncake.arrival_s[-1] == pytest.approx(1022.025)
+
+
+@pytest.mark.parametrize("name", sorted(BUNDLED_TRACES))
+def test_arrivals_sorted_from_zero(name):
+    trace = read_trace(bundled_trace_path(name))
+    assert trace.arrival_s[0] == 0.0
+    assert np.all(np.diff(trace.arrival_s) >= 0)
+    assert np.all(trace.output_tokens >= 1)
+    assert trace.source.startswith(bundled_trace_path(name).name)
+
+
+def test_mooncake_block_chain_property(mooncake):
+    # Prefix-chained ids: a block id always sits at the same position after the same predecessor, so
+    # requests sharing an id share every earlier id (by induction over positions).
+    counts = np.diff(mooncake.block_ptr)
+    position = np.arange(mooncake.block_hashes.size) - np.repeat(mooncake.block_ptr[:-1], counts)
+    predecessor = np.where(position > 0, np.roll(mooncake.block_hashes, 1), -1)
+    triples = np.unique(np.stack([mooncake.block_hashes, position, predecessor]), axis=1)
+    ids, occurrences = np.unique(triples[0], return_counts=True)
+    assert ids.size < mooncake.block_hashes.size  # the trace does reuse blocks
+    assert np.all(occurrences == 1)
+
+
+def test_mooncake_block_chain_pairwise_on_shared_ids(mooncake):
+    # The same property stated literally, for every pair of requests sharing their last shared id.
+    rows = [
+        mooncake.block_hashes[mooncake.block_ptr[i] : mooncake.block_ptr[i + 1]].tolist() for i in range(len(mooncake))
+    ]
+    first_seen: dict[int, tuple[int, int]] = {}
+    for request, ids in enumerate(rows):
+        for position, block_id in enumerate(ids):
+            if block_id in first_seen:
+                other, other_position = first_seen[block_id]
+                assert other_position == position
+                assert rows[other][: position + 1] == ids[: position + 1]
+            else:
+                first_seen[block_id] = (request, position)
+
+
+def test_mooncake_prefix_reuse_near_published_cache_ratio(mooncake):
+    # FAST'25 Table 2 gives a 66 % cache ratio. With an unbounded cache and exact leading-block reuse,
+    # the token fraction of prompts found cached comes out at 65.1 %; a misread CSR or block order
+    # would move it far away.
+    seen: set[int] = set()
+    cached_tokens = 0
+    for request in range(len(mooncake)):
+        ids = mooncake.block_hashes[mooncake.block_ptr[request] : mooncake.block_ptr[request + 1]].tolist()
+        leading = 0
+        while leading < len(ids) and ids[leading] in seen:
+            leading += 1
+        cached_tokens += min(leading * 512, int(mooncake.prompt_tokens[request]))
+        seen.update(ids)
+    assert cached_tokens / mooncake.prompt_tokens.sum() == pytest.approx(0.66, abs=0.015)
+
+
+# --- reading small files -------------------------------------------------------------------------
+
+
+def test_mooncake_unsorted_rows_are_sorted_with_their_blocks(tmp_path):
+    path = write(
+        tmp_path,
+        "t.jsonl",
+        [
+            mooncake_line(timestamp=3000, input_length=600, hash_ids=[7, 8]),
+            "",
+            mooncake_line(timestamp=1000, input_length=100, output_length=2, hash_ids=[5]),
+            # Unknown fields are ignored.
+            json.dumps({"timestamp": 2000, "input_length": 1100, "output_length": 4, "hash_ids": [7, 9, 10], "x": 1}),
+        ],
+    )
+    trace = read_mooncake(path)
+    np.testing.assert_allclose(trace.arrival_s, [0.0, 1.0, 2.0])
+    assert trace.prompt_tokens.tolist() == [100, 1100, 600]
+    assert trace.output_tokens.tolist() == [2, 4, 5]
+    assert trace.block_ptr.tolist() == [0, 1, 4, 6]
+    assert trace.block_hashes.tolist() == [5, 7, 9, 10, 7, 8]
+    assert trace.source == "t.jsonl (mooncake)"
+
+
+def test_azure_small_file(tmp_path):
+    path = write(
+        tmp_path,
+        "a.csv",
+        [
+            AZURE_HEADER_LINE,
+            "2023-11-16 18:17:04.0000000,10,3",
+            "2023-11-16 18:17:03.5000000,20,0",
+            "",
+            "2023-11-16T18:18:03.5,30,7",
+        ],
+    )
+    trace = read_azure(path)
+    np.testing.assert_allclose(trace.arrival_s, [0.0, 0.5, 60.0])
+    assert trace.prompt_tokens.tolist() == [20, 10, 30]
+    # A request that generated nothing still had its prompt prefilled: counted as one token.
+    assert trace.output_tokens.tolist() == [1, 3, 7]
+    assert "1 requests with 0 output tokens counted as 1" in trace.source
+
+
+def test_read_trace_by_extension_and_format(tmp_path):
+    jsonl = write(tmp_path, "x.jsonl", [mooncake_line()])
+    csv = write(tmp_path, "x.csv", [AZURE_HEADER_LINE, "2023-11-16 18:17:04,10,3"])
+    other = write(tmp_path, "x.txt", [mooncake_line()])
+    assert read_trace(jsonl).block_tokens == 512
+    assert read_trace(csv).block_tokens is None
+    assert read_trace(other, format="mooncake").prompt_tokens.tolist() == [1000]
+    with pytest.raises(ValueError, match="extension"):
+        read_trace(other)
+    with pytest.raises(ValueError, match="unknown trace format"):
+        read_trace(jsonl, format="sharegpt")
+
+
+def test_bundled_trace_path():
+    for name, file_name in BUNDLED_TRACES.items():
+        path = bundled_trace_path(name)
+        assert path.name == file_name and path.is_file()
+        assert "shared" not in path.parts
+    with pytest.raises(ValueError, match="did you mean 'azure-code'"):
+        bundled_trace_path("azure_code")
+
+
+def test_trace_rejects_inconsistent_arrays():
+    with pytest.raises(ValueError, match="block_ptr"):
+        Trace(
+            arrival_s=np.zeros(2),
+            prompt_tokens=np.ones(2, np.int64),
+            output_tokens=np.ones(2, np.int64),
+            block_ptr=np.zeros(2, np.int64),
+            block_hashes=np.zeros(0, np.int64),
+            block_tokens=None,
+            source="test",
+        )
+
+
+# --- malformed files: the error names the line ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        ("{not json", "invalid JSON"),
+        ("[1, 2]", "expected an object"),
+        (mooncake_line(drop="output_length"), "missing field 'output_length'"),
+        (mooncake_line(drop="hash_ids"), "missing field 'hash_ids'"),
+        (mooncake_line(input_length=1000.5, hash_ids=[1, 2]), "input_length 1000.5; expected a non-negative integer"),
+        (mooncake_line(output_length="7"), "output_length '7'; expected a non-negative integer"),
+        (mooncake_line(output_length=-1), "output_length -1; expected a non-negative integer"),
+        (mooncake_line(output_length=True), "output_length True"),
+        (mooncake_line(input_length=2**70, hash_ids=[]), "input_length"),
+        (mooncake_line(timestamp="noon"), "timestamp 'noon'; expected a non-negative number of milliseconds"),
+        (mooncake_line(timestamp=-5), "timestamp -5"),
+        (mooncake_line(hash_ids=[1, "2"]), "hash_ids contains '2'"),
+        (mooncake_line(hash_ids=3), "hash_ids 3"),
+        (mooncake_line(input_length=1025, hash_ids=[1, 2]), r"2 hash_ids for input_length 1025; expected .* = 3"),
+        (mooncake_line(input_length=512, hash_ids=[1, 2]), r"expected ceil\(input_length / 512\) = 1"),
+    ],
+)
+def test_mooncake_errors_name_the_line(tmp_path, bad_line, message):
+    path = write(tmp_path, "bad.jsonl", [mooncake_line(), "", mooncake_line(timestamp=5), bad_line, mooncake_line()])
+    with pytest.raises(TraceError, match=rf"bad\.jsonl:line 4: .*{message}"):
+        read_mooncake(path)
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        ("2023-11-16 18:17:05.1,10", "2 fields; expected 3"),
+        ("2023-11-16 18:17:05.1,10,3,4", "4 fields; expected 3"),
+        ("yesterday,10,3", "TIMESTAMP 'yesterday'; expected a date and time"),
+        ("NaT,10,3", "TIMESTAMP 'NaT'"),
+        ("2023-11-16 18:17:05.1,ten,3", "ContextTokens 'ten'; expected a non-negative integer"),
+        ("2023-11-16 18:17:05.1,10.5,3", "ContextTokens '10.5'"),
+        ("2023-11-16 18:17:05.1,10,-3", "GeneratedTokens '-3'; expected a non-negative integer"),
+        ("2023-11-16 18:17:05.1,10,", "GeneratedTokens ''"),
+    ],
+)
+def test_azure_errors_name_the_line(tmp_path, bad_line, message):
+    path = write(
+        tmp_path,
+        "bad.csv",
+        [AZURE_HEADER_LINE, "2023-11-16 18:17:04.0,10,3", "", "2023-11-16 18:17:05.0,11,4", bad_line],
+    )
+    with pytest.raises(TraceError, match=rf"bad\.csv:line 5: .*{message}"):
+        read_azure(path)
+
+
+@pytest.mark.parametrize(
+    "header", ["TIMESTAMP,ContextTokens", "timestamp,ContextTokens,GeneratedTokens", "2023-11-16 18:17:04,1,2"]
+)
+def test_azure_wrong_header(tmp_path, header):
+    path = write(tmp_path, "bad.csv", [header, "2023-11-16 18:17:04.0,10,3"])
+    expected = r"bad\.csv:line 1: header .*expected 'TIMESTAMP,ContextTokens,GeneratedTokens'"
+    with pytest.raises(TraceError, match=expected):
+        read_azure(path)
+
+
+def test_empty_traces_are_errors(tmp_path):
+    with pytest.raises(TraceError, match="no requests"):
+        read_mooncake(write(tmp_path, "empty.jsonl", ["", "  "]))
+    with pytest.raises(TraceError, match="no requests"):
+        read_azure(write(tmp_path, "empty.csv", [AZURE_HEADER_LINE]))
+    with pytest.raises(TraceError, match="line 1: header"):
+        read_azure(write(tmp_path, "blank.csv", [""]))
+
