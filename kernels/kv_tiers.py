@@ -1,0 +1,247 @@
+"""KV-cache tiers: an exclusive HBM → DRAM → NVMe hierarchy with one LRU list per tier per instance.
+
+The loop replays requests in index order (the caller sorts them by arrival) against per-instance prefix
+caches and counts, for every request, how many of its prompt blocks were reused from each tier.
+
+State lives in flat arrays indexed by a dense block key instead of hash maps: every key has one row
+``(prev, next, tier, owner)`` of an intrusive doubly linked list, and every (instance, tier) pair has a head
+(most recently used), a tail (least recently used) and a count. Every block operation — look-up, unlink,
+push to the MRU end, demotion of the LRU block — is O(1) and touches one 16-byte row.
+
+Semantics (the same as :func:`mcsim.reference.kv_tiers.simulate_tiers_reference`, which tests check):
+
+1. *Exact-prefix reuse.* A request reuses the longest run of leading blocks that are each present in some
+   tier of its instance; each such block is counted as a hit in the tier where it was found. A block present
+   after the first missing block is not reused (vLLM, SGLang and Mooncake can only reuse a whole prefix).
+2. *Everything ends in HBM.* Then every block of the request is moved (restored, promoted or inserted) to the
+   MRU end of HBM — including present blocks beyond the first miss, because the request now holds them in
+   HBM. Blocks are inserted in *reverse* prompt order, so the first (most shareable) block ends most recently
+   used and tail blocks are evicted first, as vLLM's evictor does.
+3. *LRU demotion.* After each insertion, while a tier holds more blocks than its capacity, its LRU block is
+   demoted to the MRU end of the next tier with nonzero capacity; overflow of the last such tier drops the
+   block. A tier with capacity 0 is absent and skipped. An HBM capacity of 0 means no caching at all: every
+   hit count stays 0.
+
+A block lives in at most one tier (exclusive hierarchy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mcsim.accelerate import kernel
+
+HBM, DRAM, NVME = 0, 1, 2
+N_TIERS = 3
+
+# One int32 row per key: links of the LRU list it is in, its tier (or _ABSENT), its instance.
+_ROW = 4
+_PREV, _NEXT, _TIER, _OWNER = 0, 1, 2, 3
+_NIL = -1
+_ABSENT = -1
+
+
+def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_blocks, out_hits):
+    """Replay requests through per-instance tiered LRU prefix caches and count reused blocks per tier.
+
+    Parameters
+    ----------
+    block_ptr : int64 array, shape (n + 1,)
+        CSR pointers: request ``r``'s prompt blocks are ``block_keys[block_ptr[r]:block_ptr[r + 1]]`` in
+        prompt order. Non-decreasing, ``block_ptr[n] <= len(block_keys)``.
+    block_keys : int64 array, shape (nnz,)
+        Dense block keys in ``[0, n_keys)``. A key must belong to exactly one instance: the caller maps each
+        (instance, chain-hashed block id) pair to its own key (for a pooled cache, use one instance). Within
+        one request keys are expected to be distinct, as chain-hashed ids are.
+    instance : int32 array, shape (n,)
+        Cache instance serving each request, in ``[0, n_instances)``.
+    n_instances : int
+        Number of cache instances; each has its own HBM, DRAM and NVMe capacity.
+    n_keys : int
+        Number of distinct block keys (at most 2**31 - 1).
+    capacity_blocks : int64 array, shape (3,)
+        Capacity of one instance's HBM, DRAM and NVMe tiers, in blocks; 0 means the tier is absent.
+        HBM capacity 0 means no prefix caching at all (all hits stay 0).
+    out_hits : int64 array, shape (n, 3)
+        Zero-initialised by the caller. On return ``out_hits[r, t]`` is the number of request ``r``'s reused
+        blocks found in tier ``t`` (0 = HBM, 1 = DRAM, 2 = NVMe), in blocks. Hits are added to what is there.
+
+    Raises
+    ------
+    ValueError
+        On inconsistent shapes, a pointer, instance or key out of range, a negative capacity, or a key seen
+        in two instances while still cached in one (``out_hits`` is then partly written).
+
+    Notes
+    -----
+    Requests are processed in index order. Memory: 16 bytes per key. Time: O(nnz + n_keys), each block
+    costs O(1) list operations plus at most one demotion per tier. This wrapper only checks dtypes and
+    allocates the workspace; the loop runs in a compiled kernel that releases the GIL. A key shared by two
+    instances is detected only when it is looked up while cached in the other one, which is exactly when
+    it would make the result differ from per-instance caches.
+
+    Examples
+    --------
+    >>> ptr = np.array([0, 2, 4], np.int64); keys = np.array([0, 1, 0, 2], np.int64)
+    >>> hits = np.zeros((2, 3), np.int64)
+    >>> simulate_tiers(ptr, keys, np.zeros(2, np.int32), 1, 3, np.array([8, 0, 0]), hits)
+    >>> hits[1].tolist()  # block 0 is reused from HBM, block 2 is new
+    [1, 0, 0]
+    """
+    block_ptr = np.ascontiguousarray(block_ptr, dtype=np.int64)
+    block_keys = np.ascontiguousarray(block_keys, dtype=np.int64)
+    instance = np.ascontiguousarray(instance, dtype=np.int32)
+    capacity_blocks = np.ascontiguousarray(capacity_blocks, dtype=np.int64)
+    if block_ptr.ndim != 1 or block_keys.ndim != 1 or instance.ndim != 1 or capacity_blocks.ndim != 1:
+        raise ValueError("block_ptr, block_keys, instance and capacity_blocks must be 1-D")
+    if not (
+        isinstance(out_hits, np.ndarray)
+        and out_hits.dtype == np.int64
+        and out_hits.ndim == 2
+        and out_hits.flags.c_contiguous
+        and out_hits.flags.writeable
+    ):
+        raise ValueError("out_hits must be a writeable C-contiguous int64 array of shape (len(instance), 3)")
+    n_instances = int(n_instances)
+    n_keys = int(n_keys)
+    if not 0 <= n_keys < 2**31 or n_instances < 0:
+        raise ValueError("n_instances must be >= 0 and n_keys in [0, 2**31)")
+    # Workspace allocated by NumPy, not inside the kernel: NumPy asks Linux for huge pages on large arrays,
+    # which makes first-touch page faults (and TLB misses on random rows) several times cheaper.
+    state = np.empty((n_keys, _ROW), np.int32)
+    head = np.empty(N_TIERS * n_instances, np.int32)
+    tail = np.empty(N_TIERS * n_instances, np.int32)
+    count = np.empty(N_TIERS * n_instances, np.int64)
+    _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count)
+
+
+@kernel
+def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count):
+    """Loop of :func:`simulate_tiers`: validate indices, reset the workspace, replay the requests.
+
+    ``state`` (n_keys, 4) int32 holds one row per key (prev, next, tier, owner); ``head``, ``tail`` (int32)
+    and ``count`` (int64) hold one entry per list, list ``3 * instance + tier``. All are overwritten.
+    """
+    n_keys = state.shape[0]
+    n = instance.shape[0]
+    nnz = block_keys.shape[0]
+    if block_ptr.shape[0] != n + 1:
+        raise ValueError("block_ptr must have len(instance) + 1 entries")
+    if out_hits.shape[0] != n or out_hits.shape[1] != N_TIERS:
+        raise ValueError("out_hits must have shape (len(instance), 3)")
+    if capacity_blocks.shape[0] != N_TIERS:
+        raise ValueError("capacity_blocks must have 3 entries (HBM, DRAM, NVMe)")
+    for t in range(N_TIERS):
+        if capacity_blocks[t] < 0:
+            raise ValueError("capacity_blocks must be >= 0")
+    # Validate everything the loop indexes with, once: Numba does not bounds-check.
+    if block_ptr[0] < 0 or block_ptr[n] > nnz:
+        raise ValueError("block_ptr out of range of block_keys")
+    for r in range(n):
+        if block_ptr[r + 1] < block_ptr[r]:
+            raise ValueError("block_ptr must be non-decreasing")
+        if instance[r] < 0 or instance[r] >= n_instances:
+            raise ValueError("instance out of range [0, n_instances)")
+    for j in range(block_ptr[0], block_ptr[n]):
+        if block_keys[j] < 0 or block_keys[j] >= n_keys:
+            raise ValueError("block key out of range [0, n_keys)")
+
+    capacity_hbm = capacity_blocks[HBM]
+    if capacity_hbm == 0:
+        return
+
+    # Where a tier's LRU block goes: the next tier with nonzero capacity, or nowhere (-1: dropped).
+    next_tier = np.full(N_TIERS, -1, np.int64)
+    for t in range(N_TIERS):
+        for u in range(t + 1, N_TIERS):
+            if capacity_blocks[u] > 0:
+                next_tier[t] = u
+                break
+
+    for k in range(n_keys):
+        state[k, _TIER] = _ABSENT
+    # List (instance i, tier t) is number N_TIERS * i + t.
+    head[:] = _NIL
+    tail[:] = _NIL
+    count[:] = 0
+
+    for r in range(n):
+        start = block_ptr[r]
+        stop = block_ptr[r + 1]
+        inst = instance[r]
+        base = N_TIERS * inst
+
+        # 1. Exact-prefix reuse: the leading run of present blocks, counted in the tier where found.
+        j = start
+        while j < stop:
+            tier = state[block_keys[j], _TIER]
+            if tier == _ABSENT:
+                break
+            out_hits[r, tier] += 1
+            j += 1
+
+        # 2. Every block to the MRU end of HBM, last block first so the first block ends MRU.
+        # List operations are written out in place: helper calls would add reference counting per call.
+        for j in range(stop - 1, start - 1, -1):
+            key = block_keys[j]
+            tier = state[key, _TIER]
+            if tier != _ABSENT:
+                if state[key, _OWNER] != inst:
+                    raise ValueError("a block key is cached in two instances; remap keys per instance")
+                lst = base + tier
+                if tier == HBM and head[lst] == key:
+                    continue  # already the MRU block of HBM
+                # Unlink from its current list.
+                prev = state[key, _PREV]
+                nxt = state[key, _NEXT]
+                if prev != _NIL:
+                    state[prev, _NEXT] = nxt
+                else:
+                    head[lst] = nxt
+                if nxt != _NIL:
+                    state[nxt, _PREV] = prev
+                else:
+                    tail[lst] = prev
+                count[lst] -= 1
+            else:
+                state[key, _OWNER] = inst
+            # Push to the MRU end of HBM.
+            old = head[base]
+            state[key, _PREV] = _NIL
+            state[key, _NEXT] = old
+            if old != _NIL:
+                state[old, _PREV] = key
+            else:
+                tail[base] = key
+            head[base] = key
+            state[key, _TIER] = HBM
+            count[base] += 1
+
+            # 3. One insertion overflows each tier by at most one block: demote LRU blocks down the chain.
+            src = HBM
+            while count[base + src] > capacity_blocks[src]:
+                lst = base + src
+                victim = tail[lst]
+                prev = state[victim, _PREV]
+                tail[lst] = prev
+                if prev != _NIL:
+                    state[prev, _NEXT] = _NIL
+                else:
+                    head[lst] = _NIL
+                count[lst] -= 1
+                dst = next_tier[src]
+                if dst < 0:
+                    state[victim, _TIER] = _ABSENT  # overflow of the last tier: dropped
+                    break
+                lst = base + dst
+                old = head[lst]
+                state[victim, _PREV] = _NIL
+                state[victim, _NEXT] = old
+                if old != _NIL:
+                    state[old, _PREV] = victim
+                else:
+                    tail[lst] = victim
+                head[lst] = victim
+                state[victim, _TIER] = dst
+                count[lst] += 1
+                src = dst

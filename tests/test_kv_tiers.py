@@ -1,0 +1,243 @@
+"""KV-tier kernel: against the OrderedDict reference, hand-computed cases, LRU stack identities and a real trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcsim.kernels.kv_tiers import simulate_tiers
+from mcsim.reference.kv_tiers import simulate_tiers_reference
+
+BIG = 10**9  # a capacity no test workload fills
+
+
+def to_arrays(prompts, instances):
+    """CSR arrays with one dense key per (instance, block id), as the kernel's caller builds them."""
+    key_of: dict[tuple[int, int], int] = {}
+    keys = [key_of.setdefault((inst, block), len(key_of)) for p, inst in zip(prompts, instances) for block in p]
+    block_ptr = np.concatenate(([0], np.cumsum([len(p) for p in prompts]))).astype(np.int64)
+    return block_ptr, np.array(keys, np.int64), np.array(instances, np.int32), len(key_of)
+
+
+def run_kernel(prompts, instances, capacity, n_instances=None):
+    block_ptr, block_keys, instance, n_keys = to_arrays(prompts, instances)
+    if n_instances is None:
+        n_instances = max(instances, default=-1) + 1
+    hits = np.zeros((len(prompts), 3), np.int64)
+    simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, np.array(capacity, np.int64), hits)
+    return hits
+
+
+def infinite_cache_hits(prompts, instances):
+    """Closed form with unbounded capacity: the leading run of blocks this instance has seen before."""
+    seen: dict[int, set] = {}
+    hits = []
+    for prompt, inst in zip(prompts, instances):
+        blocks_seen = seen.setdefault(inst, set())
+        run = 0
+        while run < len(prompt) and prompt[run] in blocks_seen:
+            run += 1
+        hits.append(run)
+        blocks_seen.update(prompt)
+    return np.array(hits, np.int64)
+
+
+@st.composite
+def prefix_workloads(draw):
+    """Requests that share prefixes of earlier requests (a random prefix tree) and then add blocks.
+
+    Most added blocks are fresh ids, as chain hashing gives. With chain-hashed ids alone the cached set is
+    always prefix-closed, so some added blocks repeat earlier ids out of place: that exercises the
+    exact-prefix rule (a cached block after a miss is not reused but is still moved to HBM).
+    """
+    n_instances = draw(st.integers(1, 3))
+    chain_hashed = draw(st.booleans())
+    prompts: list[list[int]] = []
+    instances = []
+    next_id = 0
+    for _ in range(draw(st.integers(1, 40))):
+        parent = draw(st.integers(-1, len(prompts) - 1))
+        prompt = prompts[parent][: draw(st.integers(0, len(prompts[parent])))] if parent >= 0 else []
+        added = list(range(next_id, next_id + draw(st.integers(0, 6))))
+        next_id += len(added)
+        if not chain_hashed and len(added) < next_id:
+            earlier = st.integers(0, next_id - len(added) - 1).filter(lambda block: block not in prompt)
+            added += draw(st.lists(earlier, max_size=2, unique=True))
+        prompts.append(prompt + draw(st.permutations(added)))
+        instances.append(draw(st.integers(0, n_instances - 1)))
+    return prompts, instances, n_instances, chain_hashed
+
+
+capacities = st.tuples(st.integers(0, 8), st.integers(0, 8), st.integers(0, 8)) | st.just((BIG, 0, 0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(workload=prefix_workloads(), capacity=capacities)
+def test_kernel_matches_reference(workload, capacity):
+    prompts, instances, n_instances, _ = workload
+    expected = np.array(simulate_tiers_reference(prompts, instances, capacity), np.int64).reshape(-1, 3)
+    np.testing.assert_array_equal(run_kernel(prompts, instances, capacity, n_instances), expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(workload=prefix_workloads(), capacity=st.tuples(st.integers(1, 8), st.integers(0, 8), st.integers(0, 8)))
+def test_tiers_form_one_lru_stack(workload, capacity):
+    """An exclusive hierarchy with LRU demotion is one LRU list cut into pieces, and LRU has the stack
+    property: what tiers 0..t hold is what a single cache as large as those tiers together would hold."""
+    prompts, instances, n_instances, chain_hashed = workload
+    hbm, dram, nvme = capacity
+    hits = run_kernel(prompts, instances, capacity, n_instances)
+    all_tiers = run_kernel(prompts, instances, (hbm + dram + nvme, 0, 0), n_instances)[:, 0]
+    np.testing.assert_array_equal(hits.sum(axis=1), all_tiers)
+    for n_upper, single in ((1, hbm), (2, hbm + dram)):
+        upper_tiers = hits[:, :n_upper].sum(axis=1)
+        single_tier = run_kernel(prompts, instances, (single, 0, 0), n_instances)[:, 0]
+        # The single cache's run stops at the first block outside it; the tiered run goes on, so it can
+        # count more upper-tier blocks. Chain-hashed prompts are cached as prefixes, so then they agree.
+        assert (upper_tiers >= single_tier).all()
+        if chain_hashed:
+            np.testing.assert_array_equal(upper_tiers, single_tier)
+
+
+@settings(max_examples=30, deadline=None)
+@given(workload=prefix_workloads())
+def test_infinite_cache_closed_form(workload):
+    prompts, instances, n_instances, _ = workload
+    total_blocks = sum(len(p) for p in prompts)
+    hits = run_kernel(prompts, instances, (total_blocks + 1, 0, 0), n_instances)
+    np.testing.assert_array_equal(hits[:, 0], infinite_cache_hits(prompts, instances))
+    assert not hits[:, 1:].any()
+
+
+@settings(max_examples=30, deadline=None)
+@given(workload=prefix_workloads(), capacity=capacities)
+def test_instances_are_independent(workload, capacity):
+    """An instance's hits do not depend on the requests other instances serve."""
+    prompts, instances, n_instances, _ = workload
+    hits = run_kernel(prompts, instances, capacity, n_instances)
+    for inst in range(n_instances):
+        mine = [r for r, i in enumerate(instances) if i == inst]
+        alone = run_kernel([prompts[r] for r in mine], [0] * len(mine), capacity, 1)
+        np.testing.assert_array_equal(hits[mine], alone)
+
+
+def test_prefix_reused_after_demotion_is_a_dram_hit():
+    # HBM holds 2 blocks: request 1 pushes request 0's blocks down to DRAM, request 2 restores them.
+    hits = run_kernel([[0, 1], [2, 3], [0, 1, 5]], [0, 0, 0], (2, 4, 0))
+    assert hits.tolist() == [[0, 0, 0], [0, 0, 0], [0, 2, 0]]
+
+
+def test_only_the_leading_run_is_reused():
+    hits = run_kernel([[0, 1, 2], [9, 1, 2], [0, 1, 7], [0, 1, 2, 3]], [0] * 4, (BIG, 0, 0))
+    # [9, 1, 2]: blocks 1 and 2 are cached but follow a miss; [0, 1, 2, 3]: 3 is new.
+    assert hits[:, 0].tolist() == [0, 0, 2, 3]
+
+
+def test_tail_blocks_are_evicted_first():
+    # Blocks enter HBM last-first, so block 0 is MRU and block 2 is the first victim.
+    hits = run_kernel([[0, 1, 2], [5], [0, 1, 2]], [0] * 3, (3, 0, 0))
+    assert hits[2].tolist() == [2, 0, 0]
+
+
+def test_overflow_of_the_last_tier_drops():
+    # One block per tier: after four single-block requests block 0 has fallen out, block 1 is in NVMe.
+    prompts = [[0], [1], [2], [3], [1], [0]]
+    hits = run_kernel(prompts, [0] * 6, (1, 1, 1))
+    assert hits[4].tolist() == [0, 0, 1]
+    assert hits[5].tolist() == [0, 0, 0]
+
+
+def test_absent_tier_is_skipped():
+    # No DRAM: HBM's LRU block goes straight to NVMe.
+    hits = run_kernel([[0], [1], [0]], [0] * 3, (1, 0, 1))
+    assert hits[2].tolist() == [0, 0, 1]
+
+
+def test_no_hbm_means_no_caching():
+    hits = run_kernel([[0, 1], [0, 1], [0, 1]], [0] * 3, (0, 100, 100))
+    assert not hits.any()
+
+
+def test_blocks_after_a_miss_are_promoted_to_hbm():
+    # After three requests block 1 sits in DRAM; request 3 misses on block 9 but still moves block 1 to
+    # HBM, where request 4 finds it (it would be a DRAM hit if blocks after a miss stayed put).
+    hits = run_kernel([[1], [2], [3], [9, 1], [1]], [0] * 5, (2, 2, 0))
+    assert hits[3].tolist() == [0, 0, 0]
+    assert hits[4].tolist() == [1, 0, 0]
+
+
+def test_pooled_cache_reuses_across_requests_that_per_instance_caches_split():
+    prompts = [[0, 1, 2], [0, 1, 3], [0, 1, 4], [0, 1, 5]]
+    pooled = run_kernel(prompts, [0, 0, 0, 0], (BIG, 0, 0))
+    round_robin = run_kernel(prompts, [0, 1, 0, 1], (BIG, 0, 0))
+    assert pooled[:, 0].tolist() == [0, 2, 2, 2]
+    # Each instance must see the shared prefix once before it can reuse it.
+    assert round_robin[:, 0].tolist() == [0, 0, 2, 2]
+
+
+def test_hits_accumulate_into_out_hits():
+    block_ptr, block_keys, instance, n_keys = to_arrays([[0, 1], [0, 1]], [0, 0])
+    hits = np.ones((2, 3), np.int64)
+    simulate_tiers(block_ptr, block_keys, instance, 1, n_keys, np.array([BIG, 0, 0]), hits)
+    assert hits.tolist() == [[1, 1, 1], [3, 1, 1]]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(block_keys=np.array([0, 5], np.int64)), "block key out of range"),
+        (dict(instance=np.array([0, 2], np.int32)), "instance out of range"),
+        (dict(block_ptr=np.array([0, 2, 1], np.int64)), "non-decreasing"),
+        (dict(capacity_blocks=np.array([1, -1, 0], np.int64)), ">= 0"),
+        (dict(out_hits=np.zeros((2, 3), np.int32)), "out_hits"),
+        (dict(out_hits=np.zeros((3, 3), np.int64)), "out_hits"),
+        # The same key on two instances while cached: the caller did not remap keys per instance.
+        (dict(block_keys=np.array([0, 0], np.int64), instance=np.array([0, 1], np.int32)), "two instances"),
+    ],
+)
+def test_bad_inputs_raise(change, message):
+    args = dict(
+        block_ptr=np.array([0, 1, 2], np.int64),
+        block_keys=np.array([0, 1], np.int64),
+        instance=np.array([0, 1], np.int32),
+        n_instances=2,
+        n_keys=2,
+        capacity_blocks=np.array([4, 0, 0], np.int64),
+        out_hits=np.zeros((2, 3), np.int64),
+    )
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        simulate_tiers(**args)
+
+
+def _mooncake_trace_path() -> Path:
+    bundled = Path(__file__).resolve().parents[1] / "mcsim" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
+    shared = Path("/work/shared/traces/mooncake_synthetic_trace.jsonl")
+    return bundled if bundled.exists() else shared
+
+
+@pytest.mark.skipif(not _mooncake_trace_path().exists(), reason="Mooncake trace not available")
+def test_mooncake_trace_cache_ratio():
+    """Mooncake's synthetic trace (FAST'25, Table 2: cache ratio 66 %) through one unbounded cache."""
+    prompts, input_tokens = [], []
+    with open(_mooncake_trace_path()) as trace:
+        for line in trace:
+            request = json.loads(line)
+            prompts.append(request["hash_ids"])
+            input_tokens.append(request["input_length"])
+    instances = [0] * len(prompts)
+    total_blocks = sum(len(p) for p in prompts)
+
+    hits = run_kernel(prompts, instances, (total_blocks, 0, 0))[:, 0]
+    reference = np.array(simulate_tiers_reference(prompts, instances, (total_blocks, 0, 0)))[:, 0]
+    np.testing.assert_array_equal(hits, reference)
+    np.testing.assert_array_equal(hits, infinite_cache_hits(prompts, instances))
+
+    token_hit_rate = hits.sum() * 512 / sum(input_tokens)
+    # Measured 0.652 (block-level 0.640); the paper rounds to 66 % without saying how it counts.
+    assert abs(token_hit_rate - 0.66) < 0.02
