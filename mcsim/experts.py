@@ -104,7 +104,7 @@ def _validate(n_experts, top_k, class_shares, class_skews, tokens_per_step, ep_r
     need(int(redundant_experts) == redundant_experts and redundant_experts >= 0,
          f"redundant_experts must be an integer >= 0, got {redundant_experts}")
     num_replicas = n_experts + redundant_experts
-    need(num_replicas % ep_ranks == 0,
+    need(redundant_experts == 0 or num_replicas % ep_ranks == 0,
          f"n_experts + redundant_experts = {num_replicas} physical expert slots must be divisible by "
          f"ep_ranks = {ep_ranks} (every rank holds the same number of slots)")
     need(int(window_steps) == window_steps and window_steps >= 1,
@@ -137,7 +137,8 @@ def expert_efficiency(n_experts, top_k, class_shares, class_skews, tokens_per_st
         Expert-parallel GPUs.
     redundant_experts : int
         Extra physical slots for replicas. 0 = no replication and the static contiguous placement
-        ``e -> e // (E / ep_ranks)`` (no workload-aware placement: the baseline). > 0 = EPLB placement
+        ``e -> e * ep_ranks // E`` (no workload-aware placement: the baseline; ranks may hold unequal numbers of
+        experts when ``ep_ranks`` does not divide ``E``). > 0 = EPLB placement
         of ``E + redundant_experts`` slots fitted to the window.
     window_steps : int
         Past steps whose total per-expert counts drive the placement.
@@ -213,10 +214,15 @@ def expert_efficiency(n_experts, top_k, class_shares, class_skews, tokens_per_st
                                    top_k, rng, n_experts):
         window_load += block.sum(axis=0)
 
+    static_rank = None
     if redundant_experts == 0:
         placement = "static"
         phy2log = np.arange(n_experts, dtype=np.int64)
         logcnt = np.ones(n_experts, np.int64)
+        if n_experts % ep_ranks:
+            # Uneven contiguous placement (e.g. 256 experts on EP144): some ranks hold one expert more.
+            static_rank = np.zeros((n_experts, ep_ranks))
+            static_rank[np.arange(n_experts), np.arange(n_experts) * ep_ranks // n_experts] = 1.0
     else:
         placement = "eplb"
         phy2log, logcnt = eplb_placement(window_load.astype(np.float64), n_experts + redundant_experts,
@@ -228,7 +234,12 @@ def expert_efficiency(n_experts, top_k, class_shares, class_skews, tokens_per_st
     for start, block in _route_chunked(route_steps, eval_steps, tokens_per_step, class_cdf, alias_prob, alias_idx,
                                        top_k, rng, n_experts):
         stop = start + block.shape[0]
-        rank_loads(block, phy2log, logcnt, ep_ranks, max_load[start:stop], mean_load[start:stop])
+        if static_rank is None:
+            rank_loads(block, phy2log, logcnt, ep_ranks, max_load[start:stop], mean_load[start:stop])
+        else:
+            loads = block @ static_rank
+            max_load[start:stop] = loads.max(axis=1)
+            mean_load[start:stop] = loads.mean(axis=1)
         distinct[start:stop] = np.count_nonzero(block, axis=1)
 
     per_step = mean_load / max_load

@@ -70,6 +70,24 @@ def capacity_blocks(hbm_bytes: float, dram_bytes: float, nvme_bytes: float, kv_b
     return np.floor(np.array([hbm_bytes, dram_bytes, nvme_bytes], dtype=float) / per_block).astype(np.int64)
 
 
+def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray, caches: int):
+    """One dense key per (instance, block) pair, as the kernel wants.
+
+    Block ids that are already small non-negative integers (the generator's, Mooncake's) are used directly,
+    offset by instance; otherwise (or when that key space would be much larger than the data) they are
+    renumbered with ``np.unique``.
+    """
+    lo, span = int(block_ids.min()), int(block_ids.max()) + 1
+    if lo >= 0 and caches * span <= 2 * len(block_ids) + (1 << 20):
+        if caches == 1:
+            return block_ids, span
+        return np.repeat(instance.astype(np.int64), counts) * span + block_ids, caches * span
+    owner = np.repeat(instance.astype(np.int64), counts) if caches > 1 else np.zeros(len(block_ids), np.int64)
+    span = int(block_ids.max() - block_ids.min()) + 1
+    uniq, keys = np.unique(owner * span + (block_ids - block_ids.min()), return_inverse=True)
+    return keys.astype(np.int64), len(uniq)
+
+
 def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instance: np.ndarray, rng) -> CacheResult:
     """Run the tiers for one sample's requests (in arrival order).
 
@@ -96,11 +114,8 @@ def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instanc
     hits = np.zeros((n, 3), dtype=np.int64)
     counts = np.diff(requests.block_ptr)
     if len(requests.block_ids) and capacity[0] > 0:
-        owner_instance = np.repeat(instance, counts).astype(np.int64)
-        ids = requests.block_ids
-        span = int(ids.max()) + 1
-        uniq, keys = np.unique(owner_instance * span + ids, return_inverse=True)
-        simulate_tiers(requests.block_ptr.astype(np.int64), keys.astype(np.int64), instance, caches, len(uniq),
+        keys, n_keys = _dense_keys(requests.block_ids, instance, counts, caches)
+        simulate_tiers(requests.block_ptr, keys, instance if caches > 1 else np.zeros(n, np.int32), caches, n_keys,
                        capacity, hits)
     cached = hits * requests.block_tokens
     # A fully cached prompt still computes its last token (the first output needs one forward position).

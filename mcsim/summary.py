@@ -9,6 +9,9 @@ import xarray as xr
 
 from mcsim.variables import HEADLINE, REGISTRY
 
+#: Metrics compared as factory - baseline (a ratio of margins or of a rate that may be 0 says nothing).
+DIFFERENCE = {"gross_margin", "cost_profit_margin", "cache_hit_rate"}
+
 #: Rows of the summary: (label, variable, quantile index or None).
 ROWS = [(name, name, None) for name in HEADLINE if name not in ("feasible",)]
 ROWS[5:5] = [("ttft_s p50", "ttft_s", 0.5), ("ttft_s p99", "ttft_s", 0.99), ("tpot_s p50", "tpot_s", 0.5)]
@@ -31,7 +34,8 @@ def band(values: np.ndarray) -> dict:
 
 
 def summarize(ds: xr.Dataset) -> dict:
-    """``{variant: {label: {median, p5, p95, units}}}`` plus ``ratio`` (factory/baseline, paired per sample)."""
+    """``{variant: {label: {median, p5, p95, units}}}`` plus ``ratio``: factory/baseline per sample (paired, on
+    the same draws), or factory - baseline for the metrics in :data:`DIFFERENCE` (marked ``"difference": true``)."""
     variants = list(ds["variant"].values) if "variant" in ds.dims else ["factory"]
     out = {"variants": {}, "feasible_fraction": {}}
     for v in variants:
@@ -44,9 +48,13 @@ def summarize(ds: xr.Dataset) -> dict:
         base, fact = (ds.sel(variant=v) for v in variants)
         out["ratio"] = {}
         for label, name, q in ROWS:
+            f, b = _values(fact, name, q).values, _values(base, name, q).values
+            if name in DIFFERENCE:
+                out["ratio"][label] = {**band(f - b), "difference": True}
+                continue
             with np.errstate(divide="ignore", invalid="ignore"):
-                r = _values(fact, name, q).values / _values(base, name, q).values
-            out["ratio"][label] = band(np.where(np.isfinite(r), r, np.nan))
+                r = f / b
+            out["ratio"][label] = {**band(np.where(np.isfinite(r), r, np.nan)), "difference": False}
     return out
 
 
@@ -71,12 +79,13 @@ def format_table(ds: xr.Dataset) -> str:
     """A plain-text table; every cell is 'median [5 %, 95 %]' over Monte Carlo samples."""
     s = summarize(ds)
     variants = list(s["variants"])
-    header = ["metric (modelled)", "units"] + variants + (["factory/baseline"] if "ratio" in s else [])
+    header = ["metric (modelled)", "units"] + variants + (["factory vs baseline"] if "ratio" in s else [])
     lines = []
     for label, name, _ in ROWS:
         row = [label, REGISTRY[name].units] + [_cell(s["variants"][v][label]) for v in variants]
         if "ratio" in s:
-            row.append(_cell(s["ratio"][label]))
+            r = s["ratio"][label]
+            row.append(("+ " if r["difference"] else "x ") + _cell(r))
         lines.append(row)
     widths = [max(len(str(r[i])) for r in [header] + lines) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -87,4 +96,7 @@ def format_table(ds: xr.Dataset) -> str:
     text.append("")
     text.append(f"{n} samples x {ds.attrs.get('requests_per_sample', '?')} requests; cells are median [5 %, 95 %] "
                 f"over samples; feasible recipes: {feas}.")
+    if "ratio" in s:
+        text.append("factory vs baseline: 'x' is the per-sample ratio factory/baseline, '+' the difference "
+                    "factory - baseline, both on identical requests and draws.")
     return "\n".join(text)

@@ -46,7 +46,8 @@ _VARS = [
     Variable("spec_raw_tokens_per_pass", (), "1", "raw tokens per verification pass",
              "Accepted drafts + 1 per pass as drawn, before draft and verification costs."),
     Variable("expert_efficiency", (), "1", "expert load efficiency",
-             "Mean expert-GPU load / slowest GPU's load per step, averaged over steps (1 for dense models).", True),
+             "Mean expert-GPU load / slowest GPU's load, time-weighted over steps (sum of means / sum of maxima, "
+             "since the slowest GPU sets each step); 1 for dense models.", True),
     Variable("distinct_experts_per_step", (), "experts", "distinct experts touched per step",
              "Routed experts with at least one token in a step, per MoE layer."),
     Variable("cache_hit_rate", (), "1", "prefix cache hit rate",

@@ -47,6 +47,8 @@ class Requests:
         Identity of each whole prompt block (chain-hash semantics), in prompt order.
     block_tokens : int
         Tokens per block.
+    session_id : int64[n]
+        Conversation each request belongs to (-1 when unknown, as in traces).
     class_names : tuple of str
     source : str
         ``"generator"`` or the trace file.
@@ -60,6 +62,7 @@ class Requests:
     block_ptr: np.ndarray
     block_ids: np.ndarray
     block_tokens: int
+    session_id: np.ndarray
     class_names: tuple
     source: str = "generator"
 
@@ -75,7 +78,7 @@ class Requests:
             prompt_tokens=self.prompt_tokens[start:], output_tokens=self.output_tokens[start:],
             acceptance=self.acceptance[start:], block_ptr=ptr - ptr[0],
             block_ids=self.block_ids[ptr[0]:ptr[-1]], block_tokens=self.block_tokens,
-            class_names=self.class_names, source=self.source,
+            session_id=self.session_id[start:], class_names=self.class_names, source=self.source,
         )
 
     @property
@@ -135,6 +138,8 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     max_context : int
         Longest prompt + output, tokens.
     """
+    from mcsim.kernels.workload import fill_block_ids
+
     block = int(params["cache.block_tokens"])
     shares = _class_values(params, classes, "share")
     shares = shares / shares.sum()
@@ -207,10 +212,9 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     np.maximum.at(max_blocks_session, session_r, nblocks)
     session_base = sys_base[-1] + np.concatenate([[0], np.cumsum(max_blocks_session)[:-1]])
     block_ptr = np.concatenate([[0], np.cumsum(nblocks)]).astype(np.int64)
-    owner = np.repeat(np.arange(n), nblocks)
-    k = np.arange(block_ptr[-1]) - block_ptr[:-1][owner]
-    in_sys = k < sys_full[owner]
-    block_ids = np.where(in_sys, sys_base[prompt_of_session[session_r]][owner] + k, session_base[session_r][owner] + k)
+    block_ids = np.empty(block_ptr[-1], dtype=np.int64)
+    fill_block_ids(block_ptr, sys_full.astype(np.int64), sys_base[prompt_of_session[session_r]].astype(np.int64),
+                   session_base[session_r].astype(np.int64), block_ids)
 
     return Requests(
         arrival_s=arrival,
@@ -219,8 +223,9 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
         output_tokens=output[order].astype(np.int64),
         acceptance=acceptance[order],
         block_ptr=block_ptr,
-        block_ids=block_ids.astype(np.int64),
+        block_ids=block_ids,
         block_tokens=block,
+        session_id=session_r.astype(np.int64),
         class_names=tuple(classes),
     )
 
@@ -260,6 +265,7 @@ def from_trace(trace, params: dict, classes: tuple, n: int, rng: np.random.Gener
         block_ptr=ptr,
         block_ids=hashes.astype(np.int64),
         block_tokens=int(block_tokens),
+        session_id=np.full(m, -1, dtype=np.int64),
         class_names=tuple(classes),
         source=trace.source,
     )

@@ -1,0 +1,121 @@
+"""The workload generator against its definition: renewal arrivals, chain-hash prefix semantics, multi-turn reuse."""
+
+import numpy as np
+import pytest
+
+from mcsim import workload
+from mcsim.scenario import draw_uncertain, load_scenario, resolve
+
+TOML = """
+[mc]
+requests = 4000
+[cache]
+block_tokens = 16
+[workload]
+rate_rps = 10.0
+system_prompts = 20
+system_prompt_zipf = 1.2
+system_prompt_tokens = { dist = "lognormal", median = 100, sigma = 0.5 }
+think_time_s = 5.0
+[workload.classes.chat]
+share = 0.7
+turns = 3.0
+prompt_tokens = { dist = "lognormal", median = 50, sigma = 0.8 }
+output_tokens = { dist = "lognormal", median = 40, sigma = 0.5 }
+[workload.classes.code]
+share = 0.3
+turns = 1.0
+system_prompt_share = 1.0
+prompt_tokens = 30
+output_tokens = 20
+"""
+
+
+def _requests(extra="", n=4000, seed=3):
+    scn = load_scenario("t.toml", text=TOML + extra)
+    p = resolve(scn, {k: float(v[0]) for k, v in draw_uncertain(scn, [0], seed).items()})
+    return workload.generate(p, scn.classes, n, np.random.default_rng(seed), 1_000_000), p
+
+
+def test_block_ids_have_chain_hash_semantics():
+    # Two requests share block k only if they share every block before it (a prefix tree), as chain hashes do.
+    req, _ = _requests()
+    parent = {}
+    for r in range(req.n):
+        blocks = req.block_ids[req.block_ptr[r]:req.block_ptr[r + 1]].tolist()
+        for k, b in enumerate(blocks):
+            prefix = tuple(blocks[:k])
+            assert parent.setdefault(b, prefix) == prefix
+    # and only whole blocks are listed
+    assert np.array_equal(np.diff(req.block_ptr), req.prompt_tokens // req.block_tokens)
+
+
+def test_later_turns_carry_the_earlier_conversation():
+    req, _ = _requests()
+    # Reference: within a session, every turn's whole blocks start with all whole blocks of the previous turn,
+    # and its prompt is longer than the previous prompt plus the previous answer.
+    last = {}
+    later_turns = 0
+    for r in range(req.n):
+        blocks = req.block_ids[req.block_ptr[r]:req.block_ptr[r + 1]].tolist()
+        s = int(req.session_id[r])
+        if s in last:
+            prev_blocks, prev_prompt, prev_out = last[s]
+            assert blocks[:len(prev_blocks)] == prev_blocks
+            assert req.prompt_tokens[r] > prev_prompt + prev_out
+            later_turns += 1
+        last[s] = (blocks, int(req.prompt_tokens[r]), int(req.output_tokens[r]))
+    # Geometric turns with mean 3 (chat, 70 %) make 2/3 of chat requests later turns; the window's start and end
+    # cut some sessions short.
+    assert 0.7 * 2 / 3 * 0.8 < later_turns / req.n < 0.7 * 2 / 3 * 1.05
+
+
+def test_class_shares_and_lengths():
+    req, p = _requests()
+    share_code = np.mean(req.class_id == 1)
+    # Request shares follow the class shares (binomial standard error ~ 0.007).
+    assert share_code == pytest.approx(0.3, abs=0.05)
+    out_chat = req.output_tokens[req.class_id == 0]
+    expected = 40 * np.exp(0.5**2 / 2)  # lognormal mean (rounding shifts it by < 0.5)
+    assert out_chat.mean() == pytest.approx(expected, rel=0.05)
+    assert np.all(req.output_tokens[req.class_id == 1] == 20)
+
+
+def test_poisson_arrivals():
+    req, _ = _requests()
+    gaps = np.diff(req.arrival_s)
+    assert req.arrival_s[0] == 0 and np.all(gaps >= 0)
+    assert gaps.mean() == pytest.approx(1 / 10.0, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.06)
+
+
+def test_gamma_arrivals_have_requested_burstiness():
+    t = workload.renewal_arrivals(200_000, 5.0, "gamma", 4.0, np.random.default_rng(1))
+    gaps = np.diff(t)
+    assert gaps.mean() == pytest.approx(0.2, rel=0.02)
+    assert (gaps.var() / gaps.mean() ** 2) == pytest.approx(4.0, rel=0.05)
+
+
+def test_zipf_system_prompt_popularity():
+    p = workload.zipf_probabilities(20, 1.2)
+    ref = np.array([1 / r**1.2 for r in range(1, 21)])
+    np.testing.assert_allclose(p, ref / ref.sum())
+
+
+def test_context_limit_drops_later_turns():
+    scn = load_scenario("t.toml", text=TOML)
+    p = resolve(scn, {})
+    req = workload.generate(p, scn.classes, 3000, np.random.default_rng(0), 400)
+    assert np.all(req.prompt_tokens + req.output_tokens <= 400)
+
+
+def test_mooncake_trace_keeps_whole_blocks_only():
+    from mcsim import traces
+
+    trace = traces.read_trace(traces.bundled_trace_path("mooncake"))
+    scn = load_scenario("t.toml", text=TOML)
+    req = workload.from_trace(trace, resolve(scn, {}), scn.classes, 500, np.random.default_rng(0))
+    assert req.block_tokens == 512
+    assert np.array_equal(np.diff(req.block_ptr), req.prompt_tokens // 512)
+    first = trace.block_hashes[trace.block_ptr[0]:trace.block_ptr[1]]
+    assert np.array_equal(req.block_ids[: req.block_ptr[1]], first[: req.prompt_tokens[0] // 512])
