@@ -140,6 +140,8 @@ class Dist:
         if k == "uniform":
             return (p["low"] + p["high"]) / 2
         if k == "loguniform":
+            if p["high"] == p["low"]:  # degenerate: the closed form below is 0/0
+                return float(p["low"])
             return (p["high"] - p["low"]) / math.log(p["high"] / p["low"])
         if k == "normal":
             lo = -np.inf if p.get("low") is None else (p["low"] - p["mean"]) / p["sd"]
@@ -181,6 +183,10 @@ def make(kind: str, params: dict, path: str) -> Dist:
     for name, v in numbers.items():
         if v is not None:
             check_number(name, v)
+    if kind != "choice":
+        for name, v in params.items():
+            if isinstance(v, list):
+                check_number(name, v)  # only choice takes lists; this raises with the offending value
     n = numbers
     if kind in ("uniform", "loguniform", "triangular") and "low" in n and "high" in n:
         need(n["low"] <= n["high"], f"{kind} needs low <= high, got low={n['low']}, high={n['high']}")
@@ -199,8 +205,10 @@ def make(kind: str, params: dict, path: str) -> Dist:
         for name in ("a", "b"):
             if name in n:
                 need(n[name] > 0, f"beta needs {name} > 0, got {n[name]}")
-        if "low" in n and "high" in n:
-            need(n["low"] < n["high"], "beta bounds need low < high")
+        if ("low" in n or "high" in n) and not any(isinstance(params.get(x), Dist) for x in ("low", "high")):
+            # either bound alone still scales the unit interval, so check it against the other's default
+            lo, hi = n.get("low", 0.0), n.get("high", 1.0)
+            need(lo < hi, f"beta bounds need low < high, got low={lo}, high={hi}")
     if kind == "triangular" and all(x in n for x in ("low", "mode", "high")):
         need(n["low"] <= n["mode"] <= n["high"],
              f"triangular needs low <= mode <= high, got {n['low']}, {n['mode']}, {n['high']}")

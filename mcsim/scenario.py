@@ -105,7 +105,17 @@ class Scenario:
     def with_values(self, flat: dict[str, Any], origin: str = "--set") -> "Scenario":
         """A copy with some dotted paths replaced (values are validated like the file's)."""
         values = dict(self.values)
+        # A new preset replaces every catalog field of its section (the old preset's figures, and the file's
+        # overrides of them, describe other hardware); explicit catalog paths in ``flat`` then apply on top.
+        for section in ("model", "hardware"):
+            if f"{section}.preset" in flat:
+                preset = _check_value(SECTIONS[section]["preset"], f"{section}.preset", flat[f"{section}.preset"],
+                                      self.source)
+                values = {k: v for k, v in values.items() if not k.startswith(f"{section}.")}
+                values.update(_catalog_section(section, {}, preset, self.source))
+                values[f"{section}.preset"] = preset
         for path, raw in flat.items():
+            _check_class(path, self.classes, self.source, origin)
             values[path] = _validate_path(path, raw, self.source, origin)
         return replace(self, values=values)
 
@@ -132,12 +142,28 @@ def field_for(path: str) -> Field | None:
     return None
 
 
+def _check_class(path: str, classes, source: str, origin: str):
+    """A dotted path into ``workload.classes.<name>`` must name one of the scenario's classes: a misspelt class
+    name would otherwise add a class (``--set``) or be ignored (``[baseline]``) without a word."""
+    parts = path.split(".")
+    if len(parts) == 4 and parts[:2] == ["workload", "classes"] and parts[2] not in classes:
+        raise ScenarioError(source, path, f"unknown workload class '{parts[2]}' in {origin}"
+                            f"{_nearest(parts[2], classes)}; the classes are " + ", ".join(classes))
+
+
 def _nearest(word: str, options) -> str:
     near = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
     return f" (did you mean '{near[0]}'?)" if near else ""
 
 
-def _support(d: Dist) -> tuple[float, float]:
+def _support(d: Dist) -> tuple[float, float, bool]:
+    """(lowest, highest, whether the lowest is excluded) of the values ``d`` can take."""
+    lo, hi = _closed_support(d)
+    # lognormal and beta never reach their lower end (ppf maps the open interval (0, 1) inside it)
+    return lo, hi, d.kind in ("lognormal", "beta") and lo < hi
+
+
+def _closed_support(d: Dist) -> tuple[float, float]:
     p = d.params
     if d.kind == "fixed":
         return p["value"], p["value"]
@@ -177,26 +203,55 @@ def _check_value(spec: Field, path: str, value, source: str):
     # numbers and distributions
     try:
         if kind == "int" and not isinstance(value, dict):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or float(value) != int(value):
                 fail(f"expected {spec.describe()}, got {value!r}")
             value = int(value)
         d = distributions.parse(value, path, allow_nested=(kind == "perreq"))
     except DistributionError as err:
         raise ScenarioError(source, err.key, err.detail) from None
-    if not d.nested():
-        lo, hi = _support(d)
-        if (spec.lo is not None and (lo < spec.lo or (spec.lo_open and lo <= spec.lo))) or (
-            spec.hi is not None and hi > spec.hi
-        ):
-            what = "value" if d.is_fixed else f"{d.kind} distribution's support [{lo:g}, {hi:g}]"
-            shown = f"{lo:g}" if d.is_fixed else what
-            fail(f"expected {spec.describe()}, got {shown}")
+    if d.nested():
+        lo, hi, open_lo = _nested_support(d, source)
+    else:
+        lo, hi, open_lo = _support(d)
+    if (spec.lo is not None and (lo < spec.lo or (spec.lo_open and lo <= spec.lo and not open_lo))) or (
+        spec.hi is not None and hi > spec.hi
+    ):
+        shown = f"{lo:g}" if d.is_fixed else f"{d.kind} distribution's support [{lo:g}, {hi:g}]"
+        fail(f"expected {spec.describe()}, got {shown}")
     if kind == "perreq":
         return d
     if d.is_fixed:
         v = d.params["value"]
         return int(v) if kind == "int" else float(v)
     return d
+
+
+def _nested_support(d: Dist, source: str) -> tuple[float, float, bool]:
+    """Support of a per-request distribution with uncertain parameters, over every value they can draw.
+
+    Each kind's constraints and support ends are monotone in each parameter, so checking the distribution at
+    every corner of its parameters' ranges covers all the values a sample can draw. A corner that is invalid
+    (e.g. a median range reaching 0) is an error now rather than in the middle of a run.
+    """
+    nested = {k: _support(v)[:2] for k, v in d.params.items() if isinstance(v, Dist)}
+    lo, hi, open_lo = math.inf, -math.inf, True
+    names = list(nested)
+    for corner in range(2 ** len(names)):
+        params = dict(d.params)
+        for i, name in enumerate(names):
+            params[name] = nested[name][(corner >> i) & 1]
+        try:
+            c = distributions.make(d.kind, params, d.path)
+        except DistributionError as err:
+            ranges = ", ".join(f"{d.path}.{k} in [{a:g}, {b:g}]" for k, (a, b) in nested.items())
+            raise ScenarioError(source, d.path, f"an uncertain parameter can make this distribution invalid "
+                                f"({ranges}): {err.detail}") from None
+        c_lo, c_hi, c_open = _support(c)
+        if c_lo < lo or (c_lo == lo and not c_open):
+            open_lo = c_open
+        lo, hi = min(lo, c_lo), max(hi, c_hi)
+    return lo, hi, open_lo
 
 
 def _validate_path(path: str, raw, source: str, origin: str):
@@ -209,6 +264,8 @@ def _validate_path(path: str, raw, source: str, origin: str):
         if section == "hardware":
             options += list(catalog.HARDWARE_FIELDS)
         key = path.split(".")[-1]
+        if path.startswith("workload.classes.") and len(path.split(".")) == 4:
+            options = list(CLASS_FIELDS)
         hint = _nearest(key, options) if options else _nearest(section, SECTIONS)
         raise ScenarioError(source, path, f"unknown key in {origin}{hint}")
     return _check_value(spec, path, raw, source)
@@ -231,6 +288,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ScenarioError("--set", text, "expected PATH=VALUE, e.g. speculative.draft_tokens=2")
     path, value = text.split("=", 1)
     path, value = path.strip(), value.strip()
+    if not path or "" in path.split("."):
+        raise ScenarioError("--set", text, "expected PATH=VALUE with a dotted PATH, e.g. speculative.draft_tokens=2")
     try:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
@@ -263,15 +322,21 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
     source = str(path) if path is not None else "<scenario>"
     if text is None:
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")  # TOML is UTF-8 whatever the locale
         except OSError as err:
             raise ScenarioError(source, "", f"cannot read the file ({err.strerror})") from None
+        except UnicodeDecodeError as err:
+            raise ScenarioError(source, "", f"not valid TOML: not UTF-8 text (byte {err.start})") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ScenarioError(source, "", f"not valid TOML: {err}") from None
+    # the classes the overrides may refer to (a malformed [workload.classes] is reported by validate)
+    file_classes = raw.get("workload", {}).get("classes") if isinstance(raw.get("workload"), dict) else None
+    file_classes = tuple(file_classes) if isinstance(file_classes, dict) and file_classes else tuple(DEFAULT_CLASSES)
     for item in overrides:
         key, value = parse_override(item)
+        _check_class(key, file_classes, source, "--set")
         _set_path(raw, key, value)
     return validate(raw, source=source, text=text, base_dir=path.parent if path else None,
                     overrides=tuple(overrides))
@@ -305,11 +370,19 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
 
     baseline = baseline_overrides()
     for path, v in _flatten(raw.get("baseline", {})).items():
+        _check_class(path, classes, source, "[baseline]")
         _validate_path(path, v, source, "[baseline]")
         baseline[path] = v
     scn = Scenario(values=values, classes=classes, baseline=baseline, source=source, text=text,
                    base_dir=base_dir, overrides=tuple(overrides))
     _cross_checks(scn)
+    # Both variants use one set of draws (common random numbers), drawn from the scenario's own distributions:
+    # a [baseline] distribution that differs from them would be ignored or have no draw at all.
+    factory = scn.uncertain()
+    for path, d in scn.variant("baseline").uncertain().items():
+        if factory.get(path) != d:
+            raise ScenarioError(source, path, "[baseline] cannot add or change an uncertain input; the baseline "
+                                "and the factory share their draws, so give the distribution in its own section")
     return scn
 
 

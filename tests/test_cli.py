@@ -1,0 +1,189 @@
+"""The command line: bad input is a short message and exit code 2; good runs write a self-describing NetCDF."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xarray as xr
+from click.testing import CliRunner
+
+from mcsim.cli import main
+
+FACTORY = Path(__file__).resolve().parents[1] / "scenarios" / "factory.toml"
+
+CONTRACT = [
+    "decode_tok_s_per_gpu", "prefill_tok_s_per_gpu", "cache_hit_rate", "cache_hit_rate_by_tier",
+    "spec_tokens_per_pass", "expert_efficiency", "batch_efficiency", "ttft_s", "tpot_s", "gpus", "gpu_hours",
+    "energy_j_per_token", "cost_usd_per_mtok", "revenue_usd_per_day", "cost_usd_per_day", "gross_margin",
+    "payback_months", "feasible",
+]
+
+# Small runs. Without the expert stage the factory is run on a small dense model.
+SMALL = ["--samples", "2", "--requests", "300", "--no-progress"]
+if importlib.util.find_spec("mcsim.experts") is None:
+    SMALL += ["--set", "model.preset=llama-3.1-8b", "--set", "deployment.gpus_per_instance=1",
+              "--set", "deployment.prefill_gpus_per_instance=1", "--set", "moe.redundant_experts=0"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def assert_usage_error(result, *fragments):
+    """Exit code 2, a one- or two-line message on stderr naming what is wrong, no traceback."""
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 2, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+    assert result.stdout == ""
+
+
+def leftovers(folder: Path):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp"))
+
+
+# -- bad input -------------------------------------------------------------------------------------------------
+
+def test_misspelt_key_exits_2_naming_file_key_and_suggestion(tmp_path):
+    scenario = tmp_path / "typo.toml"
+    scenario.write_text(FACTORY.read_text().replace("dram_gb_per_node = 1024", "dram_gb_per_nod = 1024"))
+    out = tmp_path / "out.nc"
+    result = invoke("run", scenario, *SMALL, "-o", out)
+    assert_usage_error(result, str(scenario), "cache.dram_gb_per_nod", "did you mean 'dram_gb_per_node'")
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [scenario]
+
+
+@pytest.mark.parametrize("override, fragments", [
+    ("speculative.draft_tokens", ["--set", "speculative.draft_tokens", "PATH=VALUE"]),
+    ("speculative.draft_tokens=lots", ["speculative.draft_tokens", "integer"]),
+    ("cache.dram_gb_per_nod=5", ["cache.dram_gb_per_nod", "did you mean 'dram_gb_per_node'"]),
+    ("hardware.preset=h100x", ["hardware.preset", "Did you mean 'h100'?"]),
+    ("workload.trace=no-such-trace.jsonl", ["workload.trace", "no-such-trace.jsonl"]),
+])
+def test_bad_set_exits_2(tmp_path, override, fragments):
+    out = tmp_path / "out.nc"
+    result = invoke("run", FACTORY, *SMALL, "--set", override, "-o", out)
+    assert_usage_error(result, *fragments)
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_missing_scenario_exits_2(tmp_path):
+    result = invoke("run", tmp_path / "nowhere.toml", "-o", tmp_path / "out.nc")
+    assert_usage_error(result, "nowhere.toml", "cannot read")
+
+
+def test_malformed_trace_names_file_and_line(tmp_path):
+    trace = tmp_path / "broken.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [1, 2]}\n'
+                     '{"timestamp": 5, "input_length": 700, "output_length": \n')
+    out = tmp_path / "out.nc"
+    result = invoke("run", FACTORY, *SMALL, "--set", f"workload.trace={trace}", "-o", out)
+    assert_usage_error(result, str(trace), "line 2")
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_existing_output_is_kept_without_force(tmp_path):
+    out = tmp_path / "out.nc"
+    out.write_bytes(b"precious")
+    result = invoke("run", FACTORY, *SMALL, "-o", out)
+    assert_usage_error(result, str(out), "--force")
+    assert out.read_bytes() == b"precious"
+    assert leftovers(tmp_path) == []
+
+
+# -- good runs ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def replaced(tmp_path_factory):
+    """A run that replaces an existing file with --force."""
+    folder = tmp_path_factory.mktemp("run")
+    out = folder / "out.nc"
+    out.write_bytes(b"old")
+    result = invoke("run", FACTORY, *SMALL, "-o", out, "--force")
+    return folder, out, result
+
+
+def test_force_replaces_the_output(replaced):
+    folder, out, result = replaced
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:3] != b"old"
+    assert f"wrote {out}" in result.stdout
+    assert leftovers(folder) == [] and [p.name for p in folder.iterdir()] == ["out.nc"]
+
+
+def test_output_reopens_with_the_contract_variables(replaced):
+    _, out, _ = replaced
+    with xr.open_dataset(out) as ds:
+        assert ds.sizes["sample"] == 2
+        assert "variant" not in ds.dims
+        for name in CONTRACT:
+            assert name in ds.data_vars, name
+            assert ds[name].attrs.get("units"), name
+            assert ds[name].attrs.get("long_name"), name
+        assert ds["cache_hit_rate_by_tier"].dims == ("sample", "tier")
+        assert list(ds["tier"].values) == ["hbm", "dram", "nvme"]
+        assert ds.attrs["scenario_name"] == "factory"
+        assert ds.attrs["samples"] == 2 and ds.attrs["requests_per_sample"] == 300
+        assert ds.attrs["scenario_text"] == FACTORY.read_text()
+        # uncertain inputs are stored as inputs
+        assert ds["workload.rate_rps"].attrs["role"] == "input"
+        assert ((ds["workload.rate_rps"] >= 550) & (ds["workload.rate_rps"] <= 750)).all()
+
+
+def test_text_summary_lists_headline_metrics(replaced):
+    _, _, result = replaced
+    for name in ("decode_tok_s_per_gpu", "gross_margin", "cost_usd_per_mtok"):
+        assert name in result.stdout
+
+
+def test_json_summary_is_valid_json(tmp_path):
+    out = tmp_path / "out.nc"
+    result = invoke("run", FACTORY, *SMALL, "-o", out, "--json")
+    assert result.exit_code == 0, result.output
+
+    def refuse(constant):  # NaN and Infinity are not JSON
+        raise ValueError(f"not JSON: {constant}")
+
+    report = json.loads(result.stdout, parse_constant=refuse)
+    assert report["output"] == str(out)
+    gross = report["variants"]["factory"]["gross_margin"]
+    assert gross["p5"] <= gross["median"] <= gross["p95"]
+    assert out.exists() and leftovers(tmp_path) == []
+
+
+def test_compare_has_a_variant_dim(tmp_path):
+    out = tmp_path / "cmp.nc"
+    result = invoke("compare", FACTORY, *SMALL, "-o", out)
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        assert list(ds["variant"].values) == ["baseline", "factory"]
+        assert ds["gross_margin"].dims == ("variant", "sample")
+        for name in CONTRACT:
+            assert "variant" in ds[name].dims, name
+    assert leftovers(tmp_path) == []
+
+
+def test_default_output_is_outputs_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", FACTORY, *SMALL)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "outputs" / "factory.nc").exists()
+    assert "wrote outputs/factory.nc" in result.stdout
+
+
+def test_module_help():
+    proc = subprocess.run([sys.executable, "-m", "mcsim", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "run" in proc.stdout and "compare" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "mcsim", "run", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and "--set" in proc.stdout and "--force" in proc.stdout
