@@ -7,7 +7,7 @@ traceback, and no output file is left behind.
 from __future__ import annotations
 
 import json
-import sys
+import shlex
 from pathlib import Path
 
 import click
@@ -51,6 +51,24 @@ def main():
     """
 
 
+def _command_line() -> str:
+    """The command as parsed (not ``sys.argv``, which is the host's when called from Python)."""
+    ctx = click.get_current_context()
+    words = ["mcsim", ctx.info_name]
+    for name, value in ctx.params.items():
+        if name == "scenario":
+            words.insert(2, shlex.quote(str(value)))
+        elif value in (None, False, ()):
+            continue
+        elif value is True:
+            words.append(f"--{name.replace('_', '-')}" if name != "as_json" else "--json")
+        elif name == "overrides":
+            words += [f"--set {shlex.quote(v)}" for v in value]
+        else:
+            words.append(f"--{name.replace('_', '-')} {shlex.quote(str(value))}")
+    return " ".join(words)
+
+
 def _execute(kind, scenario, samples, requests, seed, overrides, output, force, as_json, workers, no_progress):
     from mcsim import runner, summary
     from mcsim.distributions import DistributionError
@@ -63,8 +81,7 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
             raise UserError(f"{output} exists; use --force to overwrite it or -o to choose another file")
         fn = runner.compare if kind == "compare" else runner.run
         ds = fn(scn, samples=samples, requests=requests, seed=seed, workers=workers,
-                progress=not no_progress and not as_json, command=" ".join(["mcsim"] + sys.argv[1:]))
-        _trace_errors = ()
+                progress=not no_progress and not as_json, command=_command_line())
     except (ScenarioError, DistributionError) as err:
         raise UserError(str(err)) from None
     except Exception as err:  # trace readers raise TraceError (a ValueError) naming file and line

@@ -113,6 +113,9 @@ def write_netcdf(ds: xr.Dataset, path, force: bool = False) -> Path:
     encoding = {name: {"zlib": True, "complevel": 4} for name, v in ds.data_vars.items() if v.dtype.kind in "fiu"}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a result file should get the usual permissions
     try:
         ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding)
         os.replace(tmp, path)

@@ -16,14 +16,11 @@ from mcsim.scenario import Scenario, draw_uncertain, load_scenario
 
 def _as_scenario(scenario, overrides) -> Scenario:
     if isinstance(scenario, Scenario):
-        return scenario.with_values(dict(_parse(o) for o in overrides)) if overrides else scenario
+        if not overrides:
+            return scenario
+        # Re-read the text with every override, so --set values get the same checks as the file's.
+        return load_scenario(scenario.source, overrides=[*scenario.overrides, *overrides], text=scenario.text)
     return load_scenario(scenario, overrides=overrides)
-
-
-def _parse(text):
-    from mcsim.scenario import parse_override
-
-    return parse_override(text)
 
 
 def _chunk_task(scn: Scenario, variants: tuple, indices: np.ndarray, seed: int, n_requests: int, n_samples: int):

@@ -376,6 +376,7 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
     scn = Scenario(values=values, classes=classes, baseline=baseline, source=source, text=text,
                    base_dir=base_dir, overrides=tuple(overrides))
     _cross_checks(scn)
+    _check_expert_layout(scn, scn.variant("baseline").values)
     # Both variants use one set of draws (common random numbers), drawn from the scenario's own distributions:
     # a [baseline] distribution that differs from them would be ignored or have no draw at all.
     factory = scn.uncertain()
@@ -426,12 +427,23 @@ def _cross_checks(scn: Scenario):
     shares = [v[f"workload.classes.{c}.share"] for c in scn.classes]
     if all(isinstance(s, float) for s in shares) and sum(shares) <= 0:
         raise ScenarioError(scn.source, "workload.classes", "class shares must not all be 0")
+    _check_expert_layout(scn, v)
+
+
+def _check_expert_layout(scn: Scenario, v: dict):
+    """EPLB's layout rules, checked for both variants (the baseline may switch replication off)."""
+    experts, redundant = v["model.experts"], v["moe.redundant_experts"]
     ep = v["moe.ep_ranks"] or v["deployment.gpus_per_instance"]
-    if isinstance(v["model.experts"], int) and v["model.experts"] > 0 and isinstance(v["moe.redundant_experts"], int):
-        slots = v["model.experts"] + v["moe.redundant_experts"]
-        if isinstance(ep, int) and slots % ep:
-            raise ScenarioError(scn.source, "moe.redundant_experts",
-                                f"experts + redundant_experts = {slots} must be divisible by the EP ranks ({ep})")
+    if not all(isinstance(x, int) for x in (experts, redundant, ep)) or experts <= 0:
+        return
+    if redundant > 0 and (experts + redundant) % ep:
+        raise ScenarioError(scn.source, "moe.redundant_experts",
+                            f"experts + redundant_experts = {experts + redundant} must be divisible by the EP ranks "
+                            f"({ep}), so that every rank holds the same number of expert slots")
+    if redundant > 0 and experts % v["moe.groups"]:
+        raise ScenarioError(scn.source, "moe.groups", f"must divide the model's {experts} experts, got {v['moe.groups']}")
+    if redundant > 0 and ep % v["moe.nodes"]:
+        raise ScenarioError(scn.source, "moe.nodes", f"must divide the EP ranks ({ep}), got {v['moe.nodes']}")
 
 
 # -- drawing uncertain inputs ------------------------------------------------------------------------------------

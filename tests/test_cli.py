@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -23,11 +22,7 @@ CONTRACT = [
     "payback_months", "feasible",
 ]
 
-# Small runs. Without the expert stage the factory is run on a small dense model.
 SMALL = ["--samples", "2", "--requests", "300", "--no-progress"]
-if importlib.util.find_spec("mcsim.experts") is None:
-    SMALL += ["--set", "model.preset=llama-3.1-8b", "--set", "deployment.gpus_per_instance=1",
-              "--set", "deployment.prefill_gpus_per_instance=1", "--set", "moe.redundant_experts=0"]
 
 
 def invoke(*args):
@@ -187,3 +182,18 @@ def test_module_help():
     proc = subprocess.run([sys.executable, "-m", "mcsim", "run", "--help"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and "--set" in proc.stdout and "--force" in proc.stdout
+
+
+def test_provenance_records_the_parsed_command_and_permissions(replaced):
+    _, out, _ = replaced
+    with xr.open_dataset(out) as ds:
+        command = ds.attrs["command_line"]
+    assert command.startswith("mcsim run ") and "--samples 2" in command and "--requests 300" in command
+    assert "--force" in command
+    assert out.stat().st_mode & 0o044  # not the 0600 of a temporary file
+
+
+def test_moe_layout_is_checked_for_the_baseline_too(tmp_path):
+    # EPLB needs groups to divide the experts; the message names the key.
+    result = invoke("run", FACTORY, *SMALL, "--set", "moe.groups=7", "-o", tmp_path / "x.nc")
+    assert_usage_error(result, "moe.groups", "256")
