@@ -90,7 +90,7 @@ def main(argv=None):
     if not only or "e2e" in only:
         small, t_small, t_full = end_to_end(args.e2e_requests, max(1, args.repeats - 2))
         n = args.e2e_requests
-        print(f"\nend to end, factory scenario, one sample, every stage on:")
+        print("\nend to end, factory scenario, one sample, every stage on:")
         print(f"  {small:>9,} requests: {t_small:7.2f} s ({small / t_small:,.0f} requests/s)")
         print(f"  {n:>9,} requests: {t_full:7.2f} s ({n / t_full:,.0f} requests/s); "
               f"time ratio {t_full / t_small:.1f}x for {n / small:.0f}x the requests")

@@ -7,6 +7,7 @@ traceback, and no output file is left behind.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from pathlib import Path
 
@@ -49,6 +50,15 @@ def main():
 
     All figures it prints are modelled from the scenario's assumptions, not measured.
     """
+
+
+def _finite(obj):
+    """Strict JSON: a non-finite number (an infinite payback, an empty band) becomes null."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def _command_line() -> str:
@@ -99,7 +109,7 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
     if as_json:
         report = summary.summarize(ds)
         report["output"] = str(output)
-        click.echo(json.dumps(report, indent=2, allow_nan=True))
+        click.echo(json.dumps(_finite(report), indent=2, allow_nan=False))
     else:
         click.echo(summary.format_table(ds))
         click.echo(f"wrote {output}")

@@ -114,7 +114,8 @@ def money(p: dict, m: dict) -> dict:
                 p["economics.price_output_usd_per_mtok"]),
         billed_fraction=p["economics.billed_fraction"], pricing=pricing, price_usd=price,
         lifetime_years=p["economics.lifetime_years"], rental_usd_per_gpu_hour=rental, tdp_w=p["hardware.tdp_w"],
-        idle_w=p["hardware.idle_w"], pue=p["economics.pue"], electricity_usd_per_kwh=p["economics.electricity_usd_per_kwh"],
+        idle_w=p["hardware.idle_w"], pue=p["economics.pue"],
+        electricity_usd_per_kwh=p["economics.electricity_usd_per_kwh"],
     )
     return {
         "cost_usd_per_day": e.cost_usd_per_day,

@@ -441,7 +441,8 @@ def _check_expert_layout(scn: Scenario, v: dict):
                             f"experts + redundant_experts = {experts + redundant} must be divisible by the EP ranks "
                             f"({ep}), so that every rank holds the same number of expert slots")
     if redundant > 0 and experts % v["moe.groups"]:
-        raise ScenarioError(scn.source, "moe.groups", f"must divide the model's {experts} experts, got {v['moe.groups']}")
+        raise ScenarioError(scn.source, "moe.groups",
+                            f"must divide the model's {experts} experts, got {v['moe.groups']}")
     if redundant > 0 and ep % v["moe.nodes"]:
         raise ScenarioError(scn.source, "moe.nodes", f"must divide the EP ranks ({ep}), got {v['moe.nodes']}")
 

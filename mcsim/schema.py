@@ -193,7 +193,8 @@ CLASS_FIELDS: dict[str, Field] = {
     "prompt_tokens": R({"dist": "lognormal", "median": 400, "sigma": 1.0},
                        "New user tokens per turn (the prompt adds the system prompt and the earlier turns); rounded, "
                        "at least 1.", 0, None),
-    "output_tokens": R({"dist": "lognormal", "median": 300, "sigma": 0.8}, "Output tokens per request; rounded, at least 1.", 0, None),
+    "output_tokens": R({"dist": "lognormal", "median": 300, "sigma": 0.8},
+                       "Output tokens per request; rounded, at least 1.", 0, None),
     "turns": F(1.0, "Mean turns per session (geometric); turn t carries the whole earlier conversation.", 1, None),
     "system_prompt_share": F(0.8, "Probability that a session starts with a shared system prompt.", 0, 1),
     "acceptance": R({"dist": "beta", "a": 17, "b": 3}, "Per-request draft acceptance rate.", 0, 1),

@@ -236,8 +236,6 @@ def from_trace(trace, params: dict, classes: tuple, n: int, rng: np.random.Gener
     Classes (for acceptance and expert skew) are assigned at random by their shares, since traces do not carry
     them. A trace without prefix hashes (Azure) has no cacheable blocks: its reuse cannot be known.
     """
-    from mcsim.traces import Trace  # noqa: F401  (type only)
-
     m = min(n, len(trace.prompt_tokens))
     shares = _class_values(params, classes, "share")
     cls = rng.choice(len(classes), size=m, p=shares / shares.sum()).astype(np.int32)
