@@ -2,8 +2,11 @@
 
 A draft token is one of the ``k`` drafts of one verification pass (``items = passes.sum() * k``).
 Each timed call starts a fresh Generator from a fixed seed, so every run processes exactly ``items``.
+The workload is 500-1000 output tokens per request with acceptance ~ Beta(17, 3); the kernel draws long
+stretches of passes as chunks of binomials, the reference every draft position one by one.
 
-Run ``python benchmarks/bench_speculative.py`` for a stand-alone report (best of 3, one core).
+Run ``python benchmarks/bench_speculative.py`` for a stand-alone report (best of 3, one core), which
+also times one million MTP requests (k = 1) with chunks and pass by pass.
 """
 
 from __future__ import annotations
@@ -12,19 +15,23 @@ import random
 import time
 
 import numpy as np
+from mcsim.kernels.speculative import verify_passes, verify_passes_in_chunks
 
-from mcsim.kernels.speculative import verify_passes
 from mcsim.reference.speculative import verify_passes as reference_verify_passes
 
 SEED = 20240601
 FAST_REQUESTS = 200_000
 REFERENCE_REQUESTS = 2_000
-OUTPUT_TOKENS = 500
+MILLION_REQUESTS = 1_000_000
+OUTPUT_TOKENS_RANGE = (500, 1000)
+# verify_passes_in_chunks threshold that never draws a chunk: the pass-by-pass kernel.
+NO_CHUNKS = 10**9
 
 
 def _workload(requests: int):
     rng = np.random.default_rng(SEED)
-    output_tokens = np.full(requests, OUTPUT_TOKENS, dtype=np.int64)
+    low, high = OUTPUT_TOKENS_RANGE
+    output_tokens = rng.integers(low, high + 1, requests, dtype=np.int64)
     # Beta(17, 3): per-request acceptance around 0.85, as reported for well-matched drafters.
     acceptance = rng.beta(17.0, 3.0, requests)
     return output_tokens, acceptance
@@ -59,10 +66,10 @@ def _case(name: str, draft_tokens: int, decay: float) -> dict:
 
 
 def cases() -> list[dict]:
-    """Benchmark cases: geometric fast path (k = 4 and the k = 1 of MTP) and decaying acceptance."""
+    """Benchmark cases: the k = 1 of MTP, k = 4, and decaying acceptance."""
     return [
-        _case("speculative k=4 decay=1", 4, 1.0),
         _case("speculative k=1 decay=1 (MTP)", 1, 1.0),
+        _case("speculative k=4 decay=1", 4, 1.0),
         _case("speculative k=4 decay=0.9", 4, 0.9),
     ]
 
@@ -84,6 +91,30 @@ def main() -> None:
             f"{case['name']:32s} kernel {fast_rate / 1e6:8.1f} M {case['unit']}/s   "
             f"reference {reference_rate / 1e6:6.2f} M {case['unit']}/s   ratio {fast_rate / reference_rate:6.0f}x"
         )
+    _million_mtp_requests()
+
+
+def _million_mtp_requests() -> None:
+    """One million k = 1 requests: the chunked kernel against the same kernel pass by pass."""
+    output_tokens, acceptance = _workload(MILLION_REQUESTS)
+    passes = np.empty_like(output_tokens)
+    accepted = np.empty_like(output_tokens)
+
+    def chunked():
+        verify_passes(output_tokens, acceptance, 1, 1.0, np.random.default_rng(SEED), passes, accepted)
+
+    def pass_by_pass():
+        rng = np.random.default_rng(SEED)
+        verify_passes_in_chunks(output_tokens, acceptance, 1, 1.0, NO_CHUNKS, rng, passes, accepted)
+
+    pass_by_pass()  # compile
+    pass_by_pass_s = _best_of(pass_by_pass)
+    chunked_s = _best_of(chunked)
+    low, high = OUTPUT_TOKENS_RANGE
+    print(
+        f"1 M requests x {low}-{high} tokens, k=1 ({passes.sum() / 1e6:.0f} M passes): chunked {chunked_s:.3f} s, "
+        f"pass by pass {pass_by_pass_s:.3f} s, speed-up {pass_by_pass_s / chunked_s:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -93,6 +93,12 @@ def speculative_passes(output_tokens, acceptance, draft_tokens: int, decay: floa
     accepted : numpy.ndarray of int64, shape (n,)
         Accepted draft tokens each request used; ``passes + accepted == output_tokens``.
 
+    Notes
+    -----
+    Long requests are drawn in chunks of passes (a few binomial draws per chunk) rather than pass by
+    pass, with the same law of ``(passes, accepted)``; see
+    :func:`mcsim.kernels.speculative.verify_passes_in_chunks`. The same seed gives the same result.
+
     Examples
     --------
     >>> import numpy as np

@@ -9,17 +9,28 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mcsim.kernels.speculative import (
+    CHUNK_MIN_PASSES_PER_DRAFT,
+    verify_passes_in_chunks,
+)
+from mcsim.kernels.speculative import verify_passes as kernel_verify_passes
 from scipy import stats
 
-from mcsim.kernels.speculative import verify_passes as kernel_verify_passes
 from mcsim.reference.speculative import verify_passes as reference_verify_passes
-from mcsim.speculative import expected_tokens_per_pass, realized_gain, speculative_passes
+from mcsim.speculative import (
+    expected_tokens_per_pass,
+    realized_gain,
+    speculative_passes,
+)
 
 # A fixed-seed test with a chi-square p-value below this fails; at 1e-4 a correct kernel practically
 # never trips it, while a wrong distribution with these sample sizes gives p-values far smaller.
 P_VALUE_FLOOR = 1e-4
 # Standard errors allowed between a sample mean and its expectation.
 Z_TOLERANCE = 4.5
+# Chunk thresholds for verify_passes_in_chunks: every pass drawn in chunks, or every pass one by one.
+EVERY_PASS_IN_CHUNKS = 1
+NO_CHUNKS = 10**9
 
 
 def leading_accepted_pmf(alpha: float, k: int, decay: float) -> np.ndarray:
@@ -61,12 +72,25 @@ def chi_square_p_value(observed_passes: np.ndarray, pmf: np.ndarray) -> float:
     return float(stats.chisquare(merged_observed, merged_expected).pvalue)
 
 
-def run_kernel(output_tokens, acceptance, k, decay, seed):
+def assert_passes_follow(passes: np.ndarray, pmf: np.ndarray) -> None:
+    """Passes drawn from pmf: all equal where pmf is a point mass, else a chi-square fit."""
+    if pmf.max() > 1.0 - 1e-12:
+        np.testing.assert_array_equal(passes, np.argmax(pmf))
+    else:
+        assert chi_square_p_value(passes, pmf) > P_VALUE_FLOOR
+
+
+def run_kernel(output_tokens, acceptance, k, decay, seed, chunk_min_passes_per_draft=None):
+    """The public kernel, or verify_passes_in_chunks with an explicit chunk threshold."""
     output_tokens = np.asarray(output_tokens, dtype=np.int64)
     acceptance = np.broadcast_to(np.asarray(acceptance, dtype=np.float64), output_tokens.shape).copy()
     passes = np.empty_like(output_tokens)
     accepted = np.empty_like(output_tokens)
-    kernel_verify_passes(output_tokens, acceptance, k, decay, np.random.default_rng(seed), passes, accepted)
+    rng = np.random.default_rng(seed)
+    if chunk_min_passes_per_draft is None:
+        kernel_verify_passes(output_tokens, acceptance, k, decay, rng, passes, accepted)
+    else:
+        verify_passes_in_chunks(output_tokens, acceptance, k, decay, chunk_min_passes_per_draft, rng, passes, accepted)
     return passes, accepted
 
 
@@ -93,7 +117,17 @@ def test_closed_form_with_decay_hand_values():
 
 @pytest.mark.parametrize(
     ("alpha", "k", "decay"),
-    [(0.5, 1, 1.0), (0.8, 4, 1.0), (0.95, 8, 1.0), (0.3, 3, 1.0), (0.9, 4, 0.8), (1.0, 5, 0.7)],
+    [
+        (0.5, 1, 1.0),
+        (0.1, 1, 1.0),
+        (0.85, 1, 1.0),
+        (0.99, 1, 1.0),
+        (0.8, 4, 1.0),
+        (0.95, 8, 1.0),
+        (0.3, 3, 1.0),
+        (0.9, 4, 0.8),
+        (1.0, 5, 0.7),
+    ],
 )
 def test_kernel_mean_passes_agrees_with_leviathan(alpha, k, decay):
     # Passes N for L tokens is the first n with S_n >= L, where S_n sums per-pass gains of mean E;
@@ -166,6 +200,78 @@ def test_kernel_matches_reference_per_request():
             assert abs(difference.mean()) <= Z_TOLERANCE * standard_error
 
 
+# --- passes drawn in chunks ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("k", "decay"), [(1, 1.0), (3, 1.0), (3, 0.7)])
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 0.85, 1.0])
+@pytest.mark.parametrize("output_tokens", [1, 2, 3, 10, 41])
+def test_chunked_pass_distribution_matches_exact(output_tokens, alpha, k, decay):
+    # Every pass drawn in chunks, down to the last token; alpha == 1 with decay < 1 draws no binomial
+    # for the certain first position.
+    pmf = exact_passes_pmf(output_tokens, alpha, k, decay)
+    passes, accepted = run_kernel(np.full(10_000, output_tokens), alpha, k, decay, 17, EVERY_PASS_IN_CHUNKS)
+    assert_passes_follow(passes, pmf)
+    np.testing.assert_array_equal(passes + accepted, output_tokens)
+
+
+@pytest.mark.parametrize("threshold", [EVERY_PASS_IN_CHUNKS, CHUNK_MIN_PASSES_PER_DRAFT, NO_CHUNKS])
+@pytest.mark.parametrize(
+    ("output_tokens", "alpha", "k", "decay"),
+    [(200, 0.85, 1, 1.0), (333, 0.5, 1, 1.0), (301, 0.85, 2, 1.0), (400, 0.8, 3, 0.9)],
+)
+def test_pass_distribution_does_not_depend_on_chunk_threshold(output_tokens, alpha, k, decay, threshold):
+    # The default threshold draws these requests partly in chunks, partly pass by pass.
+    pmf = exact_passes_pmf(output_tokens, alpha, k, decay)
+    passes, _ = run_kernel(np.full(10_000, output_tokens), alpha, k, decay, 23, threshold)
+    assert_passes_follow(passes, pmf)
+
+
+def test_chunked_mean_passes_for_very_long_outputs():
+    # A million tokens at k == 1: E[N] lies in [L / E, (L + 1) / E] by Wald's identity (see above).
+    output_tokens, alpha, requests = 1_000_000, 0.85, 300
+    passes, accepted = run_kernel(np.full(requests, output_tokens), alpha, 1, 1.0, 31, EVERY_PASS_IN_CHUNKS)
+    tokens_per_pass = expected_tokens_per_pass(alpha, 1)
+    standard_error = passes.std(ddof=1) / math.sqrt(requests)
+    assert output_tokens / tokens_per_pass - Z_TOLERANCE * standard_error <= passes.mean()
+    assert passes.mean() <= (output_tokens + 1) / tokens_per_pass + Z_TOLERANCE * standard_error
+    # Each pass gains 1 + Bernoulli(alpha), so Var(N) ~ L * alpha * (1 - alpha) / E**3 (renewal CLT);
+    # the sample variance of 300 normal draws is within 30 % of it with room to spare.
+    assert passes.var(ddof=1) == pytest.approx(output_tokens * alpha * (1 - alpha) / tokens_per_pass**3, rel=0.3)
+    np.testing.assert_array_equal(passes + accepted, output_tokens)
+
+
+def test_chunked_matches_reference_per_request():
+    rng = np.random.default_rng(42)
+    requests = 1000
+    output_tokens = rng.integers(1, 400, requests)
+    acceptance = rng.beta(17, 3, requests)
+    for k in (1, 2):
+        passes, accepted = run_kernel(output_tokens, acceptance, k, 1.0, seed=6)
+        reference_passes, reference_accepted = reference_verify_passes(
+            output_tokens.tolist(), acceptance.tolist(), k, 1.0, random.Random(6)
+        )
+        for fast, slow in [(passes, reference_passes), (accepted, reference_accepted)]:
+            difference = fast - np.asarray(slow)
+            standard_error = difference.std(ddof=1) / math.sqrt(requests)
+            assert abs(difference.mean()) <= Z_TOLERANCE * standard_error
+
+
+@pytest.mark.parametrize("threshold", [EVERY_PASS_IN_CHUNKS, NO_CHUNKS])
+def test_chunked_exact_cases(threshold):
+    output_tokens = np.array([1, 2, 3, 4, 5, 99, 1000, 1001])
+    half = -(-output_tokens // 2)
+    # k == 1 never looks at decay: alpha == 1 is certain, and the chunks must not draw Binomial(n, 1).
+    passes, accepted = run_kernel(output_tokens, 1.0, 1, 0.5, 0, threshold)
+    np.testing.assert_array_equal(passes, half)
+    np.testing.assert_array_equal(accepted, output_tokens - half)
+    # A rejection among these ~5e5 positions has probability ~5e-7.
+    passes, _ = run_kernel(np.tile(output_tokens, 100), 1.0 - 1e-12, 1, 1.0, 0, threshold)
+    np.testing.assert_array_equal(passes, np.tile(half, 100))
+    passes, _ = run_kernel(np.tile(output_tokens, 100), 1e-200, 3, 1.0, 0, threshold)
+    np.testing.assert_array_equal(passes, np.tile(output_tokens, 100))
+
+
 # --- exact cases and invariants ----------------------------------------------------------------
 
 
@@ -198,15 +304,16 @@ def test_underflowing_acceptance_power():
 
 @settings(max_examples=30, deadline=None)
 @given(
-    output_tokens=st.lists(st.integers(1, 300), min_size=1, max_size=40),
+    output_tokens=st.lists(st.integers(1, 3000), min_size=1, max_size=40),
     alpha=st.floats(0.0, 1.0),
     k=st.integers(0, 10),
     decay=st.floats(0.05, 1.0),
     seed=st.integers(0, 2**32 - 1),
+    threshold=st.sampled_from([None, EVERY_PASS_IN_CHUNKS, NO_CHUNKS]),
 )
-def test_invariants(output_tokens, alpha, k, decay, seed):
+def test_invariants(output_tokens, alpha, k, decay, seed, threshold):
     output_tokens = np.array(output_tokens, dtype=np.int64)
-    passes, accepted = run_kernel(output_tokens, alpha, k, decay, seed)
+    passes, accepted = run_kernel(output_tokens, alpha, k, decay, seed, threshold)
     np.testing.assert_array_equal(passes + accepted, output_tokens)
     assert np.all(passes >= -(-output_tokens // (k + 1)))
     assert np.all(passes <= output_tokens)
@@ -217,10 +324,10 @@ def test_same_seed_same_result():
     rng = np.random.default_rng(0)
     output_tokens = rng.integers(1, 500, 1000)
     acceptance = rng.uniform(0.0, 1.0, 1000)
-    for decay in (1.0, 0.9):
-        first = speculative_passes(output_tokens, acceptance, 4, decay, np.random.default_rng(99))
-        second = speculative_passes(output_tokens, acceptance, 4, decay, np.random.default_rng(99))
-        other = speculative_passes(output_tokens, acceptance, 4, decay, np.random.default_rng(100))
+    for k, decay in [(4, 1.0), (4, 0.9), (1, 1.0)]:
+        first = speculative_passes(output_tokens, acceptance, k, decay, np.random.default_rng(99))
+        second = speculative_passes(output_tokens, acceptance, k, decay, np.random.default_rng(99))
+        other = speculative_passes(output_tokens, acceptance, k, decay, np.random.default_rng(100))
         np.testing.assert_array_equal(first[0], second[0])
         np.testing.assert_array_equal(first[1], second[1])
         assert not np.array_equal(first[0], other[0])
