@@ -50,17 +50,23 @@ def _nodes(gpus: int, gpus_per_node: int) -> int:
     return max(math.ceil(gpus / gpus_per_node), 1)
 
 
-def cache_stage(p: dict, requests, rng) -> np.ndarray:
-    """Cached prompt tokens per request and tier (zeros when the cache lever is off)."""
+def cache_capacity(p: dict, block_tokens: int) -> np.ndarray:
+    """Blocks per tier of one instance's cache (all zeros when the cache lever is off)."""
     if not p["cache.enabled"]:
-        return np.zeros((requests.n, 3), dtype=np.int64)
+        return np.zeros(3, dtype=np.int64)
     # The prefix cache serves prefill: it lives on the prefill pool when disaggregated.
     gpus = p["deployment.prefill_gpus_per_instance"] if p["deployment.disaggregated"] else \
         p["deployment.gpus_per_instance"]
     nodes = _nodes(gpus, p["hardware.gpus_per_node"])
-    capacity = kvcache.capacity_blocks(p["cache.hbm_gb_per_instance"] * 1e9, p["cache.dram_gb_per_node"] * 1e9 * nodes,
-                                       p["cache.nvme_gb_per_node"] * 1e9 * nodes, perf.kv_bytes(p),
-                                       requests.block_tokens)
+    return kvcache.capacity_blocks(p["cache.hbm_gb_per_instance"] * 1e9, p["cache.dram_gb_per_node"] * 1e9 * nodes,
+                                   p["cache.nvme_gb_per_node"] * 1e9 * nodes, perf.kv_bytes(p), block_tokens)
+
+
+def cache_stage(p: dict, requests, rng) -> np.ndarray:
+    """Cached prompt tokens per request and tier (zeros when the cache lever is off)."""
+    capacity = cache_capacity(p, requests.block_tokens)
+    if capacity[0] == 0:
+        return np.zeros((requests.n, 3), dtype=np.int64)
     result = kvcache.simulate_cache(requests, p["deployment.routing"], p["deployment.instances"], capacity, rng)
     return result.cached_tokens
 
@@ -76,12 +82,8 @@ def speculative_stage(p: dict, requests, rng):
     return passes
 
 
-def expert_stage(p: dict, scn: Scenario, requests, rng) -> dict:
-    """Expert efficiency and distinct experts per step (1 and 0 for dense models)."""
-    if p["model.experts"] <= 0:
-        return {"expert_efficiency": 1.0, "distinct_experts_per_step": 0.0}
-    from mcsim.experts import expert_efficiency
-
+def expert_inputs(p: dict, scn: Scenario, requests) -> tuple:
+    """The arguments of the expert stage (also its memo key): everything its result depends on."""
     ep = p["moe.ep_ranks"] or p["deployment.gpus_per_instance"]
     tokens = p["moe.tokens_per_step"]
     if tokens <= 0:
@@ -89,12 +91,21 @@ def expert_stage(p: dict, scn: Scenario, requests, rng) -> dict:
         b_mem, _ = perf.memory_batch_limit(p, perf.kv_bytes(p), mean_context, requests.block_tokens)
         tokens = int(max(1, min(p["deployment.max_batch_per_gpu"], b_mem))) * ep
     shares = np.array([p[f"workload.classes.{c}.share"] for c in scn.classes], dtype=float)
-    skews = np.array([p[f"workload.classes.{c}.expert_skew"] for c in scn.classes], dtype=float)
-    result = expert_efficiency(
-        int(p["model.experts"]), int(p["model.active_experts"]), shares / shares.sum(), skews, int(tokens), int(ep),
-        int(p["moe.redundant_experts"]), int(p["moe.window_steps"]), int(p["moe.eval_steps"]), rng,
-        num_groups=int(p["moe.groups"]), num_nodes=int(p["moe.nodes"]),
-    )
+    skews = tuple(float(p[f"workload.classes.{c}.expert_skew"]) for c in scn.classes)
+    return (int(p["model.experts"]), int(p["model.active_experts"]), tuple(shares / shares.sum()), skews, int(tokens),
+            int(ep), int(p["moe.redundant_experts"]), int(p["moe.window_steps"]), int(p["moe.eval_steps"]),
+            int(p["moe.groups"]), int(p["moe.nodes"]))
+
+
+def expert_stage(p: dict, scn: Scenario, requests, rng) -> dict:
+    """Expert efficiency and distinct experts per step (1 and 0 for dense models)."""
+    if p["model.experts"] <= 0:
+        return {"expert_efficiency": 1.0, "distinct_experts_per_step": 0.0}
+    from mcsim.experts import expert_efficiency
+
+    experts, top_k, shares, skews, tokens, ep, redundant, window, steps, groups, nodes = expert_inputs(p, scn, requests)
+    result = expert_efficiency(experts, top_k, np.array(shares), np.array(skews), tokens, ep, redundant, window,
+                               steps, rng, num_groups=groups, num_nodes=nodes)
     # Throughput follows the time-weighted ratio: each step lasts as long as its busiest GPU.
     return {"expert_efficiency": float(result["expert_efficiency_ratio_of_sums"]),
             "distinct_experts_per_step": float(result["distinct_experts_per_step"])}
@@ -128,14 +139,29 @@ def money(p: dict, m: dict) -> dict:
     }
 
 
+def variant_specs(scn: Scenario, variants) -> dict[str, dict]:
+    """Variant name -> overrides. Names may be ``factory``, ``baseline`` or already a dict of specs."""
+    if isinstance(variants, dict):
+        return variants
+    return {v: ({} if v == "factory" else scn.baseline if v == "baseline" else _unknown(v)) for v in variants}
+
+
+def _unknown(name):
+    raise ValueError(f"unknown variant {name!r}; expected 'baseline' or 'factory', or a dict name -> overrides")
+
+
 def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict) -> dict:
     """Every variant of one sample.
+
+    Stage results are memoised within the sample by everything they depend on, so variants that differ only in
+    levers of later stages (e.g. the ablations of ``compare --ablate``) reuse the kernels' work; each stage's random
+    stream is restarted from its seed for every variant, so a memoised result is exactly what a fresh run gives.
 
     Parameters
     ----------
     scn : Scenario
-    variants : sequence of str
-        ``"factory"`` and/or ``"baseline"``.
+    variants : sequence of str, or dict
+        ``"factory"`` and/or ``"baseline"``, or ``{name: {dotted.path: value}}`` overrides per variant.
     sample : int
         Sample index (selects the random streams).
     seed : int
@@ -150,16 +176,28 @@ def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests:
     """
     results = {}
     requests = None
-    for variant in variants:
-        p = resolve(scn.variant(variant), draws)
+    memo: dict = {}
+
+    def once(key, compute):
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
+    for variant, overrides in variant_specs(scn, variants).items():
+        p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
         if requests is None:  # the workload is common to all variants
             requests = sample_requests(scn, p, sample, seed, n_requests)
         # The caches see every request; statistics leave out the warm-up requests that filled them.
         warm = min(int(p["mc.warmup_fraction"] * requests.n), requests.n - 1)
-        cached = cache_stage(p, requests, rng_for(seed, sample, STREAM_ROUTING))[warm:]
         measured = requests.tail(warm)
-        passes = speculative_stage(p, measured, rng_for(seed, sample, STREAM_SPECULATIVE))
-        experts = expert_stage(p, scn, measured, rng_for(seed, sample, STREAM_EXPERTS))
+        cache_key = ("cache", tuple(cache_capacity(p, requests.block_tokens)), p["deployment.routing"],
+                     p["deployment.instances"])
+        cached = once(cache_key, lambda: cache_stage(p, requests, rng_for(seed, sample, STREAM_ROUTING))[warm:])
+        spec_key = ("spec", bool(p["speculative.enabled"]), p["speculative.draft_tokens"],
+                    p["speculative.acceptance_decay"])
+        passes = once(spec_key, lambda: speculative_stage(p, measured, rng_for(seed, sample, STREAM_SPECULATIVE)))
+        expert_key = ("experts",) + (expert_inputs(p, scn, measured) if p["model.experts"] > 0 else ())
+        experts = once(expert_key, lambda: expert_stage(p, scn, measured, rng_for(seed, sample, STREAM_EXPERTS)))
         m = perf.factor_performance(p, measured, cached, passes, experts["expert_efficiency"])
         m.update(experts)
         m.update(money(p, m))

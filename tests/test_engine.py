@@ -146,3 +146,19 @@ def test_expert_factor_closed_form():
 def test_kv_bytes_reach_the_result(compared):
     # DeepSeek-V3 MLA latent cache in BF16: (512 + 64) x 61 x 2 = 70,272 bytes per token.
     assert math.isclose(float(compared.kv_bytes_per_token.sel(variant="factory")[0]), 70_272)
+
+
+def test_variants_run_together_equal_variants_run_alone(scn):
+    # Stage results are shared between variants of a sample; that must not change any number.
+    from mcsim.engine import simulate_sample
+    from mcsim.scenario import draw_uncertain
+
+    draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 5).items()}
+    specs = {"factory": {}, "baseline": scn.baseline, "no_cache": {"cache.enabled": False}}
+    together = simulate_sample(scn, specs, 0, 5, 1500, draws)
+    for name, overrides in specs.items():
+        alone = simulate_sample(scn, {name: overrides}, 0, 5, 1500, draws)[name]
+        for metric, value in alone.items():
+            np.testing.assert_array_equal(value, together[name][metric], err_msg=f"{name}.{metric}")
+    assert together["no_cache"]["cache_hit_rate"] == 0
+    assert together["no_cache"]["spec_tokens_per_pass"] == together["factory"]["spec_tokens_per_pass"]
