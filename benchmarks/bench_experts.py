@@ -10,13 +10,13 @@ Run ``python benchmarks/bench_experts.py`` for a table (best of 3, one thread).
 from __future__ import annotations
 
 import random
-import time
 
 import numpy as np
 
 from mcsim.experts import class_popularity
 from mcsim.kernels.experts import build_alias, eplb_placement, rank_loads, route_steps
 from mcsim.reference import experts as ref
+from timing import best_of  # noqa: E402  (benchmarks/ is on sys.path when run)
 
 N_EXPERTS, TOP_K, N_SLOTS, N_GPUS, N_GROUPS, N_NODES = 256, 8, 288, 32, 8, 4
 
@@ -89,19 +89,11 @@ def cases():
     return out
 
 
-def _best_of(fn, repeat=3):
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
 
 def main():
     for case in cases():
-        fast = case["items_fast"] / _best_of(case["fast"])
-        slow = case["items_reference"] / _best_of(case["reference"])
+        fast = case["items_fast"] / best_of(case["fast"])
+        slow = case["items_reference"] / best_of(case["reference"])
         print(f"{case['name']:<52} fast {fast:14,.0f} {case['unit']}/s   reference {slow:12,.0f}/s   "
               f"ratio {fast / slow:10,.0f}x")
 

@@ -8,12 +8,12 @@ demotes. Run ``python benchmarks/bench_kv_tiers.py`` for a table; the suite runn
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
 from mcsim.kernels.kv_tiers import simulate_tiers
 from mcsim.reference.kv_tiers import simulate_tiers_reference
+from timing import best_of  # noqa: E402  (benchmarks/ is on sys.path when run)
 
 N_REQUESTS_FAST = 200_000
 N_REQUESTS_REFERENCE = 20_000
@@ -93,14 +93,6 @@ def cases():
     ]
 
 
-def _best_of(function, repeats=3):
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
-
 
 def main():
     workload = synthetic_workload(N_REQUESTS_FAST)
@@ -114,7 +106,7 @@ def main():
     rates = {}
     for case in cases():
         for side in ("fast", "reference"):
-            seconds = _best_of(case[side])
+            seconds = best_of(case[side])
             rates[side] = case[f"items_{side}"] / seconds
             print(f"{case['name']:10s} {side:9s} {rates[side] / 1e6:8.2f} M {case['unit']}/s ({seconds:.3f} s)")
         print(f"{case['name']:10s} speed-up  {rates['fast'] / rates['reference']:8.1f}x")

@@ -12,12 +12,12 @@ also times one million MTP requests (k = 1) with chunks and pass by pass.
 from __future__ import annotations
 
 import random
-import time
 
 import numpy as np
 from mcsim.kernels.speculative import verify_passes, verify_passes_in_chunks
 
 from mcsim.reference.speculative import verify_passes as reference_verify_passes
+from timing import best_of  # noqa: E402  (benchmarks/ is on sys.path when run)
 
 SEED = 20240601
 FAST_REQUESTS = 200_000
@@ -74,19 +74,11 @@ def cases() -> list[dict]:
     ]
 
 
-def _best_of(function, repeats: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
-
 
 def main() -> None:
     for case in cases():
-        fast_rate = case["items_fast"] / _best_of(case["fast"])
-        reference_rate = case["items_reference"] / _best_of(case["reference"])
+        fast_rate = case["items_fast"] / best_of(case["fast"])
+        reference_rate = case["items_reference"] / best_of(case["reference"])
         print(
             f"{case['name']:32s} kernel {fast_rate / 1e6:8.1f} M {case['unit']}/s   "
             f"reference {reference_rate / 1e6:6.2f} M {case['unit']}/s   ratio {fast_rate / reference_rate:6.0f}x"
@@ -108,8 +100,8 @@ def _million_mtp_requests() -> None:
         verify_passes_in_chunks(output_tokens, acceptance, 1, 1.0, NO_CHUNKS, rng, passes, accepted)
 
     pass_by_pass()  # compile
-    pass_by_pass_s = _best_of(pass_by_pass)
-    chunked_s = _best_of(chunked)
+    pass_by_pass_s = best_of(pass_by_pass)
+    chunked_s = best_of(chunked)
     low, high = OUTPUT_TOKENS_RANGE
     print(
         f"1 M requests x {low}-{high} tokens, k=1 ({passes.sum() / 1e6:.0f} M passes): chunked {chunked_s:.3f} s, "
