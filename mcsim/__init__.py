@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "run": ("mcsim.runner", "run"),
     "compare": ("mcsim.runner", "compare"),
+    "sweep": ("mcsim.runner", "sweep"),
+    "open_results": ("mcsim.runner", "open_results"),
     "load_scenario": ("mcsim.scenario", "load_scenario"),
     "ScenarioError": ("mcsim.scenario", "ScenarioError"),
 }

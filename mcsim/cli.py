@@ -33,9 +33,14 @@ def _common(f):
                      help="Override a scenario value, e.g. --set speculative.draft_tokens=2 (repeatable)."),
         click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
                      help="NetCDF file to write (default: outputs/<name>.nc)."),
-        click.option("--force", is_flag=True, help="Overwrite an existing output file."),
+        click.option("--force", is_flag=True, help="Overwrite an existing output file and discard leftover parts."),
+        click.option("--resume", is_flag=True, help="Finish an interrupted run from its saved parts."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON."),
-        click.option("--workers", type=click.IntRange(min=1), help="Dask threads (default: all cores)."),
+        click.option("--workers", type=click.IntRange(min=1), help="Dask threads or processes (default: all cores)."),
+        click.option("--processes", is_flag=True, help="Run a local cluster of processes instead of threads."),
+        click.option("--scheduler", metavar="ADDRESS",
+                     help="Use an existing dask.distributed scheduler, e.g. tcp://10.0.0.5:8786."),
+        click.option("--chunk-size", type=click.IntRange(min=1), help="Samples per Dask task."),
         click.option("--no-progress", is_flag=True, help="Hide the progress bar."),
     ]
     for option in reversed(options):
@@ -79,33 +84,35 @@ def _command_line() -> str:
     return " ".join(words)
 
 
-def _execute(kind, scenario, samples, requests, seed, overrides, output, force, as_json, workers, no_progress):
+def _execute(kind, scenario, samples, requests, seed, overrides, output, force, resume, as_json, workers,
+             processes, scheduler, chunk_size, no_progress, grid=(), ablate=False, lhs=False, compare=False):
     from mcsim import runner, summary
     from mcsim.distributions import DistributionError
     from mcsim.scenario import ScenarioError, load_scenario
+    from mcsim.sweep import SweepInterrupted
+    from mcsim.traces import TraceError
 
+    if lhs:
+        overrides = (*overrides, 'mc.sampling="lhs"')
     try:
         scn = load_scenario(scenario, overrides=overrides)
-        output = output or Path("outputs") / f"{scn.name}{'-compare' if kind == 'compare' else ''}.nc"
-        if output.exists() and not force:
-            raise UserError(f"{output} exists; use --force to overwrite it or -o to choose another file")
-        fn = runner.compare if kind == "compare" else runner.run
-        ds = fn(scn, samples=samples, requests=requests, seed=seed, workers=workers,
-                progress=not no_progress and not as_json, command=_command_line())
-    except (ScenarioError, DistributionError) as err:
+        suffix = {"compare": "-compare", "sweep": "-sweep"}.get(kind, "")
+        output = output or Path("outputs") / f"{scn.name}{suffix}{'-ablate' if ablate else ''}.nc"
+        options = dict(samples=samples, requests=requests, seed=seed, workers=workers, output=output, force=force,
+                       progress=not no_progress and not as_json, command=_command_line(), resume=resume,
+                       processes=processes, scheduler=scheduler, chunk_size=chunk_size)
+        if kind == "sweep":
+            variants = ("baseline", "factory") if compare or ablate else ("factory",)
+            ds = runner.sweep(scn, grid, variants=variants, ablate=ablate, **options)
+        elif kind == "compare":
+            ds = runner.compare(scn, ablate=ablate, **options)
+        else:
+            ds = runner.run(scn, **options)
+    except (ScenarioError, DistributionError, TraceError, FileExistsError) as err:
         raise UserError(str(err)) from None
-    except Exception as err:  # trace readers raise TraceError (a ValueError) naming file and line
-        from mcsim.traces import TraceError
-
-        if isinstance(err, TraceError):
-            raise UserError(str(err)) from None
-        raise
-    from mcsim.results import write_netcdf
-
-    try:
-        write_netcdf(ds, output, force=force)
-    except FileExistsError as err:
-        raise UserError(str(err)) from None
+    except SweepInterrupted as err:
+        click.echo(f"\n{err}", err=True)
+        raise SystemExit(130) from None
     if as_json:
         report = summary.summarize(ds)
         report["output"] = str(output)
@@ -124,9 +131,39 @@ def run(**kw):
 
 @main.command()
 @_common
+@click.option("--ablate", is_flag=True,
+              help="Also switch each lever off (and on) alone, and attribute the gain to levers (Shapley).")
 def compare(**kw):
     """Run the baseline (levers off) and the factory on identical requests and draws, side by side."""
     _execute("compare", **kw)
+
+
+@main.command()
+@_common
+@click.option("--grid", multiple=True, metavar="PATH=VALUES",
+              help="A grid axis: PATH=v1,v2,... or PATH=START:STOP:NUM[:log] (repeatable; adds to [sweep]).")
+@click.option("--compare", is_flag=True, help="Run baseline and factory at every grid point.")
+@click.option("--ablate", is_flag=True, help="Compare with lever ablations and Shapley shares at every grid point.")
+@click.option("--lhs", is_flag=True, help="Draw the uncertain inputs by Latin hypercube.")
+def sweep(**kw):
+    """Run SCENARIO over a grid of parameter values (its [sweep] table and --grid axes) on Dask."""
+    _execute("sweep", **kw)
+
+
+@main.command()
+@click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the report (default: RESULTS without .nc, plus -report).")
+def report(results, out_dir):
+    """Quantiles, sensitivities, figures and a Markdown summary of a result file."""
+    from mcsim.report import write_report
+
+    out_dir = out_dir or results.with_name(results.stem + "-report")
+    try:
+        summary_path = write_report(results, out_dir)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{results}: {err}") from None
+    click.echo(f"wrote {summary_path}")
 
 
 if __name__ == "__main__":  # pragma: no cover

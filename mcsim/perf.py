@@ -73,6 +73,16 @@ def memory_batch_limit(p: dict, kv_bytes_per_token: float, mean_context: float, 
     return limit, "ok"
 
 
+def hardware_scale(p: dict) -> tuple[float, float]:
+    """Factors that carry the base throughputs from ``efficiency.base_hardware`` to the sample's hardware.
+
+    Decode at the batch sizes served is bound by HBM bandwidth (weights and KV are streamed every step), prefill by
+    dense matrix throughput: decode scales with ``hbm_tb_s``, prefill with ``bf16_tflops``.
+    """
+    base = catalog.hardware_preset(p["efficiency.base_hardware"])
+    return p["hardware.hbm_tb_s"] / base["hbm_tb_s"], p["hardware.bf16_tflops"] / base["bf16_tflops"]
+
+
 def _model(p: dict) -> dict:
     return {k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("model.")}
 
@@ -117,7 +127,8 @@ def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.
     instances = p["deployment.instances"]
 
     # -- decode: saturated throughput and its factors --------------------------------------------------------
-    x_nospec = p["efficiency.base_decode_tok_s_per_gpu"]
+    decode_scale, prefill_scale = hardware_scale(p)
+    x_nospec = p["efficiency.base_decode_tok_s_per_gpu"] * decode_scale
     if p["precision.enabled"]:
         x_nospec *= p["precision.decode_gain"]
     if p["efficiency.fused_kernels"]:
@@ -158,8 +169,8 @@ def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.
     # -- fleet: prefill work, then decode GPUs (Little's law when the smallest fleet is not full) -------------
     cached = cached_tokens.sum(axis=1)
     miss = prompt - cached
-    x_prefill = p["efficiency.base_prefill_tok_s_per_gpu"] * (p["precision.prefill_gain"] if p["precision.enabled"]
-                                                              else 1.0)
+    x_prefill = p["efficiency.base_prefill_tok_s_per_gpu"] * prefill_scale * (
+        p["precision.prefill_gain"] if p["precision.enabled"] else 1.0)
     restore_bytes = cached_tokens[:, 1:] * kvb  # DRAM, NVMe
     host_bw = p["hardware.host_link_gb_s"] * 1e9
     nvme_bw_per_gpu = p["cache.nvme_gb_s_per_node"] * 1e9 / p["hardware.gpus_per_node"]

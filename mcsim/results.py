@@ -25,22 +25,29 @@ MODEL_STATEMENT = (
 )
 
 
-def build_dataset(rows: list[dict], variants: tuple, draws: dict[str, np.ndarray], attrs: dict) -> xr.Dataset:
+def build_dataset(rows: list[dict], variants: tuple, draws: dict[str, np.ndarray], attrs: dict,
+                  samples=None) -> xr.Dataset:
     """Assemble per-sample results into a Dataset.
 
     Parameters
     ----------
     rows : list of dict
-        One per sample, in sample order: variant -> metric -> value.
+        One per sample, in sample order: variant -> metric -> value. A row may also carry ``"__extra__"``:
+        ``{name: (dims, values, attrs)}`` of variables without the sample dim (e.g. Shapley shares), stacked here
+        along ``sample``, and ``"__coords__"``: ``{dim: labels}`` for their dims.
     variants : tuple of str
-        Variant names; a ``variant`` dim is added when there is more than one or when it is ``compare``.
+        Variant names; a ``variant`` dim is added when there is more than one.
     draws : dict
         Uncertain input path -> values per sample.
     attrs : dict
         Provenance attributes.
+    samples : array of int, optional
+        Sample indices of the rows (default ``0..n-1``).
     """
     n = len(rows)
-    coords = {"sample": np.arange(n), "tier": list(TIERS), "quantile": list(QUANTILES)}
+    sample_index = np.arange(n) if samples is None else np.asarray(samples, dtype=np.int64)
+    coords = {"sample": sample_index, "tier": list(TIERS), "quantile": list(QUANTILES)}
+    coords.update(rows[0].get("__coords__", {}) if rows else {})
     with_variant = len(variants) > 1
     if with_variant:
         coords["variant"] = list(variants)
@@ -64,6 +71,9 @@ def build_dataset(rows: list[dict], variants: tuple, draws: dict[str, np.ndarray
          dtype=np.int8), "flag_meanings": " ".join(r.replace(" ", "_") for r in FEASIBLE_REASONS),
          "source": "modelled"},
     )
+    for name, (dims, _, var_attrs) in (rows[0].get("__extra__", {}) if rows else {}).items():
+        values = np.stack([np.asarray(row["__extra__"][name][1]) for row in rows], axis=-1)
+        data_vars[name] = (tuple(dims) + ("sample",), values, var_attrs)
     for path, values in draws.items():
         data_vars[path] = (("sample",), np.asarray(values, dtype=float),
                            {"role": "input", "long_name": f"uncertain input {path}",

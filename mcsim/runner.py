@@ -1,17 +1,13 @@
-"""Fan samples out over Dask and gather one Dataset: :func:`run` and :func:`compare`.
+"""The Python API of a run: :func:`run`, :func:`compare`, :func:`sweep` and :func:`open_results`.
 
-Tasks are chunks of samples. Each sample draws its own inputs and random streams from (seed, sample index), so
-results are bit-identical whatever the chunk size, number of workers or scheduler.
+Each is a few lines over :func:`mcsim.sweep.execute`, which fans (grid point x chunk of samples) tasks out over
+Dask. Results are bit-identical whatever the chunk size, number of workers or scheduler.
 """
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
-
-from mcsim import results
-from mcsim.scenario import Scenario, draw_uncertain, load_scenario
+from mcsim import grid, sweep as _sweep
+from mcsim.scenario import Scenario, load_scenario
 
 
 def _as_scenario(scenario, overrides) -> Scenario:
@@ -23,66 +19,18 @@ def _as_scenario(scenario, overrides) -> Scenario:
     return load_scenario(scenario, overrides=overrides)
 
 
-def _chunk_task(scn: Scenario, variants: tuple, indices: np.ndarray, seed: int, n_requests: int, n_samples: int):
-    from mcsim.engine import simulate_sample
-
-    draws = draw_uncertain(scn, indices, seed, n_samples=n_samples)
-    rows = []
-    for j, sample in enumerate(indices):
-        rows.append(simulate_sample(scn, variants, int(sample), seed, n_requests,
-                                    {k: float(v[j]) for k, v in draws.items()}))
-    return rows
-
-
-def _compile_kernels():
-    """Compile (or load from the cache) every kernel in this process before threads start using them."""
-    import mcsim.kernels.experts  # noqa: F401
-    import mcsim.kernels.kv_tiers  # noqa: F401
-    import mcsim.kernels.speculative  # noqa: F401
-
-
-def simulate(scn: Scenario, variants=("factory",), samples: int | None = None, requests: int | None = None,
-             seed: int | None = None, workers: int | None = None, chunk_size: int | None = None,
-             progress: bool = False, command: str | None = None):
-    """Run ``samples`` Monte Carlo samples of every variant and return the result Dataset.
-
-    Parameters
-    ----------
-    scn : Scenario
-    variants : tuple of str
-    samples, requests, seed : int, optional
-        Override ``[mc]``.
-    workers : int, optional
-        Dask threads (default: the machine's cores).
-    chunk_size : int, optional
-        Samples per Dask task (default: about four tasks per worker).
-    progress : bool
-        Show a progress bar on stderr for runs that take more than a couple of seconds.
-    """
-    import dask
-
-    samples = int(samples or scn["mc.samples"])
-    requests = int(requests or scn["mc.requests"])
-    seed = int(scn["mc.seed"] if seed is None else seed)
-    workers = int(workers or os.cpu_count() or 1)
-    if chunk_size is None:
-        chunk_size = max(1, -(-samples // (4 * workers)))
-    chunks = [np.arange(i, min(i + chunk_size, samples)) for i in range(0, samples, chunk_size)]
-    _compile_kernels()
-    tasks = [dask.delayed(_chunk_task, pure=False)(scn, tuple(variants), c, seed, requests, samples) for c in chunks]
-    if progress:
-        with _ProgressBar(len(tasks), samples):
-            parts = dask.compute(*tasks, scheduler="threads", num_workers=workers)
-    else:
-        parts = dask.compute(*tasks, scheduler="threads", num_workers=workers)
-    rows = [row for part in parts for row in part]
-    draws = draw_uncertain(scn, np.arange(samples), seed, n_samples=samples)
-    attrs = results.provenance(scn, seed, samples, requests, command, {"variants": " ".join(variants)})
-    return results.build_dataset(rows, tuple(variants), draws, attrs)
+def simulate(scn: Scenario, variants=("factory",), samples=None, requests=None, seed=None, workers=None,
+             chunk_size=None, progress=False, command=None, axes=(), ablate=False, output=None, resume=False,
+             force=False, processes=False, scheduler=None):
+    """Run ``samples`` Monte Carlo samples of every variant (and grid point) and return the result Dataset."""
+    plan = _sweep.make_plan(scn, variants, axes=axes, samples=samples, requests=requests, seed=seed,
+                            chunk_size=chunk_size, workers=workers, ablate=ablate)
+    return _sweep.execute(plan, output=output, resume=resume, force=force, workers=workers, processes=processes,
+                          scheduler=scheduler, progress=progress, command=command)
 
 
 def run(scenario, *, samples=None, requests=None, seed=None, overrides=(), workers=None, progress=False,
-        output=None, force=False, command=None):
+        output=None, force=False, command=None, **dask_options):
     """Run a scenario (file path or :class:`~mcsim.scenario.Scenario`) as written.
 
     Returns the result :class:`xarray.Dataset` (dims ``sample``, ``tier``, ``quantile``); writes it to ``output``
@@ -95,43 +43,50 @@ def run(scenario, *, samples=None, requests=None, seed=None, overrides=(), worke
     >>> ds.gross_margin.quantile([0.05, 0.5, 0.95], dim="sample")  # doctest: +SKIP
     """
     scn = _as_scenario(scenario, overrides)
-    ds = simulate(scn, ("factory",), samples, requests, seed, workers, progress=progress, command=command)
-    if output is not None:
-        results.write_netcdf(ds, output, force=force)
-    return ds
+    return simulate(scn, ("factory",), samples, requests, seed, workers, progress=progress, command=command,
+                    output=output, force=force, **dask_options)
 
 
 def compare(scenario, *, samples=None, requests=None, seed=None, overrides=(), workers=None, progress=False,
-            output=None, force=False, command=None):
-    """Run ``baseline`` and ``factory`` on identical requests and draws; the Dataset has a ``variant`` dim."""
+            output=None, force=False, command=None, ablate=False, **dask_options):
+    """Run ``baseline`` and ``factory`` on identical requests and draws; the Dataset has a ``variant`` dim.
+
+    With ``ablate=True`` it also runs each lever switched off alone (``without:<lever>``) and on alone
+    (``only:<lever>``), and stores every lever's Shapley share of the factory/baseline gain.
+    """
     scn = _as_scenario(scenario, overrides)
-    ds = simulate(scn, ("baseline", "factory"), samples, requests, seed, workers, progress=progress, command=command)
-    if output is not None:
-        results.write_netcdf(ds, output, force=force)
-    return ds
+    return simulate(scn, ("baseline", "factory"), samples, requests, seed, workers, progress=progress,
+                    command=command, output=output, force=force, ablate=ablate, **dask_options)
 
 
-class _ProgressBar:
-    """tqdm over finished Dask tasks; appears only when the run lasts more than two seconds."""
+def sweep(scenario, grid_axes=(), *, variants=("factory",), samples=None, requests=None, seed=None, overrides=(),
+          workers=None, progress=False, output=None, force=False, resume=False, command=None, ablate=False,
+          **dask_options):
+    """Run a grid: the scenario's ``[sweep]`` axes plus ``grid_axes`` (``"path=v1,v2"`` strings or
+    :class:`~mcsim.grid.Axis`). Each axis becomes a dim whose coordinate is named by its dotted path.
 
-    def __init__(self, n_tasks: int, n_samples: int):
-        from dask.callbacks import Callback
-        from tqdm import tqdm
+    Examples
+    --------
+    >>> import mcsim
+    >>> ds = mcsim.sweep("scenarios/sweep.toml", ["speculative.draft_tokens=0,1,2"], samples=8)  # doctest: +SKIP
+    >>> ds.cost_usd_per_mtok.median("sample")  # doctest: +SKIP
+    """
+    scn = _as_scenario(scenario, overrides)
+    axes = list(scn.sweep) + [a if isinstance(a, grid.Axis) else grid.parse_grid_option(a) for a in grid_axes]
+    axes = grid.validate_axes(scn, axes)
+    if ablate:
+        variants = ("baseline", "factory")
+    return simulate(scn, variants, samples, requests, seed, workers, progress=progress, command=command,
+                    axes=axes, ablate=ablate, output=output, resume=resume, force=force, **dask_options)
 
-        self.bar = tqdm(total=n_tasks, desc="samples", unit="chunk", delay=2.0, leave=False)
-        bar = self.bar
 
-        class _CB(Callback):
-            def _posttask(self, key, result, dsk, state, worker_id):
-                if isinstance(key, tuple) or str(key).startswith("_chunk_task"):
-                    bar.update(1)
+def open_results(path):
+    """Reopen a result file with its metadata (plain ``xarray.open_dataset`` works too).
 
-        self.cb = _CB()
+    The Dataset is loaded into memory and the file closed; ``ds.attrs`` holds the provenance (scenario text,
+    seed, command line, mcsim version) and ``ds.attrs["modelled_vs_measured"]`` says what was modelled.
+    """
+    import xarray as xr
 
-    def __enter__(self):
-        self.cb.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.cb.__exit__(*exc)
-        self.bar.close()
+    with xr.open_dataset(path) as ds:
+        return ds.load()

@@ -75,6 +75,7 @@ class Scenario:
     text: str = ""
     base_dir: Path | None = None
     overrides: tuple = ()
+    sweep: tuple = ()  # grid axes of the file's [sweep] table (mcsim.grid.Axis)
 
     @property
     def name(self) -> str:
@@ -344,7 +345,7 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
 
 def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=None, overrides=()) -> Scenario:
     """Validate a parsed TOML document into a :class:`Scenario`."""
-    known = set(SECTIONS) | {"baseline"}
+    known = set(SECTIONS) | {"baseline", "sweep"}
     for section, body in raw.items():
         if section not in known:
             raise ScenarioError(source, section, f"unknown section{_nearest(section, known)}; expected one of "
@@ -365,6 +366,13 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
             raise ScenarioError(source, f"{section}.{key}", f"unknown key{_nearest(key, fields)}")
         if section == "workload":
             classes = _validate_classes(classes_raw, source, values)
+    if not values["efficiency.base_hardware"]:
+        values["efficiency.base_hardware"] = values["hardware.preset"]
+    else:
+        try:
+            catalog.hardware_preset(values["efficiency.base_hardware"])
+        except KeyError as err:
+            raise ScenarioError(source, "efficiency.base_hardware", str(err.args[0])) from None
     values["meta.name"] = values["meta.name"] if "name" in raw.get("meta", {}) else (
         Path(source).stem if source and not source.startswith("<") else "scenario")
 
@@ -384,6 +392,10 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
         if factory.get(path) != d:
             raise ScenarioError(source, path, "[baseline] cannot add or change an uncertain input; the baseline "
                                 "and the factory share their draws, so give the distribution in its own section")
+    if raw.get("sweep"):
+        from mcsim import grid
+
+        scn = replace(scn, sweep=tuple(grid.validate_axes(scn, grid.axes_from_table(raw["sweep"], source))))
     return scn
 
 

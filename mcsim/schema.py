@@ -161,6 +161,9 @@ SECTIONS: dict[str, dict[str, Field]] = {
                                                "(the batch -> infinity asymptote).", 0, None, lo_open=True),
         "base_prefill_tok_s_per_gpu": F(5000.0, "Prefill tok/s per GPU at BF16 with no optimization.",
                                         0, None, lo_open=True),
+        "base_hardware": S("", "Hardware preset the two base throughputs were estimated on (default: the scenario's "
+                               "[hardware] preset). On other hardware, e.g. in a sweep, decode scales with HBM "
+                               "bandwidth and prefill with dense BF16 FLOP/s."),
         "batch_half_saturation": F(16.0, "Per-GPU batch at which decode reaches half its saturated throughput "
                                          "(weight-read time / per-sequence time).", 0, None),
         "fused_kernels": B(True, "Fused kernels (lever)."),

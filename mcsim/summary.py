@@ -33,19 +33,29 @@ def band(values: np.ndarray) -> dict:
     return {"median": float(med), "p5": float(p5), "p95": float(p95)}
 
 
-def summarize(ds: xr.Dataset) -> dict:
-    """``{variant: {label: {median, p5, p95, units}}}`` plus ``ratio``: factory/baseline per sample (paired, on
-    the same draws), or factory - baseline for the metrics in :data:`DIFFERENCE` (marked ``"difference": true``)."""
-    variants = list(ds["variant"].values) if "variant" in ds.dims else ["factory"]
+NON_GRID = ("variant", "sample", "tier", "quantile", "lever")
+
+#: Columns of the per-grid-point table of a sweep.
+GRID_COLUMNS = [("decode tok/s/GPU", "decode_tok_s_per_gpu", None), ("cache hit", "cache_hit_rate", None),
+                ("ttft p50 s", "ttft_s", 0.5), ("tpot p50 s", "tpot_s", 0.5),
+                ("USD/Mtok", "cost_usd_per_mtok", None), ("gross margin", "gross_margin", None)]
+
+
+def grid_dims(ds: xr.Dataset) -> list[str]:
+    return [d for d in ds.dims if d not in NON_GRID]
+
+
+def _point_summary(ds: xr.Dataset) -> dict:
+    variants = [str(v) for v in ds["variant"].values] if "variant" in ds.dims else ["factory"]
     out = {"variants": {}, "feasible_fraction": {}}
     for v in variants:
         sub = ds.sel(variant=v) if "variant" in ds.dims else ds
-        out["variants"][str(v)] = {
+        out["variants"][v] = {
             label: {**band(_values(sub, name, q).values), "units": REGISTRY[name].units} for label, name, q in ROWS
         }
-        out["feasible_fraction"][str(v)] = float(sub["feasible"].mean())
-    if len(variants) == 2:
-        base, fact = (ds.sel(variant=v) for v in variants)
+        out["feasible_fraction"][v] = float(sub["feasible"].mean())
+    if "baseline" in variants and "factory" in variants:
+        base, fact = ds.sel(variant="baseline"), ds.sel(variant="factory")
         out["ratio"] = {}
         for label, name, q in ROWS:
             f, b = _values(fact, name, q).values, _values(base, name, q).values
@@ -55,7 +65,38 @@ def summarize(ds: xr.Dataset) -> dict:
             with np.errstate(divide="ignore", invalid="ignore"):
                 r = f / b
             out["ratio"][label] = {**band(np.where(np.isfinite(r), r, np.nan)), "difference": False}
+    shares = [n for n in ds.data_vars if n.startswith("shapley_share_")]
+    if shares:
+        out["shapley_share"] = {
+            name.removeprefix("shapley_share_"): {str(lever): band(ds[name].sel(lever=lever).values)
+                                                  for lever in ds["lever"].values}
+            for name in shares
+        }
     return out
+
+
+def summarize(ds: xr.Dataset) -> dict:
+    """Medians and 5-95 % bands over samples.
+
+    ``{variants: {variant: {label: {median, p5, p95, units}}}, feasible_fraction, ratio, shapley_share}``, where
+    ``ratio`` is factory/baseline per sample (paired, on the same draws), or factory - baseline for the metrics in
+    :data:`DIFFERENCE` (marked ``"difference": true``). A sweep gives ``{"grid": [{"point": {...}, ...}, ...]}``.
+    """
+    dims = grid_dims(ds)
+    if not dims:
+        return _point_summary(ds)
+    stacked = ds.stack(__point__=dims)
+    points = []
+    for i in range(stacked.sizes["__point__"]):
+        sub = stacked.isel(__point__=i)
+        point = {d: _plain(sub[d].values) for d in dims}
+        points.append({"point": point, **_point_summary(sub.drop_vars(["__point__", *dims]))})
+    return {"grid_axes": dims, "grid": points}
+
+
+def _plain(value):
+    value = value.item() if hasattr(value, "item") else value
+    return value
 
 
 def _fmt(x: float) -> str:
@@ -75,28 +116,73 @@ def _cell(b: dict) -> str:
     return f"{_fmt(b['median'])} [{_fmt(b['p5'])}, {_fmt(b['p95'])}]"
 
 
-def format_table(ds: xr.Dataset) -> str:
+def _table(header: list, rows: list) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*header), fmt.format(*["-" * w for w in widths])] + [fmt.format(*r) for r in rows]
+
+
+def format_table(ds: xr.Dataset, max_points: int = 60) -> str:
     """A plain-text table; every cell is 'median [5 %, 95 %]' over Monte Carlo samples."""
     s = summarize(ds)
-    variants = list(s["variants"])
+    n = ds.sizes["sample"]
+    foot = [""]
+    if "grid" in s:
+        text = _grid_table(ds, s, max_points)
+    else:
+        text = _point_table(s)
+        if "shapley_share" in s:
+            text += ["", "Shapley share of the factory vs baseline change (log scale for throughput and cost):"]
+            metrics = list(s["shapley_share"])
+            levers = list(s["shapley_share"][metrics[0]])
+            text += _table(["lever"] + metrics, [[lever] + [_cell(s["shapley_share"][m][lever]) for m in metrics]
+                                                 for lever in levers])
+        feas = ", ".join(f"{v}: {100 * f:.0f} %" for v, f in s["feasible_fraction"].items()
+                         if v in ("baseline", "factory"))
+        foot.append(f"feasible recipes: {feas}.")
+    foot.append(f"{n} samples x {ds.attrs.get('requests_per_sample', '?')} requests; cells are median [5 %, 95 %] "
+                "over samples; every figure is modelled.")
+    if "ratio" in s or ("grid" in s and s["grid"] and "ratio" in s["grid"][0]):
+        foot.append("factory vs baseline: 'x' is the per-sample ratio factory/baseline, '+' the difference "
+                    "factory - baseline, both on identical requests and draws.")
+    return "\n".join(text + foot)
+
+
+def _point_table(s: dict) -> list[str]:
+    variants = [v for v in s["variants"] if v in ("baseline", "factory")] or list(s["variants"])
     header = ["metric (modelled)", "units"] + variants + (["factory vs baseline"] if "ratio" in s else [])
-    lines = []
+    rows = []
     for label, name, _ in ROWS:
         row = [label, REGISTRY[name].units] + [_cell(s["variants"][v][label]) for v in variants]
         if "ratio" in s:
             r = s["ratio"][label]
             row.append(("+ " if r["difference"] else "x ") + _cell(r))
-        lines.append(row)
-    widths = [max(len(str(r[i])) for r in [header] + lines) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    text = [fmt.format(*header), fmt.format(*["-" * w for w in widths])]
-    text += [fmt.format(*r) for r in lines]
-    feas = ", ".join(f"{v}: {100 * f:.0f} %" for v, f in s["feasible_fraction"].items())
-    n = ds.sizes["sample"]
-    text.append("")
-    text.append(f"{n} samples x {ds.attrs.get('requests_per_sample', '?')} requests; cells are median [5 %, 95 %] "
-                f"over samples; feasible recipes: {feas}.")
-    if "ratio" in s:
-        text.append("factory vs baseline: 'x' is the per-sample ratio factory/baseline, '+' the difference "
-                    "factory - baseline, both on identical requests and draws.")
-    return "\n".join(text)
+        rows.append(row)
+    return _table(header, rows)
+
+
+def _grid_table(ds: xr.Dataset, s: dict, max_points: int) -> list[str]:
+    dims = s["grid_axes"]
+    variant = "factory"
+    header = list(dims) + [c[0] for c in GRID_COLUMNS] + ["feasible"]
+    rows = []
+    for entry in s["grid"][:max_points]:
+        v = entry["variants"].get(variant) or next(iter(entry["variants"].values()))
+        rows.append([_fmt_coord(entry["point"][d]) for d in dims]
+                    + [_cell(v[_label(name, q)]) for _, name, q in GRID_COLUMNS]
+                    + [f"{100 * entry['feasible_fraction'].get(variant, next(iter(entry['feasible_fraction'].values()))):.0f} %"])
+    text = [f"variant: {variant}; one row per grid point"] + _table(header, rows)
+    if len(s["grid"]) > max_points:
+        text.append(f"... {len(s['grid']) - max_points} more grid points in the file")
+    return text
+
+
+def _label(name, q):
+    for label, n, qq in ROWS:
+        if n == name and qq == q:
+            return label
+    raise KeyError(name)
+
+
+def _fmt_coord(value) -> str:
+    return _fmt(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)

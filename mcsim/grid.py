@@ -1,0 +1,145 @@
+"""Grid axes for sweeps: from ``--grid`` options and the scenario's ``[sweep]`` table.
+
+An axis is a dotted scenario path and its values. Values may be listed or given as a range:
+
+``--grid speculative.draft_tokens=0,1,2,3``
+    a list (strings work too: ``--grid hardware.preset=h800,h200,b200``);
+``--grid cache.dram_gb_per_node=0:2048:5``
+    ``start:stop:num``, linearly spaced, both ends included;
+``--grid workload.rate_rps=10:1000:5:log``
+    log-spaced.
+
+In a scenario file::
+
+    [sweep]
+    "speculative.draft_tokens" = [0, 1, 2, 3]
+    "cache.dram_gb_per_node" = { start = 0, stop = 2048, num = 5 }
+    "workload.rate_rps" = { start = 10, stop = 1000, num = 5, log = true }
+    "hardware.preset" = ["h800", "h200"]
+
+Every value is validated like the scenario's own (type, range, choices, presets) before anything runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from dataclasses import dataclass
+
+import numpy as np
+
+from mcsim.scenario import Scenario, ScenarioError, field_for
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One grid axis: a dotted scenario path and its values (numbers or strings)."""
+
+    path: str
+    values: tuple
+
+
+def _number_or_string(text: str):
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _range(path: str, start, stop, num, log: bool, source: str) -> tuple:
+    try:
+        start, stop, num = float(start), float(stop), int(num)
+    except (TypeError, ValueError):
+        raise ScenarioError(source, path, "a range needs numbers start, stop and an integer num") from None
+    if num < 1:
+        raise ScenarioError(source, path, f"a range needs num >= 1, got {num}")
+    if log:
+        if start <= 0 or stop <= 0:
+            raise ScenarioError(source, path, "a log-spaced range needs start > 0 and stop > 0")
+        values = np.geomspace(start, stop, num)
+    else:
+        values = np.linspace(start, stop, num)
+    return tuple(float(v) for v in values)
+
+
+def parse_grid_option(text: str) -> Axis:
+    """Parse one ``--grid PATH=VALUES`` option."""
+    if "=" not in text:
+        raise ScenarioError("--grid", text, "expected PATH=V1,V2,... or PATH=START:STOP:NUM[:log]")
+    path, spec = (part.strip() for part in text.split("=", 1))
+    if not path or not spec:
+        raise ScenarioError("--grid", text, "expected PATH=V1,V2,... or PATH=START:STOP:NUM[:log]")
+    parts = spec.split(":")
+    if len(parts) in (3, 4) and "," not in spec:
+        if len(parts) == 4 and parts[3] not in ("log", "lin"):
+            raise ScenarioError("--grid", path, f"the fourth part of a range is 'log' or 'lin', got {parts[3]!r}")
+        return Axis(path, _range(path, *parts[:3], log=len(parts) == 4 and parts[3] == "log", source="--grid"))
+    return Axis(path, tuple(_number_or_string(v.strip()) for v in spec.split(",") if v.strip()))
+
+
+def axes_from_table(table: dict, source: str) -> list[Axis]:
+    """Axes of a ``[sweep]`` table (dotted keys, quoted or as nested tables)."""
+    axes = []
+
+    def walk(node: dict, prefix: str):
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else key
+            if isinstance(value, dict) and not {"start", "stop", "num"} & set(value):
+                walk(value, path)
+            elif isinstance(value, dict):
+                unknown = set(value) - {"start", "stop", "num", "log"}
+                if unknown:
+                    raise ScenarioError(source, f"sweep.{path}", f"unknown range key(s) {sorted(unknown)}; "
+                                        "expected start, stop, num and optionally log")
+                if not {"start", "stop", "num"} <= set(value):
+                    raise ScenarioError(source, f"sweep.{path}", "a range needs start, stop and num")
+                axes.append(Axis(path, _range(f"sweep.{path}", value["start"], value["stop"], value["num"],
+                                              bool(value.get("log", False)), source)))
+            elif isinstance(value, list):
+                axes.append(Axis(path, tuple(value)))
+            else:
+                raise ScenarioError(source, f"sweep.{path}", "expected a list of values or a range table "
+                                    "{ start, stop, num[, log] }")
+
+    walk(table, "")
+    return axes
+
+
+def validate_axes(scn: Scenario, axes: list[Axis]) -> list[Axis]:
+    """Check every axis path and value against the scenario schema; coerce numbers to the field's type.
+
+    A later axis on the same path replaces an earlier one (``--grid`` overrides ``[sweep]``).
+    """
+    by_path: dict[str, Axis] = {}
+    for axis in axes:
+        spec = field_for(axis.path)
+        if spec is None and not axis.path.endswith(".preset"):
+            scn.with_values({axis.path: axis.values[0] if axis.values else 0}, origin="--grid")  # raises, names it
+        if not axis.values:
+            raise ScenarioError(scn.source, axis.path, "a grid axis needs at least one value")
+        if spec is not None and spec.kind == "perreq":
+            raise ScenarioError(scn.source, axis.path, "a per-request distribution cannot be a grid axis; sweep "
+                                "its parameters through a class field or an uncertain parameter instead")
+        values = []
+        for v in axis.values:
+            if spec is not None and spec.kind == "int" and isinstance(v, float):
+                if not math.isfinite(v) or v != round(v):
+                    raise ScenarioError(scn.source, axis.path, f"expected integers on this axis, got {v!r}")
+                v = int(round(v))
+            scn.with_values({axis.path: v}, origin="--grid")
+            values.append(v)
+        if len(set(values)) != len(values):
+            raise ScenarioError(scn.source, axis.path, f"grid values repeat: {values}")
+        kinds = {isinstance(v, str) for v in values}
+        if len(kinds) > 1:
+            raise ScenarioError(scn.source, axis.path, "a grid axis mixes strings and numbers")
+        by_path[axis.path] = Axis(axis.path, tuple(values))
+    return list(by_path.values())
+
+
+def points(axes: list[Axis]) -> list[dict]:
+    """Every grid point as ``{path: value}``, in C order (the last axis varies fastest)."""
+    if not axes:
+        return [{}]
+    return [dict(zip([a.path for a in axes], combo)) for combo in itertools.product(*(a.values for a in axes))]

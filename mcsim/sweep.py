@@ -1,0 +1,331 @@
+"""Sweeps on Dask: (grid point x chunk of samples) tasks, parts saved as they finish, resumable.
+
+Every run — ``run``, ``compare``, ``sweep`` — goes through :func:`execute`. Tasks go to a ``dask.distributed``
+client: an in-process cluster of threads by default (the kernels release the GIL), a local cluster of processes
+with ``processes=True``, or an existing cluster by its address (that is how a study grows past one machine).
+
+Determinism: a task's result depends only on (scenario, grid point, sample indices, seed) — each sample's
+streams come from the seed and the sample index — so results are bit-identical whatever the chunking, worker
+count or scheduler. Grid points share sample streams (common random numbers): differences across the grid are
+caused by the parameter, not by noise.
+
+Nothing lost: with an output file, each finished task is written at once as a part file in ``<output>.parts/``
+(atomically), stamped with a fingerprint of the run. An interrupted run keeps its parts; ``resume=True`` checks
+them (a damaged or foreign part is recomputed, never merged) and runs only what is missing. The final file is
+assembled, written atomically, and then the parts are removed. The client holds one chunk's result at a time,
+so memory is bounded by the chunk, not by the grid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from mcsim import results
+from mcsim.grid import Axis, points
+from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
+
+PART_FORMAT = 1
+
+
+class SweepInterrupted(Exception):
+    """The run stopped before every task finished; its finished parts are kept."""
+
+    def __init__(self, done: int, total: int, parts_dir: Path | None):
+        where = f" in {parts_dir}" if parts_dir else ""
+        hint = "; run the same command again with --resume to finish it" if parts_dir else ""
+        super().__init__(f"interrupted: {done} of {total} tasks finished and saved{where}{hint}")
+        self.done, self.total, self.parts_dir = done, total, parts_dir
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a task needs; pickled once to the workers."""
+
+    scn: Scenario
+    variants: dict = field(hash=False)  # name -> overrides
+    axes: tuple = ()
+    samples: int = 1
+    requests: int = 1000
+    seed: int = 0
+    chunk_size: int = 1
+    ablate: bool = False
+
+    @property
+    def grid(self) -> list[dict]:
+        return points(list(self.axes))
+
+    @property
+    def chunks(self) -> list[np.ndarray]:
+        return [np.arange(i, min(i + self.chunk_size, self.samples)) for i in range(0, self.samples, self.chunk_size)]
+
+    @property
+    def saved_variants(self) -> tuple:
+        if self.ablate:
+            from mcsim.attribution import saved_variants
+
+            return saved_variants(self)
+        return tuple(self.variants)
+
+    def fingerprint(self) -> str:
+        """Identity of the run's results: parts from any other run are foreign."""
+        from mcsim import __version__
+
+        spec = {
+            "format": PART_FORMAT, "version": __version__, "scenario": self.scn.text,
+            "overrides": list(self.scn.overrides), "variants": self.variants,
+            "axes": [[a.path, list(a.values)] for a in self.axes], "samples": self.samples,
+            "requests": self.requests, "seed": self.seed, "chunk_size": self.chunk_size,
+            "sampling": self.scn["mc.sampling"], "ablate": self.ablate,
+        }
+        return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
+    """Rows of one (grid point, chunk of samples): variant -> metric -> value per sample."""
+    from mcsim.engine import simulate_sample
+
+    scn = plan.scn
+    overrides = plan.grid[point]
+    point_scn = scn.with_values(overrides, origin="--grid") if overrides else scn
+    indices = plan.chunks[chunk]
+    # Draws come from the unswept scenario, so every grid point sees the same uncertain values.
+    draws = draw_uncertain(scn, indices, plan.seed, n_samples=plan.samples)
+    rows = []
+    for j, sample in enumerate(indices):
+        row = simulate_sample(point_scn, plan.variants, int(sample), plan.seed, plan.requests,
+                              {k: float(v[j]) for k, v in draws.items()})
+        if plan.ablate:
+            from mcsim.attribution import reduce_row
+
+            row = reduce_row(plan, row)
+        rows.append(row)
+    return rows
+
+
+def _part_dataset(plan: Plan, point: int, chunk: int, rows: list[dict], fingerprint: str) -> xr.Dataset:
+    ds = results.build_dataset(rows, plan.saved_variants, {}, {"fingerprint": fingerprint, "point": point,
+                               "chunk": chunk, "part_format": PART_FORMAT}, samples=plan.chunks[chunk])
+    return ds
+
+
+def _part_path(parts_dir: Path, point: int, chunk: int) -> Path:
+    return parts_dir / f"point{point:06d}-chunk{chunk:06d}.nc"
+
+
+def _read_part(path: Path, plan: Plan, point: int, chunk: int, fingerprint: str) -> xr.Dataset | None:
+    """The part if it is whole and belongs to this run; None otherwise."""
+    try:
+        with xr.open_dataset(path, engine="netcdf4") as ds:
+            ds = ds.load()
+    except Exception:  # damaged: any failure to read it means recompute
+        return None
+    ok = (ds.attrs.get("fingerprint") == fingerprint and int(ds.attrs.get("point", -1)) == point
+          and int(ds.attrs.get("chunk", -1)) == chunk
+          and np.array_equal(ds["sample"].values, plan.chunks[chunk]))
+    return ds if ok else None
+
+
+def _client(workers: int, processes: bool, scheduler: str | None):
+    from dask.distributed import Client, LocalCluster
+
+    if scheduler:
+        return Client(scheduler), None
+    if processes:
+        # Compiled kernels are loaded from the on-disk cache the parent has just written (see _warm_up), so the
+        # workers do not race to compile.
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                               silence_logs=logging.ERROR)
+    else:
+        cluster = LocalCluster(n_workers=1, threads_per_worker=workers, processes=False, dashboard_address=None,
+                               silence_logs=logging.ERROR)
+    return Client(cluster, set_as_default=False), cluster
+
+
+def _warm_up(plan: Plan):
+    """Compile (or load) every kernel in this process before any worker needs them; fail fast on bad input."""
+    point = plan.grid[0]
+    scn = plan.scn.with_values(point, origin="--grid") if point else plan.scn
+    variants = dict(list(plan.variants.items())[:2])
+    run_task(Plan(scn, variants, (), 1, min(plan.requests, 400), plan.seed, 1, False), 0, 0)
+
+
+def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
+    per_point = []
+    for point in range(len(plan.grid)):
+        chunks = [parts[(point, c)] for c in range(len(plan.chunks))]
+        ds = xr.concat(chunks, dim="sample", data_vars="minimal", coords="minimal", compat="override",
+                       combine_attrs="override") if len(chunks) > 1 else chunks[0].copy()
+        ds.attrs = {}
+        per_point.append(ds)
+    paths = [a.path for a in plan.axes]
+    if not paths:
+        out = per_point[0]
+    else:
+        stacked = xr.concat(per_point, dim="__point__", data_vars="all", coords="minimal", compat="override",
+                            combine_attrs="override")
+        grid = plan.grid
+        if len(paths) == 1:
+            out = stacked.rename({"__point__": paths[0]}).assign_coords({paths[0]: [g[paths[0]] for g in grid]})
+        else:
+            stacked = stacked.assign_coords({p: ("__point__", [g[p] for g in grid]) for p in paths})
+            out = stacked.set_index(__point__=paths).unstack("__point__")
+            out = out.reindex({a.path: list(a.values) for a in plan.axes})  # unstack sorts; keep the user's order
+        out = out.transpose(*paths, ...)
+        for axis in plan.axes:
+            out[axis.path].attrs.update({"long_name": f"grid axis {axis.path}", "role": "grid"})
+    swept = set(paths)
+    draws = draw_uncertain(plan.scn, np.arange(plan.samples), plan.seed, n_samples=plan.samples)
+    for path, values in draws.items():
+        if path in swept:
+            continue
+        out[path] = (("sample",), np.asarray(values, dtype=float),
+                     {"role": "input", "long_name": f"uncertain input {path}",
+                      "description": "drawn once per Monte Carlo sample"})
+    for name in results.REGISTRY:
+        out[name].attrs = results.attrs_for(name)
+    out.attrs = attrs
+    return out
+
+
+def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = False, workers: int | None = None,
+            processes: bool = False, scheduler: str | None = None, progress: bool = False,
+            command: str | None = None) -> xr.Dataset:
+    """Run every (grid point, chunk) task of ``plan`` and return the assembled Dataset.
+
+    Parameters
+    ----------
+    plan : Plan
+    output : path, optional
+        Final NetCDF file. With it, finished tasks are saved in ``<output>.parts/`` as they complete.
+    resume : bool
+        Reuse the valid parts of an interrupted run of the same plan.
+    force : bool
+        Overwrite an existing output and discard leftover parts.
+    workers : int, optional
+        Threads (or processes) on this machine; default: its cores.
+    processes : bool
+        A local cluster of processes instead of threads.
+    scheduler : str, optional
+        Address of an existing ``dask.distributed`` scheduler.
+
+    Raises
+    ------
+    SweepInterrupted
+        On Ctrl-C; finished parts are kept.
+    """
+    workers = int(workers or os.cpu_count() or 1)
+    fingerprint = plan.fingerprint()
+    tasks = [(p, c) for p in range(len(plan.grid)) for c in range(len(plan.chunks))]
+    parts: dict = {}
+    parts_dir = None
+    reused = recomputed = 0
+    if output is not None:
+        output = Path(output)
+        if output.exists() and not force:
+            raise FileExistsError(f"{output} exists; use --force to overwrite it")
+        parts_dir = output.with_name(output.name + ".parts")
+        if parts_dir.exists():
+            if resume:
+                for p, c in tasks:
+                    path = _part_path(parts_dir, p, c)
+                    if not path.exists():
+                        continue
+                    part = _read_part(path, plan, p, c, fingerprint)
+                    if part is None:
+                        path.unlink()
+                        recomputed += 1
+                    else:
+                        parts[(p, c)] = part
+                        reused += 1
+                for leftover in parts_dir.glob(".*.tmp"):
+                    leftover.unlink()
+            elif force:
+                shutil.rmtree(parts_dir)
+            else:
+                raise FileExistsError(f"{parts_dir} holds parts of an interrupted run; use --resume to finish it "
+                                      "or --force to start again")
+        parts_dir.mkdir(parents=True, exist_ok=True)
+    todo = [t for t in tasks if t not in parts]
+    if todo:
+        _warm_up(plan)
+        _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress, len(tasks))
+    attrs = results.provenance(plan.scn, plan.seed, plan.samples, plan.requests, command, {
+        "variants": " ".join(plan.saved_variants),
+        "grid_axes": " ".join(a.path for a in plan.axes),
+        "chunk_size": plan.chunk_size,
+        "fingerprint": fingerprint,
+        "parts_reused": reused,
+        "parts_recomputed": recomputed,
+    })
+    ds = _assemble(plan, parts, attrs)
+    if output is not None:
+        results.write_netcdf(ds, output, force=force)
+        shutil.rmtree(parts_dir, ignore_errors=True)
+    return ds
+
+
+def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress, total):
+    from dask.distributed import as_completed
+
+    client, cluster = _client(workers, processes, scheduler)
+    bar = None
+    futures = []
+    try:
+        plan_future = client.scatter(plan, broadcast=True, hash=False)
+        futures = [client.submit(run_task, plan_future, p, c, pure=False, retries=2,
+                                 key=f"mcsim-{fingerprint[:12]}-{p}-{c}") for p, c in todo]
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, initial=total - len(todo), unit="task", desc="mcsim", delay=2.0, leave=False)
+        for future in as_completed(futures, loop=client.loop):
+            p, c = (int(x) for x in future.key.rsplit("-", 2)[1:])
+            part = _part_dataset(plan, p, c, future.result(), fingerprint)
+            if parts_dir is not None:
+                results.write_netcdf(part, _part_path(parts_dir, p, c), force=True)
+            parts[(p, c)] = part
+            future.release()
+            if bar is not None:
+                bar.update(1)
+    except KeyboardInterrupt:
+        for f in futures:
+            f.cancel()
+        raise SweepInterrupted(total - len(todo) + sum(1 for t in todo if t in parts), total, parts_dir) from None
+    finally:
+        if bar is not None:
+            bar.close()
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, seed=None, chunk_size=None,
+              workers=None, ablate=False) -> Plan:
+    """A :class:`Plan` with the scenario's ``[mc]`` defaults; ``chunk_size`` defaults to about four tasks per
+    worker per grid point (at most 64 samples a task)."""
+    from mcsim.engine import variant_specs
+
+    samples = int(samples or scn["mc.samples"])
+    requests = int(requests or scn["mc.requests"])
+    seed = int(scn["mc.seed"] if seed is None else seed)
+    workers = int(workers or os.cpu_count() or 1)
+    if chunk_size is None:
+        chunk_size = int(min(64, max(1, -(-samples // (4 * workers)))))
+    specs = variant_specs(scn, variants)
+    if ablate:
+        from mcsim.attribution import ablation_variants
+
+        specs = ablation_variants(scn)
+    for axis in axes:
+        if not isinstance(axis, Axis):
+            raise ScenarioError(scn.source, str(axis), "not a grid axis")
+    return Plan(scn, specs, tuple(axes), samples, requests, seed, int(chunk_size), bool(ablate))
