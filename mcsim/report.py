@@ -1,0 +1,734 @@
+"""The report of a result Dataset: quantile tables, sensitivity to the uncertain inputs, figures, a Markdown summary.
+
+:func:`write_report` is what ``mcsim report RESULTS.nc -o DIR`` calls; notebooks can call it too. It reads any result
+Dataset mcsim writes: zero or more grid axes (dimension and coordinate named by a dotted scenario path), an optional
+``variant`` dim, the ``sample`` dim, vector metrics over ``tier`` or ``quantile``, uncertain inputs (``role =
+"input"``, dims ``("sample",)``) and, for ablations, ``shapley_<metric>`` variables over a ``lever`` dim.
+
+Files written into the output folder:
+
+- ``quantiles.csv`` / ``quantiles.json`` — 5/25/50/75/95 % quantiles over samples per metric, grid point and variant;
+- ``sensitivity.csv`` — Spearman, PRCC (with a bootstrap interval at the plotted point) and first-order Sobol
+  indices of the headline outputs for every uncertain input, per grid point and variant;
+- ``dist_<metric>.png``, ``tornado_<metric>.png``, ``heatmap_<metric>.png`` (two or more grid axes),
+  ``waterfall_<metric>.png`` (baseline vs factory);
+- ``summary.md`` — run description, headline table, top sensitivities, the figures.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from mcsim import sensitivity
+from mcsim.results import MODEL_STATEMENT
+from mcsim.variables import HEADLINE, REGISTRY
+
+#: Quantiles over Monte Carlo samples written to quantiles.csv.
+LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
+#: Per-request quantiles reported for latency metrics that carry a ``quantile`` dim.
+REQUEST_QUANTILES = (0.5, 0.99)
+#: Outputs whose sensitivity to the uncertain inputs is reported (those present).
+SENSITIVITY_OUTPUTS = ("gross_margin", "cost_usd_per_mtok", "decode_tok_s_per_gpu", "ttft_s", "tpot_s")
+#: Metrics of the baseline -> factory waterfall when the run has no Shapley variables.
+WATERFALL_METRICS = ("cost_usd_per_mtok", "gross_margin", "decode_tok_s_per_gpu")
+#: Metrics drawn as heatmaps over the first two grid axes (those present).
+HEATMAP_METRICS = ("gross_margin", "cost_usd_per_mtok")
+#: Dims that are never grid axes.
+FIXED_DIMS = ("variant", "sample", "tier", "quantile", "lever")
+MAX_TABLE_ROWS = 30
+MAX_GROUPS = 12
+MAX_TORNADO_BARS = 12
+BOOTSTRAP = 200
+DPI = 110
+
+
+@dataclass(frozen=True)
+class Series:
+    """One reported quantity: a variable, possibly at one coordinate of its own extra dims."""
+
+    label: str
+    name: str
+    select: tuple = ()  # ((dim, value), ...)
+
+
+def write_report(results, out_dir, metrics=None) -> Path:
+    """Write the report of a result Dataset into ``out_dir``.
+
+    Parameters
+    ----------
+    results : str, os.PathLike or xarray.Dataset
+        A result file (NetCDF, as ``mcsim run`` / ``compare`` write it) or the Dataset itself.
+    out_dir : str or os.PathLike
+        Folder for the report; created if needed. Files of an earlier report there are replaced.
+    metrics : sequence of str, optional
+        Variables to report instead of the headline ones (quantiles, distributions and sensitivity). A variable
+        with a ``quantile`` dim is reported at the per-request quantiles 0.5 and 0.99.
+
+    Returns
+    -------
+    pathlib.Path
+        Path of ``summary.md``.
+
+    Examples
+    --------
+    >>> ds = mcsim.compare("scenarios/factory.toml", samples=64)  # doctest: +SKIP
+    >>> write_report(ds, "outputs/factory-report")  # doctest: +SKIP
+    PosixPath('outputs/factory-report/summary.md')
+    """
+    ds = _load(results)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    layout = _Layout(ds)
+    if metrics is None:
+        quantity_names = [n for n in HEADLINE if n in ds] + [n for n in ("ttft_s", "tpot_s") if n in ds]
+        sensitivity_names = [n for n in SENSITIVITY_OUTPUTS if n in ds]
+    else:
+        missing = [m for m in metrics if m not in ds or "sample" not in ds[m].dims]
+        if missing:
+            known = sorted(n for n, v in ds.data_vars.items() if "sample" in v.dims)
+            raise ValueError(f"not metrics of this result: {missing}; available: {', '.join(known)}")
+        quantity_names = sensitivity_names = list(dict.fromkeys(metrics))
+    quantities = _series(ds, quantity_names)
+    outputs = _series(ds, sensitivity_names)
+
+    quantile_rows = _quantile_rows(ds, layout, quantities)
+    _write_csv(out / "quantiles.csv", quantile_rows)
+    (out / "quantiles.json").write_text(json.dumps(_strict({
+        "scenario_name": ds.attrs.get("scenario_name", ""), "statement": MODEL_STATEMENT,
+        "quantile_levels": list(LEVELS), "grid_axes": layout.axes, "rows": quantile_rows}), indent=1,
+        allow_nan=False))
+    sens_rows, focus_sens = _sensitivity_rows(ds, layout, outputs)
+    _write_csv(out / "sensitivity.csv", sens_rows, header=_sensitivity_header(layout))
+
+    figures = _draw_figures(ds, layout, quantities, outputs, focus_sens, out)
+    path = out / "summary.md"
+    path.write_text(_summary(ds, layout, quantities, quantile_rows, outputs, focus_sens, figures))
+    return path
+
+
+# -- reading the Dataset -----------------------------------------------------------------------------------------
+
+
+def _load(results) -> xr.Dataset:
+    if isinstance(results, xr.Dataset):
+        ds = results
+    else:
+        with xr.open_dataset(results) as opened:
+            ds = opened.load()
+    if "sample" not in ds.dims:
+        raise ValueError("not an mcsim result: no 'sample' dimension")
+    return ds
+
+
+class _Layout:
+    """Grid axes, variants, the points (grid x variant) and the point the figures show."""
+
+    def __init__(self, ds: xr.Dataset):
+        reference = next((ds[n] for n in HEADLINE if n in ds),
+                         next(v for v in ds.data_vars.values() if "sample" in v.dims))
+        self.axes = [str(d) for d in reference.dims if d not in FIXED_DIMS]
+        self.variants = [str(v) for v in ds["variant"].values] if "variant" in ds.dims else []
+        self.dims = self.axes + (["variant"] if self.variants else [])
+        self.coords = {d: [_plain(v) for v in ds[d].values] for d in self.dims}
+        self.shape = tuple(len(self.coords[d]) for d in self.dims)
+        self.points = list(np.ndindex(*self.shape))
+        focus_variant = ("factory" if "factory" in self.variants else self.variants[0]) if self.variants else None
+        self.focus = tuple([0] * len(self.axes) + ([self.variants.index(focus_variant)] if self.variants else []))
+        self.samples = ds.sizes["sample"]
+
+    def values(self, index) -> dict:
+        return {d: self.coords[d][i] for d, i in zip(self.dims, index)}
+
+    def name(self, index) -> str:
+        parts = [f"{d}={_text(v)}" for d, v in self.values(index).items() if d != "variant"]
+        if self.variants:
+            parts.append(self.coords["variant"][index[-1]])
+        return ", ".join(parts) or "all samples"
+
+    def focus_note(self) -> str:
+        if len(self.points) == 1:
+            return ""
+        return f"shown at {self.name(self.focus)}"
+
+
+def _series(ds: xr.Dataset, names) -> list[Series]:
+    out = []
+    for name in names:
+        extra = [d for d in ds[name].dims if d in ("tier", "quantile", "lever")]
+        if not extra:
+            out.append(Series(name, name))
+            continue
+        choices = []
+        for d in extra:
+            values = [_plain(v) for v in ds[d].values]
+            if d == "quantile":
+                values = [q for q in values if any(math.isclose(q, r) for r in REQUEST_QUANTILES)] or values
+            choices.append([(d, v) for v in values])
+        for combo in itertools.product(*choices):
+            tags = [f"p{100 * v:g}" if d == "quantile" else str(v) for d, v in combo]
+            out.append(Series(" ".join([name, *tags]), name, tuple(combo)))
+    return out
+
+
+def _array(ds: xr.Dataset, layout: _Layout, dims: list, name: str, select=()) -> np.ndarray:
+    """``ds[name]`` as floats with dims (*dims, sample), broadcast over the dims it lacks."""
+    da = ds[name]
+    if select:
+        da = da.sel(dict(select))
+    missing = {d: ds[d].values for d in dims if d not in da.dims}
+    if missing:
+        da = da.expand_dims(missing)
+    return np.asarray(da.transpose(*dims, "sample").values, dtype=float)
+
+
+def _inputs(ds: xr.Dataset, layout: _Layout) -> list[str]:
+    allowed = set(layout.dims) | {"sample"}
+    return [str(n) for n, v in ds.data_vars.items()
+            if v.attrs.get("role") == "input" and "sample" in v.dims and set(v.dims) <= allowed
+            and v.dtype.kind in "fiub"]
+
+
+def _meta(ds: xr.Dataset, name: str) -> tuple[str, str]:
+    attrs = ds[name].attrs if name in ds else {}
+    registered = REGISTRY.get(name)
+    long_name = attrs.get("long_name") or (registered.long_name if registered else name)
+    units = attrs.get("units") or (registered.units if registered else "")
+    return str(long_name), str(units)
+
+
+def _axis_label(ds: xr.Dataset, series: Series) -> str:
+    long_name, units = _meta(ds, series.name)
+    units = "dimensionless" if units in ("1", "") else units
+    return f"{long_name} ({units})"
+
+
+# -- tables ------------------------------------------------------------------------------------------------------
+
+
+def quantiles(values: np.ndarray, levels=LEVELS) -> np.ndarray:
+    """Linear-interpolation quantiles (as ``numpy.quantile``) of the non-NaN values; +-inf are kept as values.
+
+    ``numpy.quantile`` gives NaN when it interpolates next to an infinity (inf - inf); here a quantile that falls
+    on or next to an infinite value is that infinity (an infinite payback is the worst value, not a missing one).
+    """
+    v = np.sort(np.asarray(values, dtype=float).ravel())
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return np.full(len(levels), np.nan)
+    if np.all(np.isfinite(v)):
+        return np.quantile(v, levels)
+    out = []
+    for q in levels:
+        h = (v.size - 1) * q
+        lo = math.floor(h)
+        hi = min(lo + 1, v.size - 1)
+        frac = h - lo
+        if frac == 0 or v[lo] == v[hi] or np.isinf(v[lo]):
+            out.append(v[lo])
+        elif np.isinf(v[hi]):
+            out.append(v[hi])
+        else:
+            out.append(v[lo] + frac * (v[hi] - v[lo]))
+    return np.array(out)
+
+
+def _quantile_rows(ds, layout: _Layout, quantities: list[Series]) -> list[dict]:
+    rows = []
+    for s in quantities:
+        data = _array(ds, layout, layout.dims, s.name, s.select)
+        units = _meta(ds, s.name)[1]
+        request_q = dict(s.select).get("quantile", "")
+        for index in layout.points:
+            v = data[index]
+            finite_or_inf = v[~np.isnan(v)]
+            row = {**layout.values(index), "metric": s.label, "variable": s.name, "request_quantile": request_q,
+                   "selection": " ".join(f"{d}={_text(v)}" for d, v in s.select), "units": units, "samples": int(finite_or_inf.size), "nan_samples": int(v.size - finite_or_inf.size),
+                   "mean": float(np.mean(finite_or_inf)) if finite_or_inf.size else math.nan}
+            for level, q in zip(LEVELS, quantiles(v)):
+                row[f"p{100 * level:g}"] = float(q)
+            rows.append(row)
+    return rows
+
+
+def _sensitivity_header(layout: _Layout) -> list[str]:
+    return [*layout.dims, "output", "input", "samples", "spearman", "prcc", "prcc_low", "prcc_high",
+            "sobol_first_order", "note"]
+
+
+def _sensitivity_rows(ds, layout: _Layout, outputs: list[Series]):
+    """Rows of sensitivity.csv, and {output label: per-input results} at the focus point (for figures)."""
+    inputs = _inputs(ds, layout)
+    rows, focus = [], {}
+    if not inputs:
+        return rows, focus
+    X_all = np.stack([_array(ds, layout, layout.dims, n) for n in inputs], axis=-1)  # (*point, sample, input)
+    try:  # the run's seed, so the bootstrap intervals of a result are reproducible
+        seed = abs(int(ds.attrs.get("seed", 0)))
+    except (TypeError, ValueError):
+        seed = 0
+    for s in outputs:
+        y_all = _array(ds, layout, layout.dims, s.name, s.select)
+        for index in layout.points:
+            X, y = X_all[index], y_all[index]
+            complete = int(np.sum(np.isfinite(y) & np.all(np.isfinite(X), axis=1)))
+            rho, why_rho = sensitivity.spearman(X, y, return_reasons=True)
+            pr, why_pr = sensitivity.prcc(X, y, return_reasons=True)
+            sobol, why_sobol = sensitivity.first_order_sobol(X, y, return_reasons=True)
+            low = high = np.full(len(inputs), np.nan)
+            if index == layout.focus and np.any(np.isfinite(pr)):
+                low, high = sensitivity.prcc_bootstrap(X, y, n_boot=BOOTSTRAP, level=0.90, seed=seed)
+            for j, name in enumerate(inputs):
+                notes = [f"{kind}: {why[j]}" for kind, why in
+                         (("spearman", why_rho), ("prcc", why_pr), ("sobol", why_sobol)) if why[j]]
+                rows.append({**layout.values(index), "output": s.label, "input": name, "samples": complete,
+                             "spearman": rho[j], "prcc": pr[j], "prcc_low": low[j], "prcc_high": high[j],
+                             "sobol_first_order": sobol[j], "note": "; ".join(dict.fromkeys(notes))})
+            if index == layout.focus:
+                focus[s.label] = {"inputs": inputs, "spearman": rho, "prcc": pr, "low": low, "high": high,
+                                  "sobol": sobol, "samples": complete, "why_prcc": why_pr}
+    return rows, focus
+
+
+def _write_csv(path: Path, rows: list[dict], header=None) -> None:
+    header = header or (list(rows[0]) if rows else [])
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _csv_value(v) for k, v in row.items()})
+
+
+def _csv_value(v):
+    if isinstance(v, float):
+        return "" if math.isnan(v) else repr(float(v))
+    return v
+
+
+def _strict(obj):
+    """Strict JSON: a non-finite number becomes null."""
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_strict(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _plain(v):
+    """A coordinate value as a plain Python scalar (str, int or float)."""
+    v = v.item() if hasattr(v, "item") else v
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _text(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _fmt(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x != 0 and (abs(x) >= 1e6 or abs(x) < 1e-3):
+        return f"{x:.3g}"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
+
+
+# -- figures -----------------------------------------------------------------------------------------------------
+
+
+def _figure(width: float, height: float):
+    # A bare Figure on an Agg canvas: no pyplot, so the caller's backend and global figure state stay untouched.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: Path) -> str:
+    fig.savefig(path, dpi=DPI)
+    return path.name
+
+
+def _draw_figures(ds, layout, quantities, outputs, focus_sens, out: Path) -> dict:
+    figures = {"distributions": [], "tornado": [], "heatmap": [], "waterfall": []}
+    for s in quantities:
+        figures["distributions"].append(_distribution(ds, layout, s, out))
+    for s in outputs:
+        if s.label in focus_sens:
+            name = _tornado(ds, layout, s, focus_sens[s.label], out)
+            if name:
+                figures["tornado"].append(name)
+    if len(layout.axes) >= 2:
+        labels = {s.label: s for s in quantities}
+        chosen = [labels[m] for m in HEATMAP_METRICS if m in labels] or quantities[:1]
+        figures["heatmap"] = [_heatmap(ds, layout, s, out) for s in chosen]
+    if {"baseline", "factory"} <= set(layout.variants):
+        figures["waterfall"] = _waterfalls(ds, layout, out)
+    return figures
+
+
+def _title(ax, head: str, notes: list[str], width: int = 90) -> None:
+    """A bold-ish headline and notes wrapped to the figure's width, so nothing is cut off."""
+    body = textwrap.fill("; ".join(n for n in notes if n), width=width)
+    ax.set_title(head + ("\n" + body if body else ""), fontsize=9)
+
+
+def _fixed_axes_note(layout: _Layout, shown: list[str]) -> str:
+    fixed = [f"{d}={_text(layout.coords[d][0])}" for d in layout.axes if d not in shown]
+    return f"{'other ' if shown else ''}grid axes at {', '.join(fixed)}" if fixed else ""
+
+
+def _distribution(ds, layout: _Layout, s: Series, out: Path) -> str:
+    from matplotlib.patches import Patch
+
+    data = _array(ds, layout, layout.dims, s.name, s.select)
+    axis = layout.axes[0] if layout.axes else None
+    groups = layout.coords[axis][:MAX_GROUPS] if axis else [None]
+    variants = layout.variants or [None]
+    colors = [f"C{i}" for i in range(len(variants))]
+    # With a grid axis the variants sit side by side within each grid value; without one, each variant is a group.
+    width = 0.8 / len(variants) if axis else 0.6
+    boxes, positions, box_colors, hidden = [], [], [], 0
+    for g in range(len(groups)):
+        for v in range(len(variants)):
+            index = tuple([g] + [0] * (len(layout.axes) - 1) if axis else []) + ((v,) if layout.variants else ())
+            values = data[index]
+            finite = values[np.isfinite(values)]
+            hidden += values.size - finite.size
+            if finite.size:
+                boxes.append(finite)
+                positions.append(g + (v - (len(variants) - 1) / 2) * width if axis else v)
+                box_colors.append(colors[v])
+    fig = _figure(max(5.5, 1.0 + 0.55 * len(groups) * len(variants)), 4.4)
+    ax = fig.add_subplot()
+    if boxes:
+        parts = ax.boxplot(boxes, positions=positions, widths=width * 0.8, whis=(5, 95), showfliers=False,
+                           patch_artist=True, manage_ticks=False)
+        for patch, color in zip(parts["boxes"], box_colors):
+            patch.set_facecolor(color)
+            patch.set_alpha(0.55)
+        for median in parts["medians"]:
+            median.set_color("black")
+        everything = np.concatenate(boxes)
+        if everything.min() > 0 and everything.max() / everything.min() > 50:
+            ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center")
+    ax.set_xticks(range(len(groups) if axis else len(variants)))
+    ax.set_xticklabels([_text(g) for g in groups] if axis else [v or "" for v in variants])
+    if axis:
+        ax.set_xlabel(axis + (f" (first {MAX_GROUPS} values)" if len(layout.coords[axis]) > MAX_GROUPS else ""))
+    elif layout.variants:
+        ax.set_xlabel("variant")
+    ax.set_ylabel(_axis_label(ds, s))
+    if axis and layout.variants:
+        ax.legend(handles=[Patch(facecolor=c, alpha=0.55, label=v) for c, v in zip(colors, variants)],
+                  title="variant", fontsize=8, loc="best")
+    notes = [f"{layout.samples} Monte Carlo samples; box 25-75 %, line median, whiskers 5-95 %"]
+    if hidden:
+        notes.append(f"{hidden} non-finite values not drawn")
+    fixed = _fixed_axes_note(layout, layout.axes[:1])
+    if fixed:
+        notes.append(fixed)
+    _title(ax, f"{_meta(ds, s.name)[0]} [{s.label}] (modelled)", notes, width=int(fig.get_figwidth() * 13))
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, out / f"dist_{_slug(s.label)}.png")
+
+
+def _tornado(ds, layout: _Layout, s: Series, result: dict, out: Path) -> str | None:
+    values, kind = result["prcc"], "PRCC (partial rank correlation)"
+    low, high = result["low"], result["high"]
+    if not np.any(np.isfinite(values)):
+        values, kind = result["spearman"], "Spearman rank correlation"
+        low = high = np.full(values.shape, np.nan)
+    defined = np.flatnonzero(np.isfinite(values))
+    if defined.size == 0:
+        return None
+    order = defined[np.argsort(-np.abs(values[defined]), kind="stable")][:MAX_TORNADO_BARS][::-1]
+    names = [result["inputs"][j] for j in order]
+    fig = _figure(7.5, max(3.2, 1.6 + 0.36 * len(order)))
+    ax = fig.add_subplot()
+    y = np.arange(len(order))
+    colors = ["C3" if values[j] < 0 else "C0" for j in order]
+    ax.barh(y, values[order], color=colors, alpha=0.8)
+    has_ci = np.isfinite(low[order]) & np.isfinite(high[order])
+    if np.any(has_ci):
+        lo, hi, mid = low[order][has_ci], high[order][has_ci], values[order][has_ci]
+        ax.errorbar(mid, y[has_ci], xerr=[np.maximum(mid - lo, 0), np.maximum(hi - mid, 0)], fmt="none",
+                    ecolor="black", capsize=3, lw=1, label="90 % bootstrap interval")
+        ax.legend(fontsize=8, loc="lower right")
+    for yi, j in zip(y, order):
+        sobol = result["sobol"][j]
+        if np.isfinite(sobol):
+            ax.text(1.02, yi, f"S1={sobol:.2f}", va="center", fontsize=8, transform=ax.get_yaxis_transform())
+    ax.set_yticks(y)
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_xlim(-1, 1)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel(f"{kind} with {s.label} (dimensionless, -1 to 1)")
+    where = layout.focus_note()
+    _title(ax, f"What drives {_meta(ds, s.name)[0]} [{s.label}] (modelled)",
+           [f"{result['samples']} samples", where, "blue raises it, red lowers it",
+            "S1 = first-order Sobol index" if np.any(np.isfinite(result["sobol"])) else ""], width=95)
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, out / f"tornado_{_slug(s.label)}.png")
+
+
+def _heatmap(ds, layout: _Layout, s: Series, out: Path) -> str:
+    data = _array(ds, layout, layout.dims, s.name, s.select)
+    a, b = layout.axes[0], layout.axes[1]
+    index = (slice(None), slice(None)) + (0,) * (len(layout.axes) - 2) + \
+        ((layout.focus[-1],) if layout.variants else ())
+    block = data[index]  # (a, b, sample)
+    medians = np.array([[quantiles(block[i, j], [0.5])[0] for j in range(block.shape[1])]
+                        for i in range(block.shape[0])])
+    fig = _figure(max(5.0, 1.8 + 0.9 * medians.shape[1]), max(3.5, 1.6 + 0.5 * medians.shape[0]))
+    ax = fig.add_subplot()
+    shown = np.where(np.isfinite(medians), medians, np.nan)
+    image = ax.imshow(shown, aspect="auto", cmap="viridis", origin="lower")
+    fig.colorbar(image, ax=ax, label="median " + _axis_label(ds, s))
+    span = (np.nanmin(shown), np.nanmax(shown)) if np.any(np.isfinite(shown)) else (0.0, 1.0)
+    for i, j in np.ndindex(medians.shape):
+        light = np.isfinite(shown[i, j]) and span[1] > span[0] and (shown[i, j] - span[0]) / (span[1] - span[0]) > 0.6
+        ax.text(j, i, _fmt(float(medians[i, j])), ha="center", va="center", fontsize=8,
+                color="black" if light else "white")
+    ax.set_xticks(range(medians.shape[1]))
+    ax.set_xticklabels([_text(v) for v in layout.coords[b]], rotation=30 if medians.shape[1] > 6 else 0)
+    ax.set_yticks(range(medians.shape[0]))
+    ax.set_yticklabels([_text(v) for v in layout.coords[a]])
+    ax.set_xlabel(b)
+    ax.set_ylabel(a)
+    notes = [f"median over {layout.samples} samples"]
+    if layout.variants:
+        notes.append(f"variant {layout.variants[layout.focus[-1]]}")
+    fixed = _fixed_axes_note(layout, [a, b])
+    if fixed:
+        notes.append(fixed)
+    _title(ax, f"{_meta(ds, s.name)[0]} [{s.label}] (modelled)", notes, width=int(fig.get_figwidth() * 13))
+    return _save(fig, out / f"heatmap_{_slug(s.label)}.png")
+
+
+def _waterfalls(ds, layout: _Layout, out: Path) -> list[str]:
+    shapley = [n[len("shapley_"):] for n in ds.data_vars if n.startswith("shapley_") and "lever" in ds[n].dims
+               and n[len("shapley_"):] in ds]
+    names = []
+    for metric in shapley or [m for m in WATERFALL_METRICS if m in ds]:
+        start, steps, end, how = waterfall_steps(ds, metric)
+        names.append(_waterfall(ds, layout, Series(metric, metric), start, end, steps, how, out))
+    return names
+
+
+def waterfall_steps(ds: xr.Dataset, metric: str) -> tuple[float, list, float, str]:
+    """Baseline -> factory steps of ``metric`` at the first grid point.
+
+    Uses, in this order, the ``shapley_<metric>`` variable (median Shapley contribution of each lever), the
+    ``without:<lever>`` variants (median over samples of factory - without:lever), the ``only:<lever>`` variants
+    (median of only:lever - baseline), or nothing (no steps).
+
+    Returns
+    -------
+    start : float
+        Median of the baseline.
+    steps : list of (lever, float)
+        Contribution of each lever.
+    end : float
+        Median of the factory.
+    how : str
+        How the steps were obtained, for the figure.
+    """
+    layout = _Layout(ds)
+    variants = layout.variants
+    grid0 = tuple([0] * len(layout.axes))
+    data = _array(ds, layout, layout.dims, metric)
+    base, fact = (data[grid0 + (variants.index(v),)] for v in ("baseline", "factory"))
+    steps, how = [], "no lever breakdown in this run"
+    name = f"shapley_{metric}"
+    if name in ds and "lever" in ds[name].dims:
+        phi = ds[name].isel({d: 0 for d in layout.axes if d in ds[name].dims})
+        if "variant" in phi.dims:
+            phi = phi.sel(variant="factory")
+        for lever in phi["lever"].values:
+            steps.append((str(_plain(lever)), _median(phi.sel(lever=lever).values)))
+        how = "median Shapley contribution of each lever"
+    else:
+        without = [v for v in variants if v.startswith("without:")]
+        only = [v for v in variants if v.startswith("only:")]
+        if without:
+            steps = [(v.split(":", 1)[1], _median(fact - data[grid0 + (variants.index(v),)])) for v in without]
+            how = "median of factory - without:<lever> per sample (one lever removed at a time)"
+        elif only:
+            steps = [(v.split(":", 1)[1], _median(data[grid0 + (variants.index(v),)] - base)) for v in only]
+            how = "median of only:<lever> - baseline per sample (one lever added at a time)"
+    return _median(base), steps, _median(fact), how
+
+
+def _median(values) -> float:
+    return float(quantiles(values, [0.5])[0])
+
+
+def _waterfall(ds, layout, s: Series, start: float, end: float, steps: list, how: str, out: Path) -> str:
+    from matplotlib.patches import Patch
+
+    labels, bottoms, heights, colors = ["baseline"], [0.0], [start], ["0.45"]
+    level = start
+    for lever, delta in steps:
+        delta = 0.0 if not np.isfinite(delta) else float(delta)
+        labels.append(lever)
+        bottoms.append(level)
+        heights.append(delta)
+        colors.append("C2" if delta >= 0 else "C3")
+        level += delta
+    rest = end - level
+    if steps and np.isfinite(rest) and abs(rest) > 1e-9 * max(abs(start), abs(end), 1e-300):
+        labels.append("interactions /\nmedians not additive")
+        bottoms.append(level)
+        heights.append(rest)
+        colors.append("0.75")
+    labels.append("factory")
+    bottoms.append(0.0)
+    heights.append(end)
+    colors.append("C0")
+    fig = _figure(max(7.0, 1.5 + 0.85 * len(labels)), 4.5)
+    ax = fig.add_subplot()
+    x = np.arange(len(labels))
+    finite = np.isfinite(heights) & np.isfinite(bottoms)
+    ax.bar(x[finite], np.array(heights)[finite], bottom=np.array(bottoms)[finite],
+           color=[c for c, f in zip(colors, finite) if f], edgecolor="black", linewidth=0.5)
+    for xi, b, h in zip(x, bottoms, heights):
+        if np.isfinite(b + h):
+            ax.text(xi, b + h, _fmt(float(h)), ha="center", va="bottom" if h >= 0 else "top", fontsize=8)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=30 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center",
+                       fontsize=8)
+    ax.set_ylabel(_axis_label(ds, s))
+    if steps:
+        ax.legend(handles=[Patch(color="C2", label="lever raises it"), Patch(color="C3", label="lever lowers it")],
+                  fontsize=8, loc="best")
+    fixed = _fixed_axes_note(layout, [])
+    ends = np.array([0.0] + [v for b, h in zip(bottoms, heights) for v in (b, b + h)])
+    ends = ends[np.isfinite(ends)]
+    pad = 0.12 * (ends.max() - ends.min() or 1.0)  # room for the value labels; bars' sticky edges defeat margins
+    ax.set_ylim(ends.min() - (pad if ends.min() < 0 else 0), ends.max() + pad)
+    _title(ax, f"Baseline -> factory: {_meta(ds, s.name)[0]} (modelled)",
+           [f"medians over {layout.samples} samples", how, fixed], width=int(fig.get_figwidth() * 13))
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, out / f"waterfall_{_slug(s.label)}.png")
+
+
+# -- summary.md --------------------------------------------------------------------------------------------------
+
+
+def _table(header: list, rows: list) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return lines
+
+
+def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens, figures) -> str:
+    attrs = ds.attrs
+    name = attrs.get("scenario_name", "unnamed scenario")
+    lines = [f"# mcsim report: {name}", "", f"> {MODEL_STATEMENT}", ""]
+    measured = str(attrs.get("measured_variables", "")).strip()
+    lines += [f"Measured on the user's machine: {measured}." if measured else
+              "Every figure in this report is modelled; none is measured.", ""]
+    grid = "; ".join(f"`{d}` = {', '.join(_text(v) for v in layout.coords[d])}" for d in layout.axes) or "none"
+    inputs = _inputs(ds, layout)
+    run = [("scenario", f"{name}" + (f" (`{attrs['scenario_file']}`)" if attrs.get("scenario_file") else "")),
+           ("samples", f"{layout.samples} Monte Carlo samples" + (f" x {attrs['requests_per_sample']} requests"
+                                                                  if "requests_per_sample" in attrs else "")),
+           ("seed", f"{attrs.get('seed', 'n/a')}" + (f" ({attrs['sampling']} sampling)" if "sampling" in attrs
+                                                     else "")),
+           ("grid axes", grid), ("variants", ", ".join(layout.variants) or "one (as written)"),
+           ("uncertain inputs", f"{len(inputs)}" + (f": {', '.join(f'`{n}`' for n in inputs)}" if inputs else "")),
+           ("mcsim", f"{attrs.get('mcsim_version', '?')}, created {attrs.get('created', '?')}"),
+           ("overrides", attrs.get("overrides") or "none")]
+    lines += ["## Run", ""] + _table(["", ""], run) + [""]
+
+    lines += ["## Headline metrics (modelled)", "",
+              ("Cells are median [5 %, 95 %] over Monte Carlo samples. All five quantiles (5/25/50/75/95 %) for "
+               "every grid point and variant: [quantiles.csv](quantiles.csv), [quantiles.json](quantiles.json)."), ""]
+    lines += _headline_table(ds, layout, quantities, quantile_rows) + [""]
+
+    lines += ["## Sensitivity to the uncertain inputs", ""]
+    if not inputs:
+        lines += ["No uncertain inputs: every scenario number was fixed, so there is nothing to attribute the spread to.",
+                  ""]
+    else:
+        lines += [f"Spearman, PRCC and (with at least {sensitivity.SOBOL_MIN_SAMPLES} samples) first-order Sobol "
+                  "indices for every grid point and variant are in [sensitivity.csv](sensitivity.csv). "
+                  + (f"The table and the tornado charts show {layout.name(layout.focus)}; the 90 % PRCC intervals "
+                     "(bootstrap) are computed there only. " if len(layout.points) > 1 else
+                     "The 90 % PRCC intervals are bootstrap percentiles. ")
+                  + "PRCC is the rank correlation left after removing the other inputs' effects; S1 is the share of "
+                  "the output's variance explained by that input alone.", ""]
+        rows = []
+        for s in outputs:
+            r = focus_sens.get(s.label)
+            if r is None:
+                continue
+            score = r["prcc"] if np.any(np.isfinite(r["prcc"])) else r["spearman"]
+            defined = np.flatnonzero(np.isfinite(score))
+            if defined.size == 0:
+                rows.append([s.label, "n/a", "", "", "", r["why_prcc"][0] if r["why_prcc"] else ""])
+                continue
+            for j in defined[np.argsort(-np.abs(score[defined]), kind="stable")][:3]:
+                ci = (f" [{r['low'][j]:.2f}, {r['high'][j]:.2f}]" if np.isfinite(r["low"][j]) else "")
+                rows.append([s.label, f"`{r['inputs'][j]}`", f"{r['prcc'][j]:.2f}{ci}" if np.isfinite(r["prcc"][j])
+                             else "n/a", f"{r['spearman'][j]:.2f}",
+                             f"{r['sobol'][j]:.2f}" if np.isfinite(r["sobol"][j]) else "n/a",
+                             "" if np.isfinite(r["prcc"][j]) else r["why_prcc"][j]])
+        lines += _table(["output", "input (top 3)", "PRCC [90 %]", "Spearman", "S1", "note"], rows) + [""]
+        n = max((r["samples"] for r in focus_sens.values()), default=0)
+        if n < 10 * len(inputs):
+            lines += [(f"With {n} samples for {len(inputs)} inputs these indices are rough: trust the sign and "
+                       "order of the strongest ones, not their values; run more samples for more."), ""]
+
+    lines += ["## Figures (modelled)", ""]
+    sections = [("distributions", "Distributions over samples"), ("tornado", "Sensitivity (tornado charts)"),
+                ("heatmap", "Medians over two grid axes"), ("waterfall", "Baseline -> factory")]
+    for key, title in sections:
+        if figures[key]:
+            lines += [f"### {title}", ""]
+            lines += [f"![{Path(f).stem}]({f})" for f in figures[key]] + [""]
+    return "\n".join(lines)
+
+
+def _headline_table(ds, layout: _Layout, quantities, quantile_rows) -> list[str]:
+    cells = {}
+    for row in quantile_rows:
+        key = tuple(row[d] for d in layout.dims)
+        if row["variable"] == "feasible":  # a 0/1 flag: its mean is the feasible fraction
+            cells[(row["metric"], key)] = f"{100 * row['mean']:.0f} % of samples" if row["samples"] else "n/a"
+        else:
+            cells[(row["metric"], key)] = f"{_fmt(row['p50'])} [{_fmt(row['p5'])}, {_fmt(row['p95'])}]"
+    keys = [tuple(layout.values(i).values()) for i in layout.points]
+    names = [layout.name(i) for i in layout.points]
+    if len(keys) <= 6:
+        rows = [[s.label, _meta(ds, s.name)[1]] + [cells[(s.label, k)] for k in keys] for s in quantities]
+        return _table(["metric", "units"] + names, rows)
+    preferred = ["gross_margin", "cost_usd_per_mtok", "decode_tok_s_per_gpu", "ttft_s p99", "feasible"]
+    columns = [s for s in quantities if s.label in preferred] or quantities[:5]
+    rows = [[n] + [cells[(s.label, k)] for s in columns] for n, k in zip(names, keys)][:MAX_TABLE_ROWS]
+    lines = _table(["grid point"] + [f"{s.label} ({_meta(ds, s.name)[1]})" for s in columns], rows)
+    if len(keys) > MAX_TABLE_ROWS:
+        lines += ["", f"First {MAX_TABLE_ROWS} of {len(keys)} grid points; all are in quantiles.csv."]
+    return lines
