@@ -89,7 +89,7 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
     from mcsim import runner, summary
     from mcsim.distributions import DistributionError
     from mcsim.scenario import ScenarioError, load_scenario
-    from mcsim.sweep import SweepInterrupted
+    from mcsim.executor import SweepInterrupted
     from mcsim.traces import TraceError
 
     if lhs:

@@ -6,7 +6,7 @@ Dask. Results are bit-identical whatever the chunk size, number of workers or sc
 
 from __future__ import annotations
 
-from mcsim import grid, sweep as _sweep
+from mcsim import executor as _sweep, grid
 from mcsim.scenario import Scenario, load_scenario
 
 

@@ -335,15 +335,18 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
     # the classes the overrides may refer to (a malformed [workload.classes] is reported by validate)
     file_classes = raw.get("workload", {}).get("classes") if isinstance(raw.get("workload"), dict) else None
     file_classes = tuple(file_classes) if isinstance(file_classes, dict) and file_classes else tuple(DEFAULT_CLASSES)
+    # The base throughputs describe the file's hardware, whatever --set later changes.
+    file_hardware = raw.get("hardware", {}).get("preset") if isinstance(raw.get("hardware"), dict) else None
     for item in overrides:
         key, value = parse_override(item)
         _check_class(key, file_classes, source, "--set")
         _set_path(raw, key, value)
     return validate(raw, source=source, text=text, base_dir=path.parent if path else None,
-                    overrides=tuple(overrides))
+                    overrides=tuple(overrides), file_hardware=file_hardware)
 
 
-def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=None, overrides=()) -> Scenario:
+def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=None, overrides=(),
+             file_hardware: str | None = None) -> Scenario:
     """Validate a parsed TOML document into a :class:`Scenario`."""
     known = set(SECTIONS) | {"baseline", "sweep"}
     for section, body in raw.items():
@@ -367,7 +370,9 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
         if section == "workload":
             classes = _validate_classes(classes_raw, source, values)
     if not values["efficiency.base_hardware"]:
-        values["efficiency.base_hardware"] = values["hardware.preset"]
+        # (an invalid file preset was replaced by --set; the --set one is then the reference)
+        known = isinstance(file_hardware, str) and file_hardware.lower() in catalog.hardware()
+        values["efficiency.base_hardware"] = file_hardware.lower() if known else values["hardware.preset"]
     else:
         try:
             catalog.hardware_preset(values["efficiency.base_hardware"])

@@ -18,11 +18,15 @@ so memory is bounded by the chunk, not by the grid.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,10 +146,10 @@ def _client(workers: int, processes: bool, scheduler: str | None):
     if processes:
         # Compiled kernels are loaded from the on-disk cache the parent has just written (see _warm_up), so the
         # workers do not race to compile.
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                                silence_logs=logging.ERROR)
     else:
-        cluster = LocalCluster(n_workers=1, threads_per_worker=workers, processes=False, dashboard_address=None,
+        cluster = LocalCluster(n_workers=1, threads_per_worker=workers, processes=False, dashboard_address=":0",
                                silence_logs=logging.ERROR)
     return Client(cluster, set_as_default=False), cluster
 
@@ -287,15 +291,26 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
             from tqdm import tqdm
 
             bar = tqdm(total=total, initial=total - len(todo), unit="task", desc="mcsim", delay=2.0, leave=False)
-        for future in as_completed(futures, loop=client.loop):
-            p, c = (int(x) for x in future.key.rsplit("-", 2)[1:])
-            part = _part_dataset(plan, p, c, future.result(), fingerprint)
-            if parts_dir is not None:
-                results.write_netcdf(part, _part_path(parts_dir, p, c), force=True)
-            parts[(p, c)] = part
-            future.release()
-            if bar is not None:
-                bar.update(1)
+        # Ctrl-C only sets a flag, checked between results, so a part file is never cut half-written and the
+        # client shuts down cleanly.
+        with _stop_on_sigint() as stop:
+            pending = as_completed(futures, loop=client.loop)
+            while not pending.is_empty():
+                if stop.is_set():
+                    raise KeyboardInterrupt
+                batch = pending.next_batch(block=False)
+                if not batch:
+                    time.sleep(0.02)
+                    continue
+                for future in batch:
+                    p, c = (int(x) for x in future.key.rsplit("-", 2)[1:])
+                    part = _part_dataset(plan, p, c, future.result(), fingerprint)
+                    if parts_dir is not None:
+                        results.write_netcdf(part, _part_path(parts_dir, p, c), force=True)
+                    parts[(p, c)] = part
+                    future.release()
+                    if bar is not None:
+                        bar.update(1)
     except KeyboardInterrupt:
         for f in futures:
             f.cancel()
@@ -306,6 +321,20 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+@contextlib.contextmanager
+def _stop_on_sigint():
+    """An Event set by Ctrl-C (SIGINT) while the block runs; the default handler elsewhere."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, seed=None, chunk_size=None,
