@@ -115,27 +115,31 @@ def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
     return rows
 
 
-def _part_dataset(plan: Plan, point: int, chunk: int, rows: list[dict], fingerprint: str) -> xr.Dataset:
-    ds = results.build_dataset(rows, plan.saved_variants, {}, {"fingerprint": fingerprint, "point": point,
-                               "chunk": chunk, "part_format": PART_FORMAT}, samples=plan.chunks[chunk])
-    return ds
-
-
 def _part_path(parts_dir: Path, point: int, chunk: int) -> Path:
-    return parts_dir / f"point{point:06d}-chunk{chunk:06d}.nc"
+    return parts_dir / f"point{point:06d}-chunk{chunk:06d}.npz"
 
 
-def _read_part(path: Path, plan: Plan, point: int, chunk: int, fingerprint: str) -> xr.Dataset | None:
-    """The part if it is whole and belongs to this run; None otherwise."""
+def _write_part(path: Path, table: dict, plan: Plan, point: int, chunk: int, fingerprint: str):
+    """Save one task's table atomically (temporary name in the same folder, then rename)."""
+    stamp = {"__fingerprint__": np.array(fingerprint), "__point__": np.array(point), "__chunk__": np.array(chunk),
+             "__sample__": plan.chunks[chunk], "__format__": np.array(PART_FORMAT)}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **table, **stamp)
+    os.replace(tmp, path)
+
+
+def _read_part(path: Path, plan: Plan, point: int, chunk: int, fingerprint: str) -> dict | None:
+    """The part's table if the file is whole and belongs to this run; None otherwise."""
     try:
-        with xr.open_dataset(path, engine="netcdf4") as ds:
-            ds = ds.load()
+        with np.load(path, allow_pickle=False) as z:
+            table = {k: z[k] for k in z.files}
     except Exception:  # damaged: any failure to read it means recompute
         return None
-    ok = (ds.attrs.get("fingerprint") == fingerprint and int(ds.attrs.get("point", -1)) == point
-          and int(ds.attrs.get("chunk", -1)) == chunk
-          and np.array_equal(ds["sample"].values, plan.chunks[chunk]))
-    return ds if ok else None
+    ok = (str(table.pop("__fingerprint__", "")) == fingerprint and int(table.pop("__point__", -1)) == point
+          and int(table.pop("__chunk__", -1)) == chunk and int(table.pop("__format__", -1)) == PART_FORMAT
+          and np.array_equal(table.pop("__sample__", None), plan.chunks[chunk]))
+    return table if ok else None
 
 
 def _client(workers: int, processes: bool, scheduler: str | None):
@@ -163,13 +167,12 @@ def _warm_up(plan: Plan):
 
 
 def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
-    per_point = []
-    for point in range(len(plan.grid)):
-        chunks = [parts[(point, c)] for c in range(len(plan.chunks))]
-        ds = xr.concat(chunks, dim="sample", data_vars="minimal", coords="minimal", compat="override",
-                       combine_attrs="override") if len(chunks) > 1 else chunks[0].copy()
-        ds.attrs = {}
-        per_point.append(ds)
+    variants = plan.saved_variants
+    per_point = [
+        results.dataset_from_table(results.concat_tables([parts[(point, c)] for c in range(len(plan.chunks))]),
+                                   variants, np.arange(plan.samples), {}, {})
+        for point in range(len(plan.grid))
+    ]
     paths = [a.path for a in plan.axes]
     if not paths:
         out = per_point[0]
@@ -194,8 +197,6 @@ def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
         out[path] = (("sample",), np.asarray(values, dtype=float),
                      {"role": "input", "long_name": f"uncertain input {path}",
                       "description": "drawn once per Monte Carlo sample"})
-    for name in results.REGISTRY:
-        out[name].attrs = results.attrs_for(name)
     out.attrs = attrs
     return out
 
@@ -250,7 +251,7 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
                     else:
                         parts[(p, c)] = part
                         reused += 1
-                for leftover in parts_dir.glob(".*.tmp"):
+                for leftover in parts_dir.glob(".*.tmp"):  # a write cut short by a crash
                     leftover.unlink()
             elif force:
                 shutil.rmtree(parts_dir)
@@ -304,10 +305,10 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                     continue
                 for future in batch:
                     p, c = (int(x) for x in future.key.rsplit("-", 2)[1:])
-                    part = _part_dataset(plan, p, c, future.result(), fingerprint)
+                    table = results.rows_to_table(future.result(), plan.saved_variants)
                     if parts_dir is not None:
-                        results.write_netcdf(part, _part_path(parts_dir, p, c), force=True)
-                    parts[(p, c)] = part
+                        _write_part(_part_path(parts_dir, p, c), table, plan, p, c, fingerprint)
+                    parts[(p, c)] = table
                     future.release()
                     if bar is not None:
                         bar.update(1)

@@ -7,6 +7,7 @@ their dotted path with ``role = "input"``; Dataset attrs carry provenance.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from datetime import datetime, timezone
@@ -25,55 +26,61 @@ MODEL_STATEMENT = (
 )
 
 
-def build_dataset(rows: list[dict], variants: tuple, draws: dict[str, np.ndarray], attrs: dict,
-                  samples=None) -> xr.Dataset:
-    """Assemble per-sample results into a Dataset.
+def rows_to_table(rows: list[dict], variants: tuple) -> dict[str, np.ndarray]:
+    """Per-sample results as plain arrays, sample first: ``name -> (sample, variant, *dims)``.
 
-    Parameters
-    ----------
-    rows : list of dict
-        One per sample, in sample order: variant -> metric -> value. A row may also carry ``"__extra__"``:
-        ``{name: (dims, values, attrs)}`` of variables without the sample dim (e.g. Shapley shares), stacked here
-        along ``sample``, and ``"__coords__"``: ``{dim: labels}`` for their dims.
-    variants : tuple of str
-        Variant names; a ``variant`` dim is added when there is more than one.
-    draws : dict
-        Uncertain input path -> values per sample.
-    attrs : dict
-        Provenance attributes.
-    samples : array of int, optional
-        Sample indices of the rows (default ``0..n-1``).
+    Rows are ``variant -> metric -> value``; a row may also carry ``"__extra__"``: ``{name: (dims, values, attrs)}``
+    (e.g. Shapley shares) and ``"__coords__"``: ``{dim: labels}`` for their dims. Those are stored as
+    ``extra:<name>`` (sample, *dims), with their dims, attrs and coords as string arrays, so a table saves with
+    ``numpy.savez`` and loads without pickle.
     """
-    n = len(rows)
-    sample_index = np.arange(n) if samples is None else np.asarray(samples, dtype=np.int64)
-    coords = {"sample": sample_index, "tier": list(TIERS), "quantile": list(QUANTILES)}
-    coords.update(rows[0].get("__coords__", {}) if rows else {})
+    table = {}
+    for name, var in REGISTRY.items():
+        table[name] = np.array([[row[v][name] for v in variants] for row in rows], dtype=var.dtype)
+    table["infeasible_reason"] = np.array(
+        [[FEASIBLE_REASONS.index(row[v]["infeasible_reason"]) for v in variants] for row in rows], dtype=np.int8)
+    for name, (dims, _, var_attrs) in (rows[0].get("__extra__", {}) if rows else {}).items():
+        table[f"extra:{name}"] = np.stack([np.asarray(row["__extra__"][name][1]) for row in rows])
+        table[f"extra_meta:{name}"] = np.array(json.dumps({"dims": list(dims), "attrs": var_attrs}))
+    for dim, labels in (rows[0].get("__coords__", {}) if rows else {}).items():
+        table[f"coord:{dim}"] = np.asarray(labels)
+    return table
+
+
+def concat_tables(tables: list[dict]) -> dict[str, np.ndarray]:
+    """Tables of consecutive chunks of samples, joined along the sample axis."""
+    out = {}
+    for name, first in tables[0].items():
+        meta = name.startswith(("extra_meta:", "coord:"))
+        out[name] = first if meta else np.concatenate([t[name] for t in tables])
+    return out
+
+
+def dataset_from_table(table: dict, variants: tuple, samples, draws: dict[str, np.ndarray], attrs: dict) -> xr.Dataset:
+    """The result Dataset of a table (see :func:`rows_to_table`); ``draws`` are the uncertain inputs."""
+    coords = {"sample": np.asarray(samples, dtype=np.int64), "tier": list(TIERS), "quantile": list(QUANTILES)}
     with_variant = len(variants) > 1
     if with_variant:
         coords["variant"] = list(variants)
-    data_vars = {}
-    for name, var in REGISTRY.items():
-        stacked = np.array([[row[v][name] for v in variants] for row in rows], dtype=var.dtype)
-        # stacked: (sample, variant, *var.dims)
+    for name, values in table.items():
+        if name.startswith("coord:"):
+            coords[name.removeprefix("coord:")] = [str(v) for v in values]
+
+    def layout(values, dims):
         if with_variant:
-            stacked = np.moveaxis(stacked, 1, 0)
-            dims = ("variant", "sample") + var.dims
-        else:
-            stacked = stacked[:, 0]
-            dims = ("sample",) + var.dims
-        data_vars[name] = (dims, stacked, attrs_for(name))
-    reasons = np.array([[FEASIBLE_REASONS.index(row[v]["infeasible_reason"]) for v in variants] for row in rows],
-                       dtype=np.int8)
-    reasons = np.moveaxis(reasons, 1, 0) if with_variant else reasons[:, 0]
-    data_vars["infeasible_reason"] = (
-        ("variant", "sample") if with_variant else ("sample",), reasons,
-        {"long_name": "why a recipe is infeasible", "units": "1", "flag_values": np.arange(len(FEASIBLE_REASONS),
-         dtype=np.int8), "flag_meanings": " ".join(r.replace(" ", "_") for r in FEASIBLE_REASONS),
-         "source": "modelled"},
-    )
-    for name, (dims, _, var_attrs) in (rows[0].get("__extra__", {}) if rows else {}).items():
-        values = np.stack([np.asarray(row["__extra__"][name][1]) for row in rows], axis=-1)
-        data_vars[name] = (tuple(dims) + ("sample",), values, var_attrs)
+            return ("variant", "sample") + dims, np.moveaxis(values, 1, 0)
+        return ("sample",) + dims, values[:, 0]
+
+    data_vars = {name: (*layout(table[name], var.dims), attrs_for(name)) for name, var in REGISTRY.items()}
+    data_vars["infeasible_reason"] = (*layout(table["infeasible_reason"], ()), {
+        "long_name": "why a recipe is infeasible", "units": "1",
+        "flag_values": np.arange(len(FEASIBLE_REASONS), dtype=np.int8),
+        "flag_meanings": " ".join(r.replace(" ", "_") for r in FEASIBLE_REASONS), "source": "modelled"})
+    for name, values in table.items():
+        if name.startswith("extra:"):
+            meta = json.loads(str(table["extra_meta:" + name.removeprefix("extra:")]))
+            data_vars[name.removeprefix("extra:")] = (tuple(meta["dims"]) + ("sample",), np.moveaxis(values, 0, -1),
+                                                      meta["attrs"])
     for path, values in draws.items():
         data_vars[path] = (("sample",), np.asarray(values, dtype=float),
                            {"role": "input", "long_name": f"uncertain input {path}",
@@ -82,6 +89,13 @@ def build_dataset(rows: list[dict], variants: tuple, draws: dict[str, np.ndarray
     ds["tier"].attrs["long_name"] = "KV cache tier"
     ds["quantile"].attrs["long_name"] = "quantile over requests"
     return ds
+
+
+def build_dataset(rows: list[dict], variants: tuple, draws: dict[str, np.ndarray], attrs: dict,
+                  samples=None) -> xr.Dataset:
+    """Assemble per-sample results (one row per sample, in sample order) into a Dataset."""
+    samples = np.arange(len(rows)) if samples is None else samples
+    return dataset_from_table(rows_to_table(rows, variants), variants, samples, draws, attrs)
 
 
 def provenance(scn, seed: int, samples: int, requests: int, command: str | None, extra: dict | None = None) -> dict:

@@ -107,7 +107,7 @@ def test_threads_chunks_and_a_local_cluster_of_processes_agree(scn, swept):
 
     one = mcsim.sweep(scn, GRID, samples=4, requests=1200, workers=1, chunk_size=4)
     assert_same_results(swept, one)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         remote = mcsim.sweep(scn, GRID, samples=4, requests=1200, chunk_size=1, scheduler=cluster.scheduler_address)
     assert_same_results(swept, remote)
 
@@ -145,12 +145,12 @@ def test_interrupted_sweep_resumes_to_the_same_file(tmp_path, how):
     parts = tmp_path / "out.nc.parts"
     proc = _cli(*SWEEP_ARGS, "-o", out)
     deadline = time.time() + 120
-    while time.time() < deadline and len(list(parts.glob("*.nc"))) < 4:
+    while time.time() < deadline and len(list(parts.glob("*.npz"))) < 4:
         time.sleep(0.05)
     proc.send_signal(how)
     code = proc.wait(timeout=60)
     assert not out.exists()
-    saved = len(list(parts.glob("*.nc")))
+    saved = len(list(parts.glob("*.npz")))
     assert 4 <= saved < 18, saved
     if how == signal.SIGINT:
         assert code == 130 and "--resume" in proc.stderr.read()
@@ -180,11 +180,11 @@ def test_damaged_and_foreign_parts_are_recomputed(scn, tmp_path):
     parts = tmp_path / "r.nc.parts"
     parts.mkdir()
     # a part of another run (other seed), a good part, and a damaged one
-    foreign = sweep_module._part_dataset(other, 0, 0, sweep_module.run_task(other, 0, 0), other.fingerprint())
-    mcsim.results.write_netcdf(foreign, parts / "point000000-chunk000000.nc")
-    good = sweep_module._part_dataset(plan, 1, 1, sweep_module.run_task(plan, 1, 1), plan.fingerprint())
-    mcsim.results.write_netcdf(good, parts / "point000001-chunk000001.nc")
-    (parts / "point000000-chunk000001.nc").write_bytes(b"CDF\x01 truncated")
+    foreign = mcsim.results.rows_to_table(sweep_module.run_task(other, 0, 0), ("factory",))
+    sweep_module._write_part(parts / "point000000-chunk000000.npz", foreign, other, 0, 0, other.fingerprint())
+    good = mcsim.results.rows_to_table(sweep_module.run_task(plan, 1, 1), ("factory",))
+    sweep_module._write_part(parts / "point000001-chunk000001.npz", good, plan, 1, 1, plan.fingerprint())
+    (parts / "point000000-chunk000001.npz").write_bytes(b"PK\x03\x04 truncated")
     resumed = mcsim.sweep(scn, axes, samples=4, requests=800, chunk_size=2, output=tmp_path / "r.nc", resume=True)
     assert resumed.attrs["parts_reused"] == 1 and resumed.attrs["parts_recomputed"] == 2
     assert_same_results(resumed, clean)
