@@ -70,12 +70,14 @@ def end_to_end(n_requests: int, repeats: int):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", default="", help="comma-separated stages (kv_tiers, speculative, experts, e2e)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated parts (kv_tiers, speculative, experts, e2e, sweep)")
     parser.add_argument("--e2e-requests", type=int, default=1_000_000)
     args = parser.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     print(f"python {sys.version.split()[0]}, one thread, best of {args.repeats}")
-    rows = kernel_rows(args.repeats, only - {"e2e"} or None) if only != {"e2e"} else []
+    kernels = only - {"e2e", "sweep"}
+    rows = kernel_rows(args.repeats, kernels or None) if (kernels or not only) else []
     if rows:
         w = max(len(r[0]) for r in rows)
         print(f"\n{'kernel':<{w}}  {'unit':<24} {'fast /s':>12} {'reference /s':>13} {'ratio':>8}")
@@ -88,6 +90,10 @@ def main(argv=None):
         print(f"  {small:>9,} requests: {t_small:7.2f} s ({small / t_small:,.0f} requests/s)")
         print(f"  {n:>9,} requests: {t_full:7.2f} s ({n / t_full:,.0f} requests/s); "
               f"time ratio {t_full / t_small:.1f}x for {n / small:.0f}x the requests")
+    if not only or "sweep" in only:
+        import sweep_scaling
+
+        sweep_scaling.report(requests=50_000, samples=8, points=4, repeats=2)
 
 
 if __name__ == "__main__":

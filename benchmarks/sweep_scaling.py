@@ -55,6 +55,40 @@ def task_overhead(requests: int, tasks: int, repeats: int):
     return tasks, t_direct, t_dask
 
 
+_SOLO = """
+import sys, time
+sys.path.insert(0, {here!r})
+import sweep_scaling
+from mcsim import executor
+plan = sweep_scaling._plan({requests}, {samples}, {points})
+executor.run_task(plan, 0, 0)
+tasks = [(p, c) for p in range(len(plan.grid)) for c in range(len(plan.chunks))]
+start = time.perf_counter()
+for p, c in tasks[{part}::{parts}]:
+    executor.run_task(plan, p, c)
+print(time.perf_counter() - start)
+"""
+
+
+def machine_ceiling(requests: int, samples: int, points: int) -> tuple[float, float]:
+    """The same tasks without Dask: all in one process, then half each in two independent processes at once.
+
+    Two processes share nothing but the hardware, so their efficiency is what this machine allows (memory
+    bandwidth, caches, other load); it is the reference for the Dask figures.
+    """
+    import subprocess
+
+    def solo(part, parts):
+        code = _SOLO.format(here=str(HERE), requests=requests, samples=samples, points=points, part=part,
+                            parts=parts)
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+    one = float(solo(0, 1).communicate()[0])
+    pair = [solo(0, 2), solo(1, 2)]
+    two = max(float(p.communicate()[0]) for p in pair)
+    return one, two
+
+
 def parallel_efficiency(requests: int, samples: int, points: int, repeats: int):
     from dask.distributed import LocalCluster
 
@@ -91,12 +125,18 @@ def report(requests=4000, samples=8, points=4, repeats=2):
     print(f"  direct loop {t_direct:.3f} s, through Dask {t_dask:.3f} s: "
           f"{1e3 * (t_dask - t_direct) / tasks:.2f} ms per task ({t_dask / t_direct:.2f}x the direct loop)")
     plan, eff = parallel_efficiency(requests, samples, points, repeats)
+    eff["2 independent processes, no Dask (machine ceiling)"] = machine_ceiling(requests, samples, points)
     n_tasks = len(plan.grid) * len(plan.chunks)
     print(f"\nparallel efficiency, {len(plan.grid)} grid points x {samples} samples x {requests} requests "
           f"({n_tasks} tasks):")
     for kind, (t1, t2) in eff.items():
         print(f"  {kind:<9} 1 worker {t1:.2f} s, 2 workers {t2:.2f} s: speed-up {t1 / t2:.2f}x, "
               f"efficiency {100 * t1 / (2 * t2):.0f} %")
+    ceiling = eff["2 independent processes, no Dask (machine ceiling)"]
+    ceiling_eff = ceiling[0] / (2 * ceiling[1])
+    for kind in ("threads", "processes"):
+        t1, t2 = eff[kind]
+        print(f"  {kind}: {100 * (t1 / (2 * t2)) / ceiling_eff:.0f} % of the machine ceiling")
     return eff
 
 

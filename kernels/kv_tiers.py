@@ -27,6 +27,8 @@ A block lives in at most one tier (exclusive hierarchy).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from mcsim.accelerate import kernel
@@ -39,6 +41,17 @@ _ROW = 4
 _PREV, _NEXT, _TIER, _OWNER = 0, 1, 2, 3
 _NIL = -1
 _ABSENT = -1
+
+
+_local = threading.local()
+
+
+def _workspace(n_keys: int) -> np.ndarray:
+    buffer = getattr(_local, "state", None)
+    if buffer is None or buffer.shape[0] < n_keys:
+        buffer = np.empty((int(n_keys * 1.25) + 1024, _ROW), np.int32)
+        _local.state = buffer
+    return buffer[:n_keys]
 
 
 def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_blocks, out_hits):
@@ -107,8 +120,10 @@ def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacit
     if not 0 <= n_keys < 2**31 or n_instances < 0:
         raise ValueError("n_instances must be >= 0 and n_keys in [0, 2**31)")
     # Workspace allocated by NumPy, not inside the kernel: NumPy asks Linux for huge pages on large arrays,
-    # which makes first-touch page faults (and TLB misses on random rows) several times cheaper.
-    state = np.empty((n_keys, _ROW), np.int32)
+    # which makes first-touch page faults (and TLB misses on random rows) several times cheaper. It is kept per
+    # thread and reused by the next call: page faults of threads in one process serialise in the kernel, so
+    # fresh allocations every sample would stop threads from scaling.
+    state = _workspace(n_keys)
     head = np.empty(N_TIERS * n_instances, np.int32)
     tail = np.empty(N_TIERS * n_instances, np.int32)
     count = np.empty(N_TIERS * n_instances, np.int64)
