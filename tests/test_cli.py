@@ -197,3 +197,31 @@ def test_moe_layout_is_checked_for_the_baseline_too(tmp_path):
     # EPLB needs groups to divide the experts; the message names the key.
     result = invoke("run", FACTORY, *SMALL, "--set", "moe.groups=7", "-o", tmp_path / "x.nc")
     assert_usage_error(result, "moe.groups", "256")
+
+
+def test_sweep_and_report_commands(tmp_path):
+    out = tmp_path / "s.nc"
+    result = invoke("sweep", FACTORY, *SMALL, "--grid", "speculative.draft_tokens=0,1", "--grid",
+                    "hardware.preset=h800,h200", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "one row per grid point" in result.stdout
+    with xr.open_dataset(out) as ds:
+        assert ds.gross_margin.dims == ("speculative.draft_tokens", "hardware.preset", "sample")
+    assert not (tmp_path / "s.nc.parts").exists()
+    report_dir = tmp_path / "rep"
+    result = invoke("report", out, "-o", report_dir)
+    assert result.exit_code == 0, result.output
+    assert (report_dir / "summary.md").exists() and list(report_dir.glob("heatmap_*.png"))
+
+
+def test_bad_grid_exits_2(tmp_path):
+    result = invoke("sweep", FACTORY, *SMALL, "--grid", "speculative.draft_tokes=0,1", "-o", tmp_path / "x.nc")
+    assert_usage_error(result, "speculative.draft_tokes", "did you mean")
+    result = invoke("sweep", FACTORY, *SMALL, "--grid", "cache.dram_gb_per_node=0:10", "-o", tmp_path / "x.nc")
+    assert result.exit_code == 2
+
+
+def test_compare_ablate_prints_shapley_shares(tmp_path):
+    result = invoke("compare", FACTORY, *SMALL, "--ablate", "-o", tmp_path / "a.nc")
+    assert result.exit_code == 0, result.output
+    assert "Shapley share" in result.stdout and "kv_cache" in result.stdout
