@@ -194,9 +194,7 @@ def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
     for path, values in draws.items():
         if path in swept:
             continue
-        out[path] = (("sample",), np.asarray(values, dtype=float),
-                     {"role": "input", "long_name": f"uncertain input {path}",
-                      "description": "drawn once per Monte Carlo sample"})
+        out[path] = results.input_variable(path, values)
     out.attrs = attrs
     return out
 

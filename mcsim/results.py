@@ -56,6 +56,13 @@ def concat_tables(tables: list[dict]) -> dict[str, np.ndarray]:
     return out
 
 
+def input_variable(path: str, values) -> tuple:
+    """An uncertain input as a Dataset variable: its draws along ``sample``, marked ``role = "input"``."""
+    return (("sample",), np.asarray(values, dtype=float),
+            {"role": "input", "long_name": f"uncertain input {path}",
+             "description": "drawn once per Monte Carlo sample"})
+
+
 def dataset_from_table(table: dict, variants: tuple, samples, draws: dict[str, np.ndarray], attrs: dict) -> xr.Dataset:
     """The result Dataset of a table (see :func:`rows_to_table`); ``draws`` are the uncertain inputs."""
     coords = {"sample": np.asarray(samples, dtype=np.int64), "tier": list(TIERS), "quantile": list(QUANTILES)}
@@ -82,9 +89,7 @@ def dataset_from_table(table: dict, variants: tuple, samples, draws: dict[str, n
             data_vars[name.removeprefix("extra:")] = (tuple(meta["dims"]) + ("sample",), np.moveaxis(values, 0, -1),
                                                       meta["attrs"])
     for path, values in draws.items():
-        data_vars[path] = (("sample",), np.asarray(values, dtype=float),
-                           {"role": "input", "long_name": f"uncertain input {path}",
-                            "description": "drawn once per Monte Carlo sample"})
+        data_vars[path] = input_variable(path, values)
     ds = xr.Dataset(data_vars, coords=coords, attrs=attrs)
     ds["tier"].attrs["long_name"] = "KV cache tier"
     ds["quantile"].attrs["long_name"] = "quantile over requests"

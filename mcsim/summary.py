@@ -167,10 +167,11 @@ def _grid_table(ds: xr.Dataset, s: dict, max_points: int) -> list[str]:
     header = list(dims) + [c[0] for c in GRID_COLUMNS] + ["feasible"]
     rows = []
     for entry in s["grid"][:max_points]:
-        v = entry["variants"].get(variant) or next(iter(entry["variants"].values()))
+        shown = variant if variant in entry["variants"] else next(iter(entry["variants"]))
+        v = entry["variants"][shown]
         rows.append([_fmt_coord(entry["point"][d]) for d in dims]
                     + [_cell(v[_label(name, q)]) for _, name, q in GRID_COLUMNS]
-                    + [f"{100 * entry['feasible_fraction'].get(variant, next(iter(entry['feasible_fraction'].values()))):.0f} %"])
+                    + [f"{100 * entry['feasible_fraction'][shown]:.0f} %"])
     text = [f"variant: {variant}; one row per grid point"] + _table(header, rows)
     if len(s["grid"]) > max_points:
         text.append(f"... {len(s['grid']) - max_points} more grid points in the file")
