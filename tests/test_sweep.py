@@ -231,3 +231,31 @@ def test_compare_ablate(scn):
     plain = mcsim.compare(scn, samples=3, requests=1500)
     for name in ("decode_tok_s_per_gpu", "gross_margin", "ttft_s"):
         np.testing.assert_array_equal(ds[name].sel(variant=["baseline", "factory"]).values, plain[name].values)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_loses_nothing(scn, tmp_path):
+    import threading
+
+    import psutil
+    from dask.distributed import LocalCluster
+
+    axes = ["speculative.draft_tokens=0,1,2"]
+    reference = mcsim.sweep(scn, axes, samples=8, requests=30000, chunk_size=1, workers=1)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        workers = [c for c in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
+        parts = tmp_path / "k.nc.parts"
+
+        def kill_one_worker_midway():
+            deadline = time.time() + 60
+            while time.time() < deadline and len(list(parts.glob("*.npz"))) < 2:
+                time.sleep(0.01)
+            workers[0].kill()
+
+        killer = threading.Thread(target=kill_one_worker_midway)
+        killer.start()
+        got = mcsim.sweep(scn, axes, samples=8, requests=30000, chunk_size=1, scheduler=cluster.scheduler_address,
+                          output=tmp_path / "k.nc")
+        killer.join()
+    assert not workers[0].is_running()
+    assert_same_results(got, reference)
