@@ -54,7 +54,8 @@ def _workspace(n_keys: int) -> np.ndarray:
     return buffer[:n_keys]
 
 
-def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_blocks, out_hits):
+def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_blocks, out_hits, key_stride=0,
+                   balance=0.25):
     """Replay requests through per-instance tiered LRU prefix caches and count reused blocks per tier.
 
     Parameters
@@ -67,7 +68,8 @@ def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacit
         (instance, chain-hashed block id) pair to its own key (for a pooled cache, use one instance). Within
         one request keys are expected to be distinct, as chain-hashed ids are.
     instance : int32 array, shape (n,)
-        Cache instance serving each request, in ``[0, n_instances)``.
+        Cache instance serving each request, in ``[0, n_instances)``; -1 routes the request cache-aware (see
+        Notes) and the chosen instance is written back into ``instance``.
     n_instances : int
         Number of cache instances; each has its own HBM, DRAM and NVMe capacity.
     n_keys : int
@@ -78,6 +80,15 @@ def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacit
     out_hits : int64 array, shape (n, 3)
         Zero-initialised by the caller. On return ``out_hits[r, t]`` is the number of request ``r``'s reused
         blocks found in tier ``t`` (0 = HBM, 1 = DRAM, 2 = NVMe), in blocks. Hits are added to what is there.
+    key_stride : int, optional
+        0 (default): ``block_keys`` are already per-instance keys. > 0: they are block ids in
+        ``[0, key_stride)`` and instance ``i`` uses key ``i * key_stride + id`` (needed for cache-aware routing,
+        where the instance is only known inside the loop); ``n_keys`` must then be ``n_instances * key_stride``.
+    balance : float, optional
+        Cache-aware routing's load guard: the instance with the longest cached prefix is chosen unless its
+        load (blocks routed to it so far) exceeds ``(1 + balance)`` x the least-loaded instance's, in which case
+        the least-loaded instance is chosen (the rule of SGLang's cache-aware router). Ties go to the lower
+        load, then the lower index.
 
     Raises
     ------
@@ -127,11 +138,18 @@ def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacit
     head = np.empty(N_TIERS * n_instances, np.int32)
     tail = np.empty(N_TIERS * n_instances, np.int32)
     count = np.empty(N_TIERS * n_instances, np.int64)
-    _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count)
+    key_stride = int(key_stride)
+    if key_stride < 0 or (key_stride > 0 and n_keys != n_instances * key_stride):
+        raise ValueError("key_stride must be 0, or > 0 with n_keys == n_instances * key_stride")
+    if key_stride == 0 and instance.size and instance.min() < 0:
+        raise ValueError("cache-aware routing (instance -1) needs key_stride > 0")
+    _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count,
+            key_stride, float(balance))
 
 
 @kernel
-def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count):
+def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count,
+            key_stride, balance):
     """Loop of :func:`simulate_tiers`: validate indices, reset the workspace, replay the requests.
 
     ``state`` (n_keys, 4) int32 holds one row per key (prev, next, tier, owner); ``head``, ``tail`` (int32)
@@ -155,11 +173,12 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
     for r in range(n):
         if block_ptr[r + 1] < block_ptr[r]:
             raise ValueError("block_ptr must be non-decreasing")
-        if instance[r] < 0 or instance[r] >= n_instances:
-            raise ValueError("instance out of range [0, n_instances)")
+        if instance[r] < -1 or instance[r] >= n_instances or (instance[r] == -1 and key_stride == 0):
+            raise ValueError("instance out of range [0, n_instances) (or -1 with key_stride > 0)")
+    key_limit = n_keys if key_stride == 0 else key_stride
     for j in range(block_ptr[0], block_ptr[n]):
-        if block_keys[j] < 0 or block_keys[j] >= n_keys:
-            raise ValueError("block key out of range [0, n_keys)")
+        if block_keys[j] < 0 or block_keys[j] >= key_limit:
+            raise ValueError("block key out of range [0, n_keys) (or [0, key_stride))")
 
     capacity_hbm = capacity_blocks[HBM]
     if capacity_hbm == 0:
@@ -180,16 +199,41 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
     tail[:] = _NIL
     count[:] = 0
 
+    load = np.zeros(max(n_instances, 1), np.int64)
     for r in range(n):
         start = block_ptr[r]
         stop = block_ptr[r + 1]
         inst = instance[r]
+        if inst < 0:
+            # Cache-aware routing: the longest cached prefix, unless that instance is overloaded.
+            least = 0
+            for i in range(1, n_instances):
+                if load[i] < load[least]:
+                    least = i
+            best = -1
+            best_len = -1
+            for i in range(n_instances):
+                offset = i * key_stride
+                length = 0
+                for j in range(start, stop):
+                    if state[block_keys[j] + offset, _TIER] == _ABSENT:
+                        break
+                    length += 1
+                if length > best_len or (length == best_len and load[i] < load[best]):
+                    best = i
+                    best_len = length
+            if load[best] > (1.0 + balance) * load[least]:
+                best = least
+            inst = best
+            instance[r] = inst
+        load[inst] += stop - start
         base = N_TIERS * inst
+        offset = inst * key_stride
 
         # 1. Exact-prefix reuse: the leading run of present blocks, counted in the tier where found.
         j = start
         while j < stop:
-            tier = state[block_keys[j], _TIER]
+            tier = state[block_keys[j] + offset, _TIER]
             if tier == _ABSENT:
                 break
             out_hits[r, tier] += 1
@@ -198,7 +242,7 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
         # 2. Every block to the MRU end of HBM, last block first so the first block ends MRU.
         # List operations are written out in place: helper calls would add reference counting per call.
         for j in range(stop - 1, start - 1, -1):
-            key = block_keys[j]
+            key = block_keys[j] + offset
             tier = state[key, _TIER]
             if tier != _ABSENT:
                 if state[key, _OWNER] != inst:

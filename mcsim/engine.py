@@ -67,7 +67,8 @@ def cache_stage(p: dict, requests, rng) -> np.ndarray:
     capacity = cache_capacity(p, requests.block_tokens)
     if capacity[0] == 0:
         return np.zeros((requests.n, 3), dtype=np.int64)
-    result = kvcache.simulate_cache(requests, p["deployment.routing"], p["deployment.instances"], capacity, rng)
+    result = kvcache.simulate_cache(requests, p["deployment.routing"], p["deployment.instances"], capacity, rng,
+                                    balance=p["deployment.routing_balance"])
     return result.cached_tokens
 
 
@@ -191,7 +192,7 @@ def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests:
         warm = min(int(p["mc.warmup_fraction"] * requests.n), requests.n - 1)
         measured = requests.tail(warm)
         cache_key = ("cache", tuple(cache_capacity(p, requests.block_tokens)), p["deployment.routing"],
-                     p["deployment.instances"])
+                     p["deployment.instances"], p["deployment.routing_balance"])
         cached = once(cache_key, lambda: cache_stage(p, requests, rng_for(seed, sample, STREAM_ROUTING))[warm:])
         spec_key = ("spec", bool(p["speculative.enabled"]), p["speculative.draft_tokens"],
                     p["speculative.acceptance_decay"])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ROUTING = ("random", "round-robin", "prefix-affinity", "pooled")
+ROUTING = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,14 @@ def route(policy: str, block_ptr: np.ndarray, block_ids: np.ndarray, n_instances
 
     ``prefix-affinity`` sends requests whose first block is the same (same system prompt, same session) to the
     same instance, by a hash of that block; requests with no whole block are spread at random.
+    ``cache-aware`` returns -1 for every request: the tier kernel picks the instance holding the longest cached
+    prefix, guarded against overload.
     """
     n = len(block_ptr) - 1
     if policy == "pooled" or n_instances == 1:
         return np.zeros(n, dtype=np.int32)
+    if policy == "cache-aware":
+        return np.full(n, -1, dtype=np.int32)  # decided inside the tier kernel, request by request
     if policy == "round-robin":
         return (np.arange(n) % n_instances).astype(np.int32)
     random_choice = rng.integers(0, n_instances, n).astype(np.int32)
@@ -88,7 +92,8 @@ def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray,
     return keys.astype(np.int64), len(uniq)
 
 
-def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instance: np.ndarray, rng) -> CacheResult:
+def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instance: np.ndarray, rng,
+                   balance: float = 0.25) -> CacheResult:
     """Run the tiers for one sample's requests (in arrival order).
 
     Parameters
@@ -101,6 +106,8 @@ def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instanc
         Blocks per tier of one instance's cache (multiplied by ``n_instances`` when pooled).
     rng : numpy.random.Generator
         The sample's routing stream.
+    balance : float
+        Load guard of cache-aware routing (see :func:`mcsim.kernels.kv_tiers.simulate_tiers`).
     """
     from mcsim.kernels.kv_tiers import simulate_tiers
 
@@ -113,10 +120,19 @@ def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instanc
         caches = 1
     hits = np.zeros((n, 3), dtype=np.int64)
     counts = np.diff(requests.block_ptr)
-    if len(requests.block_ids) and capacity[0] > 0:
+    if policy == "cache-aware" and caches > 1 and len(requests.block_ids) and capacity[0] > 0:
+        ids = requests.block_ids
+        if ids.min() < 0 or ids.max() >= 2 * len(ids) + (1 << 20):
+            ids = np.unique(ids, return_inverse=True)[1].astype(np.int64)
+        stride = int(ids.max()) + 1
+        simulate_tiers(requests.block_ptr, ids, instance, caches, caches * stride, capacity, hits, key_stride=stride,
+                       balance=balance)
+    elif len(requests.block_ids) and capacity[0] > 0:
+        instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
         keys, n_keys = _dense_keys(requests.block_ids, instance, counts, caches)
         simulate_tiers(requests.block_ptr, keys, instance if caches > 1 else np.zeros(n, np.int32), caches, n_keys,
                        capacity, hits)
+    instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
     cached = hits * requests.block_tokens
     # A fully cached prompt still computes its last token (the first output needs one forward position).
     excess = np.maximum(cached.sum(axis=1) - (requests.prompt_tokens - 1), 0)

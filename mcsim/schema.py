@@ -94,8 +94,11 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "prefill_gpus_per_instance": I(16, "Prefill GPUs per instance when disaggregated.", 1, 100_000),
         "disaggregated": B(True, "Prefill and decode on separate pools (lever: prefill/decode split)."),
         "batching": C("continuous", "Batching policy (lever: continuous batching).", "continuous", "static"),
-        "routing": C("prefix-affinity", "How requests are routed to instances (and their caches).",
-                     "random", "round-robin", "prefix-affinity", "pooled"),
+        "routing": C("prefix-affinity", "How requests are routed to instances (and their caches): cache-aware "
+                     "picks the instance with the longest cached prefix unless it is overloaded.",
+                     "random", "round-robin", "prefix-affinity", "cache-aware", "pooled"),
+        "routing_balance": F(0.25, "Cache-aware routing's load guard: an instance more than (1 + this) x the "
+                                   "least loaded one's load is passed over.", 0, None),
         "max_batch_per_gpu": F(256, "Cap on concurrent decode sequences per GPU.", 1, None),
         "tpot_target_s": F(0.05, "Time-per-output-token target; the operating batch is the largest that meets it.",
                            0, None, lo_open=True),
