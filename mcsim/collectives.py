@@ -1,0 +1,202 @@
+"""Time of the collectives that tensor-, expert- and pipeline-parallel serving runs every step.
+
+Bandwidth-and-latency (alpha-beta) formulas, the same ones NCCL's and the TensorRT-LLM custom all-reduce's
+documentation use to reason about algorithm choice: a collective of ``steps`` sequential hops that moves
+``bytes_sent`` bytes out of the busiest GPU takes ``bytes_sent / bandwidth + steps * latency_s``.
+
+Bandwidths come from the hardware dict, per GPU and one direction: ``scale_up_gb_s`` (NVLink / Infinity
+Fabric) when the whole group fits in one node (``group <= gpus_per_node``), ``scale_out_gb_s`` (the NIC) for
+traffic that crosses nodes; both times ``network_fraction``, the achievable share of the link. A group of
+``p`` GPUs spans ``ceil(p / gpus_per_node)`` nodes of ``min(p, gpus_per_node)`` GPUs each; groups are laid
+out on consecutive GPUs.
+
+All-reduce of ``S`` bytes (the full message each GPU holds) over ``p`` GPUs:
+
+=============  =========================================  =============================
+algorithm      bytes sent per GPU                         latency steps
+=============  =========================================  =============================
+ring           2 (p-1)/p S                                2 (p-1)
+one-shot       (p-1) S (every GPU reads every peer's S)   1
+two-shot       2 (p-1)/p S (reduce-scatter + all-gather)  2
+hierarchical   intra-node reduce-scatter (g-1)/g S, inter-node ring all-reduce of the S/g shard
+               2 (n-1)/n S/g, intra-node all-gather (g-1)/g S;  2 (g-1) + 2 (n-1) steps
+=============  =========================================  =============================
+
+A flat algorithm whose group spans nodes runs at the scale-out bandwidth (its slowest link sets every step).
+
+All-to-all (MoE dispatch or combine) of ``S = tokens x copies x token_bytes`` per GPU over ``p`` GPUs:
+
+* direct: every GPU sends ``(p-1)/p`` of its data straight to its destination, in one step. Within a node
+  all of it goes over scale-up; across nodes the ``(g-1)/p`` share bound for the own node goes over scale-up
+  and the ``(p-g)/p`` share for other nodes over scale-out, concurrently (the slower sets the time).
+* hierarchical (DeepSeek-V3's node-limited dispatch, DeepEP): a token crosses the network once per
+  *destination node*, not once per expert copy, then is forwarded inside the node over scale-up. Under
+  uniform routing of ``copies`` distinct experts among ``experts`` spread evenly over ``n`` nodes a token
+  reaches ``(n-1) (1 - C(E - E/n, k) / C(E, k))`` other nodes on average; the scale-out bytes are that many
+  ``token_bytes`` per token, the scale-up bytes ``(g-1)/g`` of ``S``; the two overlap (DeepSeek-V3 report,
+  section 3.2.2), 2 steps. Inside one node it equals direct.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = [
+    "ALLREDUCE_ALGORITHMS",
+    "ALLTOALL_ALGORITHMS",
+    "allreduce_time",
+    "alltoall_time",
+    "expected_other_nodes",
+    "group_layout",
+    "send_time",
+]
+
+ALLREDUCE_ALGORITHMS = ("ring", "one-shot", "two-shot", "hierarchical")
+ALLTOALL_ALGORITHMS = ("direct", "hierarchical")
+
+
+def group_layout(group: int, hw: dict) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a group of ``group`` consecutive GPUs."""
+    per_node = int(hw["gpus_per_node"])
+    return math.ceil(group / per_node), min(group, per_node)
+
+
+def _bandwidths(hw: dict, network_fraction: float) -> tuple[float, float]:
+    """Achievable (scale-up, scale-out) bandwidth per GPU, bytes/s."""
+    return (hw["scale_up_gb_s"] * 1e9 * network_fraction, hw["scale_out_gb_s"] * 1e9 * network_fraction)
+
+
+def allreduce_time(nbytes: float, group: int, hw: dict, *, algorithm: str = "ring", latency_s: float = 5e-6,
+                   network_fraction: float = 1.0) -> tuple[float, float]:
+    """Time and bytes sent per GPU of one all-reduce.
+
+    Parameters
+    ----------
+    nbytes : float
+        Message each GPU contributes (and receives reduced), bytes.
+    group : int
+        GPUs in the all-reduce.
+    hw : dict
+        Hardware entry (``scale_up_gb_s``, ``scale_out_gb_s``, ``gpus_per_node``).
+    algorithm : {"ring", "one-shot", "two-shot", "hierarchical"}
+    latency_s : float
+        Latency of one step (hop), s.
+    network_fraction : float
+        Achievable fraction of the link bandwidth.
+
+    Returns
+    -------
+    (float, float)
+        (time in s, bytes sent by one GPU). ``(0, 0)`` for a group of one or an empty message.
+
+    Examples
+    --------
+    >>> hw = {"scale_up_gb_s": 100.0, "scale_out_gb_s": 10.0, "gpus_per_node": 8}
+    >>> allreduce_time(4e6, 4, hw, latency_s=0.0)  # 2*3/4 * 4 MB at 100 GB/s = 60 us
+    (6e-05, 6000000.0)
+    """
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"all-reduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {algorithm!r}")
+    p = int(group)
+    if p <= 1 or nbytes <= 0:
+        return 0.0, 0.0
+    up, out = _bandwidths(hw, network_fraction)
+    nodes, per_node = group_layout(p, hw)
+    flat_bw = up if nodes == 1 else out
+    if algorithm == "ring":
+        sent = 2.0 * (p - 1) / p * nbytes
+        return sent / flat_bw + 2 * (p - 1) * latency_s, sent
+    if algorithm == "one-shot":
+        sent = (p - 1) * nbytes
+        return sent / flat_bw + latency_s, sent
+    if algorithm == "two-shot":
+        sent = 2.0 * (p - 1) / p * nbytes
+        return sent / flat_bw + 2 * latency_s, sent
+    # hierarchical
+    g, n = per_node, nodes
+    intra = 2.0 * (g - 1) / g * nbytes  # reduce-scatter then all-gather inside the node
+    inter = 2.0 * (n - 1) / n * nbytes / g  # ring all-reduce of this GPU's shard across nodes
+    steps = 2 * (g - 1) + 2 * (n - 1)
+    return intra / up + inter / out + steps * latency_s, intra + inter
+
+
+def expected_other_nodes(experts: int, copies: int, nodes: int) -> float:
+    """Mean number of nodes other than its own that a token's ``copies`` distinct experts land on.
+
+    Experts are spread evenly, ``experts / nodes`` per node, and chosen uniformly without replacement, so a
+    given node is missed with probability ``C(E - E/n, k) / C(E, k)``.
+    """
+    if nodes <= 1:
+        return 0.0
+    per_node = experts / nodes
+    miss = 1.0
+    for i in range(int(copies)):
+        miss *= max(experts - per_node - i, 0.0) / (experts - i)
+    return (nodes - 1) * (1.0 - miss)
+
+
+def alltoall_time(tokens: float, copies: float, token_bytes: float, group: int, hw: dict, *,
+                  algorithm: str = "direct", latency_s: float = 5e-6, network_fraction: float = 1.0,
+                  experts: int | None = None) -> tuple[float, float]:
+    """Time and bytes sent per GPU of one all-to-all (a MoE dispatch or a combine).
+
+    Parameters
+    ----------
+    tokens : float
+        Tokens this GPU sends.
+    copies : float
+        Destinations per token (top-k experts).
+    token_bytes : float
+        Bytes of one token copy (hidden size x activation bytes).
+    group : int
+        GPUs in the all-to-all (the EP ranks).
+    hw : dict
+        Hardware entry.
+    algorithm : {"direct", "hierarchical"}
+    latency_s : float
+        Latency of one step, s.
+    network_fraction : float
+        Achievable fraction of the link bandwidth.
+    experts : int, optional
+        Routed experts per layer; needed by "hierarchical" when the group spans nodes.
+
+    Returns
+    -------
+    (float, float)
+        (time in s, bytes sent by one GPU).
+
+    Examples
+    --------
+    >>> hw = {"scale_up_gb_s": 100.0, "scale_out_gb_s": 10.0, "gpus_per_node": 8}
+    >>> t, sent = alltoall_time(1000, 8, 1000.0, 8, hw, latency_s=0.0)  # 7/8 of 8 MB at 100 GB/s
+    >>> round(t * 1e6, 6), sent
+    (70.0, 7000000.0)
+    """
+    if algorithm not in ALLTOALL_ALGORITHMS:
+        raise ValueError(f"all-to-all algorithm must be one of {ALLTOALL_ALGORITHMS}, got {algorithm!r}")
+    p = int(group)
+    data = tokens * copies * token_bytes
+    if p <= 1 or data <= 0:
+        return 0.0, 0.0
+    up, out = _bandwidths(hw, network_fraction)
+    n, g = group_layout(p, hw)
+    if n == 1:
+        sent = (p - 1) / p * data
+        return sent / up + latency_s, sent
+    if algorithm == "direct":
+        same_node, other_nodes = (g - 1) / p * data, (p - g) / p * data
+        return max(same_node / up, other_nodes / out) + latency_s, same_node + other_nodes
+    if experts is None:
+        raise ValueError("hierarchical all-to-all across nodes needs the number of experts")
+    inter = tokens * token_bytes * expected_other_nodes(experts, int(copies), n)
+    intra = (g - 1) / g * data
+    return max(inter / out, intra / up) + 2 * latency_s, inter + intra
+
+
+def send_time(nbytes: float, hw: dict, *, across_nodes: bool, latency_s: float = 5e-6,
+              network_fraction: float = 1.0) -> float:
+    """Time of one point-to-point send of ``nbytes`` (a pipeline stage boundary), s."""
+    if nbytes <= 0:
+        return 0.0
+    up, out = _bandwidths(hw, network_fraction)
+    return nbytes / (out if across_nodes else up) + latency_s

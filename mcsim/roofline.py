@@ -1,0 +1,779 @@
+"""Stage 5, roofline fidelity: step time, memory and operating point from the model's shape and the hardware.
+
+One forward step of one serving instance is costed op by op, per GPU. Each op's time is its roofline,
+
+    t_op = max(flops / (peak x flops_fraction), bytes / (hbm_bw x bandwidth_fraction)),
+
+the step is the sum of the ops over the layers a GPU holds, plus the communication left exposed after
+overlap, plus launch and per-step overheads. All quantities are per GPU of the instance; the slowest GPU
+sets the step (the expert-parallel rank that carries ``hot_rank_factor`` times the mean load).
+
+Layout of an instance (``gpus = tp x pp x attention_dp``)
+----------------------------------------------------------
+* Layers are split evenly over ``pp`` pipeline stages; a stage has ``tp x attention_dp`` GPUs.
+* Attention, dense FFNs, shared experts and the output head are tensor-parallel over ``tp`` (heads,
+  intermediate columns, vocabulary rows) and replicated over ``attention_dp`` groups; the step's sequences
+  and tokens are split evenly over the ``attention_dp`` groups.
+* Routed experts are split over ``ep`` ranks (``ep`` divides ``tp x attention_dp``); each rank is
+  ``etp = tp x attention_dp / ep`` GPUs that shard its experts by columns, so every GPU holds
+  ``1 / (tp x attention_dp)`` of each MoE layer's routed weights.
+* Examples: Llama-70B on 8 GPUs ``Parallelism(tp=8)``; Mixtral on 8 GPUs ``Parallelism(tp=8, ep=8)``;
+  DeepSeek-V3 decode on 144 GPUs (as DeepSeek published) ``Parallelism(tp=1, attention_dp=144, ep=144)``:
+  every GPU runs attention and the shared expert for its own sequences, two routed experts, and the
+  all-to-all moves tokens between them.
+
+FLOPs and bytes per layer and GPU
+---------------------------------
+``n`` = tokens of the step per attention-DP group (decode sequences x ``verify_tokens`` + prefill tokens,
+divided by ``attention_dp``); ``h`` = hidden size; matmul FLOPs are 2 per weight per token.
+
+* attention_proj: 2 n P_attn FLOPs, P_attn the attention weights on the GPU (GQA: q and o over ``tp``
+  heads, k and v over ``ceil(kv_heads / tp)`` heads, i.e. replicated when ``kv_heads < tp``; MLA: q_b,
+  kv_b and o over ``tp`` heads, the down-projections q_a and kv_a replicated, as vLLM and SGLang shard them).
+  With weight absorption (decode) the absorbed W_UK / W_UV products use the kv_b weights once per token,
+  so the count is the same.
+* attention_core (always at the BF16 peak), per token of context ``c``:
+  GQA ``4 x heads x head_dim x c`` (QK^T and PV); MLA decode with weight absorption (DeepSeek-V2 paper,
+  section 2.1.3; FlashMLA runs it as MQA with 576-wide keys and 512-wide values)
+  ``2 x heads x (2 kv_lora_rank + qk_rope_head_dim) x c``; MLA prefill runs in MHA form
+  (``2 x heads x (qk_nope + qk_rope + v_head) x c`` per token), which first up-projects the cached prefix
+  latent, ``2 x c_prefix x kv_lora_rank x heads x (qk_nope + v_head)`` once per chunk (vLLM's MLA backend
+  documents this compute-friendly prefill / data-movement-friendly decode split). Heads split over ``tp``.
+  KV bytes: each decode *sequence* reads its context once however many tokens it verifies (the k + 1
+  tokens of a speculative pass share the read); a prefill chunk reads ``prefill_context`` tokens once;
+  every new token writes its KV. ``attention_window`` caps the context (sliding window); ``sparse_topk``
+  caps it at the top-k tokens (DeepSeek sparse attention) and adds the lightning indexer, which scores
+  the whole (windowed) context: ``2 x 64 x 128`` FLOPs per context token and 128 FP8 bytes per cached
+  token (DeepSeek-V3.2-Exp config: index_n_heads 64, index_head_dim 128), replicated over ``tp``.
+* dense_ffn / shared_expert: SwiGLU, ``3 h F / tp`` weights. router: ``E h`` weights kept in BF16 and
+  replicated (tiny). lm_head: ``vocab h / tp`` weights, on the last stage, for every decode token and one
+  row per prefill chunk (the prompt's last token).
+* moe_ffn: the instance routes ``T k`` token-expert pairs; the slowest rank computes
+  ``hot_rank_factor x T k / ep`` of them and reads the weights of the distinct experts it holds,
+  ``distinct_experts / ep`` (default: the expected distinct experts under uniform routing,
+  ``E (1 - (1 - k/E)^T)``), each sharded over ``etp``.
+* Activations: every matmul reads its input and writes its output once; without fused kernels the
+  element-wise ops add their own round trips (RMSNorm 2h, residual add 3h, RoPE 2 x the rotated widths,
+  SwiGLU 3 x the intermediate width, per token).
+
+Communication: two TP all-reduces of ``n h`` activations per layer (after attention and after the FFN),
+a dispatch and a combine all-to-all per MoE layer (the hot rank receives ``hot_rank_factor`` times the
+mean), and one activation send per pipeline boundary; formulas in :mod:`mcsim.collectives`. A fraction
+``overlap`` of it hides behind compute.
+
+Overheads: ``kernels_per_layer x layers`` launches at ``launch_overhead_s`` each (a tenth with CUDA graphs,
+half the kernels with fused kernels), plus ``step_overhead_s`` of scheduling and sampling.
+
+Pipeline parallelism: :func:`step_cost` costs one stage (the last, which also holds the output head) for
+the batch it is given. Serving keeps ``pp`` micro-batches in flight, so :func:`operating_point` and
+:func:`step_time_table` split a step's sequences into ``pp`` micro-batches and report
+``pp x t_step(micro-batch)``, the time in which every sequence advances one pass.
+
+What it leaves out: attention kernel efficiency at short context, tile quantization, stage imbalance
+(uneven layer counts), the embedding lookup, quantization scales, and the indexer's key cache in memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mcsim import catalog
+from mcsim.collectives import allreduce_time, alltoall_time, send_time
+
+__all__ = [
+    "Achievable",
+    "Collectives",
+    "Memory",
+    "OperatingPoint",
+    "Parallelism",
+    "Precision",
+    "StepCost",
+    "memory_projection",
+    "operating_point",
+    "step_cost",
+    "step_time_table",
+]
+
+COMPUTE_DTYPES = ("bf16", "fp8", "fp4")
+OPS = ("attention_proj", "attention_core", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head",
+       "tp_allreduce", "ep_alltoall", "pp_send", "overhead")
+COMM_OPS = ("tp_allreduce", "ep_alltoall", "pp_send")
+#: Routers stay in BF16 in low-precision deployments (DeepSeek-V3 keeps gating in high precision).
+ROUTER_WEIGHT_BYTES = 2.0
+#: DeepSeek-V3.2-Exp lightning indexer: heads, head width and bytes per cached key element (FP8).
+INDEXER_HEADS, INDEXER_HEAD_DIM, INDEXER_KEY_BYTES = 64, 128, 1.0
+#: Launch cost with CUDA graph replay relative to eager launches.
+GRAPH_LAUNCH_FRACTION = 0.1
+#: Kernels left per layer when element-wise ops are fused into the matmuls.
+FUSED_KERNEL_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Number formats.
+
+    Attributes
+    ----------
+    weight_bytes : float
+        Bytes per weight (BF16 2, FP8 1, FP4 0.5); the router stays at 2.
+    kv_bytes : float
+        Bytes per cached KV element.
+    compute : {"bf16", "fp8", "fp4"}
+        Peak FLOP/s used by the linear and expert matmuls; attention core always runs at BF16. A format the
+        hardware lacks (peak 0) falls back to the next wider one (weight-only quantization).
+    activation_bytes : float
+        Bytes per activation element, in HBM traffic and on the wire.
+    """
+
+    weight_bytes: float = 2.0
+    kv_bytes: float = 2.0
+    compute: str = "bf16"
+    activation_bytes: float = 2.0
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Parallel layout of one instance of ``tp x pp x attention_dp`` GPUs (see the module docstring).
+
+    Attributes
+    ----------
+    tp : int
+        Tensor-parallel degree of attention, dense FFN, shared experts and the output head.
+    ep : int
+        Expert-parallel ranks per stage; must divide ``tp x attention_dp``.
+    pp : int
+        Pipeline stages (layers split evenly).
+    attention_dp : int
+        Data-parallel attention groups per stage; sequences split evenly over them.
+    """
+
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+    attention_dp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one instance."""
+        return self.tp * self.pp * self.attention_dp
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """Collective algorithms and their overlap with compute.
+
+    Attributes
+    ----------
+    allreduce : {"ring", "one-shot", "two-shot", "hierarchical"}
+    alltoall : {"direct", "hierarchical"}
+    overlap : float
+        Fraction of communication time hidden behind compute, in [0, 1].
+    latency_s : float
+        Latency per collective step (hop), s.
+    """
+
+    allreduce: str = "ring"
+    alltoall: str = "direct"
+    overlap: float = 0.0
+    latency_s: float = 5e-6
+
+
+@dataclass(frozen=True)
+class Achievable:
+    """Achievable fractions of the hardware peaks and the fixed costs of a step.
+
+    Attributes
+    ----------
+    flops_fraction, bandwidth_fraction, network_fraction : float
+        Achievable share of peak FLOP/s, HBM bandwidth and link bandwidth.
+    launch_overhead_s : float
+        Cost of one eager kernel launch, s.
+    kernels_per_layer : int
+        Kernel launches per layer without fusion.
+    cuda_graphs : bool
+        Graph replay: a launch costs ``GRAPH_LAUNCH_FRACTION`` of an eager one.
+    fused : bool
+        Fused kernels: ``FUSED_KERNEL_FRACTION`` of the launches and no element-wise activation round trips.
+    step_overhead_s : float
+        Scheduling and sampling per step, s.
+    """
+
+    flops_fraction: float = 0.6
+    bandwidth_fraction: float = 0.8
+    network_fraction: float = 0.7
+    launch_overhead_s: float = 1e-5
+    kernels_per_layer: int = 12
+    cuda_graphs: bool = True
+    fused: bool = False
+    step_overhead_s: float = 2e-4
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Cost of one step on one GPU of the instance (the slowest one).
+
+    Attributes
+    ----------
+    flops : float
+        FLOPs.
+    weight_bytes, kv_bytes, activation_bytes : float
+        HBM bytes read or written: weights, KV cache (reads and writes), activations.
+    comm_bytes : float
+        Bytes this GPU sends in collectives.
+    t_compute, t_memory : float
+        Sums over ops of flops / achievable FLOP/s and bytes / achievable bandwidth, s (diagnostic: the step
+        takes the larger of the two per op).
+    t_comm, t_comm_exposed : float
+        Communication time, and the part not hidden behind compute, s.
+    t_overhead : float
+        Launch and per-step overheads, s.
+    t_step : float
+        Step time: sum over ops of the per-op roofline + t_comm_exposed + t_overhead, s.
+    breakdown : dict
+        op -> {"flops", "bytes", "t"} for each name in :data:`OPS`; communication ops give their bytes sent
+        and their *exposed* time, so the ``t`` values add up to ``t_step``.
+    """
+
+    flops: float
+    weight_bytes: float
+    kv_bytes: float
+    activation_bytes: float
+    comm_bytes: float
+    t_compute: float
+    t_memory: float
+    t_comm: float
+    t_comm_exposed: float
+    t_overhead: float
+    t_step: float
+    breakdown: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """HBM budget of one GPU of an instance (bytes are per GPU; sequences per instance).
+
+    Attributes
+    ----------
+    weights_per_gpu : float
+        Weight bytes on the fullest GPU.
+    kv_bytes_per_token_per_gpu : float
+        KV bytes one token of a sequence occupies on a GPU that holds that sequence.
+    kv_bytes_per_sequence : float
+        KV bytes of one sequence on such a GPU, its context rounded up to whole blocks (paged cache).
+    activation_bytes : float
+        Reserved for activations and workspace.
+    free_kv_bytes : float
+        HBM x memory_fraction - weights - activations - reserved (negative when weights do not fit).
+    max_sequences : int
+        Sequences of that context the instance holds (``attention_dp`` groups each fill their own HBM).
+    fits : bool
+    reason : str
+        "ok", "weights do not fit in HBM" or "KV for one sequence does not fit".
+    """
+
+    weights_per_gpu: float
+    kv_bytes_per_token_per_gpu: float
+    kv_bytes_per_sequence: float
+    activation_bytes: float
+    free_kv_bytes: float
+    max_sequences: int
+    fits: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Decode operating point of one instance.
+
+    Attributes
+    ----------
+    batch : int
+        Decode sequences per instance (0 when even one does not fit in memory).
+    step_time_s : float
+        Time in which every sequence of the batch completes one pass, s.
+    tpot_s : float
+        step_time_s / tokens_per_pass, s.
+    decode_tok_s_per_gpu : float
+        batch x tokens_per_pass / step_time_s / GPUs of the instance.
+    feasible : bool
+    reason : str
+        "ok", a memory reason, or "TPOT target not met at batch 1".
+    limited_by : str
+        What capped the batch: "memory", "max_batch", "tpot" or "" when infeasible.
+    """
+
+    batch: int
+    step_time_s: float
+    tpot_s: float
+    decode_tok_s_per_gpu: float
+    feasible: bool
+    reason: str
+    limited_by: str = ""
+
+
+# -- shapes on one GPU --------------------------------------------------------------------------------------
+
+def _check_parallel(parallel: Parallelism) -> None:
+    for name in ("tp", "ep", "pp", "attention_dp"):
+        if getattr(parallel, name) < 1:
+            raise ValueError(f"parallel.{name} must be >= 1, got {getattr(parallel, name)}")
+    stage = parallel.tp * parallel.attention_dp
+    if stage % parallel.ep:
+        raise ValueError(f"parallel.ep ({parallel.ep}) must divide tp x attention_dp ({stage}): the experts of a "
+                         "layer live on the GPUs of its pipeline stage")
+
+
+def _attention_shard(model: dict, tp: int) -> dict:
+    """Per-GPU, per-layer attention shapes: matmul weights, replicated norm weights, widths for traffic."""
+    h, heads = model["hidden_size"], model["attention_heads"]
+    hq = heads / tp
+    if model["attention"] == "gqa":
+        hd = model["head_dim"]
+        kv = math.ceil(model["kv_heads"] / tp)  # a KV head is replicated when kv_heads < tp
+        q_w, kv_w = hq * hd, kv * hd
+        return {
+            "matmul": 2 * h * q_w + 2 * h * kv_w,
+            "norm": 2 * h,  # the layer's two RMSNorms (attention and FFN input)
+            # q/k/v projection in -> out, o projection in -> out
+            "io": (h + q_w + 2 * kv_w) + (q_w + h),
+            "rope": q_w + kv_w,
+            "kv_per_token": 2 * kv_w,  # elements cached per token (this GPU's heads)
+            "heads": hq,
+        }
+    if model["attention"] != "mla":
+        raise ValueError(f"attention must be one of {catalog.ATTENTION_KINDS}, got {model['attention']!r}")
+    q_lora, kv_lora = model["q_lora_rank"], model["kv_lora_rank"]
+    nope, rope, v = model["qk_nope_head_dim"], model["qk_rope_head_dim"], model["v_head_dim"]
+    if q_lora > 0:
+        q_down, q_up, q_norm = h * q_lora, q_lora * hq * (nope + rope), q_lora
+        q_io = (h + q_lora) + (q_lora + hq * (nope + rope))
+    else:
+        q_down, q_up, q_norm = 0, h * hq * (nope + rope), 0
+        q_io = h + hq * (nope + rope)
+    kv_down = h * (kv_lora + rope)
+    kv_up = kv_lora * hq * (nope + v)
+    out = hq * v * h
+    return {
+        "matmul": q_down + q_up + kv_down + kv_up + out,
+        "norm": 2 * h + q_norm + kv_lora,  # the layer's two RMSNorms and the two latent norms
+        "io": q_io + (h + kv_lora + rope) + (kv_lora + hq * (nope + v)) + (hq * v + h),
+        "rope": hq * rope + rope,
+        "kv_per_token": kv_lora + rope,  # the latent is shared by all heads: replicated over tp
+        "heads": hq,
+    }
+
+
+def _peak_flops(hw: dict, compute: str) -> float:
+    """Peak FLOP/s of the widest-supported format at or above ``compute``."""
+    if compute not in COMPUTE_DTYPES:
+        raise ValueError(f"precision.compute must be one of {COMPUTE_DTYPES}, got {compute!r}")
+    for dtype in COMPUTE_DTYPES[COMPUTE_DTYPES.index(compute)::-1]:
+        if hw[f"{dtype}_tflops"] > 0:
+            return hw[f"{dtype}_tflops"] * 1e12
+    raise ValueError("hardware has no BF16 peak")
+
+
+def _layer_counts(model: dict, pp: int) -> tuple[float, float, float]:
+    """(all, dense, MoE) layers per pipeline stage, split evenly."""
+    layers, dense = model["layers"], model["dense_layers"]
+    return layers / pp, dense / pp, (layers - dense) / pp
+
+
+def expected_distinct_experts(experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts touched when ``tokens`` tokens each pick ``top_k`` of ``experts`` uniformly.
+
+    ``E (1 - (1 - k/E)^T)``: an expert is missed by one token with probability ``1 - k/E``.
+    """
+    if experts <= 0 or tokens <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+# -- step cost -------------------------------------------------------------------------------------------------
+
+def step_cost(model: dict, hw: dict, *, decode_seqs: float, decode_context: float, prefill_tokens: float = 0,
+              prefill_context: float = 0, verify_tokens: int = 1, precision: Precision = Precision(),
+              parallel: Parallelism = Parallelism(), collectives: Collectives = Collectives(),
+              achievable: Achievable = Achievable(), hot_rank_factor: float = 1.0,
+              distinct_experts: float | None = None, attention_window: int = 0, sparse_topk: int = 0) -> StepCost:
+    """Roofline cost of one forward step of one instance (one pipeline stage when ``pp > 1``).
+
+    Parameters
+    ----------
+    model, hw : dict
+        Catalog entries (:func:`mcsim.catalog.model_preset`, :func:`mcsim.catalog.hardware_preset`).
+    decode_seqs : float
+        Decode sequences in the step (per instance).
+    decode_context : float
+        Mean context of those sequences, tokens.
+    prefill_tokens : float
+        New prompt tokens in the step (a prefill chunk).
+    prefill_context : float
+        Earlier tokens a prefill token attends to on average (the chunk's prefix plus half the chunk).
+    verify_tokens : int
+        Tokens each decode sequence runs (k + 1 when verifying k drafts).
+    precision, parallel, collectives, achievable
+        Option groups; see their classes.
+    hot_rank_factor : float
+        Max / mean token-expert load over EP ranks (from :mod:`mcsim.experts`), >= 1.
+    distinct_experts : float, optional
+        Distinct routed experts touched per MoE layer in the step; default: uniform-routing expectation.
+    attention_window : int
+        Sliding-window size, tokens (0: full attention).
+    sparse_topk : int
+        Tokens kept by sparse attention (0: dense), with the indexer's cost.
+
+    Returns
+    -------
+    StepCost
+        Per-GPU FLOPs, bytes and times; an empty step (no tokens) costs nothing.
+
+    Examples
+    --------
+    >>> from mcsim import catalog
+    >>> cost = step_cost(catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100"),
+    ...                  decode_seqs=1, decode_context=1000)
+    >>> cost.t_memory > cost.t_compute  # batch-1 decode streams the weights
+    True
+    """
+    _check_parallel(parallel)
+    if decode_seqs < 0 or prefill_tokens < 0 or decode_context < 0 or prefill_context < 0 or verify_tokens < 1:
+        raise ValueError("token counts and contexts must be >= 0 and verify_tokens >= 1")
+    if hot_rank_factor < 1:
+        raise ValueError(f"hot_rank_factor is max/mean load, >= 1; got {hot_rank_factor}")
+    tp, ep, pp, adp = parallel.tp, parallel.ep, parallel.pp, parallel.attention_dp
+    stage_gpus = tp * adp
+    decode_tokens = decode_seqs * verify_tokens
+    tokens = decode_tokens + prefill_tokens
+    ops = {name: {"flops": 0.0, "weight": 0.0, "kv": 0.0, "act": 0.0, "t": 0.0, "sent": 0.0} for name in OPS}
+    if tokens <= 0:
+        return _assemble(ops, 0.0, 0.0, 0.0, 0.0)
+
+    h = model["hidden_size"]
+    a, wb, kvb = precision.activation_bytes, precision.weight_bytes, precision.kv_bytes
+    unfused = 0.0 if achievable.fused else 1.0
+    peak_linear = _peak_flops(hw, precision.compute) * achievable.flops_fraction
+    peak_attention = hw["bf16_tflops"] * 1e12 * achievable.flops_fraction
+    bandwidth = hw["hbm_tb_s"] * 1e12 * achievable.bandwidth_fraction
+    n = tokens / adp  # tokens per attention-DP group: what every GPU of a TP group processes
+    has_prefill = 1.0 if prefill_tokens > 0 else 0.0
+    layers, dense_layers, moe_layers = _layer_counts(model, pp)
+
+    def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear):
+        op = ops[name]
+        op["flops"] += count * flops
+        op["weight"] += count * weight
+        op["kv"] += count * kv
+        op["act"] += count * act
+        op["t"] += count * max(flops / peak, (weight + kv + act) / bandwidth)
+
+    # attention projections and core, every layer
+    shard = _attention_shard(model, tp)
+    add("attention_proj", layers, 2 * n * shard["matmul"], weight=(shard["matmul"] + shard["norm"]) * wb,
+        act=n * a * (shard["io"] + unfused * (5 * h + 2 * shard["rope"])))
+    full_d = min(decode_context, attention_window) if attention_window > 0 else decode_context
+    full_p = min(prefill_context, attention_window) if attention_window > 0 else prefill_context
+    ctx_d = min(full_d, sparse_topk) if sparse_topk > 0 else full_d
+    ctx_p = min(full_p, sparse_topk) if sparse_topk > 0 else full_p
+    hq = shard["heads"]
+    if model["attention"] == "gqa":
+        hd = model["head_dim"]
+        core_flops = 4 * hq * hd * (decode_tokens * ctx_d + prefill_tokens * ctx_p)
+        core_act = tokens * 2 * hq * hd
+    else:
+        kv_lora, rope = model["kv_lora_rank"], model["qk_rope_head_dim"]
+        nope, v = model["qk_nope_head_dim"], model["v_head_dim"]
+        core_flops = (2 * hq * (2 * kv_lora + rope) * decode_tokens * ctx_d  # absorbed, MQA over the latent
+                      + 2 * hq * (nope + rope + v) * prefill_tokens * ctx_p  # MHA form for prefill
+                      + has_prefill * 2 * ctx_p * kv_lora * hq * (nope + v))  # up-project the prefix latent
+        core_act = decode_tokens * hq * (2 * kv_lora + rope) + prefill_tokens * hq * (nope + rope + v)
+    kv_token = shard["kv_per_token"] * kvb
+    kv_traffic = (decode_seqs * ctx_d + has_prefill * ctx_p + tokens) * kv_token  # reads + writes
+    if sparse_topk > 0:
+        core_flops += 2 * INDEXER_HEADS * INDEXER_HEAD_DIM * (decode_tokens * full_d + prefill_tokens * full_p)
+        kv_traffic += (decode_seqs * full_d + has_prefill * full_p + tokens) * INDEXER_HEAD_DIM * INDEXER_KEY_BYTES
+    add("attention_core", layers, core_flops / adp, kv=kv_traffic / adp, act=core_act / adp * a, peak=peak_attention)
+
+    # dense FFN layers
+    if dense_layers > 0:
+        f = model["dense_ffn"] / tp
+        add("dense_ffn", dense_layers, 2 * n * 3 * h * f, weight=3 * h * f * wb,
+            act=n * a * (2 * h + 3 * f + unfused * (5 * h + 3 * f)))
+
+    # MoE layers: router, shared experts, routed experts on the slowest EP rank
+    if moe_layers > 0:
+        experts, top_k = model["experts"], model["active_experts"]
+        add("router", moe_layers, 2 * n * experts * h, weight=experts * h * ROUTER_WEIGHT_BYTES,
+            act=n * a * (h + experts + unfused * 5 * h), peak=hw["bf16_tflops"] * 1e12 * achievable.flops_fraction)
+        if model["shared_experts"] > 0:
+            fs = model["shared_experts"] * model["expert_ffn"] / tp
+            add("shared_expert", moe_layers, 2 * n * 3 * h * fs, weight=3 * h * fs * wb,
+                act=n * a * (2 * h + 3 * fs + unfused * 3 * fs))
+        etp = stage_gpus // ep
+        fe = model["expert_ffn"] / etp
+        pairs = hot_rank_factor * tokens * top_k / ep
+        distinct = expected_distinct_experts(experts, top_k, tokens) if distinct_experts is None \
+            else float(distinct_experts)
+        distinct_on_rank = min(distinct, experts) / ep
+        add("moe_ffn", moe_layers, 2 * pairs * 3 * h * fe, weight=distinct_on_rank * 3 * h * fe * wb,
+            act=pairs * a * (2 * h + 3 * fe + unfused * 3 * fe))
+
+    # output head, on the last stage: every decode token, one row per prefill chunk
+    rows = (decode_tokens + has_prefill) / adp
+    vocab_gpu = model["vocab"] / tp
+    add("lm_head", 1, 2 * rows * vocab_gpu * h, weight=vocab_gpu * h * wb, act=rows * a * (h + vocab_gpu))
+
+    # communication
+    net = {"latency_s": collectives.latency_s, "network_fraction": achievable.network_fraction}
+    if tp > 1:
+        t, sent = allreduce_time(n * h * a, tp, hw, algorithm=collectives.allreduce, **net)
+        ops["tp_allreduce"].update(t=2 * layers * t, sent=2 * layers * sent)
+    if ep > 1 and moe_layers > 0:
+        tokens_per_gpu = hot_rank_factor * tokens / stage_gpus
+        t, sent = alltoall_time(tokens_per_gpu, model["active_experts"], h * a, ep, hw,
+                                algorithm=collectives.alltoall, experts=model["experts"], **net)
+        ops["ep_alltoall"].update(t=2 * moe_layers * t, sent=2 * moe_layers * sent)
+    if pp > 1:
+        nbytes = n * h * a / tp  # the TP ranks each send their share of the boundary activations
+        t = send_time(nbytes, hw, across_nodes=stage_gpus >= hw["gpus_per_node"], **net)
+        ops["pp_send"].update(t=t, sent=nbytes)
+
+    launches = achievable.kernels_per_layer * layers * (FUSED_KERNEL_FRACTION if achievable.fused else 1.0)
+    t_launch = launches * achievable.launch_overhead_s * (GRAPH_LAUNCH_FRACTION if achievable.cuda_graphs else 1.0)
+    t_overhead = t_launch + achievable.step_overhead_s
+    ops["overhead"]["t"] = t_overhead
+    return _assemble(ops, peak_linear, peak_attention, bandwidth, collectives.overlap)
+
+
+def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: float, overlap: float) -> StepCost:
+    """Totals and breakdown from the per-op accumulators; communication ``t`` becomes its exposed part."""
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"collectives.overlap must be in [0, 1], got {overlap}")
+    t_comm = sum(ops[name]["t"] for name in COMM_OPS)
+    for name in COMM_OPS:
+        ops[name]["t"] *= 1.0 - overlap
+    compute_ops = [name for name in OPS if name not in COMM_OPS and name != "overhead"]
+    t_compute = t_memory = 0.0
+    for name in compute_ops:
+        op = ops[name]
+        peak = peak_attention if name in ("attention_core", "router") else peak_linear
+        t_compute += op["flops"] / peak if peak else 0.0
+        t_memory += (op["weight"] + op["kv"] + op["act"]) / bandwidth if bandwidth else 0.0
+    breakdown = {name: {"flops": ops[name]["flops"],
+                        "bytes": ops[name]["weight"] + ops[name]["kv"] + ops[name]["act"] + ops[name]["sent"],
+                        "t": ops[name]["t"]} for name in OPS}
+    return StepCost(
+        flops=sum(op["flops"] for op in ops.values()),
+        weight_bytes=sum(op["weight"] for op in ops.values()),
+        kv_bytes=sum(op["kv"] for op in ops.values()),
+        activation_bytes=sum(op["act"] for op in ops.values()),
+        comm_bytes=sum(ops[name]["sent"] for name in COMM_OPS),
+        t_compute=t_compute,
+        t_memory=t_memory,
+        t_comm=t_comm,
+        t_comm_exposed=t_comm * (1.0 - overlap),
+        t_overhead=ops["overhead"]["t"],
+        t_step=sum(op["t"] for op in ops.values()),
+        breakdown=breakdown,
+    )
+
+
+# -- memory --------------------------------------------------------------------------------------------------
+
+def memory_projection(model: dict, hw: dict, *, precision: Precision = Precision(),
+                      parallel: Parallelism = Parallelism(), block_tokens: int = 16, context: float = 4096,
+                      memory_fraction: float = 0.9, activation_gb: float = 4.0, reserved_gb: float = 0.0,
+                      include_mtp: bool = False) -> Memory:
+    """HBM budget per GPU and the sequences an instance can hold.
+
+    Weights: routed experts spread over all ``tp x attention_dp`` GPUs of a stage (``ep`` ranks of ``etp``
+    GPUs); everything else split over ``tp`` and replicated over ``attention_dp``; layers over ``pp``; the
+    fullest stage holds the embedding or the output head (both when ``pp == 1``). The router counts at
+    BF16. KV: GQA heads over ``tp`` (``ceil(kv_heads / tp)`` per GPU, replicated when ``kv_heads < tp``);
+    the MLA latent is replicated over ``tp``; sequences split over ``attention_dp``.
+
+    Parameters
+    ----------
+    model, hw : dict
+        Catalog entries.
+    precision, parallel
+        Option groups.
+    block_tokens : int
+        Tokens per KV block; a sequence's context is rounded up to whole blocks.
+    context : float
+        Context per sequence, tokens (prompt plus the output generated so far; the mean is a fair choice).
+    memory_fraction : float
+        Usable share of HBM.
+    activation_gb, reserved_gb : float
+        HBM per GPU set aside for activations and workspace, and for anything else (a prefix cache), GB.
+    include_mtp : bool
+        Hold the multi-token-prediction modules too (MTP speculative decoding), on the last stage.
+
+    Returns
+    -------
+    Memory
+
+    Examples
+    --------
+    >>> from mcsim import catalog
+    >>> mem = memory_projection(catalog.model_preset("llama-3-70b"), catalog.hardware_preset("h100"))
+    >>> mem.kv_bytes_per_token_per_gpu, mem.reason
+    (327680.0, 'weights do not fit in HBM')
+    """
+    _check_parallel(parallel)
+    if block_tokens < 1 or context < 0:
+        raise ValueError("block_tokens must be >= 1 and context >= 0")
+    tp, pp, adp = parallel.tp, parallel.pp, parallel.attention_dp
+    h, wb = model["hidden_size"], precision.weight_bytes
+    layers, dense_layers, moe_layers = _layer_counts(model, pp)
+    shard = _attention_shard(model, tp)
+    per_layer = (shard["matmul"] + shard["norm"]) * wb
+    weights = layers * per_layer + dense_layers * 3 * h * model["dense_ffn"] / tp * wb
+    if moe_layers > 0:
+        expert = 3 * h * model["expert_ffn"]
+        weights += moe_layers * (model["experts"] * expert / (tp * adp) * wb
+                                 + model["shared_experts"] * expert / tp * wb
+                                 + model["experts"] * h * ROUTER_WEIGHT_BYTES)
+    heads_of_vocab = 2 if pp == 1 else 1
+    weights += heads_of_vocab * model["vocab"] * h / tp * wb + h * wb  # embedding / output head, final norm
+    if include_mtp and model.get("mtp_layers", 0):
+        mtp_total, _ = catalog._mtp_params(model)
+        mtp_experts = model["mtp_layers"] * model["experts"] * 3 * h * model["expert_ffn"]
+        weights += ((mtp_total - mtp_experts) / tp + mtp_experts / (tp * adp)) * wb
+
+    kv_token = layers * shard["kv_per_token"] * precision.kv_bytes
+    blocks = math.ceil(context / block_tokens)
+    kv_sequence = blocks * block_tokens * kv_token
+    activation = activation_gb * 1e9
+    free = hw["hbm_gb"] * 1e9 * memory_fraction - weights - activation - reserved_gb * 1e9
+    if free <= 0:
+        max_sequences, reason = 0, "weights do not fit in HBM"
+    else:
+        per_group = math.floor(free / kv_sequence) if kv_sequence > 0 else 0
+        max_sequences = adp * per_group
+        reason = "ok" if per_group >= 1 else "KV for one sequence does not fit"
+    return Memory(weights_per_gpu=float(weights), kv_bytes_per_token_per_gpu=float(kv_token),
+                  kv_bytes_per_sequence=float(kv_sequence), activation_bytes=float(activation),
+                  free_kv_bytes=float(free), max_sequences=int(max_sequences), fits=reason == "ok", reason=reason)
+
+
+# -- operating point and step-time table ---------------------------------------------------------------------
+
+def _instance_step_time(model: dict, hw: dict, decode_seqs: float, prefill_tokens: float, step_kwargs: dict) -> float:
+    """Time in which all ``decode_seqs`` sequences (and the prefill tokens) advance one step, s.
+
+    With ``pp`` stages the work is split into ``pp`` micro-batches kept in flight together: each sequence
+    passes through all stages, one stage-time each.
+    """
+    if decode_seqs + prefill_tokens <= 0:
+        return 0.0
+    pp = step_kwargs.get("parallel", Parallelism()).pp
+    cost = step_cost(model, hw, decode_seqs=decode_seqs / pp, prefill_tokens=prefill_tokens / pp, **step_kwargs)
+    return pp * cost.t_step
+
+
+def operating_point(model: dict, hw: dict, *, context: float, tpot_target_s: float, verify_tokens: int = 1,
+                    tokens_per_pass: float = 1.0, max_batch: int | None = None, memory: Memory,
+                    **step_kwargs) -> OperatingPoint:
+    """Largest decode batch per instance that fits in memory and meets the TPOT target.
+
+    Step time grows monotonically with the batch, so the batch is found by bisection over integers in
+    ``[1, min(memory.max_sequences, max_batch)]``.
+
+    Parameters
+    ----------
+    model, hw : dict
+        Catalog entries.
+    context : float
+        Mean decode context, tokens (use the same context as ``memory``).
+    tpot_target_s : float
+        Time-per-output-token target, s.
+    verify_tokens : int
+        Tokens each sequence runs per pass (k + 1 with k drafts).
+    tokens_per_pass : float
+        Output tokens a sequence gains per pass on average (1 without speculation).
+    max_batch : int, optional
+        Cap on sequences per instance.
+    memory : Memory
+        From :func:`memory_projection` for the same model, hardware, precision and parallelism.
+    **step_kwargs
+        Passed to :func:`step_cost` (precision, parallel, collectives, achievable, hot_rank_factor, ...).
+
+    Returns
+    -------
+    OperatingPoint
+    """
+    gpus = step_kwargs.get("parallel", Parallelism()).gpus
+    prefill_tokens = step_kwargs.pop("prefill_tokens", 0)
+    if not memory.fits:
+        return OperatingPoint(0, math.nan, math.nan, 0.0, False, memory.reason)
+
+    def step_time(batch):
+        return _instance_step_time(model, hw, batch, prefill_tokens,
+                                   dict(step_kwargs, decode_context=context, verify_tokens=verify_tokens))
+
+    def point(batch, feasible, reason, limited_by):
+        t = step_time(batch)
+        return OperatingPoint(batch, t, t / tokens_per_pass, batch * tokens_per_pass / t / gpus, feasible, reason,
+                              limited_by)
+
+    limit, limited_by = memory.max_sequences, "memory"
+    if max_batch is not None and max_batch < limit:
+        limit, limited_by = int(max_batch), "max_batch"
+    if limit < 1:
+        return OperatingPoint(0, math.nan, math.nan, 0.0, False, "max_batch below 1")
+
+    def meets(batch):
+        return step_time(batch) / tokens_per_pass <= tpot_target_s
+
+    if not meets(1):
+        return point(1, False, "TPOT target not met at batch 1", "")
+    if meets(limit):
+        return point(limit, True, "ok", limited_by)
+    good, bad = 1, limit
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if meets(middle):
+            good = middle
+        else:
+            bad = middle
+    return point(good, True, "ok", "tpot")
+
+
+def step_time_table(model: dict, hw: dict, decode_edges, prefill_edges, *, decode_context: float,
+                    prefill_context: float, mixed_penalty: float = 0.0, **step_kwargs) -> np.ndarray:
+    """Step time on a grid of (decode sequences, prefill tokens), for the batching simulator to interpolate.
+
+    Parameters
+    ----------
+    model, hw : dict
+        Catalog entries.
+    decode_edges : array_like
+        Decode sequences per step (per instance), ascending.
+    prefill_edges : array_like
+        Prefill tokens per step (per instance), ascending.
+    decode_context, prefill_context : float
+        Mean decode context and mean attended prefix of a prefill token, tokens.
+    mixed_penalty : float
+        Extra fraction a step pays when it mixes prefill and decode (interference of the two phases).
+    **step_kwargs
+        Passed to :func:`step_cost` (verify_tokens, precision, parallel, ...).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64[len(decode_edges), len(prefill_edges)], s; 0 where the step has no work. With ``pp > 1``,
+        the time in which the whole step's work passes all stages as ``pp`` micro-batches.
+    """
+    decode_edges = np.asarray(decode_edges, dtype=np.float64)
+    prefill_edges = np.asarray(prefill_edges, dtype=np.float64)
+    table = np.zeros((decode_edges.size, prefill_edges.size))
+    kwargs = dict(step_kwargs, decode_context=decode_context, prefill_context=prefill_context)
+    for i, decode in enumerate(decode_edges):
+        for j, prefill in enumerate(prefill_edges):
+            t = _instance_step_time(model, hw, decode, prefill, kwargs)
+            table[i, j] = t * (1.0 + mixed_penalty) if decode > 0 and prefill > 0 else t
+    return table

@@ -1,0 +1,405 @@
+"""Roofline step cost, collectives, memory projection and operating point against hand-computed values."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from mcsim import catalog
+from mcsim.collectives import allreduce_time, alltoall_time, expected_other_nodes
+from mcsim.roofline import (
+    Achievable,
+    Collectives,
+    Parallelism,
+    Precision,
+    memory_projection,
+    operating_point,
+    step_cost,
+    step_time_table,
+)
+
+# A dense GQA model small enough to cost by hand.
+TINY = {
+    "name": "tiny", "source": "test", "layers": 2, "hidden_size": 64, "attention_heads": 4, "kv_heads": 2,
+    "head_dim": 16, "attention": "gqa", "kv_lora_rank": 0, "qk_rope_head_dim": 0, "q_lora_rank": 0,
+    "qk_nope_head_dim": 0, "v_head_dim": 0, "dense_layers": 2, "experts": 0, "active_experts": 0,
+    "shared_experts": 0, "expert_ffn": 0, "dense_ffn": 128, "vocab": 100, "max_context": 1024,
+    "total_params_b": 0.0, "active_params_b": 0.0, "mtp_layers": 0,
+}
+# Round numbers: 1 TFLOP/s BF16 and 1 TB/s HBM; at 50 % achievable both are 5e11 per second, so an op takes
+# max(flops, bytes) / 5e11 s.
+TINY_HW = {
+    "bf16_tflops": 1.0, "fp8_tflops": 2.0, "fp4_tflops": 0.0, "hbm_gb": 1.0, "hbm_tb_s": 1.0,
+    "scale_up_gb_s": 100.0, "scale_out_gb_s": 10.0, "host_link_gb_s": 10.0, "gpus_per_node": 8,
+}
+HALF = Achievable(flops_fraction=0.5, bandwidth_fraction=0.5, network_fraction=1.0, launch_overhead_s=0.0,
+                  step_overhead_s=0.0, fused=False)
+RATE = 0.5e12
+
+
+def roof(flops, nbytes):
+    return max(flops, nbytes) / RATE
+
+
+def check_op(cost, op, flops, nbytes):
+    assert cost.breakdown[op]["flops"] == pytest.approx(flops, rel=1e-12)
+    assert cost.breakdown[op]["bytes"] == pytest.approx(nbytes, rel=1e-12)
+    assert cost.breakdown[op]["t"] == pytest.approx(roof(flops, nbytes), rel=1e-12)
+
+
+def test_tiny_decode_tp1_by_hand():
+    cost = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10, achievable=HALF)
+    n, layers = 3, 2  # 3 decode tokens, 2 layers
+    # attention_proj per layer: q 64x(4*16), k and v 64x(2*16) each, o (4*16)x64; 2 RMSNorms of 64 (bytes only)
+    attn_params = 64 * 64 + 2 * 64 * 32 + 64 * 64  # 12288
+    attn_flops = 2 * n * attn_params  # 73728
+    attn_weights = (attn_params + 2 * 64) * 2  # 24832
+    # activations per token: qkv in 64 + out 64+32+32, o in 64 + out 64 = 320; unfused norm 2*64,
+    # residual 3*64, rope 2*(64+32) = 512
+    attn_act = n * (320 + 512) * 2  # 4992
+    check_op(cost, "attention_proj", layers * attn_flops, layers * (attn_weights + attn_act))
+    # attention_core: 4 * heads * head_dim * context per token; KV 2 * 2 heads * 16 * 2 B = 128 B per token
+    core_flops = 4 * 4 * 16 * 10 * n  # 7680
+    kv = (3 * 10 + 3) * 128  # read 3 contexts of 10, write 3 new tokens
+    core_act = n * 2 * 64 * 2  # q in, o out
+    check_op(cost, "attention_core", layers * core_flops, layers * (kv + core_act))
+    # dense FFN: 3 * 64 * 128 weights; act per token 64 + 2*128 (gate/up) + 128 + 64 (down) = 512,
+    # unfused norm 128 + residual 192 + SwiGLU 3*128 = 704
+    ffn_params = 3 * 64 * 128
+    check_op(cost, "dense_ffn", layers * 2 * n * ffn_params, layers * (ffn_params * 2 + n * (512 + 704) * 2))
+    # output head: 100 x 64, one row per decode token
+    check_op(cost, "lm_head", 2 * n * 100 * 64, 100 * 64 * 2 + n * (64 + 100) * 2)
+    for op in ("moe_ffn", "shared_expert", "router", "tp_allreduce", "ep_alltoall", "pp_send"):
+        assert cost.breakdown[op]["t"] == 0.0
+    expected = (layers * (roof(attn_flops, attn_weights + attn_act) + roof(core_flops, kv + core_act)
+                          + roof(2 * n * ffn_params, ffn_params * 2 + n * 1216 * 2))
+                + roof(2 * n * 6400, 12800 + n * 164 * 2))
+    assert cost.t_step == pytest.approx(expected, rel=1e-12)
+    assert cost.kv_bytes == pytest.approx(layers * kv)
+    assert cost.t_comm == 0.0
+
+
+def test_tiny_decode_tp2_by_hand():
+    latency = 1e-6
+    cost = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10, achievable=HALF,
+                     parallel=Parallelism(tp=2), collectives=Collectives(allreduce="ring", latency_s=latency))
+    n, layers = 3, 2
+    # per GPU: 2 query heads (32 wide), 1 KV head (16 wide)
+    attn_params = 64 * 32 + 2 * 64 * 16 + 32 * 64  # 6144
+    attn_act = n * ((64 + 32 + 32) + (32 + 64) + 5 * 64 + 2 * (32 + 16)) * 2
+    check_op(cost, "attention_proj", layers * 2 * n * attn_params, layers * ((attn_params + 128) * 2 + attn_act))
+    core_flops = 4 * 2 * 16 * 10 * n
+    kv = (3 * 10 + 3) * (2 * 1 * 16 * 2)
+    check_op(cost, "attention_core", layers * core_flops, layers * (kv + n * 2 * 32 * 2))
+    ffn_params = 3 * 64 * 64  # 128 columns split over 2 GPUs
+    check_op(cost, "dense_ffn", layers * 2 * n * ffn_params,
+             layers * (ffn_params * 2 + n * (2 * 64 + 3 * 64 + 5 * 64 + 3 * 64) * 2))
+    check_op(cost, "lm_head", 2 * n * 50 * 64, 50 * 64 * 2 + n * (64 + 50) * 2)
+    # 2 ring all-reduces per layer of 3 tokens x 64 x 2 B = 384 B: 2*(2-1)/2 * 384 B at 100 GB/s + 2 hops
+    one = 2 * 1 / 2 * 384 / 100e9 + 2 * 1 * latency
+    assert cost.breakdown["tp_allreduce"]["t"] == pytest.approx(2 * layers * one, rel=1e-12)
+    assert cost.comm_bytes == pytest.approx(2 * layers * 384)
+    compute = sum(cost.breakdown[op]["t"] for op in ("attention_proj", "attention_core", "dense_ffn", "lm_head"))
+    assert cost.t_step == pytest.approx(compute + 2 * layers * one, rel=1e-12)
+
+
+def test_tiny_prefill_by_hand():
+    cost = step_cost(TINY, TINY_HW, decode_seqs=0, decode_context=0, prefill_tokens=8, prefill_context=6,
+                     achievable=HALF)
+    n, layers = 8, 2
+    attn_params = 12288
+    check_op(cost, "attention_proj", layers * 2 * n * attn_params,
+             layers * ((attn_params + 128) * 2 + n * 832 * 2))
+    # 8 tokens attending to 6 earlier tokens on average; the chunk reads 6 tokens of KV and writes 8
+    check_op(cost, "attention_core", layers * 4 * 4 * 16 * 6 * n, layers * ((6 + 8) * 128 + n * 128 * 2))
+    check_op(cost, "dense_ffn", layers * 2 * n * 24576, layers * (24576 * 2 + n * 1216 * 2))
+    # only the prompt's last token needs logits
+    check_op(cost, "lm_head", 2 * 1 * 100 * 64, 12800 + 1 * 164 * 2)
+
+
+def test_tiny_fused_graphs_and_overheads():
+    achievable = Achievable(flops_fraction=0.5, bandwidth_fraction=0.5, launch_overhead_s=1e-5,
+                            kernels_per_layer=12, cuda_graphs=False, fused=True, step_overhead_s=2e-4)
+    cost = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10, achievable=achievable)
+    # fused: no element-wise round trips; half of 12 kernels x 2 layers eager launches
+    check_op(cost, "attention_proj", 2 * 2 * 3 * 12288, 2 * ((12288 + 128) * 2 + 3 * 320 * 2))
+    assert cost.t_overhead == pytest.approx(6 * 2 * 1e-5 + 2e-4)
+    graphs = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10,
+                       achievable=Achievable(launch_overhead_s=1e-5, kernels_per_layer=12, cuda_graphs=True,
+                                             fused=False, step_overhead_s=0.0))
+    assert graphs.t_overhead == pytest.approx(12 * 2 * 1e-5 * 0.1)
+
+
+def test_fp8_compute_uses_fp8_peak_and_falls_back():
+    fp8 = Precision(weight_bytes=1.0, compute="fp8")
+    # large prefill: compute-bound; FP8 peak is 2 TFLOP/s for the matmuls, attention core stays at BF16
+    cost = step_cost(TINY, TINY_HW, decode_seqs=0, decode_context=0, prefill_tokens=4096, achievable=HALF,
+                     precision=fp8)
+    flops = 2 * 2 * 4096 * 24576
+    assert cost.breakdown["dense_ffn"]["t"] == pytest.approx(flops / (2e12 * 0.5))
+    no_fp8 = dict(TINY_HW, fp8_tflops=0.0)
+    cost = step_cost(TINY, no_fp8, decode_seqs=0, decode_context=0, prefill_tokens=4096, achievable=HALF,
+                     precision=fp8)
+    assert cost.breakdown["dense_ffn"]["t"] == pytest.approx(flops / (1e12 * 0.5))
+
+
+TINY_MOE = dict(TINY, layers=1, dense_layers=0, experts=4, active_experts=2, shared_experts=1, expert_ffn=32)
+
+
+def test_tiny_moe_by_hand():
+    latency = 1e-6
+    hot = 1.5
+    cost = step_cost(TINY_MOE, TINY_HW, decode_seqs=3, decode_context=10, achievable=HALF, hot_rank_factor=hot,
+                     parallel=Parallelism(tp=1, attention_dp=2, ep=2), collectives=Collectives(latency_s=latency))
+    # 3 tokens x 2 experts over 2 ranks: mean 3 pairs per rank, the hot rank 1.5x that
+    pairs = hot * 3 * 2 / 2
+    # expected distinct experts of 3 tokens, top-2 of 4: 4 * (1 - (1 - 2/4)^3) = 3.5, half of them per rank
+    distinct_per_rank = 4 * (1 - 0.5 ** 3) / 2
+    expert = 3 * 64 * 32
+    check_op(cost, "moe_ffn", 2 * pairs * expert,
+             distinct_per_rank * expert * 2 + pairs * (2 * 64 + 3 * 32 + 3 * 32) * 2)
+    # shared expert and router for each attention-DP group's 1.5 tokens
+    n = 3 / 2
+    check_op(cost, "shared_expert", 2 * n * expert, expert * 2 + n * (2 * 64 + 3 * 32 + 3 * 32) * 2)
+    check_op(cost, "router", 2 * n * 4 * 64, 4 * 64 * 2 + n * (64 + 4 + 5 * 64) * 2)
+    # dispatch + combine: each GPU sends hot * 1.5 tokens x 2 copies x 128 B; half of it leaves the GPU
+    data = hot * 1.5 * 2 * 64 * 2
+    one = (2 - 1) / 2 * data / 100e9 + latency
+    assert cost.breakdown["ep_alltoall"]["t"] == pytest.approx(2 * one, rel=1e-12)
+    fixed = step_cost(TINY_MOE, TINY_HW, decode_seqs=3, decode_context=10, achievable=HALF, distinct_experts=4,
+                      parallel=Parallelism(tp=1, attention_dp=2, ep=2))
+    assert fixed.breakdown["moe_ffn"]["bytes"] == pytest.approx(2 * expert * 2 + 3 * (2 * 64 + 3 * 32 + 3 * 32) * 2)
+
+
+def test_kv_bytes_per_token_published():
+    h100 = catalog.hardware_preset("h100")
+    assert memory_projection(catalog.model_preset("llama-3-70b"), h100).kv_bytes_per_token_per_gpu == 327_680
+    assert memory_projection(catalog.model_preset("deepseek-v3"), h100).kv_bytes_per_token_per_gpu == 70_272
+    # GQA heads split over TP (8 KV heads / 8 GPUs: one each), replicated beyond; the MLA latent is replicated
+    llama = catalog.model_preset("llama-3-70b")
+    for tp in (8, 16):
+        assert memory_projection(llama, h100, parallel=Parallelism(tp=tp)).kv_bytes_per_token_per_gpu \
+            == 80 * 1 * 128 * 2 * 2
+    assert memory_projection(catalog.model_preset("deepseek-v3"), h100,
+                             parallel=Parallelism(tp=8, ep=8)).kv_bytes_per_token_per_gpu == 70_272
+
+
+def test_decode_batch1_is_memory_bound():
+    model, hw = catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100")
+    achievable = Achievable()
+    cost = step_cost(model, hw, decode_seqs=1, decode_context=512, achievable=achievable)
+    # every weight but the input embedding (a lookup) is streamed once: 8.03e9 params less 128256 x 4096
+    streamed = (catalog.param_counts(model)[0] - 128256 * 4096) * 2
+    expected = streamed / (3.35e12 * 0.8)
+    assert cost.t_step - cost.t_overhead == pytest.approx(expected, rel=0.03)
+    assert cost.t_memory > 50 * cost.t_compute
+
+
+def test_long_prefill_is_compute_bound():
+    model, hw = catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100")
+    tokens = 8192
+    cost = step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=tokens, prefill_context=0)
+    # matmul weights per layer: q and o 4096 x 4096, k and v 4096 x 1024, SwiGLU 3 x 4096 x 14336
+    params = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    expected = 2 * params * tokens / (989.4e12 * 0.6)
+    assert cost.t_step - cost.t_overhead == pytest.approx(expected, rel=0.02)
+    assert cost.t_compute > 3 * cost.t_memory
+    # attention core: 4 x 32 heads x 128 x context FLOPs per token and layer, now compute-bound
+    with_context = step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=tokens,
+                             prefill_context=4096)
+    core = 32 * 4 * 32 * 128 * 4096 * tokens / (989.4e12 * 0.6)
+    assert with_context.breakdown["attention_core"]["t"] == pytest.approx(core, rel=1e-9)
+    assert with_context.t_step - with_context.t_overhead == pytest.approx(expected + core, rel=0.02)
+
+
+def test_ring_allreduce_formula():
+    hw = {"scale_up_gb_s": 450.0, "scale_out_gb_s": 50.0, "gpus_per_node": 8}
+    nbytes, latency = 2e6, 5e-6
+    for p in (2, 4, 8):
+        t, sent = allreduce_time(nbytes, p, hw, algorithm="ring", latency_s=latency, network_fraction=0.7)
+        assert t == pytest.approx(2 * (p - 1) / p * nbytes / (450e9 * 0.7) + 2 * (p - 1) * latency)
+        assert sent == pytest.approx(2 * (p - 1) / p * nbytes)
+    # 16 GPUs span two nodes: the ring runs at the network's speed
+    t, _ = allreduce_time(nbytes, 16, hw, algorithm="ring", latency_s=latency)
+    assert t == pytest.approx(2 * 15 / 16 * nbytes / 50e9 + 30 * latency)
+    t, _ = allreduce_time(nbytes, 8, hw, algorithm="one-shot", latency_s=latency)
+    assert t == pytest.approx(7 * nbytes / 450e9 + latency)
+    t, _ = allreduce_time(nbytes, 8, hw, algorithm="two-shot", latency_s=latency)
+    assert t == pytest.approx(2 * 7 / 8 * nbytes / 450e9 + 2 * latency)
+    # hierarchical over 2 nodes of 8: reduce-scatter + all-gather in the node, ring over nodes on 1/8 shards
+    t, _ = allreduce_time(nbytes, 16, hw, algorithm="hierarchical", latency_s=latency)
+    assert t == pytest.approx(2 * 7 / 8 * nbytes / 450e9 + 2 * 1 / 2 * nbytes / 8 / 50e9 + (14 + 2) * latency)
+    assert allreduce_time(nbytes, 1, hw) == (0.0, 0.0)
+
+
+def test_alltoall_formulas():
+    hw = {"scale_up_gb_s": 450.0, "scale_out_gb_s": 50.0, "gpus_per_node": 8}
+    latency = 5e-6
+    tokens, k, token_bytes = 100, 8, 7168 * 2
+    data = tokens * k * token_bytes
+    t, sent = alltoall_time(tokens, k, token_bytes, 8, hw, latency_s=latency)
+    assert t == pytest.approx(7 / 8 * data / 450e9 + latency)
+    assert sent == pytest.approx(7 / 8 * data)
+    # 32 GPUs on 4 nodes: 7/32 of the data to the own node's peers, 24/32 over the network, concurrently
+    t, _ = alltoall_time(tokens, k, token_bytes, 32, hw, latency_s=latency)
+    assert t == pytest.approx(max(7 / 32 * data / 450e9, 24 / 32 * data / 50e9) + latency)
+    # hierarchical: once per other destination node over the network
+    t, _ = alltoall_time(tokens, k, token_bytes, 32, hw, algorithm="hierarchical", latency_s=latency, experts=256)
+    nodes_hit = 3 * (1 - math.comb(256 - 64, 8) / math.comb(256, 8))
+    assert t == pytest.approx(max(tokens * token_bytes * nodes_hit / 50e9, 7 / 8 * data / 450e9) + 2 * latency)
+
+
+def test_expected_other_nodes_by_enumeration():
+    experts, k, nodes = 8, 3, 4  # 2 experts per node
+    home = 0
+    hits = [len({e // 2 for e in combo} - {home}) for combo in itertools.combinations(range(experts), k)]
+    assert expected_other_nodes(experts, k, nodes) == pytest.approx(np.mean(hits))
+
+
+@pytest.mark.parametrize("model_name", ["llama-3.1-8b", "deepseek-v3"])
+def test_monotone_in_batch_context_and_verify(model_name):
+    model, hw = catalog.model_preset(model_name), catalog.hardware_preset("h200")
+    parallel = Parallelism(tp=8, ep=8) if model["experts"] else Parallelism()
+    base = {"decode_seqs": 16, "decode_context": 2000, "verify_tokens": 1, "parallel": parallel}
+
+    def t(**changes):
+        return step_cost(model, hw, **dict(base, **changes)).t_step
+
+    assert t(decode_seqs=8) < t() < t(decode_seqs=32) < t(decode_seqs=256)
+    assert t(decode_context=500) < t() < t(decode_context=8000)
+    assert t() < t(verify_tokens=2) < t(verify_tokens=4)
+
+
+def test_sliding_window_caps_attention():
+    model, hw = catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100")
+
+    def core(context, window):
+        cost = step_cost(model, hw, decode_seqs=32, decode_context=context, attention_window=window)
+        return cost.breakdown["attention_core"]["t"]
+
+    assert core(4096, 1024) == pytest.approx(core(1024, 0))
+    assert core(32768, 1024) == core(4096, 1024)
+    assert core(4096, 0) > 3 * core(4096, 1024)
+    # sparse attention: the core is capped, the indexer still scans the whole context
+    sparse = step_cost(model, hw, decode_seqs=32, decode_context=32768, sparse_topk=2048)
+    capped = step_cost(model, hw, decode_seqs=32, decode_context=2048)
+    dense = step_cost(model, hw, decode_seqs=32, decode_context=32768)
+    assert capped.breakdown["attention_core"]["t"] < sparse.breakdown["attention_core"]["t"] \
+        < dense.breakdown["attention_core"]["t"]
+
+
+def test_memory_projection_llama_70b():
+    model, h100 = catalog.model_preset("llama-3.1-70b"), catalog.hardware_preset("h100")
+    one = memory_projection(model, h100)
+    assert not one.fits and one.reason == "weights do not fit in HBM" and one.max_sequences == 0
+    assert one.weights_per_gpu == pytest.approx(70.55e9 * 2, rel=0.01)  # ~70.6B parameters in BF16
+    eight = memory_projection(model, h100, parallel=Parallelism(tp=8), context=4096, activation_gb=4.0)
+    assert eight.fits and eight.reason == "ok"
+    # everything splits over the 8 GPUs but the RMSNorm weights (2 per layer and a final one), replicated
+    norms = 80 * 2 * 8192 + 8192
+    weights = (catalog.weight_bytes(model, 2) - norms * 2) / 8 + norms * 2
+    assert eight.weights_per_gpu == pytest.approx(weights, rel=1e-9)
+    free = 80e9 * 0.9 - weights - 4e9
+    assert eight.free_kv_bytes == pytest.approx(free)
+    per_sequence = 4096 * 80 * 1 * 128 * 2 * 2
+    assert eight.max_sequences == math.floor(free / per_sequence)
+
+
+def test_paged_rounding_and_kv_limit():
+    model, h100 = catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100")
+    mem = memory_projection(model, h100, context=17, block_tokens=16)
+    assert mem.kv_bytes_per_sequence == 32 * 131_072
+    assert memory_projection(model, h100, context=16, block_tokens=16).kv_bytes_per_sequence == 16 * 131_072
+    # a context whose KV exceeds what is left after the weights
+    huge = memory_projection(model, h100, context=500_000, activation_gb=4.0)
+    assert not huge.fits and huge.reason == "KV for one sequence does not fit"
+    # attention-DP groups each hold their own sequences
+    dp = memory_projection(model, h100, context=4096, parallel=Parallelism(attention_dp=4))
+    single = memory_projection(model, h100, context=4096)
+    assert dp.max_sequences == 4 * single.max_sequences
+
+
+def test_operating_point_loose_and_tight():
+    model, h100 = catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100")
+    mem = memory_projection(model, h100, context=2048)
+    loose = operating_point(model, h100, context=2048, tpot_target_s=10.0, memory=mem)
+    assert loose.feasible and loose.batch == mem.max_sequences and loose.limited_by == "memory"
+    target, tpp = 0.01, 1.6
+    tight = operating_point(model, h100, context=2048, tpot_target_s=target, verify_tokens=2, tokens_per_pass=tpp,
+                            memory=mem)
+    assert tight.feasible and 1 < tight.batch < mem.max_sequences and tight.limited_by == "tpot"
+    at = step_cost(model, h100, decode_seqs=tight.batch, decode_context=2048, verify_tokens=2).t_step
+    above = step_cost(model, h100, decode_seqs=tight.batch + 1, decode_context=2048, verify_tokens=2).t_step
+    assert tight.step_time_s == pytest.approx(at)
+    assert at / tpp <= target < above / tpp
+    assert tight.tpot_s == pytest.approx(at / tpp)
+    assert tight.decode_tok_s_per_gpu == pytest.approx(tight.batch * tpp / at)
+    capped = operating_point(model, h100, context=2048, tpot_target_s=10.0, max_batch=7, memory=mem)
+    assert capped.batch == 7 and capped.limited_by == "max_batch"
+    never = operating_point(model, h100, context=2048, tpot_target_s=1e-4, memory=mem)
+    assert not never.feasible and never.reason == "TPOT target not met at batch 1"
+    no_room = operating_point(model, h100, context=2048, tpot_target_s=1.0,
+                              memory=memory_projection(catalog.model_preset("llama-3.1-70b"), h100))
+    assert not no_room.feasible and no_room.batch == 0 and no_room.reason == "weights do not fit in HBM"
+
+
+def test_step_time_table():
+    model, hw = catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100")
+    decode, prefill = [0, 4, 64], [0, 512, 2048]
+    table = step_time_table(model, hw, decode, prefill, decode_context=1000, prefill_context=300,
+                            mixed_penalty=0.25)
+    assert table.shape == (3, 3) and table[0, 0] == 0.0
+    for i, d in enumerate(decode):
+        for j, p in enumerate(prefill):
+            if d == p == 0:
+                continue
+            t = step_cost(model, hw, decode_seqs=d, decode_context=1000, prefill_tokens=p,
+                          prefill_context=300).t_step
+            assert table[i, j] == pytest.approx(t * (1.25 if d and p else 1.0))
+    assert np.all(np.diff(table[:, 1:], axis=0) > 0) and np.all(np.diff(table[1:, :], axis=1) > 0)
+    # two pipeline stages: two micro-batches, each sequence crosses both stages
+    pp = step_time_table(model, hw, [64], [0], decode_context=1000, prefill_context=0,
+                         parallel=Parallelism(pp=2))
+    half = step_cost(model, hw, decode_seqs=32, decode_context=1000, parallel=Parallelism(pp=2)).t_step
+    assert pp[0, 0] == pytest.approx(2 * half)
+
+
+def test_rejects_bad_layouts():
+    model, hw = catalog.model_preset("mixtral-8x7b"), catalog.hardware_preset("h100")
+    with pytest.raises(ValueError, match="ep"):
+        step_cost(model, hw, decode_seqs=1, decode_context=1, parallel=Parallelism(tp=4, ep=3))
+    with pytest.raises(ValueError, match="all-reduce"):
+        step_cost(model, hw, decode_seqs=1, decode_context=1, parallel=Parallelism(tp=2),
+                  collectives=Collectives(allreduce="tree"))
+    with pytest.raises(ValueError, match="compute"):
+        step_cost(model, hw, decode_seqs=1, decode_context=1, precision=Precision(compute="int8"))
+
+
+def test_verify_tokens_share_the_kv_read():
+    cost = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10, verify_tokens=2, achievable=HALF)
+    n = 3 * 2  # 3 sequences verifying 2 tokens each
+    # each sequence reads its 10 tokens of context once for both tokens; 6 new tokens write KV
+    check_op(cost, "attention_core", 2 * 4 * 4 * 16 * 10 * n, 2 * ((3 * 10 + 6) * 128 + n * 2 * 64 * 2))
+    check_op(cost, "lm_head", 2 * n * 100 * 64, 100 * 64 * 2 + n * (64 + 100) * 2)
+
+
+def test_mla_attention_core_by_hand():
+    model, hw = catalog.model_preset("deepseek-v3"), catalog.hardware_preset("h800")
+    decode = step_cost(model, hw, decode_seqs=1, decode_context=1000)
+    # absorbed MLA: per head, scores over the 512 latent + 64 RoPE dims, values over the 512 latent
+    flops = 61 * 2 * 128 * (2 * 512 + 64) * 1000
+    kv = 61 * (1000 + 1) * (512 + 64) * 2
+    act = 61 * 128 * (2 * 512 + 64) * 2
+    assert decode.breakdown["attention_core"]["flops"] == pytest.approx(flops)
+    assert decode.breakdown["attention_core"]["bytes"] == pytest.approx(kv + act)
+    assert decode.kv_bytes == pytest.approx(kv)
+    prefill = step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=1024, prefill_context=3000)
+    # MHA form: q.k over 128 + 64 dims and p.v over 128 per head, plus up-projecting 3000 prefix latents
+    # into 128 heads x (128 key + 128 value) once
+    flops = 61 * (2 * 128 * (128 + 64 + 128) * 1024 * 3000 + 2 * 3000 * 512 * 128 * (128 + 128))
+    assert prefill.breakdown["attention_core"]["flops"] == pytest.approx(flops)
+    # TP splits the heads but every GPU reads the whole latent
+    tp8 = step_cost(model, hw, decode_seqs=1, decode_context=1000, parallel=Parallelism(tp=8, ep=8))
+    assert tp8.breakdown["attention_core"]["flops"] == pytest.approx(decode.breakdown["attention_core"]["flops"] / 8)
+    assert tp8.kv_bytes == pytest.approx(decode.kv_bytes)
