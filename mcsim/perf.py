@@ -23,6 +23,8 @@ or NVMe. These factors overlap in reality; the model multiplies them, which is i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -93,9 +95,93 @@ def kv_bytes(p: dict) -> float:
     return catalog.kv_bytes_per_token(_model(p), dtype)
 
 
+@dataclass(frozen=True)
+class DecodeModel:
+    """How one fidelity prices decoding; :func:`performance` turns it into batch, fleet and latency.
+
+    Attributes
+    ----------
+    t_pass : callable
+        Seconds of one verification pass (decode step) at a batch of ``b`` sequences per decode GPU, counting
+        every slot (static batching's finished-but-waiting sequences too).
+    tokens_per_pass : float
+        Output tokens per sequence per pass, as drawn (1 without speculation).
+    b_mem : float
+        Sequences per decode GPU whose KV fits; ``reason`` says why a recipe cannot run at all ("ok" if it can).
+    x_prefill : float
+        Uncached prompt tokens per second per prefill GPU.
+    x_saturated : float
+        Decode tokens/s per GPU as the batch grows without bound (the denominator of ``batch_efficiency``).
+    pass_overhead : callable
+        t_pass(b) / the time of a plain one-token decode step at the same batch: the cost of drafting and of
+        verifying k+1 tokens (1 without speculation).
+    """
+
+    t_pass: Callable[[float], float]
+    tokens_per_pass: float
+    b_mem: float
+    reason: str
+    x_prefill: float
+    x_saturated: float
+    pass_overhead: Callable[[float], float]
+
+
+def factor_decode_model(p: dict, requests, passes, expert_eff: float) -> DecodeModel:
+    """Factor fidelity: ``X(b) = X_sat * b / (b + b_half)``, i.e. a pass costs ``(b + b_half) / X_nospec``."""
+    decode_scale, prefill_scale = hardware_scale(p)
+    x_nospec = p["efficiency.base_decode_tok_s_per_gpu"] * decode_scale
+    if p["precision.enabled"]:
+        x_nospec *= p["precision.decode_gain"]
+    if p["efficiency.fused_kernels"]:
+        x_nospec *= p["efficiency.fused_kernel_gain"]
+    if p["efficiency.comm_overlap"]:
+        x_nospec *= p["efficiency.comm_overlap_gain"]
+    if p["model.experts"] > 0:
+        x_nospec *= expert_factor(expert_eff, p["moe.ffn_time_fraction"])
+    if not p["deployment.disaggregated"]:
+        x_nospec *= 1.0 - p["efficiency.colocated_interference"]
+    k = p["speculative.draft_tokens"] if passes is not None else 0
+    pass_cost = 1.0 + k * (p["speculative.draft_cost"] + p["speculative.verify_cost"])
+    b_half = p["efficiency.batch_half_saturation"]
+    mean_context = float(requests.prompt_tokens.mean() + requests.output_tokens.mean() / 2.0)
+    b_mem, reason = memory_batch_limit(p, kv_bytes(p), mean_context, requests.block_tokens)
+    x_prefill = p["efficiency.base_prefill_tok_s_per_gpu"] * prefill_scale * (
+        p["precision.prefill_gain"] if p["precision.enabled"] else 1.0)
+    tpp = tokens_per_pass(requests, passes)
+    return DecodeModel(lambda b: (b + b_half) / x_nospec * pass_cost, tpp, b_mem, reason, x_prefill,
+                       x_nospec * tpp / pass_cost, lambda b: pass_cost)
+
+
+def tokens_per_pass(requests, passes) -> float:
+    """Raw output tokens per verification pass of the trace (1 without speculation)."""
+    return 1.0 if passes is None else float(requests.output_tokens.sum()) / float(passes.sum())
+
+
+def _largest(predicate, lo: float, hi: float) -> float:
+    """Largest b in [lo, hi] with predicate(b) true, for a predicate true below a threshold (bisection)."""
+    if predicate(hi):
+        return hi
+    if not predicate(lo):
+        return lo
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if predicate(mid):
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-9 * max(hi, 1.0):
+            break
+    return lo
+
+
 def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None,
                        expert_eff: float) -> dict:
-    """Throughput, latency and fleet of one sample in factor mode.
+    """Throughput, latency and fleet of one sample in factor mode (see :func:`performance`)."""
+    return performance(p, requests, cached_tokens, passes, factor_decode_model(p, requests, passes, expert_eff))
+
+
+def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model: DecodeModel) -> dict:
+    """Throughput, latency and fleet of one sample, for either fidelity's :class:`DecodeModel`.
 
     Parameters
     ----------
@@ -106,8 +192,7 @@ def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.
         Reused prompt tokens per tier (zeros when the cache is off).
     passes : int64[n] or None
         Verification passes per request (None when speculative decoding is off).
-    expert_eff : float
-        Mean/max expert-GPU load (1 for dense models).
+    model : DecodeModel
 
     Returns
     -------
@@ -125,52 +210,30 @@ def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.
     g_decode = p["deployment.gpus_per_instance"]
     g_prefill = p["deployment.prefill_gpus_per_instance"] if disagg else g_decode
     instances = p["deployment.instances"]
+    passes_r = out_tokens if passes is None else passes
+    tpp = model.tokens_per_pass
+    t_pass = model.t_pass
 
-    # -- decode: saturated throughput and its factors --------------------------------------------------------
-    decode_scale, prefill_scale = hardware_scale(p)
-    x_nospec = p["efficiency.base_decode_tok_s_per_gpu"] * decode_scale
-    if p["precision.enabled"]:
-        x_nospec *= p["precision.decode_gain"]
-    if p["efficiency.fused_kernels"]:
-        x_nospec *= p["efficiency.fused_kernel_gain"]
-    if p["efficiency.comm_overlap"]:
-        x_nospec *= p["efficiency.comm_overlap_gain"]
-    if p["model.experts"] > 0:
-        x_nospec *= expert_factor(expert_eff, p["moe.ffn_time_fraction"])
-    if not disagg:
-        x_nospec *= 1.0 - p["efficiency.colocated_interference"]
-    k = p["speculative.draft_tokens"] if passes is not None else 0
-    pass_cost = 1.0 + k * (p["speculative.draft_cost"] + p["speculative.verify_cost"])
-    if passes is not None:
-        raw_tpp = total_out / float(passes.sum())
-        passes_r = passes
-    else:
-        raw_tpp = 1.0
-        passes_r = out_tokens
-    spec_gain = raw_tpp / pass_cost
-    x_sat = x_nospec * spec_gain
-    b_half = p["efficiency.batch_half_saturation"]
-
-    # -- operating batch -------------------------------------------------------------------------------------
-    mean_context = float(prompt.mean() + out_tokens.mean() / 2.0)
-    b_mem, reason = memory_batch_limit(p, kvb, mean_context, requests.block_tokens)
-    b_tpot = x_sat * p["deployment.tpot_target_s"] - b_half
-    b_cap = min(p["deployment.max_batch_per_gpu"], b_mem, b_tpot)
-    if reason == "ok" and b_tpot < 1:
+    # -- operating batch: KV memory, the TPOT target and the cap -------------------------------------------------
+    reason = model.reason
+    b_mem = model.b_mem
+    hi = max(min(p["deployment.max_batch_per_gpu"], b_mem), 1.0)
+    target = p["deployment.tpot_target_s"]
+    b_tpot = _largest(lambda b: t_pass(b) / tpp <= target, 1.0, hi)
+    if reason == "ok" and t_pass(1.0) / tpp > target:
         reason = "TPOT target not met at batch 1"
     feasible = reason == "ok"
-    b_cap = max(b_cap, 1.0)
+    b_cap = max(min(hi, b_tpot), 1.0)
     static = p["deployment.batching"] == "static"
     slot_util = static_slot_utilization(out_tokens, round(b_cap)) if static else 1.0
 
     def throughput(b):  # useful decode tokens/s per GPU at batch b
-        return x_sat * slot_util * b / (b + b_half)
+        return slot_util * b * tpp / t_pass(b)
 
     # -- fleet: prefill work, then decode GPUs (Little's law when the smallest fleet is not full) -------------
     cached = cached_tokens.sum(axis=1)
     miss = prompt - cached
-    x_prefill = p["efficiency.base_prefill_tok_s_per_gpu"] * prefill_scale * (
-        p["precision.prefill_gain"] if p["precision.enabled"] else 1.0)
+    x_prefill = model.x_prefill
     restore_bytes = cached_tokens[:, 1:] * kvb  # DRAM, NVMe
     host_bw = p["hardware.host_link_gb_s"] * 1e9
     nvme_bw_per_gpu = p["cache.nvme_gb_s_per_node"] * 1e9 / p["hardware.gpus_per_node"]
@@ -186,9 +249,8 @@ def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.
     else:
         decode_gpus = float(min_decode)
         available = max(min_decode - prefill_share, 1e-9)
-        a = demand / (available * x_sat * slot_util)
-        b_op = b_cap if a >= 1 else min(b_cap, a * b_half / (1 - a))
-        b_op = max(b_op, 1e-9)
+        # The batch at which the deployed GPUs just serve the demand (throughput grows with the batch).
+        b_op = _largest(lambda b: throughput(b) * available <= demand, 1e-6, b_cap)
     x_op = throughput(b_op)
     decode_gpu_s = total_out / x_op
     if disagg:
@@ -198,17 +260,16 @@ def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.
     gpus = decode_gpus + prefill_gpus
     useful_gpu_s = decode_gpu_s + prefill_gpu_s
     busy = min(useful_gpu_s / (gpus * duration), 1.0)
-
     # -- latency (factor mode: no queueing) ------------------------------------------------------------------
-    t_pass = (b_op + b_half) / (x_nospec * slot_util) * pass_cost
-    tpot = t_pass * passes_r / out_tokens
+    pass_s = t_pass(b_op)
+    tpot = pass_s * passes_r / out_tokens
     nodes_prefill = max(g_prefill / p["hardware.gpus_per_node"], 1.0)
     ttft = miss / (x_prefill * g_prefill) + restore_bytes[:, 0] / (host_bw * g_prefill) \
-        + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill) + t_pass
+        + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill) + pass_s
     if disagg:
         ttft = ttft + prompt * kvb / (p["hardware.scale_out_gb_s"] * 1e9 * g_prefill) \
             + p["efficiency.kv_transfer_latency_s"]
-    decode_time = t_pass * passes_r
+    decode_time = pass_s * passes_r
     concurrency = (n / duration) * float(decode_time.mean()) / (decode_gpus - prefill_share if not disagg
                                                                  else decode_gpus)
 
@@ -216,12 +277,12 @@ def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.
     return {
         "decode_tok_s_per_gpu": x_op,
         "prefill_tok_s_per_gpu": total_in / prefill_gpu_s if prefill_gpu_s > 0 else math.inf,
-        "batch_efficiency": slot_util * b_op / (b_op + b_half),
+        "batch_efficiency": x_op / model.x_saturated,
         "operating_batch_per_gpu": b_op,
         "mean_concurrency_per_gpu": concurrency,
         "max_batch_by_memory": b_mem,
-        "spec_tokens_per_pass": spec_gain,
-        "spec_raw_tokens_per_pass": raw_tpp,
+        "spec_tokens_per_pass": tpp / model.pass_overhead(b_op),
+        "spec_raw_tokens_per_pass": tpp,
         "cache_hit_rate": float(cached.sum()) / total_in,
         "cache_hit_rate_by_tier": by_tier,
         "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / n / 1e9]),

@@ -103,6 +103,10 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "tpot_target_s": F(0.05, "Time-per-output-token target; the operating batch is the largest that meets it.",
                            0, None, lo_open=True),
         "memory_fraction": F(0.9, "Fraction of HBM usable for weights, activations and KV.", 0, 1, lo_open=True),
+        "tp": I(1, "Tensor-parallel degree of a decode instance (roofline); attention data-parallel groups fill "
+                   "the rest of gpus_per_instance / (tp x pp).", 1, 4096),
+        "pp": I(1, "Pipeline-parallel stages of a decode instance (roofline).", 1, 1024),
+        "prefill_tp": I(1, "Tensor-parallel degree of a prefill instance (roofline).", 1, 4096),
         "activation_gb_per_gpu": F(4.0, "HBM reserved per GPU for activations and workspace.", 0, None),
     },
     "workload": {
@@ -158,6 +162,44 @@ SECTIONS: dict[str, dict[str, Field]] = {
                            "commonly kept at 2.", 0, None, lo_open=True),
         "decode_gain": F(1.3, "Decode throughput gain from low precision.", 0, None, lo_open=True),
         "prefill_gain": F(1.5, "Prefill throughput gain from low precision.", 0, None, lo_open=True),
+        "compute": C("fp8", "Matmul precision when enabled (roofline; falls back to a wider format the hardware "
+                            "has).", "bf16", "fp8", "fp4"),
+        "activation_bytes": F(2.0, "Bytes per activation element (roofline).", 0, None, lo_open=True),
+    },
+    "performance": {
+        "fidelity": C("factor", "factor: throughput as base x lever factors; roofline: step times from the model "
+                      "and hardware (FLOPs, bytes, collectives, overheads).", "factor", "roofline"),
+        "simulate_batching": B(False, "Run the continuous-batching simulator for latency under load (queueing, "
+                                      "TTFT/TPOT/E2E quantiles) instead of service times."),
+        "flops_fraction": F(0.6, "Achievable fraction of peak FLOP/s (roofline).", 0, 1, lo_open=True),
+        "bandwidth_fraction": F(0.8, "Achievable fraction of HBM bandwidth (roofline).", 0, 1, lo_open=True),
+        "network_fraction": F(0.7, "Achievable fraction of scale-up/scale-out bandwidth (roofline).", 0, 1,
+                              lo_open=True),
+        "allreduce": C("one-shot", "TP all-reduce algorithm.", "ring", "one-shot", "two-shot", "hierarchical"),
+        "alltoall": C("hierarchical", "EP all-to-all algorithm.", "direct", "hierarchical"),
+        "collective_latency_s": F(5e-6, "Latency per collective step/hop.", 0, None),
+        "overlap_fraction": F(0.7, "Share of communication hidden behind compute when the comm_overlap lever is "
+                                   "on (0 when off).", 0, 1),
+        "launch_overhead_s": F(1e-5, "Per kernel launch.", 0, None),
+        "kernels_per_layer": I(12, "Kernel launches per layer (halved by fused kernels).", 1, 1000),
+        "cuda_graphs": B(True, "Replay steps as CUDA graphs (launches ~10x cheaper)."),
+        "step_overhead_s": F(2e-4, "Scheduling and sampling per step.", 0, None),
+        "attention_window": I(0, "Sliding-window attention span, tokens (0 = full attention).", 0, None),
+        "sparse_topk": I(0, "Sparse top-k attention: tokens attended per query (0 = dense).", 0, None),
+        "token_budget": I(8192, "Tokens per scheduler step (batching simulator).", 1, None),
+        "chunk_tokens": I(2048, "Largest prefill chunk of one request per step (0 = no chunking).", 0, None),
+        "preempt": B(True, "Allocate KV as sequences grow and preempt (recompute) when the pool runs out; false: "
+                           "reserve a request's whole KV at admission."),
+        "mixed_step_penalty": F(0.1, "Extra cost of a step that mixes prefill and decode.", 0, None),
+        "closed_loop_users": I(0, "Closed-loop arrivals: users that send their next request after the previous "
+                                  "one ends plus a think time (0 = open loop).", 0, None),
+        "batching_requests": I(0, "Requests given to the batching simulator (0 = all measured requests).", 0, None),
+    },
+    "host": {
+        "request_overhead_s": F(0.002, "Per-request overhead on the host (HTTP, routing, scheduling).", 0, None),
+        "tokenize_s_per_token": F(2e-7, "Tokenizer time per prompt token.", 0, None),
+        "detokenize_s_per_token": F(1e-6, "Detokenizer time per output token.", 0, None),
+        "stream_interval_tokens": I(1, "Tokens per streamed chunk (the first chunk waits for this many).", 1, None),
     },
     "efficiency": {
         "base_decode_tok_s_per_gpu": F(1500.0, "Saturated decode tok/s per GPU at BF16 with no optimization "
