@@ -199,7 +199,13 @@ def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests:
         passes = once(spec_key, lambda: speculative_stage(p, measured, rng_for(seed, sample, STREAM_SPECULATIVE)))
         expert_key = ("experts",) + (expert_inputs(p, scn, measured) if p["model.experts"] > 0 else ())
         experts = once(expert_key, lambda: expert_stage(p, scn, measured, rng_for(seed, sample, STREAM_EXPERTS)))
-        m = perf.factor_performance(p, measured, cached, passes, experts["expert_efficiency"])
+        if p["performance.fidelity"] == "roofline":
+            from mcsim.perf_roofline import roofline_decode_model
+
+            decode_model = roofline_decode_model(p, measured, passes, experts)
+        else:
+            decode_model = perf.factor_decode_model(p, measured, passes, experts["expert_efficiency"])
+        m = perf.performance(p, measured, cached, passes, decode_model)
         m.update(experts)
         m.update(money(p, m))
         results[variant] = m

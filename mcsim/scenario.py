@@ -445,6 +445,13 @@ def _cross_checks(scn: Scenario):
     if all(isinstance(s, float) for s in shares) and sum(shares) <= 0:
         raise ScenarioError(scn.source, "workload.classes", "class shares must not all be 0")
     _check_expert_layout(scn, v)
+    g, tp, pp = v["deployment.gpus_per_instance"], v["deployment.tp"], v["deployment.pp"]
+    if all(isinstance(x, int) for x in (g, tp, pp)) and g % (tp * pp):
+        raise ScenarioError(scn.source, "deployment.tp", f"tp x pp = {tp} x {pp} must divide gpus_per_instance "
+                            f"({g}); the remaining factor is attention data parallelism")
+    g, tp = v["deployment.prefill_gpus_per_instance"], v["deployment.prefill_tp"]
+    if all(isinstance(x, int) for x in (g, tp)) and g % tp:
+        raise ScenarioError(scn.source, "deployment.prefill_tp", f"must divide prefill_gpus_per_instance ({g})")
 
 
 def _check_expert_layout(scn: Scenario, v: dict):
