@@ -1,0 +1,827 @@
+"""Continuous and static batching of one serving instance: a step-level discrete-event simulator.
+
+The engine runs in *steps* (one forward pass of the model over a batch). The scheduler, in the manner of
+vLLM's, builds each step as follows.
+
+Step construction (continuous batching)
+---------------------------------------
+1. Arrivals: every request whose arrival time is <= the step's start time joins the tail of the FCFS
+   waiting queue, in order of (arrival time, index). When nothing is running and nothing waits, the
+   clock jumps to the next arrival.
+2. KV growth (``preempt == 1`` only): every decoding sequence, oldest admission first, that needs more
+   KV blocks for the tokens of this step's pass takes them from the pool. If the pool is short, the most
+   recently admitted running sequence is preempted (possibly the one asking) until the need fits.
+   Preemption is by *recompute*: the victim loses its KV and its prefill progress and goes back to the
+   head of the waiting queue (several victims of one step keep their admission order there); output
+   already produced stays produced.
+3. Decodes: every decoding sequence runs one pass and costs ``verify_tokens`` tokens of the step's
+   ``token_budget`` (``k + 1`` with speculative decoding, 1 without). Decodes are never deferred, so a
+   budget below ``max_seqs * verify_tokens`` only starves prefill.
+4. Prefill chunks: the remaining budget goes, in admission order, to admitted sequences whose prefill is
+   unfinished, each getting ``min(prefill left, budget left, chunk_tokens)`` (``chunk_tokens == 0``: no
+   per-request cap); then waiting requests are admitted from the queue head, FCFS without skipping, while
+   budget is left, fewer than ``max_seqs`` sequences run and the pool holds the request's blocks; each
+   admitted request gets its first chunk in the same step. No admission happens in a step that preempted.
+5. Step time: bilinear interpolation of ``step_time_table`` at (decoding sequences, prefill tokens),
+   clamped to the table's edges.
+6. At the end of the step, a sequence whose prefill completed emits its first token (not after a
+   recompute) and decodes from the next step; a decoding sequence that ran its last pass finishes.
+
+KV blocks: a request with ``c`` context tokens that has produced ``g`` output tokens holds
+``ceil((c + g) / block_tokens)`` blocks; after ``j`` of its ``P`` passes it has produced
+``g(j) = 1 + floor(j * (output - 1) / P)`` tokens (the first token comes from prefill; passes spread the
+rest evenly). With ``preempt == 0`` admission reserves the whole request, ``ceil((c + output) /
+block_tokens)`` blocks, and nothing is ever preempted; with ``preempt == 1`` admission takes
+``ceil((c + g(j)) / block_tokens)`` and the sequence grows before each pass that crosses a block. A
+recompute prefills ``prefill_tokens + g(j)`` tokens and runs no pass of its own. Cached prefix tokens
+occupy blocks like any others (sharing between requests is not modelled: conservative on memory).
+
+Static batching (``policy == 1``)
+---------------------------------
+When no batch is in progress and requests wait, a batch is formed from the queue head: up to
+``max_seqs`` requests while the pool holds their whole reservations (``preempt`` is ignored). The batch
+is prefilled (steps of ``token_budget`` prefill tokens, chunked as above, no decodes), each member's first
+token emitted at the end of the step that completes its prefill; then it is decoded for as many steps as
+its longest member has passes, every member counting as a decoding sequence throughout (finished ones as
+padding). All members finish, and their blocks return, at the end of the batch's last step.
+
+Arrivals
+--------
+Open loop (``closed_users == 0``): request ``r`` arrives at ``arrival_s[r]`` (sorted). Closed loop with
+``U = closed_users`` users: requests ``0 .. U-1`` arrive at ``arrival_s[r]`` (any order; zeros for "all
+at t = 0"), and request ``r >= U`` -- the next request of the user of request ``r - U`` -- arrives
+``think_s[r]`` seconds after request ``r - U`` finishes. So at most ``U`` requests are in the system.
+
+Measured window and statistics
+------------------------------
+The window runs from ``warmup_s`` to the start of the step at which the last request has arrived
+(``window_end_s``). Over the steps inside it the kernel integrates the number of requests in the system
+(waiting + running, as the scheduler sees them at each step's start) over time, and sums step times and
+decode batch sizes. ``out_stats`` holds, at the ``STAT_*`` indices: steps, preemptions, window end (s),
+in-system integral (request-seconds), steps in the window, their summed step time (s), summed decoding
+sequences over the window's steps that decode, the number of such steps, waiting requests at the window
+end, the time the last step ended (s), and a status (0 = ok, 1 = a step with nothing to run, which a
+validated input never produces).
+
+Cost
+----
+Per-sequence progress is implicit: every decoding sequence advances one pass per step, so a sequence
+that starts decoding after step ``s`` with ``R`` passes left finishes at step ``s + R`` and is filed
+under that step in a timing wheel (a ring of per-step doubly linked lists); likewise the next step at
+which it needs a KV block. A step costs O(1 + finishing + block growths + prefill chunks), not O(running).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mcsim.accelerate import kernel
+
+# Indices into params_int.
+P_TOKEN_BUDGET = 0
+P_MAX_SEQS = 1
+P_KV_BLOCKS = 2
+P_BLOCK_TOKENS = 3
+P_CHUNK_TOKENS = 4
+P_VERIFY_TOKENS = 5
+P_POLICY = 6
+P_PREEMPT = 7
+P_CLOSED_USERS = 8
+N_PARAMS = 9
+
+POLICY_CONTINUOUS = 0
+POLICY_STATIC = 1
+
+# Indices into out_stats.
+STAT_STEPS = 0
+STAT_PREEMPTIONS = 1
+STAT_WINDOW_END_S = 2
+STAT_IN_SYSTEM_INTEGRAL = 3
+STAT_WINDOW_STEPS = 4
+STAT_WINDOW_STEP_S_SUM = 5
+STAT_WINDOW_DECODE_SEQS_SUM = 6
+STAT_WINDOW_DECODE_STEPS = 7
+STAT_WAITING_AT_WINDOW_END = 8
+STAT_END_S = 9
+STAT_STATUS = 10
+N_STATS = 11
+
+# Request states.
+_PENDING, _WAITING, _PREFILLING, _DECODING, _DONE = 0, 1, 2, 3, 4
+# Fields of the small scalar-state array shared by the helpers.
+_OPEN_NEXT, _HEAP_SIZE, _RELEASED, _QUEUE_HEAD, _QUEUE_LEN = 0, 1, 2, 3, 4
+
+
+@kernel(inline="always")
+def _bracket(edges, x):
+    """Lower index, upper index and weight of ``x`` between ``edges`` (clamped at both ends)."""
+    last = edges.shape[0] - 1
+    if last == 0 or x <= edges[0]:
+        return 0, min(1, last), 0.0
+    if x >= edges[last]:
+        return last - 1, last, 1.0
+    low, high = 0, last  # edges[low] <= x < edges[high]
+    while high - low > 1:
+        mid = (low + high) >> 1
+        if edges[mid] <= x:
+            low = mid
+        else:
+            high = mid
+    return low, low + 1, (x - edges[low]) / (edges[low + 1] - edges[low])
+
+
+@kernel(inline="always")
+def step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill_tokens):
+    """Step time in seconds at (decode_seqs, prefill_tokens): bilinear in the table, clamped at its edges."""
+    i0, i1, fx = _bracket(decode_edges, float(decode_seqs))
+    j0, j1, fy = _bracket(prefill_edges, float(prefill_tokens))
+    low = step_time_table[i0, j0] * (1.0 - fy) + step_time_table[i0, j1] * fy
+    high = step_time_table[i1, j0] * (1.0 - fy) + step_time_table[i1, j1] * fy
+    return low * (1.0 - fx) + high * fx
+
+
+@kernel(inline="always")
+def _tokens_after(output, passes, passes_done):
+    """Output tokens produced after ``passes_done`` passes, the first token included."""
+    if passes == 0:
+        return 1
+    return 1 + passes_done * (output - 1) // passes
+
+
+@kernel(inline="always")
+def _heap_less(heap_t, heap_r, a, b):
+    return heap_t[a] < heap_t[b] or (heap_t[a] == heap_t[b] and heap_r[a] < heap_r[b])
+
+
+@kernel(inline="always")
+def _heap_push(heap_t, heap_r, state, time, request):
+    """Push (time, request) onto the binary min-heap of future closed-loop arrivals."""
+    i = state[_HEAP_SIZE]
+    state[_HEAP_SIZE] = i + 1
+    heap_t[i] = time
+    heap_r[i] = request
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _heap_less(heap_t, heap_r, i, parent):
+            break
+        heap_t[i], heap_t[parent] = heap_t[parent], heap_t[i]
+        heap_r[i], heap_r[parent] = heap_r[parent], heap_r[i]
+        i = parent
+
+
+@kernel(inline="always")
+def _heap_pop(heap_t, heap_r, state):
+    """Remove the heap's top."""
+    size = state[_HEAP_SIZE] - 1
+    state[_HEAP_SIZE] = size
+    heap_t[0] = heap_t[size]
+    heap_r[0] = heap_r[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _heap_less(heap_t, heap_r, child + 1, child):
+            child += 1
+        if not _heap_less(heap_t, heap_r, child, i):
+            break
+        heap_t[i], heap_t[child] = heap_t[child], heap_t[i]
+        heap_r[i], heap_r[child] = heap_r[child], heap_r[i]
+        i = child
+
+
+@kernel(inline="always")
+def _next_arrival(arrival_s, closed, heap_t, state):
+    """Time of the next arrival not yet released (inf when none is known)."""
+    if closed:
+        return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
+    if state[_OPEN_NEXT] < arrival_s.shape[0]:
+        return arrival_s[state[_OPEN_NEXT]]
+    return np.inf
+
+
+@kernel(inline="always")
+def _queue_push_back(queue, state, request):
+    n = queue.shape[0]
+    queue[(state[_QUEUE_HEAD] + state[_QUEUE_LEN]) % n] = request
+    state[_QUEUE_LEN] += 1
+
+
+@kernel(inline="always")
+def _queue_push_front(queue, state, request):
+    n = queue.shape[0]
+    head = (state[_QUEUE_HEAD] - 1 + n) % n
+    queue[head] = request
+    state[_QUEUE_HEAD] = head
+    state[_QUEUE_LEN] += 1
+
+
+@kernel(inline="always")
+def _queue_pop_front(queue, state):
+    request = queue[state[_QUEUE_HEAD]]
+    state[_QUEUE_HEAD] = (state[_QUEUE_HEAD] + 1) % queue.shape[0]
+    state[_QUEUE_LEN] -= 1
+    return request
+
+
+@kernel(inline="always")
+def _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats):
+    """Move every arrival at or before ``t`` to the waiting queue (noting the window's end at the last one).
+
+    Returns the time of the next arrival not yet released (inf when none is known yet).
+    """
+    n = arrival_s.shape[0]
+    while _next_arrival(arrival_s, closed, heap_t, state) <= t:
+        if closed:
+            request = heap_r[0]
+            _heap_pop(heap_t, heap_r, state)
+        else:
+            request = state[_OPEN_NEXT]
+            state[_OPEN_NEXT] += 1
+        req_state[request] = _WAITING
+        _queue_push_back(queue, state, request)
+        state[_RELEASED] += 1
+        if state[_RELEASED] == n:
+            out_stats[STAT_WINDOW_END_S] = t
+            out_stats[STAT_WAITING_AT_WINDOW_END] = state[_QUEUE_LEN]
+    return _next_arrival(arrival_s, closed, heap_t, state)
+
+
+@kernel(inline="always")
+def _record_step(step, t, decode_seqs, prefill, step_s, waiting, dump_start_s, dump_decode_seqs,
+                 dump_prefill_tokens, dump_step_s, dump_waiting):
+    """Write one step's row of the optional per-step record."""
+    dump_start_s[step] = t
+    dump_decode_seqs[step] = decode_seqs
+    dump_prefill_tokens[step] = prefill
+    dump_step_s[step] = step_s
+    dump_waiting[step] = waiting
+
+
+@kernel(inline="always")
+def _schedule_follower(request, time, out_arrival_s, think_s, closed_users, heap_t, heap_r, state):
+    """Closed loop: the next request of ``request``'s user arrives its think time after ``time``.
+
+    Returns the time of the next arrival not yet released.
+    """
+    follower = request + closed_users
+    if follower < out_arrival_s.shape[0]:
+        out_arrival_s[follower] = time + think_s[follower]
+        _heap_push(heap_t, heap_r, state, out_arrival_s[follower], follower)
+    return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
+
+
+@kernel(inline="always")
+def _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+                  window_decode_steps, steps, end_s):
+    """Copy the statistics accumulated in locals during the run into ``out_stats``."""
+    out_stats[STAT_IN_SYSTEM_INTEGRAL] = in_system_integral
+    out_stats[STAT_WINDOW_STEPS] = window_steps
+    out_stats[STAT_WINDOW_STEP_S_SUM] = window_step_s_sum
+    out_stats[STAT_WINDOW_DECODE_SEQS_SUM] = window_decode_seqs_sum
+    out_stats[STAT_WINDOW_DECODE_STEPS] = window_decode_steps
+    out_stats[STAT_STEPS] = steps
+    out_stats[STAT_END_S] = end_s
+
+
+@kernel
+def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int, warmup_s,
+             step_time_table, decode_edges, prefill_edges, out_arrival_s, out_first_token_s, out_finish_s,
+             out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens, dump_step_s,
+             dump_waiting):
+    """Simulate one serving instance under continuous or static batching (rules in the module docstring).
+
+    Parameters
+    ----------
+    arrival_s : float64[n]
+        Arrival times, s: all of them in an open loop (sorted), only the first ``closed_users`` in a
+        closed loop.
+    prefill_tokens : int64[n]
+        Tokens to compute in prefill (uncached prompt tokens, >= 1).
+    context_tokens : int64[n]
+        Full prompt length, tokens (>= prefill_tokens); sets the KV footprint.
+    output_tokens : int64[n]
+        Tokens generated (>= 1), the first one by prefill.
+    passes : int64[n]
+        Decode passes after the first token (0 iff output_tokens == 1; output_tokens - 1 without
+        speculative decoding, fewer with it).
+    think_s : float64[n]
+        Closed loop: request ``r >= closed_users`` arrives ``think_s[r]`` s after request
+        ``r - closed_users`` finishes. Unused in an open loop.
+    params_int : int64[N_PARAMS]
+        At the ``P_*`` indices: token_budget (tokens per step), max_seqs, kv_blocks, block_tokens,
+        chunk_tokens (0 = no cap), verify_tokens (tokens per decoding sequence per step), policy
+        (``POLICY_CONTINUOUS`` or ``POLICY_STATIC``), preempt (0 or 1), closed_users (0 = open loop).
+    warmup_s : float
+        Start of the measured window, s.
+    step_time_table : float64[n_decode_edges, n_prefill_edges]
+        Step time, s, at each (decoding sequences, prefill tokens) edge pair.
+    decode_edges, prefill_edges : float64[:]
+        Strictly increasing grid of the table (sequences; tokens).
+    out_arrival_s, out_first_token_s, out_finish_s, out_queue_s : float64[n]
+        Filled with each request's arrival, first-token and finish times (s) and its wait from arrival to
+        first admission (s).
+    out_stats : float64[N_STATS]
+        Filled with the run's statistics at the ``STAT_*`` indices.
+    dump_start_s, dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting : arrays[max_steps]
+        Per-step record of the first ``max_steps`` steps (float64 start time, int64 decoding sequences,
+        int64 prefill tokens, float64 step time, int64 waiting requests after admission); pass
+        zero-length arrays to record nothing.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> one = np.ones(1, np.int64); out = [np.zeros(1) for _ in range(4)]; stats = np.zeros(N_STATS)
+    >>> params = np.array([8192, 8, 100, 16, 0, 1, 0, 0, 0], np.int64)
+    >>> table = np.array([[0.01, 0.01], [0.01, 0.01]]); edges = np.array([0.0, 1.0])
+    >>> none_f, none_i = np.zeros(0), np.zeros(0, np.int64)
+    >>> simulate(np.zeros(1), 10 * one, 10 * one, 3 * one, 2 * one, np.zeros(1), params, 0.0, table, edges,
+    ...          edges, *out, stats, none_f, none_i, none_i, none_f, none_i)
+    >>> round(float(out[2][0]), 6)  # finish: one prefill step and two decode steps
+    0.03
+    """
+    n = arrival_s.shape[0]
+    closed_users = params_int[P_CLOSED_USERS]
+    closed = closed_users > 0
+    out_stats[:] = 0.0
+    out_stats[STAT_WINDOW_END_S] = np.nan
+    out_first_token_s[:] = np.nan
+    out_finish_s[:] = np.nan
+    out_queue_s[:] = np.nan
+    state = np.zeros(5, np.int64)
+    heap_t = np.empty(max(closed_users, 1))
+    heap_r = np.empty(max(closed_users, 1), np.int64)
+    if closed:
+        out_arrival_s[:] = np.nan
+        for r in range(min(closed_users, n)):
+            out_arrival_s[r] = arrival_s[r]
+            _heap_push(heap_t, heap_r, state, arrival_s[r], r)
+    else:
+        out_arrival_s[:] = arrival_s
+    if params_int[P_POLICY] == POLICY_STATIC:
+        _simulate_static(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s,
+                         params_int, warmup_s, step_time_table, decode_edges, prefill_edges, out_arrival_s,
+                         out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
+                         dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r)
+    else:
+        _simulate_continuous(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s,
+                             params_int, warmup_s, step_time_table, decode_edges, prefill_edges, out_arrival_s,
+                             out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
+                             dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t,
+                             heap_r)
+
+
+@kernel
+def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int,
+                     warmup_s, step_time_table, decode_edges, prefill_edges, out_arrival_s, out_first_token_s,
+                     out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens,
+                     dump_step_s, dump_waiting, state, heap_t, heap_r):
+    """Static batching (arguments as :func:`simulate`, plus the arrival state it prepared)."""
+    n = arrival_s.shape[0]
+    token_budget = params_int[P_TOKEN_BUDGET]
+    max_seqs = params_int[P_MAX_SEQS]
+    kv_blocks = params_int[P_KV_BLOCKS]
+    block_tokens = params_int[P_BLOCK_TOKENS]
+    chunk_tokens = params_int[P_CHUNK_TOKENS]
+    closed_users = params_int[P_CLOSED_USERS]
+    closed = closed_users > 0
+    queue = np.empty(n, np.int64)
+    req_state = np.zeros(n, np.int8)
+    prefill_left = np.zeros(n, np.int64)
+    batch = np.empty(min(max_seqs, n), np.int64)
+    chunk = np.zeros(batch.shape[0], np.int64)
+    batch_size = 0
+    first_unfilled = 0  # members before it have finished prefill
+    decode_left = -1  # decode steps left in the batch; -1 while it prefills
+    dump_cap = dump_start_s.shape[0]
+    in_system_integral = 0.0
+    window_steps = 0
+    window_step_s_sum = 0.0
+    window_decode_seqs_sum = 0
+    window_decode_steps = 0
+    t = -np.inf
+    step_index = 0
+    last_decode_seqs = -1
+    last_step_s = 0.0
+    next_arrival = _next_arrival(arrival_s, closed, heap_t, state)
+    while True:
+        if next_arrival <= t:
+            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats)
+        if batch_size == 0 and state[_QUEUE_LEN] == 0:
+            if next_arrival == np.inf:
+                break
+            t = next_arrival
+            continue
+        in_system = state[_QUEUE_LEN] + batch_size
+        if batch_size == 0:
+            free_blocks = kv_blocks
+            while state[_QUEUE_LEN] > 0 and batch_size < max_seqs:
+                r = queue[state[_QUEUE_HEAD]]
+                need = (context_tokens[r] + output_tokens[r] + block_tokens - 1) // block_tokens
+                if need > free_blocks:
+                    break
+                free_blocks -= need
+                _queue_pop_front(queue, state)
+                out_queue_s[r] = t - arrival_s[r]
+                req_state[r] = _PREFILLING
+                prefill_left[r] = prefill_tokens[r]
+                batch[batch_size] = r
+                batch_size += 1
+            first_unfilled = 0
+            decode_left = -1
+        prefill = 0
+        decode_seqs = 0
+        if decode_left < 0:
+            budget_left = token_budget
+            i = first_unfilled
+            while i < batch_size and budget_left > 0:
+                r = batch[i]
+                c = 0
+                if prefill_left[r] > 0:
+                    c = min(prefill_left[r], budget_left)
+                    if chunk_tokens > 0:
+                        c = min(c, chunk_tokens)
+                    budget_left -= c
+                    prefill += c
+                chunk[i] = c
+                i += 1
+            touched = i
+            step_s = step_time(step_time_table, decode_edges, prefill_edges, 0, prefill)
+        else:
+            decode_seqs = batch_size
+            touched = 0
+            if decode_seqs != last_decode_seqs:
+                last_decode_seqs = decode_seqs
+                last_step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, 0)
+            step_s = last_step_s
+        t_end = t + step_s
+        if step_index < dump_cap:
+            _record_step(step_index, t, decode_seqs, prefill, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
+                         dump_prefill_tokens, dump_step_s, dump_waiting)
+        if state[_RELEASED] < n:  # the step starts inside the arrival window
+            if t_end > warmup_s:
+                in_system_integral += in_system * (t_end - max(t, warmup_s))
+            if t >= warmup_s:
+                window_steps += 1
+                window_step_s_sum += step_s
+                if decode_seqs > 0:
+                    window_decode_seqs_sum += decode_seqs
+                    window_decode_steps += 1
+        step_index += 1
+        batch_done = False
+        if decode_left < 0:
+            for i in range(first_unfilled, touched):
+                r = batch[i]
+                if chunk[i] > 0:
+                    prefill_left[r] -= chunk[i]
+                    if prefill_left[r] == 0:
+                        out_first_token_s[r] = t_end
+            while first_unfilled < batch_size and prefill_left[batch[first_unfilled]] == 0:
+                first_unfilled += 1
+            if first_unfilled == batch_size:
+                decode_left = 0
+                for i in range(batch_size):
+                    decode_left = max(decode_left, passes[batch[i]])
+                batch_done = decode_left == 0
+        else:
+            decode_left -= 1
+            batch_done = decode_left == 0
+        if batch_done:
+            for i in range(batch_size):
+                req_state[batch[i]] = _DONE
+                out_finish_s[batch[i]] = t_end
+                if closed:
+                    next_arrival = _schedule_follower(batch[i], t_end, out_arrival_s, think_s, closed_users, heap_t,
+                                                      heap_r, state)
+            batch_size = 0
+        t = t_end
+    _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+                  window_decode_steps, step_index, t)
+
+
+@kernel(inline="always")
+def _wheel_remove(head, next_, prev, slot_of, request, mask):
+    """Take ``request`` out of the timing-wheel list it is filed in (nothing if it is in none)."""
+    if slot_of[request] < 0:
+        return
+    if prev[request] >= 0:
+        next_[prev[request]] = next_[request]
+    else:
+        head[slot_of[request] & mask] = next_[request]
+    if next_[request] >= 0:
+        prev[next_[request]] = prev[request]
+    slot_of[request] = -1
+
+
+@kernel(inline="always")
+def _next_block_step(context, output, passes, block_tokens, held, passes_done, decode_start_step):
+    """Step at which a decoding sequence next needs a block (-1: never), from the blocks it holds."""
+    tokens_needing_block = held * block_tokens - context + 1  # output tokens that overflow what is held
+    if tokens_needing_block > output or passes == 0:
+        return -1
+    # Smallest pass q with 1 + floor(q * (output - 1) / passes) >= tokens_needing_block.
+    q = ((tokens_needing_block - 1) * passes + output - 2) // (output - 1)
+    return decode_start_step + (q - passes_done - 1)
+
+
+@kernel
+def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int,
+                         warmup_s, step_time_table, decode_edges, prefill_edges, out_arrival_s, out_first_token_s,
+                         out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens,
+                         dump_step_s, dump_waiting, state, heap_t, heap_r):
+    """Continuous batching (arguments as :func:`simulate`, plus the arrival state it prepared).
+
+    Helpers that take arrays are kept off the per-step path or written out inline: every call passing an
+    array costs atomic reference-count updates, which dominated the step cost before.
+    """
+    n = arrival_s.shape[0]
+    token_budget = params_int[P_TOKEN_BUDGET]
+    max_seqs = params_int[P_MAX_SEQS]
+    block_tokens = params_int[P_BLOCK_TOKENS]
+    chunk_tokens = params_int[P_CHUNK_TOKENS]
+    verify_tokens = params_int[P_VERIFY_TOKENS]
+    preempt = params_int[P_PREEMPT] != 0
+    closed_users = params_int[P_CLOSED_USERS]
+    closed = closed_users > 0
+
+    queue = np.empty(n, np.int64)
+    req_state = np.zeros(n, np.int8)
+    prefill_left = np.zeros(n, np.int64)
+    chunk = np.zeros(n, np.int64)
+    passes_done = np.zeros(n, np.int64)  # passes run before the current decode stretch began
+    decode_start = np.zeros(n, np.int64)  # step of the current decode stretch's first pass
+    held = np.zeros(n, np.int64)
+    first_done = np.zeros(n, np.bool_)
+    admitted_once = np.zeros(n, np.bool_)
+    stamp = np.zeros(n, np.int64)
+    # Running sequences in admission order (doubly linked), needed only to pick preemption victims.
+    run_prev = np.full(n, -1, np.int64)
+    run_next = np.full(n, -1, np.int64)
+    run_tail = -1
+    # Sequences admitted with prefill left, in admission order (ring buffer).
+    pf_cap = max(1, min(max_seqs, n))
+    pf = np.empty(pf_cap, np.int64)
+    survivors = np.empty(pf_cap, np.int64)
+    pf_head = 0
+    pf_len = 0
+    # Timing wheels: per step, the sequences finishing at its end and those needing a block at its start.
+    max_passes = 0
+    for r in range(n):
+        max_passes = max(max_passes, passes[r])
+    wheel = 1
+    while wheel < max_passes + 2:
+        wheel <<= 1
+    mask = wheel - 1
+    finish_head = np.full(wheel, -1, np.int64)
+    f_next = np.full(n, -1, np.int64)
+    f_prev = np.full(n, -1, np.int64)
+    f_step = np.full(n, -1, np.int64)
+    block_head = np.full(wheel if preempt else 1, -1, np.int64)
+    b_next = np.full(n, -1, np.int64)
+    b_prev = np.full(n, -1, np.int64)
+    b_step = np.full(n, -1, np.int64)
+    growing = np.empty(pf_cap, np.int64)
+
+    free_blocks = params_int[P_KV_BLOCKS]
+    n_running = 0
+    n_decoding = 0
+    admissions = 0
+    preemptions = 0
+    step = 0
+    # Decode-only steps are most steps: their times are looked up, not interpolated.
+    decode_only_s = np.empty(max_seqs + 1 if max_seqs < n else n + 1)
+    for d in range(decode_only_s.shape[0]):
+        decode_only_s[d] = step_time(step_time_table, decode_edges, prefill_edges, d, 0)
+    dump_cap = dump_start_s.shape[0]
+    in_system_integral = 0.0
+    window_steps = 0
+    window_step_s_sum = 0.0
+    window_decode_seqs_sum = 0
+    window_decode_steps = 0
+    t = -np.inf
+    next_arrival = _next_arrival(arrival_s, closed, heap_t, state)
+    while True:
+        if next_arrival <= t:
+            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats)
+        if n_running == 0 and state[_QUEUE_LEN] == 0:
+            if next_arrival == np.inf:
+                break
+            t = next_arrival
+            continue
+        in_system = state[_QUEUE_LEN] + n_running
+
+        preempted = False
+        if preempt:
+            slot = step & mask
+            m = 0
+            r = block_head[slot]
+            while r >= 0:
+                growing[m] = r
+                m += 1
+                b_step[r] = -1
+                r = b_next[r]
+            block_head[slot] = -1
+            for i in range(1, m):  # oldest admission first
+                r = growing[i]
+                j = i - 1
+                while j >= 0 and stamp[growing[j]] > stamp[r]:
+                    growing[j + 1] = growing[j]
+                    j -= 1
+                growing[j + 1] = r
+            for i in range(m):
+                r = growing[i]
+                if req_state[r] != _DECODING:
+                    continue
+                this_pass = passes_done[r] + (step - decode_start[r]) + 1
+                tokens = context_tokens[r] + _tokens_after(output_tokens[r], passes[r], this_pass)
+                need = (tokens + block_tokens - 1) // block_tokens - held[r]
+                while free_blocks < need:
+                    victim = run_tail
+                    run_tail = run_prev[victim]
+                    if run_tail >= 0:
+                        run_next[run_tail] = -1
+                    if req_state[victim] == _DECODING:
+                        passes_done[victim] += step - decode_start[victim]
+                        _wheel_remove(finish_head, f_next, f_prev, f_step, victim, mask)
+                        _wheel_remove(block_head, b_next, b_prev, b_step, victim, mask)
+                        n_decoding -= 1
+                    else:  # the newest running sequence still prefilling is the prefill ring's tail
+                        pf_len -= 1
+                    free_blocks += held[victim]
+                    held[victim] = 0
+                    req_state[victim] = _WAITING
+                    _queue_push_front(queue, state, victim)
+                    n_running -= 1
+                    preemptions += 1
+                    preempted = True
+                    if victim == r:
+                        break
+                if req_state[r] == _DECODING:
+                    free_blocks -= need
+                    held[r] += need
+                    grow = _next_block_step(context_tokens[r], output_tokens[r], passes[r], block_tokens, held[r],
+                                            passes_done[r], decode_start[r])
+                    if grow >= 0:
+                        b_step[r] = grow  # file under step grow (inline: helper calls cost reference counts)
+                        b_prev[r] = -1
+                        b_next[r] = block_head[b_step[r] & mask]
+                        if b_next[r] >= 0:
+                            b_prev[b_next[r]] = r
+                        block_head[b_step[r] & mask] = r
+
+        decode_seqs = n_decoding
+        budget_left = max(0, token_budget - decode_seqs * verify_tokens)
+        prefill = 0
+        touched = 0
+        while budget_left > 0 and touched < pf_len:
+            r = pf[(pf_head + touched) % pf_cap]
+            c = min(prefill_left[r], budget_left)
+            if chunk_tokens > 0:
+                c = min(c, chunk_tokens)
+            chunk[r] = c
+            prefill += c
+            budget_left -= c
+            touched += 1
+        if not preempted:
+            while budget_left > 0 and state[_QUEUE_LEN] > 0 and n_running < max_seqs:
+                r = queue[state[_QUEUE_HEAD]]
+                if preempt:
+                    tokens = context_tokens[r] + _tokens_after(output_tokens[r], passes[r], passes_done[r])
+                else:
+                    tokens = context_tokens[r] + output_tokens[r]
+                need = (tokens + block_tokens - 1) // block_tokens
+                if need > free_blocks:
+                    break
+                _queue_pop_front(queue, state)
+                free_blocks -= need
+                held[r] = need
+                req_state[r] = _PREFILLING
+                prefill_left[r] = prefill_tokens[r]
+                if first_done[r]:  # recompute after preemption: prompt and the output produced so far
+                    prefill_left[r] += _tokens_after(output_tokens[r], passes[r], passes_done[r])
+                if not admitted_once[r]:
+                    admitted_once[r] = True
+                    out_queue_s[r] = t - arrival_s[r]
+                stamp[r] = admissions
+                admissions += 1
+                if preempt:
+                    run_prev[r] = run_tail
+                    run_next[r] = -1
+                    if run_tail >= 0:
+                        run_next[run_tail] = r
+                    run_tail = r
+                n_running += 1
+                pf[(pf_head + pf_len) % pf_cap] = r
+                pf_len += 1
+                c = min(prefill_left[r], budget_left)
+                if chunk_tokens > 0:
+                    c = min(c, chunk_tokens)
+                chunk[r] = c
+                prefill += c
+                budget_left -= c
+                touched += 1
+        if decode_seqs == 0 and prefill == 0:
+            out_stats[STAT_STATUS] = 1
+            break
+
+        if prefill == 0 and decode_seqs < decode_only_s.shape[0]:
+            step_s = decode_only_s[decode_seqs]
+        else:
+            step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill)
+        t_end = t + step_s
+        if step < dump_cap:
+            _record_step(step, t, decode_seqs, prefill, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
+                         dump_prefill_tokens, dump_step_s, dump_waiting)
+        if state[_RELEASED] < n:  # the step starts inside the arrival window
+            if t_end > warmup_s:
+                in_system_integral += in_system * (t_end - max(t, warmup_s))
+            if t >= warmup_s:
+                window_steps += 1
+                window_step_s_sum += step_s
+                if decode_seqs > 0:
+                    window_decode_seqs_sum += decode_seqs
+                    window_decode_steps += 1
+
+        # Prefill progress; sequences whose prefill completes leave the ring, the others keep their order.
+        n_survivors = 0
+        for i in range(touched):
+            r = pf[(pf_head + i) % pf_cap]
+            prefill_left[r] -= chunk[r]
+            if prefill_left[r] > 0:
+                survivors[n_survivors] = r
+                n_survivors += 1
+                continue
+            if not first_done[r]:
+                first_done[r] = True
+                out_first_token_s[r] = t_end
+            passes_left = passes[r] - passes_done[r]
+            if passes_left == 0:
+                req_state[r] = _DONE
+                free_blocks += held[r]
+                held[r] = 0
+                n_running -= 1
+                if preempt:
+                    if run_prev[r] >= 0:  # unlink from the running list
+                        run_next[run_prev[r]] = run_next[r]
+                    if run_next[r] >= 0:
+                        run_prev[run_next[r]] = run_prev[r]
+                    else:
+                        run_tail = run_prev[r]
+                out_finish_s[r] = t_end
+                if closed:
+                    next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,
+                                                      state)
+                continue
+            req_state[r] = _DECODING
+            n_decoding += 1
+            decode_start[r] = step + 1
+            f_step[r] = step + passes_left  # file under step step + passes_left (inline: helper calls cost reference counts)
+            f_prev[r] = -1
+            f_next[r] = finish_head[f_step[r] & mask]
+            if f_next[r] >= 0:
+                f_prev[f_next[r]] = r
+            finish_head[f_step[r] & mask] = r
+            if preempt:
+                grow = _next_block_step(context_tokens[r], output_tokens[r], passes[r], block_tokens, held[r],
+                                        passes_done[r], decode_start[r])
+                if grow >= 0:
+                    b_step[r] = grow  # file under step grow (inline: helper calls cost reference counts)
+                    b_prev[r] = -1
+                    b_next[r] = block_head[b_step[r] & mask]
+                    if b_next[r] >= 0:
+                        b_prev[b_next[r]] = r
+                    block_head[b_step[r] & mask] = r
+        pf_head = (pf_head + touched - n_survivors) % pf_cap
+        for i in range(n_survivors):
+            pf[(pf_head + i) % pf_cap] = survivors[i]
+        pf_len -= touched - n_survivors
+
+        # Sequences whose last pass ran in this step.
+        slot = step & mask
+        r = finish_head[slot]
+        while r >= 0:
+            following = f_next[r]
+            f_step[r] = -1
+            req_state[r] = _DONE
+            free_blocks += held[r]
+            held[r] = 0
+            n_running -= 1
+            n_decoding -= 1
+            if preempt:  # no block growth is pending: the last one was at the start of this step
+                if run_prev[r] >= 0:  # unlink from the running list
+                    run_next[run_prev[r]] = run_next[r]
+                if run_next[r] >= 0:
+                    run_prev[run_next[r]] = run_prev[r]
+                else:
+                    run_tail = run_prev[r]
+            out_finish_s[r] = t_end
+            if closed:
+                next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,
+                                                  state)
+            r = following
+        finish_head[slot] = -1
+        step += 1
+        t = t_end
+    out_stats[STAT_PREEMPTIONS] = preemptions
+    _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+                  window_decode_steps, step, t)

@@ -1,0 +1,254 @@
+"""Latency under load: TTFT, TPOT and E2E from a step-level simulation of one serving instance.
+
+The roofline (or any performance model) supplies step times as a table over (decoding sequences,
+prefill tokens in the step); :func:`simulate_batching` replays a workload through the continuous- or
+static-batching scheduler of :mod:`mcsim.kernels.batching` (whose docstring states every rule) and
+summarises per-request latencies, throughput and queueing.
+
+Saturation. A finite run always drains, so an overloaded instance shows up as a backlog that grows
+while requests keep arriving. Over the second half of the measured window, the ratio of arrivals to
+completions is ~1 for a stable instance and ~offered/capacity for an overloaded one. The run is
+flagged ``saturated`` when that ratio exceeds ``SATURATION_RATIO`` *and* the requests still waiting
+when the last one arrives exceed ``SATURATION_BACKLOG`` of the requests that arrived in the window (the
+second condition keeps Poisson noise in a short stable run from tripping the flag).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+QUANTILES = (0.5, 0.9, 0.99)
+SATURATION_RATIO = 1.05
+SATURATION_BACKLOG = 0.05
+
+
+def _as_int(values, name, n):
+    array = np.ascontiguousarray(values, dtype=np.int64)
+    if array.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},), got {array.shape}")
+    return array
+
+
+def simulate_batching(
+    arrival_s,
+    prefill_tokens,
+    context_tokens,
+    output_tokens,
+    passes=None,
+    *,
+    step_time_table,
+    decode_edges,
+    prefill_edges,
+    token_budget: int = 8192,
+    max_seqs: int = 256,
+    kv_blocks: int | None = None,
+    block_tokens: int = 16,
+    chunk_tokens: int = 0,
+    verify_tokens: int = 1,
+    policy: str = "continuous",
+    preempt: bool = True,
+    closed_users: int = 0,
+    think_s=None,
+    warmup_s: float = 0.0,
+    max_steps: int = 0,
+) -> dict:
+    """Simulate one serving instance and summarise latency, throughput and queueing.
+
+    Parameters
+    ----------
+    arrival_s : array_like of float, shape (n,)
+        Arrival times, s; sorted in an open loop. In a closed loop only the first ``closed_users`` are used.
+    prefill_tokens : array_like of int, shape (n,)
+        Prompt tokens to compute (uncached part), >= 1.
+    context_tokens : array_like of int, shape (n,)
+        Full prompt length, tokens (>= prefill_tokens); sets the KV footprint.
+    output_tokens : array_like of int, shape (n,)
+        Tokens generated, >= 1.
+    passes : array_like of int, shape (n,), optional
+        Decode passes after the first token (from the speculative stage); default ``output_tokens - 1``.
+    step_time_table : array_like of float, shape (len(decode_edges), len(prefill_edges))
+        Step time, s, at each (decoding sequences, prefill tokens) pair; interpolated bilinearly, clamped.
+    decode_edges, prefill_edges : array_like of float
+        Strictly increasing grids of the table (sequences; tokens).
+    token_budget : int
+        Tokens one step may process (decodes at ``verify_tokens`` each, then prefill chunks).
+    max_seqs : int
+        Concurrent sequences (a static batch's size limit).
+    kv_blocks : int, optional
+        KV pool, in blocks of ``block_tokens``; default: room for every request at once.
+    block_tokens : int
+        Tokens per KV block.
+    chunk_tokens : int
+        Cap on one request's prefill chunk per step, tokens; 0 = only the budget caps it.
+    verify_tokens : int
+        Tokens a decoding sequence costs per step (``k + 1`` with ``k`` draft tokens, else 1).
+    policy : {"continuous", "static"}
+    preempt : bool
+        Continuous policy: grow KV as sequences generate and preempt (recompute) the newest sequence when
+        the pool runs out, as vLLM does; False reserves each request's final size at admission.
+    closed_users : int
+        0: open loop. Otherwise request ``r >= closed_users`` arrives ``think_s[r]`` s after request
+        ``r - closed_users`` finishes.
+    think_s : array_like of float, shape (n,), optional
+        Think times of the closed loop, s (default 0).
+    warmup_s : float
+        Requests arriving earlier are simulated but excluded from the statistics, s.
+    max_steps : int
+        Record the first ``max_steps`` steps in ``step_log`` (0: no log).
+
+    Returns
+    -------
+    dict
+        ``per_request``: dict of arrays ``arrival_s``, ``first_token_s``, ``finish_s``, ``queue_s``,
+        ``ttft_s``, ``tpot_s`` (nan for single-token outputs), ``e2e_s``, ``measured`` (bool).
+        ``summary``: ``quantiles``; ``ttft_s``, ``tpot_s``, ``e2e_s`` (one value per quantile, over
+        measured requests); ``queue_s_mean``, ``queue_s_p99``; ``measured_requests``; ``window_s``
+        (start, end); ``throughput_tok_s`` (output tokens of requests finishing in the window per second
+        of window); ``arrival_rate_per_s``; ``mean_in_system`` (time average of waiting + running);
+        ``mean_time_in_system_s``; ``little_law_ratio`` (mean_in_system / (arrival rate x mean time in
+        system); ~1); ``completion_ratio`` (arrivals / completions over the window's second half);
+        ``waiting_at_window_end``; ``saturated``; ``mean_decode_batch``; ``mean_step_s``; ``steps``;
+        ``preemptions``.
+        ``step_log``: dict of per-step arrays ``start_s``, ``decode_seqs``, ``prefill_tokens``, ``step_s``,
+        ``waiting`` (None when ``max_steps == 0``).
+
+    Examples
+    --------
+    >>> table = [[0.02, 0.03], [0.04, 0.05]]
+    >>> result = simulate_batching([0.0, 10.0], [100, 100], [100, 100], [3, 3], step_time_table=table,
+    ...                            decode_edges=[1, 256], prefill_edges=[0, 8192])
+    >>> [round(float(x), 4) for x in result["per_request"]["e2e_s"]]  # prefill step, then 2 decode steps
+    [0.0601, 0.0601]
+    """
+    from mcsim.kernels import batching as kernel
+
+    arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
+    n = arrival.shape[0]
+    if arrival.ndim != 1 or n == 0:
+        raise ValueError("arrival_s must be a non-empty 1-D array")
+    prefill = _as_int(prefill_tokens, "prefill_tokens", n)
+    context = _as_int(context_tokens, "context_tokens", n)
+    output = _as_int(output_tokens, "output_tokens", n)
+    passes = output - 1 if passes is None else _as_int(passes, "passes", n)
+    think = np.zeros(n) if think_s is None else np.ascontiguousarray(think_s, dtype=np.float64)
+    table = np.ascontiguousarray(step_time_table, dtype=np.float64)
+    d_edges = np.ascontiguousarray(decode_edges, dtype=np.float64)
+    p_edges = np.ascontiguousarray(prefill_edges, dtype=np.float64)
+
+    if not np.all(np.isfinite(arrival[: closed_users or n])):
+        raise ValueError("arrival_s must be finite")
+    if closed_users == 0 and np.any(np.diff(arrival) < 0):
+        raise ValueError("arrival_s must be sorted in an open loop")
+    if np.any(prefill < 1) or np.any(context < prefill):
+        raise ValueError("need 1 <= prefill_tokens <= context_tokens")
+    if np.any(output < 1):
+        raise ValueError("output_tokens must be >= 1")
+    if np.any(passes > output - 1) or np.any((passes < 1) & (output > 1)) or np.any(passes < 0):
+        raise ValueError("passes must be in [1, output_tokens - 1] (0 for single-token outputs)")
+    if think.shape != (n,) or np.any(think < 0) or not np.all(np.isfinite(think)):
+        raise ValueError("think_s must be n finite values >= 0")
+    for edges, name in ((d_edges, "decode_edges"), (p_edges, "prefill_edges")):
+        if edges.ndim != 1 or edges.size == 0 or np.any(np.diff(edges) <= 0):
+            raise ValueError(f"{name} must be a non-empty strictly increasing 1-D array")
+    if table.shape != (d_edges.size, p_edges.size) or not np.all(table > 0) or not np.all(np.isfinite(table)):
+        raise ValueError("step_time_table must be finite, > 0 and of shape (len(decode_edges), len(prefill_edges))")
+    if policy not in ("continuous", "static"):
+        raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
+    if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or min(chunk_tokens, closed_users) < 0:
+        raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens, "
+                         "closed_users >= 0")
+    full_blocks = (context + output + block_tokens - 1) // block_tokens
+    if kv_blocks is None:
+        kv_blocks = int(full_blocks.sum())
+    if int(full_blocks.max()) > kv_blocks:
+        raise ValueError(f"a request needs {int(full_blocks.max())} KV blocks, more than kv_blocks={kv_blocks}")
+
+    params = np.zeros(kernel.N_PARAMS, np.int64)
+    params[kernel.P_TOKEN_BUDGET] = token_budget
+    params[kernel.P_MAX_SEQS] = max_seqs
+    params[kernel.P_KV_BLOCKS] = kv_blocks
+    params[kernel.P_BLOCK_TOKENS] = block_tokens
+    params[kernel.P_CHUNK_TOKENS] = chunk_tokens
+    params[kernel.P_VERIFY_TOKENS] = verify_tokens
+    params[kernel.P_POLICY] = kernel.POLICY_STATIC if policy == "static" else kernel.POLICY_CONTINUOUS
+    params[kernel.P_PREEMPT] = int(bool(preempt))
+    params[kernel.P_CLOSED_USERS] = closed_users
+
+    arrival_out, first_token, finish, queue = (np.empty(n) for _ in range(4))
+    stats = np.zeros(kernel.N_STATS)
+    log = {"start_s": np.empty(max_steps), "decode_seqs": np.empty(max_steps, np.int64),
+           "prefill_tokens": np.empty(max_steps, np.int64), "step_s": np.empty(max_steps),
+           "waiting": np.empty(max_steps, np.int64)}
+    kernel.simulate(arrival, prefill, context, output, passes, think, params, float(warmup_s), table, d_edges,
+                    p_edges, arrival_out, first_token, finish, queue, stats, log["start_s"], log["decode_seqs"],
+                    log["prefill_tokens"], log["step_s"], log["waiting"])
+    if stats[kernel.STAT_STATUS] != 0:
+        raise RuntimeError("the batching simulation stalled (a step with nothing to run)")
+    steps = int(stats[kernel.STAT_STEPS])
+    step_log = None if max_steps == 0 else {key: value[: min(steps, max_steps)] for key, value in log.items()}
+    per_request = _per_request(arrival_out, first_token, finish, queue, output, warmup_s)
+    return {"per_request": per_request, "summary": _summary(per_request, output, warmup_s, stats, kernel),
+            "step_log": step_log}
+
+
+def _per_request(arrival, first_token, finish, queue, output, warmup_s):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (finish - first_token) / (output - 1), np.nan)
+    return {"arrival_s": arrival, "first_token_s": first_token, "finish_s": finish, "queue_s": queue,
+            "ttft_s": first_token - arrival, "tpot_s": tpot, "e2e_s": finish - arrival,
+            "measured": arrival >= warmup_s}
+
+
+def _quantiles(values):
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return np.full(len(QUANTILES), np.nan)
+    return np.quantile(values, QUANTILES)
+
+
+def _summary(per, output, warmup_s, stats, kernel):
+    measured = per["measured"]
+    arrival, finish, e2e = per["arrival_s"], per["finish_s"], per["e2e_s"]
+    window_start = float(warmup_s)
+    window_end = float(stats[kernel.STAT_WINDOW_END_S])
+    window = window_end - window_start
+    nan = float("nan")
+    if window > 0:
+        mean_in_system = stats[kernel.STAT_IN_SYSTEM_INTEGRAL] / window
+        arrival_rate = float(measured.sum()) / window
+        finished_in = (finish >= window_start) & (finish <= window_end)
+        throughput = float(output[finished_in].sum()) / window
+        middle = window_start + 0.5 * window
+        late_arrivals = np.count_nonzero((arrival >= middle) & (arrival <= window_end))
+        late_completions = np.count_nonzero((finish >= middle) & (finish <= window_end))
+        completion_ratio = late_arrivals / late_completions if late_completions else float("inf")
+    else:
+        mean_in_system = arrival_rate = throughput = completion_ratio = nan
+    mean_time = float(e2e[measured].mean()) if measured.any() else nan
+    waiting_at_end = int(stats[kernel.STAT_WAITING_AT_WINDOW_END])
+    saturated = bool(completion_ratio > SATURATION_RATIO
+                     and waiting_at_end > SATURATION_BACKLOG * max(int(measured.sum()), 1))
+    window_steps = stats[kernel.STAT_WINDOW_STEPS]
+    decode_steps = stats[kernel.STAT_WINDOW_DECODE_STEPS]
+    return {
+        "quantiles": np.array(QUANTILES),
+        "ttft_s": _quantiles(per["ttft_s"][measured]),
+        "tpot_s": _quantiles(per["tpot_s"][measured]),
+        "e2e_s": _quantiles(e2e[measured]),
+        "queue_s_mean": float(per["queue_s"][measured].mean()) if measured.any() else nan,
+        "queue_s_p99": float(np.quantile(per["queue_s"][measured], 0.99)) if measured.any() else nan,
+        "measured_requests": int(measured.sum()),
+        "window_s": (window_start, window_end),
+        "throughput_tok_s": throughput,
+        "arrival_rate_per_s": arrival_rate,
+        "mean_in_system": mean_in_system,
+        "mean_time_in_system_s": mean_time,
+        "little_law_ratio": mean_in_system / (arrival_rate * mean_time) if arrival_rate * mean_time > 0 else nan,
+        "completion_ratio": completion_ratio,
+        "waiting_at_window_end": waiting_at_end,
+        "saturated": saturated,
+        "mean_decode_batch": stats[kernel.STAT_WINDOW_DECODE_SEQS_SUM] / decode_steps if decode_steps else nan,
+        "mean_step_s": stats[kernel.STAT_WINDOW_STEP_S_SUM] / window_steps if window_steps else nan,
+        "steps": int(stats[kernel.STAT_STEPS]),
+        "preemptions": int(stats[kernel.STAT_PREEMPTIONS]),
+    }
