@@ -152,6 +152,12 @@ def factor_decode_model(p: dict, requests, passes, expert_eff: float) -> DecodeM
                        x_nospec * tpp / pass_cost, lambda b: pass_cost)
 
 
+def _quantiles(values) -> np.ndarray:
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return np.quantile(values, QUANTILES) if values.size else np.full(len(QUANTILES), np.nan)
+
+
 def tokens_per_pass(requests, passes) -> float:
     """Raw output tokens per verification pass of the trace (1 without speculation)."""
     return 1.0 if passes is None else float(requests.output_tokens.sum()) / float(passes.sum())
@@ -266,12 +272,37 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     nodes_prefill = max(g_prefill / p["hardware.gpus_per_node"], 1.0)
     ttft = miss / (x_prefill * g_prefill) + restore_bytes[:, 0] / (host_bw * g_prefill) \
         + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill) + pass_s
-    if disagg:
-        ttft = ttft + prompt * kvb / (p["hardware.scale_out_gb_s"] * 1e9 * g_prefill) \
-            + p["efficiency.kv_transfer_latency_s"]
+    transfer_s = prompt * kvb / (p["hardware.scale_out_gb_s"] * 1e9 * g_prefill) \
+        + p["efficiency.kv_transfer_latency_s"] if disagg else np.zeros(n)
+    ttft = ttft + transfer_s
     decode_time = pass_s * passes_r
     concurrency = (n / duration) * float(decode_time.mean()) / (decode_gpus - prefill_share if not disagg
                                                                  else decode_gpus)
+
+    e2e = ttft + tpot * (out_tokens - 1)
+    multi = out_tokens > 1
+    queue = np.zeros(n)
+    saturated, little = 0, math.nan
+    if p["performance.simulate_batching"]:
+        from mcsim.latency import simulate_pools
+
+        restore_s = restore_bytes[:, 0] / (host_bw * g_prefill) \
+            + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill)
+        lat = simulate_pools(p, requests, miss, restore_s, transfer_s, passes_r, model, b_op, b_mem, decode_gpus,
+                             prefill_gpus)
+        ttft, tpot, e2e, queue, multi = lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"], lat["multi"]
+        saturated, little = lat["saturated"], lat["little_law_ratio"]
+    # Host-side costs: request handling, tokenizing the prompt, detokenizing the output; the first streamed chunk
+    # waits for stream_interval tokens.
+    host_first = p["host.request_overhead_s"] + p["host.tokenize_s_per_token"] * float(prompt.mean())
+    ttft = ttft + host_first + (p["host.stream_interval_tokens"] - 1) * np.nanmedian(tpot) if len(tpot) else ttft
+    e2e = e2e + host_first + p["host.detokenize_s_per_token"] * float(out_tokens.mean())
+    within = np.ones(len(ttft), dtype=bool)
+    if p["deployment.ttft_target_s"] > 0:
+        within &= ttft <= p["deployment.ttft_target_s"]
+    tpot_all = np.full(len(ttft), np.nan)
+    tpot_all[multi] = tpot[multi] if len(tpot) == len(ttft) else tpot
+    within &= ~(tpot_all > p["deployment.tpot_target_s"])
 
     by_tier = cached_tokens.sum(axis=0) / total_in
     return {
@@ -287,8 +318,13 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         "cache_hit_rate_by_tier": by_tier,
         "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / n / 1e9]),
         "kv_bytes_per_token": kvb,
-        "ttft_s": np.quantile(ttft, QUANTILES),
-        "tpot_s": np.quantile(tpot, QUANTILES),
+        "ttft_s": _quantiles(ttft),
+        "tpot_s": _quantiles(tpot),
+        "e2e_s": _quantiles(e2e),
+        "queue_wait_s": _quantiles(queue),
+        "slo_attainment": float(within.mean()) if len(within) else math.nan,
+        "saturated": int(saturated),
+        "little_law_ratio": little,
         "gpus": gpus,
         "decode_gpus": decode_gpus,
         "prefill_gpus": prefill_gpus,

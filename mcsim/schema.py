@@ -102,6 +102,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "max_batch_per_gpu": F(256, "Cap on concurrent decode sequences per GPU.", 1, None),
         "tpot_target_s": F(0.05, "Time-per-output-token target; the operating batch is the largest that meets it.",
                            0, None, lo_open=True),
+        "ttft_target_s": F(0.0, "Time-to-first-token SLO for slo_attainment (0 = none).", 0, None),
         "memory_fraction": F(0.9, "Fraction of HBM usable for weights, activations and KV.", 0, 1, lo_open=True),
         "tp": I(1, "Tensor-parallel degree of a decode instance (roofline); attention data-parallel groups fill "
                    "the rest of gpus_per_instance / (tp x pp).", 1, 4096),

@@ -62,7 +62,21 @@ _VARS = [
              "Per-request quantiles of prefill compute + KV restore + KV transfer + one decode pass (factor "
              "mode: no queueing)."),
     Variable("tpot_s", ("quantile",), "s", "time per output token",
-             "Per-request quantiles of decode time / output tokens at the operating batch."),
+             "Per-request quantiles of (end-to-end - TTFT) / (output tokens - 1); service time at the operating "
+             "batch unless performance.simulate_batching."),
+    Variable("e2e_s", ("quantile",), "s", "end-to-end latency",
+             "Per-request quantiles of arrival to last token, including host costs."),
+    Variable("queue_wait_s", ("quantile",), "s", "queue wait",
+             "Per-request quantiles of the time spent waiting for admission (0 without the batching simulator)."),
+    Variable("slo_attainment", (), "1", "share of requests within the SLOs",
+             "Fraction of requests whose TTFT <= deployment.ttft_target_s (when set) and whose TPOT <= "
+             "deployment.tpot_target_s."),
+    Variable("saturated", (), "1", "load exceeds capacity",
+             "1 when the batching simulator's queue grows without bound (arrivals outpace completions).",
+             dtype="int8"),
+    Variable("little_law_ratio", (), "1", "Little's-law check of the simulator",
+             "Time-averaged requests in the system / (arrival rate x mean time in system); 1 for a consistent, "
+             "stable simulation (NaN without the batching simulator)."),
     # fleet and economics
     Variable("gpus", (), "GPUs", "GPUs deployed", "Decode + prefill GPUs needed at the target utilization, "
              "at least the smallest fleet.", True),
