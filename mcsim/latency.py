@@ -42,7 +42,7 @@ def _table(d_edges, p_edges, t_pass, gpus: int, x_prefill: float, mixed_penalty:
 
 
 def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, transfer_s: np.ndarray,
-                   passes: np.ndarray, model, b_cap: float, b_mem: float, decode_gpus: float,
+                   passes: np.ndarray, model, b_cap: float, b_op: float, b_mem: float, decode_gpus: float,
                    prefill_gpus: float) -> dict:
     """Per-request TTFT, TPOT, E2E and queue wait (s) of the measured requests, plus saturation and Little checks.
 
@@ -59,8 +59,8 @@ def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, t
     passes : int64[n]
         Verification passes per request (output tokens when speculation is off).
     model : mcsim.perf.DecodeModel
-    b_cap, b_mem : float
-        Operating batch and KV-memory limit per decode GPU.
+    b_cap, b_op, b_mem : float
+        Largest allowed batch (the admission cap), expected operating batch and KV-memory limit per decode GPU.
     decode_gpus, prefill_gpus : float
         Pool sizes; prefill_gpus is 0 when colocated.
     """
@@ -70,7 +70,7 @@ def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, t
     # A queue reaches its steady state only after many times its concurrency has passed through: when the
     # sample's requests are too few for one instance's expected concurrency, the trace is replayed back to back
     # (same requests, later arrivals) and the first third of the time is left out as warm-up.
-    concurrency = b_cap * g * p["economics.target_utilization"]
+    concurrency = max(b_op * g, 1.0)
     reps = int(min(max(1, math.ceil(MIN_TURNOVER * concurrency / n)), max(1, MAX_REQUESTS // n)))
     arrival0 = (requests.arrival_s[:n] - requests.arrival_s[0]).astype(float)
     period = float(arrival0[-1]) * n / max(n - 1, 1) if n > 1 else 1.0

@@ -288,8 +288,8 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
 
         restore_s = restore_bytes[:, 0] / (host_bw * g_prefill) \
             + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill)
-        lat = simulate_pools(p, requests, miss, restore_s, transfer_s, passes_r, model, b_op, b_mem, decode_gpus,
-                             prefill_gpus)
+        lat = simulate_pools(p, requests, miss, restore_s, transfer_s, passes_r, model, b_cap, b_op, b_mem,
+                             decode_gpus, prefill_gpus)
         ttft, tpot, e2e, queue, multi = lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"], lat["multi"]
         saturated, little = lat["saturated"], lat["little_law_ratio"]
     # Host-side costs: request handling, tokenizing the prompt, detokenizing the output; the first streamed chunk

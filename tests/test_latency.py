@@ -1,0 +1,82 @@
+"""Roofline fidelity and latency under load, end to end: Little's law, SLOs, trade-offs, infeasible recipes."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mcsim
+import mcsim.runner
+from mcsim import perf
+from mcsim.scenario import draw_uncertain, load_scenario, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+DENSE = ROOT / "scenarios" / "dense-node.toml"
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return mcsim.run(DENSE, samples=3, requests=3000, workers=1)
+
+
+def test_littles_law_inside_the_batching_simulator(dense):
+    # Time-averaged requests in the decode simulator = arrival rate x mean time in system.
+    np.testing.assert_allclose(dense.little_law_ratio.values, 1.0, atol=0.05)
+    assert np.all(dense.saturated.values == 0)
+
+
+def test_latency_quantiles_are_ordered_and_consistent(dense):
+    for name in ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s"):
+        q = dense[name].values
+        assert np.all(np.diff(q, axis=-1) >= 0), name
+    assert np.all(dense.e2e_s.sel(quantile=0.5) > dense.ttft_s.sel(quantile=0.5))
+    assert np.all((dense.slo_attainment >= 0) & (dense.slo_attainment <= 1))
+
+
+def test_overload_is_flagged_as_saturated():
+    # The fleet is sized to run at 100 % of its service-time capacity, but steps that mix prefill and decode
+    # cost 50 % more in the simulator: the queue grows without bound and the run says so.
+    ds = mcsim.run(DENSE, samples=1, requests=3000, workers=1,
+                   overrides=["economics.target_utilization=1.0", "workload.rate_rps=60",
+                              "performance.mixed_step_penalty=0.5"])
+    assert int(ds.saturated.values[0]) == 1
+    assert float(ds.queue_wait_s.sel(quantile=0.5)[0]) > 10.0
+
+
+def test_batch_cap_trades_latency_for_throughput():
+    # More sequences per GPU: higher throughput per GPU and longer time per token (roofline, busy fleet).
+    ds = mcsim.sweep(DENSE, ["deployment.max_batch_per_gpu=2,8,32"], samples=2, requests=2000,
+                     overrides=["performance.simulate_batching=false", "workload.rate_rps=200"])
+    tput = ds.decode_tok_s_per_gpu.median("sample").values
+    tpot = ds.tpot_s.sel(quantile=0.5).median("sample").values
+    assert np.all(np.diff(tput) > 0) and np.all(np.diff(tpot) > 0)
+
+
+def test_infeasible_layout_stays_in_a_sweep():
+    # TP1 x 8 data-parallel replicas of a 70B model: 70 GB of FP8 weights per 80 GB GPU leave no room for KV.
+    ds = mcsim.sweep(DENSE, ["deployment.tp=1,8"], samples=1, requests=1000,
+                     overrides=["performance.simulate_batching=false"])
+    assert ds.feasible.sel({"deployment.tp": 1}).values.tolist() == [0]
+    assert ds.feasible.sel({"deployment.tp": 8}).values.tolist() == [1]
+    reasons = ds.infeasible_reason.attrs["flag_meanings"].split()
+    assert reasons[int(ds.infeasible_reason.sel({"deployment.tp": 1}).values[0])] == "weights_do_not_fit_in_HBM"
+
+
+def test_roofline_decode_model_against_the_roofline_directly():
+    # The engine's pass time at a batch equals the roofline's instance step time times the draft cost.
+    from mcsim import roofline
+    from mcsim.perf_roofline import mean_contexts, options, roofline_decode_model
+    from mcsim.workload import generate
+
+    scn = load_scenario(DENSE)
+    p = resolve(scn, {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()})
+    req = generate(p, scn.classes, 500, np.random.default_rng(0), 131072)
+    passes = np.maximum(req.output_tokens // 2, 1)
+    model = roofline_decode_model(p, req, passes, {"expert_efficiency": 1.0})
+    context, _ = mean_contexts(req)
+    step = roofline.step_time_table(perf._model(p), {k.split(".", 1)[1]: v for k, v in p.items()
+                                                     if k.startswith("hardware.")},
+                                    [16 * 8], [0], decode_context=context, prefill_context=0,
+                                    verify_tokens=p["speculative.draft_tokens"] + 1, **options(p))[0, 0]
+    assert model.t_pass(16.0) == pytest.approx(step * (1 + 3 * p["speculative.draft_cost"]), rel=1e-12)
+    assert model.tokens_per_pass == pytest.approx(req.output_tokens.sum() / passes.sum())
