@@ -14,6 +14,7 @@ _LAZY = {
     "compare": ("mcsim.runner", "compare"),
     "sweep": ("mcsim.runner", "sweep"),
     "open_results": ("mcsim.runner", "open_results"),
+    "step_log": ("mcsim.runner", "step_log"),
     "load_scenario": ("mcsim.scenario", "load_scenario"),
     "ScenarioError": ("mcsim.scenario", "ScenarioError"),
 }

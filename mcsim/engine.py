@@ -151,7 +151,8 @@ def _unknown(name):
     raise ValueError(f"unknown variant {name!r}; expected 'baseline' or 'factory', or a dict name -> overrides")
 
 
-def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict) -> dict:
+def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict,
+                    step_log: int = 0) -> dict:
     """Every variant of one sample.
 
     Stage results are memoised within the sample by everything they depend on, so variants that differ only in
@@ -169,6 +170,8 @@ def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests:
     n_requests : int
     draws : dict
         Uncertain input path -> value for this sample.
+    step_log : int
+        With the batching simulator on, keep its first ``step_log`` steps in each variant's ``"_step_log"``.
 
     Returns
     -------
@@ -205,7 +208,7 @@ def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests:
             decode_model = roofline_decode_model(p, measured, passes, experts)
         else:
             decode_model = perf.factor_decode_model(p, measured, passes, experts["expert_efficiency"])
-        m = perf.performance(p, measured, cached, passes, decode_model)
+        m = perf.performance(p, measured, cached, passes, decode_model, step_log=step_log)
         m.update(experts)
         m.update(money(p, m))
         results[variant] = m

@@ -43,7 +43,7 @@ def _table(d_edges, p_edges, t_pass, gpus: int, x_prefill: float, mixed_penalty:
 
 def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, transfer_s: np.ndarray,
                    passes: np.ndarray, model, b_cap: float, b_op: float, b_mem: float, decode_gpus: float,
-                   prefill_gpus: float) -> dict:
+                   prefill_gpus: float, max_steps: int = 0) -> dict:
     """Per-request TTFT, TPOT, E2E and queue wait (s) of the measured requests, plus saturation and Little checks.
 
     Parameters
@@ -63,6 +63,8 @@ def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, t
         Largest allowed batch (the admission cap), expected operating batch and KV-memory limit per decode GPU.
     decode_gpus, prefill_gpus : float
         Pool sizes; prefill_gpus is 0 when colocated.
+    max_steps : int
+        Keep the first ``max_steps`` steps of the decode (or colocated) simulation as ``step_log``.
     """
     g = p["deployment.gpus_per_instance"]
     limit = p["performance.batching_requests"]
@@ -110,12 +112,13 @@ def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, t
             step_time_table=table, decode_edges=d_edges, prefill_edges=p_edges, token_budget=budget,
             max_seqs=seqs, kv_blocks=blocks, block_tokens=block, chunk_tokens=chunk, policy=pool_policy,
             preempt=bool(p["performance.preempt"]), closed_users=users,
-            think_s=None if think is None else think[order] * n_inst, warmup_s=float(np.quantile(scaled, 1 / 3)))
+            think_s=None if think is None else think[order] * n_inst, warmup_s=float(np.quantile(scaled, 1 / 3)),
+            max_steps=max_steps)
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
         per = {k: (v[back] if isinstance(v, np.ndarray) and v.shape == order.shape else v)
                for k, v in res["per_request"].items()}
-        return per, res["summary"]
+        return per, {**res["summary"], "step_log": res["step_log"]}
 
     d_edges = _edges(max_seqs, 16)
     if not disagg:
@@ -150,4 +153,4 @@ def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, t
     return {"ttft": ttft[measured], "tpot": tpot[measured & (out > 1)], "e2e": e2e[measured],
             "multi": (out > 1)[measured],
             "queue": queue[measured], "saturated": int(bool(saturated)), "little_law_ratio": float(little),
-            "mean_decode_batch": float(summary["mean_decode_batch"])}
+            "mean_decode_batch": float(summary["mean_decode_batch"]), "step_log": summary["step_log"]}

@@ -186,7 +186,8 @@ def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.
     return performance(p, requests, cached_tokens, passes, factor_decode_model(p, requests, passes, expert_eff))
 
 
-def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model: DecodeModel) -> dict:
+def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model: DecodeModel,
+                step_log: int = 0) -> dict:
     """Throughput, latency and fleet of one sample, for either fidelity's :class:`DecodeModel`.
 
     Parameters
@@ -199,6 +200,8 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     passes : int64[n] or None
         Verification passes per request (None when speculative decoding is off).
     model : DecodeModel
+    step_log : int
+        With the batching simulator, keep its first ``step_log`` steps under ``"_step_log"``.
 
     Returns
     -------
@@ -281,6 +284,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
 
     e2e = ttft + tpot * (out_tokens - 1)
     multi = out_tokens > 1
+    steps_kept = None
     queue = np.zeros(n)
     saturated, little = 0, math.nan
     if p["performance.simulate_batching"]:
@@ -289,9 +293,10 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         restore_s = restore_bytes[:, 0] / (host_bw * g_prefill) \
             + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill)
         lat = simulate_pools(p, requests, miss, restore_s, transfer_s, passes_r, model, b_cap, b_op, b_mem,
-                             decode_gpus, prefill_gpus)
+                             decode_gpus, prefill_gpus, max_steps=step_log)
         ttft, tpot, e2e, queue, multi = lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"], lat["multi"]
         saturated, little = lat["saturated"], lat["little_law_ratio"]
+        steps_kept = lat["step_log"]
     # Host-side costs: request handling, tokenizing the prompt, detokenizing the output; the first streamed chunk
     # waits for stream_interval tokens.
     host_first = p["host.request_overhead_s"] + p["host.tokenize_s_per_token"] * float(prompt.mean())
@@ -339,4 +344,5 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         "_hit_tokens": float(cached.sum()),
         "_miss_tokens": float(miss.sum()),
         "_output_tokens": total_out,
+        "_step_log": steps_kept,
     }

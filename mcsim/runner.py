@@ -80,6 +80,36 @@ def sweep(scenario, grid_axes=(), *, variants=("factory",), samples=None, reques
                     axes=axes, ablate=ablate, output=output, resume=resume, force=force, **dask_options)
 
 
+def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: int = 10_000, requests=None,
+             seed=None, overrides=()):
+    """The batching simulator's steps for one sample, for when a number is disbelieved.
+
+    Re-runs sample ``sample`` (same draws and streams as in a run) with ``performance.simulate_batching`` on and
+    returns its decode (or colocated) pool's first ``max_steps`` steps as a Dataset with dim ``step``:
+    ``start_s``, ``decode_seqs``, ``prefill_tokens``, ``step_s`` and ``waiting`` (requests queued).
+    """
+    import numpy as np
+    import xarray as xr
+
+    from mcsim.engine import simulate_sample
+    from mcsim.scenario import draw_uncertain
+
+    scn = _as_scenario(scenario, [*overrides, "performance.simulate_batching=true"])
+    seed = int(scn["mc.seed"] if seed is None else seed)
+    requests = int(requests or scn["mc.requests"])
+    draws = draw_uncertain(scn, [sample], seed, n_samples=max(int(scn["mc.samples"]), sample + 1))
+    row = simulate_sample(scn, (variant,), sample, seed, requests, {k: float(v[0]) for k, v in draws.items()},
+                          step_log=max_steps)
+    log = row[variant]["_step_log"]
+    units = {"start_s": "s", "decode_seqs": "sequences", "prefill_tokens": "tokens", "step_s": "s",
+             "waiting": "requests"}
+    return xr.Dataset({k: ("step", np.asarray(v), {"units": units[k], "source": "modelled"}) for k, v in log.items()},
+                      attrs={"scenario_name": scn.name, "sample": sample, "variant": variant,
+                             "description": "per-step log of one instance of the batching simulator (the decode "
+                                            "pool when disaggregated); arrival times are stretched by the pool's "
+                                            "instance count"})
+
+
 def open_results(path):
     """Reopen a result file with its metadata (plain ``xarray.open_dataset`` works too).
 

@@ -80,3 +80,12 @@ def test_roofline_decode_model_against_the_roofline_directly():
                                     verify_tokens=p["speculative.draft_tokens"] + 1, **options(p))[0, 0]
     assert model.t_pass(16.0) == pytest.approx(step * (1 + 3 * p["speculative.draft_cost"]), rel=1e-12)
     assert model.tokens_per_pass == pytest.approx(req.output_tokens.sum() / passes.sum())
+
+
+def test_step_log_of_one_sample():
+    log = mcsim.step_log(DENSE, max_steps=300, requests=1500)
+    assert log.sizes["step"] == 300
+    # steps follow each other: each starts when the previous one ends, or later when the engine was idle
+    ends = log.start_s.values[:-1] + log.step_s.values[:-1]
+    assert np.all(log.start_s.values[1:] >= ends - 1e-9)
+    assert np.all(log.step_s.values > 0) and log.decode_seqs.max() > 1
