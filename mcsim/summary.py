@@ -14,7 +14,11 @@ DIFFERENCE = {"gross_margin", "cost_profit_margin", "cache_hit_rate"}
 
 #: Rows of the summary: (label, variable, quantile index or None).
 ROWS = [(name, name, None) for name in HEADLINE if name not in ("feasible",)]
-ROWS[5:5] = [("ttft_s p50", "ttft_s", 0.5), ("ttft_s p99", "ttft_s", 0.99), ("tpot_s p50", "tpot_s", 0.5)]
+ROWS[5:5] = [("ttft_s p50", "ttft_s", 0.5), ("ttft_s p99", "ttft_s", 0.99), ("tpot_s p50", "tpot_s", 0.5),
+             ("tpot_s p99", "tpot_s", 0.99), ("e2e_s p50", "e2e_s", 0.5), ("queue_wait_s p99", "queue_wait_s", 0.99),
+             ("slo_attainment", "slo_attainment", None)]
+ROWS[ROWS.index(("gpus", "gpus", None)) + 1:ROWS.index(("gpus", "gpus", None)) + 1] = [
+    ("  decode_gpus", "decode_gpus", None), ("  prefill_gpus", "prefill_gpus", None)]
 
 
 def _values(ds: xr.Dataset, name: str, q) -> xr.DataArray:
