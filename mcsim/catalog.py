@@ -70,6 +70,7 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
     "name": (str, "display name"),
     "source": (str, "public sources: datasheets; how estimates (price, rental, idle power) were made"),
     "bf16_tflops": (float, "dense BF16 tensor peak, TFLOP/s (no sparsity)"),
+    "fp32_tflops": (float, "dense FP32 peak, TFLOP/s"),
     "fp8_tflops": (float, "dense FP8 tensor peak, TFLOP/s; 0 where unsupported"),
     "fp4_tflops": (float, "dense FP4 tensor peak, TFLOP/s; 0 where unsupported"),
     "hbm_gb": (float, "HBM capacity usable per GPU, GB (1e9 bytes)"),

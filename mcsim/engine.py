@@ -189,6 +189,10 @@ def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests:
 
     for variant, overrides in variant_specs(scn, variants).items():
         p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
+        if scn.calibration is not None:
+            from mcsim.calibration import apply
+
+            p = apply(scn.calibration, p)
         if requests is None:  # the workload is common to all variants
             requests = sample_requests(scn, p, sample, seed, n_requests)
         # The caches see every request; statistics leave out the warm-up requests that filled them.

@@ -123,6 +123,13 @@ def provenance(scn, seed: int, samples: int, requests: int, command: str | None,
         "modelled_vs_measured": MODEL_STATEMENT,
         "measured_variables": "",
     }
+    if getattr(scn, "calibration", None) is not None:
+        cal = scn.calibration
+        attrs["calibration"] = json.dumps(cal.to_dict(), sort_keys=True)
+        attrs["measured_variables"] = (
+            "none directly; the achievable efficiencies (performance.flops_fraction, performance.bandwidth_fraction, "
+            "efficiency.base_*_tok_s_per_gpu) were scaled by a calibration measured on "
+            f"{cal.regime.get('hardware')} (factor {cal.factor:.3g}; see the calibration attribute)")
     attrs.update(extra or {})
     return attrs
 

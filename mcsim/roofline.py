@@ -97,7 +97,7 @@ __all__ = [
     "step_time_table",
 ]
 
-COMPUTE_DTYPES = ("bf16", "fp8", "fp4")
+COMPUTE_DTYPES = ("fp32", "bf16", "fp8", "fp4")
 OPS = ("attention_proj", "attention_core", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head",
        "tp_allreduce", "ep_alltoall", "pp_send", "overhead")
 COMM_OPS = ("tp_allreduce", "ep_alltoall", "pp_send")
@@ -121,7 +121,7 @@ class Precision:
         Bytes per weight (BF16 2, FP8 1, FP4 0.5); the router stays at 2.
     kv_bytes : float
         Bytes per cached KV element.
-    compute : {"bf16", "fp8", "fp4"}
+    compute : {"fp32", "bf16", "fp8", "fp4"}
         Peak FLOP/s used by the linear and expert matmuls; attention core always runs at BF16. A format the
         hardware lacks (peak 0) falls back to the next wider one (weight-only quantization).
     activation_bytes : float

@@ -14,6 +14,8 @@ def _as_scenario(scenario, overrides) -> Scenario:
     if isinstance(scenario, Scenario):
         if not overrides:
             return scenario
+        if scenario.calibration is not None:
+            raise ValueError("give overrides before attaching a calibration (mcsim.runner.calibrate)")
         # Re-read the text with every override, so --set values get the same checks as the file's.
         return load_scenario(scenario.source, overrides=[*scenario.overrides, *overrides], text=scenario.text)
     return load_scenario(scenario, overrides=overrides)
@@ -108,6 +110,34 @@ def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: 
                              "description": "per-step log of one instance of the batching simulator (the decode "
                                             "pool when disaggregated); arrival times are stretched by the pool's "
                                             "instance count"})
+
+
+def calibrate(scenario, path) -> Scenario:
+    """The scenario with a calibration (``mcsim trace --save-calibration``) attached.
+
+    The calibration must describe the scenario's regime (matmul dtype, fidelity, model, hardware), or it is
+    refused with a message naming every mismatch. When it carries the peaks measured on its machine
+    (``measured.peak_flops``, ``measured.bandwidth_bytes_s``), they replace the hardware's FP32/BF16 peaks and
+    memory bandwidth, and every sample's achievable efficiencies are scaled by its factor
+    (:func:`mcsim.calibration.apply`). Checked against the scenario as written; the baseline of a comparison
+    uses the same machine's calibration.
+    """
+    from dataclasses import replace
+
+    from mcsim.calibration import check_regime, load, regime_of
+
+    scn = _as_scenario(scenario, ())
+    cal = load(path)
+    check_regime(cal, regime_of(scn.values))
+    measured = cal.measured or {}
+    peaks = {}
+    if measured.get("peak_flops"):
+        peaks["hardware.fp32_tflops"] = peaks["hardware.bf16_tflops"] = float(measured["peak_flops"]) / 1e12
+    if measured.get("bandwidth_bytes_s"):
+        peaks["hardware.hbm_tb_s"] = float(measured["bandwidth_bytes_s"]) / 1e12
+    if peaks:
+        scn = scn.with_values(peaks, origin="--calibration")
+    return replace(scn, calibration=cal)
 
 
 def open_results(path):

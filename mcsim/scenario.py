@@ -76,6 +76,7 @@ class Scenario:
     base_dir: Path | None = None
     overrides: tuple = ()
     sweep: tuple = ()  # grid axes of the file's [sweep] table (mcsim.grid.Axis)
+    calibration: object = None  # a mcsim.calibration.Calibration applied to every sample (see runner.calibrate)
 
     @property
     def name(self) -> str:

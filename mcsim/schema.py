@@ -164,7 +164,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "decode_gain": F(1.3, "Decode throughput gain from low precision.", 0, None, lo_open=True),
         "prefill_gain": F(1.5, "Prefill throughput gain from low precision.", 0, None, lo_open=True),
         "compute": C("fp8", "Matmul precision when enabled (roofline; falls back to a wider format the hardware "
-                            "has).", "bf16", "fp8", "fp4"),
+                            "has).", "fp32", "bf16", "fp8", "fp4"),
         "activation_bytes": F(2.0, "Bytes per activation element (roofline).", 0, None, lo_open=True),
     },
     "performance": {
