@@ -108,9 +108,10 @@ def calibration(trace: Trace, this_machine: Profile) -> dict:
         ``this_machine``), ``calibration_factor = measured / estimated`` (1 means the decoder runs at
         the roofline; below 1, the share it misses: per-op overhead, cache effects, kernel efficiency),
         the same three for prefill, ``memory_bound_score`` (share of estimated decode time spent in
-        memory-bound ops), ``bottleneck`` (``"memory-bound"`` if that score is at least 0.5, else
-        ``"compute-bound"``), ``op_time_share`` (summed op wall time / decode wall time; the rest is
-        Python between ops) and ``regime`` (dtype, kernel backend, model and scaled shape, hardware).
+        memory-bound ops), ``bottleneck`` (``"memory"`` if that score is at least 0.5, else
+        ``"compute"``), ``op_time_share`` (summed op wall time / decode wall time; the rest is Python
+        between ops), ``measured`` (tokens/s and the profile's measured peaks), ``estimated``
+        (tokens/s and seconds) and ``regime`` (dtype, kernel backend, model and scaled shape, hardware).
     """
     if trace.decode_tokens == 0:
         raise ValueError("calibration needs a trace with decode steps")
@@ -132,11 +133,17 @@ def calibration(trace: Trace, this_machine: Profile) -> dict:
         "estimated_prefill_tok_s": estimated_prefill_tok_s,
         "prefill_calibration_factor": trace.measured_prefill_tok_s / estimated_prefill_tok_s,
         "memory_bound_score": score,
-        "bottleneck": "memory-bound" if score >= 0.5 else "compute-bound",
+        "bottleneck": "memory" if score >= 0.5 else "compute",
         "op_time_share": sum(r.wall_s for r in decode) / trace.decode_wall_s,
         "labels": {"measured": "measured on this machine", "estimated": "synthetic estimate (roofline)"},
+        "measured": {"decode_tok_s": trace.measured_decode_tok_s, "prefill_tok_s": trace.measured_prefill_tok_s,
+                     "peak_flops": this_machine.peak_flops, "bandwidth_bytes_s": this_machine.bandwidth_bytes_s},
+        "estimated": {"decode_tok_s": estimated_tok_s, "prefill_tok_s": estimated_prefill_tok_s,
+                      "decode_s": est_decode_s, "prefill_s": est_prefill_s},
         "regime": {
             "dtype": trace.dtype,
+            "matmul_dtype": {"float32": "fp32", "float16": "fp16"}.get(trace.dtype, trace.dtype),
+            "estimate_backend": "roofline",
             "kernel_backend": f"numpy {env.get('numpy_version', '?')} + {env.get('blas', 'unknown BLAS')}",
             "model": trace.model_name,
             "scaled_shape": {k: v for k, v in trace.shape.items() if k != "source"},
@@ -303,7 +310,7 @@ def render_markdown(trace: Trace, profiles: list[Profile], summary: dict | None 
                 (f"- measured prefill: {c['measured_prefill_tok_s']:.1f} tok/s; estimate "
                 f"{c['estimated_prefill_tok_s']:.1f} tok/s; factor {c['prefill_calibration_factor']:.3f}"),
                 (f"- memory-bound score (share of estimated decode time in memory-bound ops): "
-                f"{c['memory_bound_score']:.1%}; bottleneck: {c['bottleneck']}"),
+                f"{c['memory_bound_score']:.1%}; bottleneck: {c['bottleneck']}-bound"),
                 f"- op wall time / decode wall time: {c['op_time_share']:.1%} (the rest is Python between ops)"]
     return "\n".join(out) + "\n"
 

@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 __all__ = [
+    "HOST_PRESETS",
     "THEORETICAL",
     "Profile",
     "catalog_profiles",
@@ -112,26 +113,39 @@ _RTX_2070_SUPER = Profile(
 )
 
 
-def catalog_profiles() -> list[Profile]:
-    """One datasheet profile per :func:`mcsim.catalog.hardware` entry: dense BF16 peak and HBM bandwidth."""
+#: Catalog presets that are not datacenter GPUs: the stand-in for the host, which a measured
+#: "this machine" profile replaces.
+HOST_PRESETS = ("cpu-host",)
+
+
+def catalog_profiles(peak: str = "bf16") -> list[Profile]:
+    """One datasheet profile per datacenter GPU of :func:`mcsim.catalog.hardware`.
+
+    ``peak="bf16"`` takes the dense BF16 tensor peak (``bf16_tflops``); ``peak="fp32"`` the dense FP32
+    peak (``fp32_tflops``), the like-for-like rate for a float32 trace. Bandwidth is ``hbm_tb_s``.
+    """
     from mcsim import catalog
 
+    if peak not in ("bf16", "fp32"):
+        raise ValueError(f"peak must be 'bf16' or 'fp32', got {peak!r}")
+    field, label = ("bf16_tflops", "bf16 tensor (dense)") if peak == "bf16" else ("fp32_tflops", "fp32 (dense)")
     return [
-        Profile(entry["name"], entry["bf16_tflops"] * 1e12, entry["hbm_tb_s"] * 1e12, "datasheet",
-                f"mcsim hardware catalog preset {key!r}: {entry['source']}", "bf16 tensor (dense)")
+        Profile(entry["name"], entry[field] * 1e12, entry["hbm_tb_s"] * 1e12, "datasheet",
+                f"mcsim hardware catalog preset {key!r} ({field}, hbm_tb_s): {entry['source']}", label)
         for key, entry in catalog.hardware().items()
+        if key not in HOST_PRESETS and entry.get(field, 0) > 0
     ]
 
 
-def datasheet_profiles() -> list[Profile]:
-    """Laptop and desktop GPUs (FP32 shader peaks) followed by the catalog's datacenter GPUs."""
-    return [_APPLE_M1, _RTX_3060_TI, _RTX_2070_SUPER, *catalog_profiles()]
+def datasheet_profiles(peak: str = "bf16") -> list[Profile]:
+    """Laptop and desktop GPUs (FP32 shader peaks), then the catalog's datacenter GPUs at ``peak``."""
+    return [_APPLE_M1, _RTX_3060_TI, _RTX_2070_SUPER, *catalog_profiles(peak)]
 
 
-def default_profiles(this_machine: Profile | None = None) -> list[Profile]:
+def default_profiles(this_machine: Profile | None = None, peak: str = "bf16") -> list[Profile]:
     """``this_machine`` (if given) first, then :data:`THEORETICAL`, then :func:`datasheet_profiles`."""
     head = [this_machine] if this_machine is not None else []
-    return [*head, THEORETICAL, *datasheet_profiles()]
+    return [*head, THEORETICAL, *datasheet_profiles(peak)]
 
 
 def price(record, profile: Profile) -> dict:

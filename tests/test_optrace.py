@@ -244,7 +244,8 @@ def test_calibration_against_hand_computed_estimate():
     assert result["estimated_decode_tok_s"] == pytest.approx(3 / est_s)
     assert result["calibration_factor"] == pytest.approx(measured * est_s / 3)
     assert result["memory_bound_score"] == pytest.approx(memory_s / est_s)
-    assert result["bottleneck"] == ("memory-bound" if memory_s / est_s >= 0.5 else "compute-bound")
+    assert result["bottleneck"] == ("memory" if memory_s / est_s >= 0.5 else "compute")
+    assert result["measured"]["peak_flops"] == 50e9 and result["estimated"]["decode_s"] == pytest.approx(est_s)
     regime = result["regime"]
     assert regime["dtype"] == "float32" and regime["kernel_backend"].startswith("numpy")
     assert regime["scaled_shape"]["hidden_size"] == 16 and regime["hardware"]["cpu_count"] >= 1

@@ -7,8 +7,10 @@ import pytest
 from mcsim import catalog
 from mcsim.optrace import OpRecord
 from mcsim.profiles import (
+    HOST_PRESETS,
     THEORETICAL,
     Profile,
+    catalog_profiles,
     datasheet_profiles,
     default_profiles,
     measure_this_machine,
@@ -36,11 +38,23 @@ def test_required_device_figures(fragment, flops, bandwidth):
 
 def test_every_catalog_gpu_has_a_datasheet_profile():
     profiles = _by_name()
-    for entry in catalog.hardware().values():
+    gpus = {key: entry for key, entry in catalog.hardware().items() if key not in HOST_PRESETS}
+    assert {"a100", "h100", "h800", "h200", "b200", "mi300x"} <= set(gpus)
+    for entry in gpus.values():
         p = profiles[entry["name"]]
         assert p.kind == "datasheet" and entry["source"] in p.source
         assert p.peak_flops == entry["bf16_tflops"] * 1e12
         assert p.bandwidth_bytes_s == entry["hbm_tb_s"] * 1e12
+    # The catalog's placeholder for the host is not a datasheet device.
+    assert not any(catalog.hardware()[key]["name"] in profiles for key in HOST_PRESETS if key in catalog.hardware())
+
+
+def test_fp32_catalog_peaks_when_asked():
+    fp32 = {p.name: p for p in catalog_profiles("fp32")}
+    h100 = catalog.hardware_preset("h100")
+    assert fp32[h100["name"]].peak_flops == h100["fp32_tflops"] * 1e12
+    with pytest.raises(ValueError):
+        catalog_profiles("int8")
 
 
 def test_consumer_profiles_cite_sources():
