@@ -305,4 +305,6 @@ def runtime_environment() -> dict:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "system": platform.platform(),
+        # Other work on the CPUs slows multi-threaded BLAS a lot; keep the load with the figures.
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }

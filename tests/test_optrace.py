@@ -249,6 +249,7 @@ def test_calibration_against_hand_computed_estimate():
     regime = result["regime"]
     assert regime["dtype"] == "float32" and regime["kernel_backend"].startswith("numpy")
     assert regime["scaled_shape"]["hidden_size"] == 16 and regime["hardware"]["cpu_count"] >= 1
+    assert "load_average_1min" in trace.environment
 
 
 def test_aggregated_ops_sum_the_records():
