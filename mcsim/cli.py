@@ -41,6 +41,9 @@ def _common(f):
         click.option("--scheduler", metavar="ADDRESS",
                      help="Use an existing dask.distributed scheduler, e.g. tcp://10.0.0.5:8786."),
         click.option("--chunk-size", type=click.IntRange(min=1), help="Samples per Dask task."),
+        click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Scale achievable efficiencies by a calibration from `mcsim trace --save-calibration` "
+                          "(refused if measured in another regime)."),
         click.option("--no-progress", is_flag=True, help="Hide the progress bar."),
     ]
     for option in reversed(options):
@@ -85,17 +88,21 @@ def _command_line() -> str:
 
 
 def _execute(kind, scenario, samples, requests, seed, overrides, output, force, resume, as_json, workers,
-             processes, scheduler, chunk_size, no_progress, grid=(), ablate=False, lhs=False, compare=False):
+             processes, scheduler, chunk_size, no_progress, calibration=None, grid=(), ablate=False, lhs=False,
+             compare=False):
     from mcsim import runner, summary
     from mcsim.distributions import DistributionError
     from mcsim.scenario import ScenarioError, load_scenario
     from mcsim.executor import SweepInterrupted
+    from mcsim.calibration import CalibrationError
     from mcsim.traces import TraceError
 
     if lhs:
         overrides = (*overrides, 'mc.sampling="lhs"')
     try:
         scn = load_scenario(scenario, overrides=overrides)
+        if calibration is not None:
+            scn = runner.calibrate(scn, calibration)
         suffix = {"compare": "-compare", "sweep": "-sweep"}.get(kind, "")
         output = output or Path("outputs") / f"{scn.name}{suffix}{'-ablate' if ablate else ''}.nc"
         options = dict(samples=samples, requests=requests, seed=seed, workers=workers, output=output, force=force,
@@ -108,7 +115,7 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
             ds = runner.compare(scn, ablate=ablate, **options)
         else:
             ds = runner.run(scn, **options)
-    except (ScenarioError, DistributionError, TraceError, FileExistsError) as err:
+    except (ScenarioError, DistributionError, TraceError, FileExistsError, CalibrationError) as err:
         raise UserError(str(err)) from None
     except SweepInterrupted as err:
         click.echo(f"\n{err}", err=True)
@@ -164,6 +171,61 @@ def report(results, out_dir):
     except (OSError, ValueError) as err:
         raise UserError(f"{results}: {err}") from None
     click.echo(f"wrote {summary_path}")
+
+
+@main.command()
+@click.option("--model", default="llama-3.1-8b", show_default=True, help="Model catalog entry (scaled to fit).")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--decode-tokens", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--max-params", type=click.FloatRange(min=1e4), default=2e8, show_default=True,
+              help="Parameter budget of the scaled decoder.")
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for trace.jsonl, summary.json and report.md (default: outputs/trace-<model>).")
+@click.option("--force", is_flag=True, help="Overwrite existing outputs.")
+@click.option("--bench-seconds", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Time for the micro-benchmarks of this machine's GEMM FLOP/s and memory bandwidth.")
+@click.option("--ollama", "ollama_url", metavar="URL", help="Also measure a local model served by Ollama.")
+@click.option("--ollama-model", metavar="NAME", help="The Ollama model to measure (with --ollama).")
+@click.option("--ollama-runs", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--ollama-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
+@click.option("--save-calibration", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a calibration for scenarios of this machine (hardware.preset = \"cpu-host\").")
+def trace(model, prompt_tokens, decode_tokens, max_params, dtype, seed, out_dir, force, bench_seconds, ollama_url,
+          ollama_model, ollama_runs, ollama_timeout, save_calibration):
+    """Run a real decoder in NumPy, record every op, price it on hardware profiles and calibrate.
+
+    Wall times and this machine's peaks are measured here; every other latency is a synthetic estimate.
+    """
+    from mcsim.calibration import CalibrationError
+    from mcsim.catalog import UnknownPresetError
+    from mcsim.ollama import OllamaError
+    from mcsim.tracing import trace_and_calibrate
+
+    if bool(ollama_url) != bool(ollama_model):
+        raise click.BadParameter("--ollama and --ollama-model go together", param_hint="--ollama-model")
+    out_dir = out_dir or Path("outputs") / f"trace-{model}"
+    try:
+        result = trace_and_calibrate(
+            model=model, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens, max_params=max_params,
+            dtype=dtype, seed=seed, out_dir=out_dir, overwrite=force, bench_seconds=bench_seconds,
+            ollama_url=ollama_url, ollama_model=ollama_model, ollama_runs=ollama_runs,
+            ollama_timeout_s=ollama_timeout, save_calibration=save_calibration,
+            warn=lambda msg: click.echo(msg, err=True))
+    except (UnknownPresetError, OllamaError, CalibrationError, FileExistsError) as err:
+        raise UserError(str(err.args[0]) if err.args else str(err)) from None
+    cal, this = result["calibration"], result["this_machine"]
+    click.echo(f"this machine (measured): {this.peak_flops / 1e9:,.0f} GFLOP/s GEMM, "
+               f"{this.bandwidth_bytes_s / 1e9:,.1f} GB/s memory")
+    click.echo(f"NumPy decoder (measured): {cal['measured']['decode_tok_s']:,.1f} decode tokens/s; roofline estimate "
+               f"for this machine (synthetic): {cal['estimated']['decode_tok_s']:,.1f}; calibration factor "
+               f"{cal['calibration_factor']:.3g}; decode is {cal['bottleneck']}-bound")
+    if result["ollama"] is not None:
+        click.echo(f"Ollama {result['ollama']['model']} (measured): {result['ollama']['decode_tok_s']:,.1f} "
+                   "decode tokens/s")
+    for name, path in result["paths"].items():
+        click.echo(f"wrote {path}")
 
 
 if __name__ == "__main__":  # pragma: no cover

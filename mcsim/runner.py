@@ -124,11 +124,15 @@ def calibrate(scenario, path) -> Scenario:
     """
     from dataclasses import replace
 
-    from mcsim.calibration import check_regime, load, regime_of
+    from mcsim.calibration import CalibrationError, check_regime, load, regime_of
 
     scn = _as_scenario(scenario, ())
     cal = load(path)
-    check_regime(cal, regime_of(scn.values))
+    try:
+        check_regime(cal, regime_of(scn.values))
+    except CalibrationError as err:
+        detail = str(err).split(": ", 1)[-1] if str(err).startswith(err.where) else str(err)
+        raise CalibrationError(str(path), f"{detail} (scenario {scn.source})", key=err.key) from None
     measured = cal.measured or {}
     peaks = {}
     if measured.get("peak_flops"):
