@@ -228,5 +228,28 @@ def trace(model, prompt_tokens, decode_tokens, max_params, dtype, seed, out_dir,
         click.echo(f"wrote {path}")
 
 
+@main.command()
+@click.option("--quick", is_flag=True, help="A short run (well under a minute).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for bench.json and scaling.png (default: outputs/bench).")
+def bench(quick, as_json, out_dir):
+    """Benchmark every kernel against its references, one sample end to end, and sweep scaling (as ratios)."""
+    from mcsim.bench.run import bench_command
+
+    bench_command(quick, as_json, out_dir)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for validation.md and validation.json (default: outputs/validation).")
+def validate(as_json, out_dir):
+    """Check the model against closed forms, published figures and real traces; exit 1 if any check fails."""
+    from mcsim.validate import validate_command
+
+    raise SystemExit(validate_command(out_dir, as_json))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
