@@ -1,0 +1,222 @@
+"""Memory projection, operating point and step-time tables on top of the roofline's step cost.
+
+Split from :mod:`mcsim.roofline` (which re-exports these names): the roofline prices one step; this module
+answers how many sequences fit in HBM, the largest batch that meets a TPOT target, and a grid of step times for
+the batching simulator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mcsim import catalog
+from mcsim.roofline import (
+    ROUTER_WEIGHT_BYTES,
+    Memory,
+    OperatingPoint,
+    Parallelism,
+    Precision,
+    _attention_shard,
+    _check_parallel,
+    _layer_counts,
+    step_cost,
+)
+
+# -- memory --------------------------------------------------------------------------------------------------
+
+def memory_projection(model: dict, hw: dict, *, precision: Precision = Precision(),
+                      parallel: Parallelism = Parallelism(), block_tokens: int = 16, context: float = 4096,
+                      memory_fraction: float = 0.9, activation_gb: float = 4.0, reserved_gb: float = 0.0,
+                      include_mtp: bool = False) -> Memory:
+    """HBM budget per GPU and the sequences an instance can hold.
+
+    Weights: routed experts spread over all ``tp x attention_dp`` GPUs of a stage (``ep`` ranks of ``etp``
+    GPUs); everything else split over ``tp`` and replicated over ``attention_dp``; layers over ``pp``; the
+    fullest stage holds the embedding or the output head (both when ``pp == 1``). The router counts at
+    BF16. KV: GQA heads over ``tp`` (``ceil(kv_heads / tp)`` per GPU, replicated when ``kv_heads < tp``);
+    the MLA latent is replicated over ``tp``; sequences split over ``attention_dp``.
+
+    Parameters
+    ----------
+    model, hw : dict
+        Catalog entries.
+    precision, parallel
+        Option groups.
+    block_tokens : int
+        Tokens per KV block; a sequence's context is rounded up to whole blocks.
+    context : float
+        Context per sequence, tokens (prompt plus the output generated so far; the mean is a fair choice).
+    memory_fraction : float
+        Usable share of HBM.
+    activation_gb, reserved_gb : float
+        HBM per GPU set aside for activations and workspace, and for anything else (a prefix cache), GB.
+    include_mtp : bool
+        Hold the multi-token-prediction modules too (MTP speculative decoding), on the last stage.
+
+    Returns
+    -------
+    Memory
+
+    Examples
+    --------
+    >>> from mcsim import catalog
+    >>> mem = memory_projection(catalog.model_preset("llama-3-70b"), catalog.hardware_preset("h100"))
+    >>> mem.kv_bytes_per_token_per_gpu, mem.reason
+    (327680.0, 'weights do not fit in HBM')
+    """
+    _check_parallel(parallel)
+    if block_tokens < 1 or context < 0:
+        raise ValueError("block_tokens must be >= 1 and context >= 0")
+    tp, pp, adp = parallel.tp, parallel.pp, parallel.attention_dp
+    h, wb = model["hidden_size"], precision.weight_bytes
+    layers, dense_layers, moe_layers = _layer_counts(model, pp)
+    shard = _attention_shard(model, tp)
+    per_layer = (shard["matmul"] + shard["norm"]) * wb
+    weights = layers * per_layer + dense_layers * 3 * h * model["dense_ffn"] / tp * wb
+    if moe_layers > 0:
+        expert = 3 * h * model["expert_ffn"]
+        weights += moe_layers * (model["experts"] * expert / (tp * adp) * wb
+                                 + model["shared_experts"] * expert / tp * wb
+                                 + model["experts"] * h * ROUTER_WEIGHT_BYTES)
+    heads_of_vocab = 2 if pp == 1 else 1
+    weights += heads_of_vocab * model["vocab"] * h / tp * wb + h * wb  # embedding / output head, final norm
+    if include_mtp and model.get("mtp_layers", 0):
+        mtp_total, _ = catalog._mtp_params(model)
+        mtp_experts = model["mtp_layers"] * model["experts"] * 3 * h * model["expert_ffn"]
+        weights += ((mtp_total - mtp_experts) / tp + mtp_experts / (tp * adp)) * wb
+
+    kv_token = layers * shard["kv_per_token"] * precision.kv_bytes
+    blocks = math.ceil(context / block_tokens)
+    kv_sequence = blocks * block_tokens * kv_token
+    activation = activation_gb * 1e9
+    free = hw["hbm_gb"] * 1e9 * memory_fraction - weights - activation - reserved_gb * 1e9
+    if free <= 0:
+        max_sequences, reason = 0, "weights do not fit in HBM"
+    else:
+        per_group = math.floor(free / kv_sequence) if kv_sequence > 0 else 0
+        max_sequences = adp * per_group
+        reason = "ok" if per_group >= 1 else "KV for one sequence does not fit"
+    return Memory(weights_per_gpu=float(weights), kv_bytes_per_token_per_gpu=float(kv_token),
+                  kv_bytes_per_sequence=float(kv_sequence), activation_bytes=float(activation),
+                  free_kv_bytes=float(free), max_sequences=int(max_sequences), fits=reason == "ok", reason=reason)
+
+
+# -- operating point and step-time table ---------------------------------------------------------------------
+
+def _instance_step_time(model: dict, hw: dict, decode_seqs: float, prefill_tokens: float, step_kwargs: dict) -> float:
+    """Time in which all ``decode_seqs`` sequences (and the prefill tokens) advance one step, s.
+
+    With ``pp`` stages the work is split into ``pp`` micro-batches kept in flight together: each sequence
+    passes through all stages, one stage-time each.
+    """
+    if decode_seqs + prefill_tokens <= 0:
+        return 0.0
+    pp = step_kwargs.get("parallel", Parallelism()).pp
+    cost = step_cost(model, hw, decode_seqs=decode_seqs / pp, prefill_tokens=prefill_tokens / pp, **step_kwargs)
+    return pp * cost.t_step
+
+
+def operating_point(model: dict, hw: dict, *, context: float, tpot_target_s: float, verify_tokens: int = 1,
+                    tokens_per_pass: float = 1.0, max_batch: int | None = None, memory: Memory,
+                    **step_kwargs) -> OperatingPoint:
+    """Largest decode batch per instance that fits in memory and meets the TPOT target.
+
+    Step time grows monotonically with the batch, so the batch is found by bisection over integers in
+    ``[1, min(memory.max_sequences, max_batch)]``.
+
+    Parameters
+    ----------
+    model, hw : dict
+        Catalog entries.
+    context : float
+        Mean decode context, tokens (use the same context as ``memory``).
+    tpot_target_s : float
+        Time-per-output-token target, s.
+    verify_tokens : int
+        Tokens each sequence runs per pass (k + 1 with k drafts).
+    tokens_per_pass : float
+        Output tokens a sequence gains per pass on average (1 without speculation).
+    max_batch : int, optional
+        Cap on sequences per instance.
+    memory : Memory
+        From :func:`memory_projection` for the same model, hardware, precision and parallelism.
+    **step_kwargs
+        Passed to :func:`step_cost` (precision, parallel, collectives, achievable, hot_rank_factor, ...).
+
+    Returns
+    -------
+    OperatingPoint
+    """
+    gpus = step_kwargs.get("parallel", Parallelism()).gpus
+    prefill_tokens = step_kwargs.pop("prefill_tokens", 0)
+    if not memory.fits:
+        return OperatingPoint(0, math.nan, math.nan, 0.0, False, memory.reason)
+
+    def step_time(batch):
+        return _instance_step_time(model, hw, batch, prefill_tokens,
+                                   dict(step_kwargs, decode_context=context, verify_tokens=verify_tokens))
+
+    def point(batch, feasible, reason, limited_by):
+        t = step_time(batch)
+        return OperatingPoint(batch, t, t / tokens_per_pass, batch * tokens_per_pass / t / gpus, feasible, reason,
+                              limited_by)
+
+    limit, limited_by = memory.max_sequences, "memory"
+    if max_batch is not None and max_batch < limit:
+        limit, limited_by = int(max_batch), "max_batch"
+    if limit < 1:
+        return OperatingPoint(0, math.nan, math.nan, 0.0, False, "max_batch below 1")
+
+    def meets(batch):
+        return step_time(batch) / tokens_per_pass <= tpot_target_s
+
+    if not meets(1):
+        return point(1, False, "TPOT target not met at batch 1", "")
+    if meets(limit):
+        return point(limit, True, "ok", limited_by)
+    good, bad = 1, limit
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if meets(middle):
+            good = middle
+        else:
+            bad = middle
+    return point(good, True, "ok", "tpot")
+
+
+def step_time_table(model: dict, hw: dict, decode_edges, prefill_edges, *, decode_context: float,
+                    prefill_context: float, mixed_penalty: float = 0.0, **step_kwargs) -> np.ndarray:
+    """Step time on a grid of (decode sequences, prefill tokens), for the batching simulator to interpolate.
+
+    Parameters
+    ----------
+    model, hw : dict
+        Catalog entries.
+    decode_edges : array_like
+        Decode sequences per step (per instance), ascending.
+    prefill_edges : array_like
+        Prefill tokens per step (per instance), ascending.
+    decode_context, prefill_context : float
+        Mean decode context and mean attended prefix of a prefill token, tokens.
+    mixed_penalty : float
+        Extra fraction a step pays when it mixes prefill and decode (interference of the two phases).
+    **step_kwargs
+        Passed to :func:`step_cost` (verify_tokens, precision, parallel, ...).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64[len(decode_edges), len(prefill_edges)], s; 0 where the step has no work. With ``pp > 1``,
+        the time in which the whole step's work passes all stages as ``pp`` micro-batches.
+    """
+    decode_edges = np.asarray(decode_edges, dtype=np.float64)
+    prefill_edges = np.asarray(prefill_edges, dtype=np.float64)
+    table = np.zeros((decode_edges.size, prefill_edges.size))
+    kwargs = dict(step_kwargs, decode_context=decode_context, prefill_context=prefill_context)
+    for i, decode in enumerate(decode_edges):
+        for j, prefill in enumerate(prefill_edges):
+            t = _instance_step_time(model, hw, decode, prefill, kwargs)
+            table[i, j] = t * (1.0 + mixed_penalty) if decode > 0 and prefill > 0 else t
+    return table
