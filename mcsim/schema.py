@@ -113,7 +113,13 @@ SECTIONS: dict[str, dict[str, Field]] = {
     "workload": {
         "trace": S("", "Replay a real trace instead of the generator: a path, or 'bundled:mooncake', "
                        "'bundled:azure-code', 'bundled:azure-conv'. Relative paths are from the scenario file."),
-        "trace_format": C("auto", "Trace format.", "auto", "mooncake", "azure"),
+        "trace_format": C("auto", "Trace format.", "auto", "mooncake", "azure", "burstgpt"),
+        "trace_time_scale": F(1.0, "Replay a trace at this multiple of its recorded request rate: arrival gaps are "
+                                   "divided by it (2 = the same requests in half the time). Lengths and order are "
+                                   "unchanged.", 0, None, lo_open=True),
+        "trace_start_s": F(0.0, "Replay a trace from this time, seconds after its first request on the trace's own "
+                                "clock (before trace_time_scale); the first request at or after it arrives at 0.",
+                           0, None),
         "rate_rps": F(50.0, "Mean arrival rate of the simulated traffic, requests/s (generator only; traces "
                             "keep their own timestamps).", 0, None, lo_open=True),
         "arrivals": C("poisson", "Arrival process.", "poisson", "gamma"),

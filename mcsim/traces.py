@@ -1,4 +1,4 @@
-"""Real request traces: read Mooncake JSONL and Azure LLM inference CSV into one struct of arrays.
+"""Real request traces: read Mooncake JSONL, Azure LLM inference CSV and BurstGPT CSV into one struct of arrays.
 
 A :class:`Trace` holds one row per request, sorted by arrival: arrival time, prompt and output lengths,
 and (when the format has them) the chain-hashed ids of the prompt's fixed-size blocks as a CSR
@@ -15,6 +15,12 @@ Formats
     CSV with header ``TIMESTAMP,ContextTokens,GeneratedTokens``; timestamps like
     ``2023-11-16 18:17:03.9799600`` (ISO 8601, space or ``T``, up to nanoseconds). No prefix
     information: every request has zero blocks and ``block_tokens`` is None.
+``burstgpt``
+    CSV with (at least) the columns ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``
+    (Wang et al., BurstGPT): ``Timestamp`` in seconds, request and response lengths in tokens. Columns are
+    found by name, so the later release's extra ``Session ID`` and ``Elapsed time`` columns are accepted;
+    ``Model``, ``Total tokens`` and ``Log Type`` are not used. No prefix information. BurstGPT marks a
+    *failed* request by 0 response tokens; those rows are dropped (see below).
 
 Conventions
 -----------
@@ -26,6 +32,11 @@ Conventions
   dropping it would lose its prefill load, and downstream stages (decode, speculative passes) count
   at least one token per request. When this happens ``Trace.source`` says how many rows were raised.
   (The bundled traces have none.)
+* BurstGPT is different: its authors document 0 response tokens as a failed request and publish
+  "without fails" files that are exactly the other rows. A failure may be a rejection before the model
+  ran, so its prefill load is unknown; :func:`read_burstgpt` drops these rows by default
+  (``failed="keep"`` applies the one-token rule above instead) and ``Trace.source`` says how many. A kept
+  BurstGPT request with 0 request tokens is counted as 1 (the model reads at least one position).
 * Any other malformed row is an error (:class:`TraceError`) naming ``path:line N``, what was found and
   what was expected.
 
@@ -35,6 +46,7 @@ Bundled traces (see ``mcsim/data/traces/README.md`` for source, licence and attr
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.resources
 import itertools
@@ -50,7 +62,8 @@ import numpy as np
 MOONCAKE_BLOCK_TOKENS = 512
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-FORMATS = ("mooncake", "azure")
+BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
+FORMATS = ("mooncake", "azure", "burstgpt")
 BUNDLED_TRACES = {
     "mooncake": "mooncake_synthetic_trace.jsonl",
     "azure-code": "AzureLLMInferenceTrace_code_2023.csv",
@@ -126,14 +139,15 @@ class Trace:
 
 
 def read_trace(path: str | os.PathLike, format: str | None = None) -> Trace:
-    """Read a trace file in either supported format.
+    """Read a trace file in any supported format.
 
     Parameters
     ----------
     path : str or path-like
         Trace file.
-    format : {"mooncake", "azure"} or None
-        File format; None infers it from the extension (``.jsonl`` Mooncake, ``.csv`` Azure).
+    format : {"mooncake", "azure", "burstgpt"} or None
+        File format; None infers it: ``.jsonl`` is Mooncake, ``.csv`` is BurstGPT when its header names
+        BurstGPT's columns and Azure otherwise.
 
     Returns
     -------
@@ -147,18 +161,31 @@ def read_trace(path: str | os.PathLike, format: str | None = None) -> Trace:
     """
     path = pathlib.Path(path)
     if format is None:
-        by_suffix = {".jsonl": "mooncake", ".csv": "azure"}
-        format = by_suffix.get(path.suffix.lower())
-        if format is None:
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            format = "mooncake"
+        elif suffix == ".csv":
+            format = "burstgpt" if _looks_like_burstgpt(path) else "azure"
+        else:
             raise ValueError(
-                f"{path}: cannot tell the trace format from the extension {path.suffix!r}; "
-                "expected .jsonl (mooncake) or .csv (azure), or pass format='mooncake' or 'azure'"
+                f"{path}: cannot tell the trace format from the extension {path.suffix!r}; expected .jsonl "
+                "(mooncake) or .csv (azure, burstgpt), or pass format='mooncake', 'azure' or 'burstgpt'"
             )
     if format == "mooncake":
         return read_mooncake(path)
     if format == "azure":
         return read_azure(path)
+    if format == "burstgpt":
+        return read_burstgpt(path)
     raise ValueError(f"unknown trace format {format!r}; expected one of {', '.join(FORMATS)}")
+
+
+def _looks_like_burstgpt(path: pathlib.Path) -> bool:
+    """Whether a CSV file's first line names BurstGPT's columns (read only that line)."""
+    with path.open(encoding="utf-8-sig") as lines:
+        header = lines.readline()
+    names = {name.strip() for name in header.split(",")}
+    return {"Timestamp", "Request tokens", "Response tokens"} <= names
 
 
 def bundled_trace_path(name: str) -> pathlib.Path:
@@ -365,30 +392,7 @@ def read_azure(path: str | os.PathLike) -> Trace:
     (19366, 211)
     """
     path = pathlib.Path(path)
-    # utf-8-sig: tolerate the byte-order mark that spreadsheet exports put before the header.
-    lines = path.read_text(encoding="utf-8-sig").splitlines()
-    expected_header = ",".join(AZURE_HEADER)
-    if not lines or [name.strip() for name in lines[0].split(",")] != list(AZURE_HEADER):
-        found = repr(lines[0]) if lines else "an empty file"
-        raise TraceError(f"{path}:line 1: header {found}; expected {expected_header!r}")
-
-    body = np.array(lines[1:], dtype=str)
-    nonblank = np.flatnonzero(np.char.str_len(np.char.strip(body)) > 0)
-    if nonblank.size == 0:
-        raise TraceError(f"{path}: no requests after the header; expected rows of {expected_header}")
-    body = body[nonblank]
-    line_numbers = nonblank + 2  # file lines are 1-based and the header is line 1
-
-    field_counts = np.char.count(body, ",") + 1
-    wrong_width = np.flatnonzero(field_counts != len(AZURE_HEADER))
-    if wrong_width.size:
-        row = wrong_width[0]
-        raise TraceError(
-            f"{path}:line {line_numbers[row]}: {field_counts[row]} fields; "
-            f"expected {len(AZURE_HEADER)} ({expected_header})"
-        )
-    fields = np.char.strip(np.array(",".join(body.tolist()).split(","), dtype=str).reshape(-1, len(AZURE_HEADER)))
-
+    _, fields, line_numbers = _csv_fields(path, AZURE_HEADER, require_exact=True)
     timestamps = _parse_timestamps(path, fields[:, 0], line_numbers)
     prompt_tokens = _parse_counts(path, fields[:, 1], line_numbers, AZURE_HEADER[1])
     output_tokens = _parse_counts(path, fields[:, 2], line_numbers, AZURE_HEADER[2])
@@ -403,6 +407,45 @@ def read_azure(path: str | os.PathLike) -> Trace:
         np.zeros(0, dtype=np.int64),
         None,
     )
+
+
+def _csv_fields(path: pathlib.Path, columns: tuple, require_exact: bool):
+    """Header, fields (str[rows, width], stripped) and file line numbers of a plain CSV trace.
+
+    ``require_exact``: the header must be ``columns`` in order; otherwise it must contain them in any order.
+    Blank lines are skipped; every other row must have as many fields as the header. Parsed column-wise
+    with NumPy (the formats have no quoting).
+    """
+    # utf-8-sig: tolerate the byte-order mark that spreadsheet exports put before the header.
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    header = [name.strip() for name in lines[0].split(",")] if lines else []
+    found = repr(lines[0]) if lines else "an empty file"
+    if require_exact and header != list(columns):
+        raise TraceError(f"{path}:line 1: header {found}; expected {','.join(columns)!r}")
+    missing = [name for name in columns if name not in header]
+    if missing:
+        raise TraceError(
+            f"{path}:line 1: header {found} lacks {', '.join(map(repr, missing))}; expected columns "
+            f"{','.join(columns)!r}"
+        )
+    expected_row = ",".join(header)
+
+    body = np.array(lines[1:], dtype=str)
+    nonblank = np.flatnonzero(np.char.str_len(np.char.strip(body)) > 0)
+    if nonblank.size == 0:
+        raise TraceError(f"{path}: no requests after the header; expected rows of {expected_row}")
+    body = body[nonblank]
+    line_numbers = nonblank + 2  # file lines are 1-based and the header is line 1
+
+    field_counts = np.char.count(body, ",") + 1
+    wrong_width = np.flatnonzero(field_counts != len(header))
+    if wrong_width.size:
+        row = wrong_width[0]
+        raise TraceError(
+            f"{path}:line {line_numbers[row]}: {field_counts[row]} fields; expected {len(header)} ({expected_row})"
+        )
+    fields = np.char.strip(np.array(",".join(body.tolist()).split(","), dtype=str).reshape(-1, len(header)))
+    return header, fields, line_numbers
 
 
 def _parse_timestamps(path: pathlib.Path, column: np.ndarray, line_numbers: np.ndarray) -> np.ndarray:
@@ -439,6 +482,103 @@ def _parse_counts(path: pathlib.Path, column: np.ndarray, line_numbers: np.ndarr
         row = negative[0]
         raise TraceError(f"{path}:line {line_numbers[row]}: {name} {str(column[row])!r}; {expectation}")
     return counts
+
+
+# --- BurstGPT ------------------------------------------------------------------------------------
+
+
+def read_burstgpt(path: str | os.PathLike, failed: str = "drop") -> Trace:
+    """Read a BurstGPT CSV trace (``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``).
+
+    Parameters
+    ----------
+    path : str or path-like
+        CSV file whose header holds at least those columns, in any order (extra columns such as
+        ``Session ID`` and ``Elapsed time`` are accepted and ignored); blank lines are skipped.
+    failed : {"drop", "keep"}
+        Rows with 0 response tokens are failed requests. ``"drop"`` (default) leaves them out, as the
+        authors' "without fails" files do; ``"keep"`` keeps them as one-token requests.
+
+    Returns
+    -------
+    Trace
+        Without prefix information (every ``block_ptr`` row empty, ``block_tokens`` None); arrivals in
+        seconds from the first kept request.
+
+    Raises
+    ------
+    TraceError
+        A header without the required columns, a row with a different number of fields than the header,
+        a timestamp that is not a finite non-negative number of seconds, a token count that is not a
+        non-negative integer, or no request left; the message names ``path:line N``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "burst.csv"
+    >>> _ = path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\\n"
+    ...                     "5,ChatGPT,472,18,490,Conversation log\\n9,GPT-4,300,0,300,API log\\n")
+    >>> trace = read_burstgpt(path)
+    >>> trace.prompt_tokens.tolist(), trace.source
+    ([472], 'burst.csv (burstgpt); 1 failed requests (0 response tokens) dropped')
+    """
+    if failed not in ("drop", "keep"):
+        raise ValueError(f"failed must be 'drop' or 'keep', got {failed!r}")
+    path = pathlib.Path(path)
+    header, fields, line_numbers = _csv_fields(path, BURSTGPT_COLUMNS, require_exact=False)
+    column = {name: header.index(name) for name in BURSTGPT_COLUMNS}
+    seconds = _parse_seconds(path, fields[:, column["Timestamp"]], line_numbers, "Timestamp")
+    prompt_tokens = _parse_counts(path, fields[:, column["Request tokens"]], line_numbers, "Request tokens")
+    output_tokens = _parse_counts(path, fields[:, column["Response tokens"]], line_numbers, "Response tokens")
+
+    notes = []
+    failures = output_tokens == 0
+    if failed == "drop" and failures.any():
+        keep = ~failures
+        if not keep.any():
+            raise TraceError(
+                f"{path}: all {failures.size} requests failed (0 response tokens); nothing left to replay "
+                "(read with failed='keep' to count them as one-token requests)"
+            )
+        seconds, prompt_tokens, output_tokens = seconds[keep], prompt_tokens[keep], output_tokens[keep]
+        notes.append(f"{int(failures.sum())} failed requests (0 response tokens) dropped")
+    empty_prompts = int(np.count_nonzero(prompt_tokens == 0))
+    if empty_prompts:
+        prompt_tokens = np.maximum(prompt_tokens, 1)
+        notes.append(f"{empty_prompts} requests with 0 request tokens counted as 1")
+    trace = _finish(
+        path,
+        "burstgpt",
+        seconds - seconds.min(),
+        prompt_tokens,
+        output_tokens,
+        np.zeros(prompt_tokens.shape[0] + 1, dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+        None,
+    )
+    if not notes:
+        return trace
+    name, _, rest = trace.source.partition(";")
+    source = "; ".join([name, *notes] + ([rest.strip()] if rest else []))
+    return dataclasses.replace(trace, source=source)
+
+
+def _parse_seconds(path: pathlib.Path, column: np.ndarray, line_numbers: np.ndarray, name: str) -> np.ndarray:
+    expectation = "expected a non-negative number of seconds"
+    try:
+        seconds = column.astype(np.float64)
+    except ValueError:
+        for text, line_number in zip(column.tolist(), line_numbers.tolist()):
+            try:
+                float(text)
+            except ValueError:
+                raise TraceError(f"{path}:line {line_number}: {name} {text!r}; {expectation}") from None
+        raise
+    bad = np.flatnonzero(~np.isfinite(seconds) | (seconds < 0))
+    if bad.size:
+        row = bad[0]
+        raise TraceError(f"{path}:line {line_numbers[row]}: {name} {str(column[row])!r}; {expectation}")
+    return seconds
 
 
 # --- shared --------------------------------------------------------------------------------------

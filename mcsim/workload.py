@@ -230,20 +230,79 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     )
 
 
-def from_trace(trace, params: dict, classes: tuple, n: int, rng: np.random.Generator) -> Requests:
-    """Requests from a replayed trace: the first ``n`` records (all if fewer).
+#: Added to ``Requests.source`` when a replayed trace carries no prefix hashes (Azure, BurstGPT).
+NO_PREFIX_NOTE = "(no prefix information: cache figures are not meaningful)"
 
-    Classes (for acceptance and expert skew) are assigned at random by their shares, since traces do not carry
-    them. A trace without prefix hashes (Azure) has no cacheable blocks: its reuse cannot be known.
+
+def trace_window(arrival_s: np.ndarray, n: int, start_s: float = 0.0, time_scale: float = 1.0):
+    """Rows and arrival times of a trace replay: ``n`` requests from ``start_s``, at ``time_scale`` x the rate.
+
+    Parameters
+    ----------
+    arrival_s : float64[m]
+        Recorded arrival times, sorted, seconds from the trace's first request.
+    n : int
+        Requests wanted (all that remain after ``start_s`` if fewer).
+    start_s : float
+        Skip to the first request at or after this recorded time, s (the trace's own clock, before scaling).
+    time_scale : float
+        Replay at this multiple of the recorded request rate (> 0): gaps are divided by it.
+
+    Returns
+    -------
+    first : int
+        Index of the first request replayed.
+    count : int
+        Requests replayed (``first:first + count``).
+    arrival : float64[count]
+        Replayed arrival times, s, the first at 0.
+
+    Examples
+    --------
+    >>> trace_window(np.array([0.0, 1.0, 3.0, 7.0]), 2, start_s=0.5, time_scale=2.0)
+    (1, 2, array([0., 1.]))
     """
-    m = min(n, len(trace.prompt_tokens))
+    if not time_scale > 0:
+        raise ValueError(f"workload.trace_time_scale must be > 0, got {time_scale!r}")
+    if not start_s >= 0:
+        raise ValueError(f"workload.trace_start_s must be >= 0, got {start_s!r}")
+    first = int(np.searchsorted(arrival_s, start_s, side="left"))
+    if first >= len(arrival_s):
+        raise ValueError(
+            f"workload.trace_start_s = {start_s:g} s is after the trace's last request, which arrives "
+            f"{float(arrival_s[-1]):g} s after its first; expected a start in [0, {float(arrival_s[-1]):g}]"
+        )
+    count = min(int(n), len(arrival_s) - first)
+    arrival = (arrival_s[first:first + count] - arrival_s[first]) / float(time_scale)
+    return first, count, arrival.astype(np.float64)
+
+
+def from_trace(trace, params: dict, classes: tuple, n: int, rng: np.random.Generator) -> Requests:
+    """Requests from a replayed trace: ``n`` records (all that remain if fewer), windowed and time-scaled.
+
+    ``workload.trace_start_s`` skips to the first record at or after that time of the trace's own clock;
+    ``workload.trace_time_scale`` = k replays at k x the recorded rate (arrival gaps divided by k; lengths and
+    order unchanged). Classes (for acceptance and expert skew) are assigned at random by their shares, since
+    traces do not carry them. A trace without prefix hashes (Azure, BurstGPT) has no cacheable blocks: its
+    reuse cannot be known, so its cache hit rate is 0 by construction, and ``source`` says so
+    (:data:`NO_PREFIX_NOTE`).
+    """
+    start_s = float(params["workload.trace_start_s"])
+    time_scale = float(params["workload.trace_time_scale"])
+    try:
+        first, m, arrival = trace_window(trace.arrival_s, n, start_s, time_scale)
+    except ValueError as err:
+        from mcsim.scenario import ScenarioError
+
+        # The CLI prints a ScenarioError in one line; the trace's name says which replay failed.
+        raise ScenarioError(trace.source.split(";")[0], "", str(err)) from None
     shares = _class_values(params, classes, "share")
     cls = rng.choice(len(classes), size=m, p=shares / shares.sum()).astype(np.int32)
     acceptance = np.clip(_per_class_sample(params, classes, "acceptance", cls, rng), 0.0, 1.0)
-    ptr = trace.block_ptr[: m + 1].astype(np.int64)
+    ptr = trace.block_ptr[first: first + m + 1].astype(np.int64)
     hashes = trace.block_hashes[ptr[0]: ptr[-1]]
     block_tokens = trace.block_tokens or int(params["cache.block_tokens"])
-    prompt = trace.prompt_tokens[:m].astype(np.int64)
+    prompt = trace.prompt_tokens[first: first + m].astype(np.int64)
     if trace.block_tokens:
         # A trace's last hashed block may be partial; only whole blocks are cacheable.
         whole = prompt // block_tokens
@@ -254,18 +313,25 @@ def from_trace(trace, params: dict, classes: tuple, n: int, rng: np.random.Gener
         ptr = np.concatenate([[0], np.cumsum(take)]).astype(np.int64)
     else:
         ptr = ptr - ptr[0]
+    source = trace.source
+    if first:
+        source += f"; from {float(trace.arrival_s[first]):g} s of the trace"
+    if time_scale != 1.0:
+        source += f"; replayed at {time_scale:g}x the recorded rate"
+    if not trace.block_tokens:
+        source += f" {NO_PREFIX_NOTE}"
     return Requests(
-        arrival_s=(trace.arrival_s[:m] - trace.arrival_s[0]).astype(float),
+        arrival_s=arrival,
         class_id=cls,
         prompt_tokens=prompt,
-        output_tokens=np.maximum(trace.output_tokens[:m].astype(np.int64), 1),
+        output_tokens=np.maximum(trace.output_tokens[first: first + m].astype(np.int64), 1),
         acceptance=acceptance,
         block_ptr=ptr,
         block_ids=hashes.astype(np.int64),
         block_tokens=int(block_tokens),
         session_id=np.full(m, -1, dtype=np.int64),
         class_names=tuple(classes),
-        source=trace.source,
+        source=source,
     )
 
 

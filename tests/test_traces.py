@@ -14,6 +14,7 @@ from mcsim.traces import (
     TraceError,
     bundled_trace_path,
     read_azure,
+    read_burstgpt,
     read_mooncake,
     read_trace,
 )
@@ -295,3 +296,130 @@ def test_empty_traces_are_errors(tmp_path):
     with pytest.raises(TraceError, match="line 1: header"):
         read_azure(write(tmp_path, "blank.csv", [""]))
 
+
+
+# --- BurstGPT ------------------------------------------------------------------------------------
+# No BurstGPT file is bundled (the public repository stores its data as Git LFS objects); these tests use
+# hand-made files in the published layout.
+
+BURSTGPT_HEADER_LINE = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+
+
+def test_burstgpt_small_file_drops_failed_requests(tmp_path):
+    path = write(
+        tmp_path,
+        "b.csv",
+        [
+            BURSTGPT_HEADER_LINE,
+            "12,ChatGPT,472,18,490,Conversation log",
+            "",
+            "10.5,GPT-4,300,0,300,API log",  # failed: dropped, and the clock starts at the first kept request
+            "30,ChatGPT,0,0,0,Conversation log",  # failed
+            "20,GPT-4,1087,230,1317,API log",
+            "25,ChatGPT,0,7,7,API log",  # kept; an empty prompt counts as one token
+        ],
+    )
+    trace = read_burstgpt(path)
+    np.testing.assert_allclose(trace.arrival_s, [0.0, 8.0, 13.0])
+    assert trace.prompt_tokens.tolist() == [472, 1087, 1]
+    assert trace.output_tokens.tolist() == [18, 230, 7]
+    assert trace.block_tokens is None and trace.block_hashes.size == 0
+    np.testing.assert_array_equal(trace.block_ptr, 0)
+    assert trace.source == (
+        "b.csv (burstgpt); 2 failed requests (0 response tokens) dropped; 1 requests with 0 request tokens counted as 1"
+    )
+
+
+def test_burstgpt_keep_failed_counts_them_as_one_token(tmp_path):
+    path = write(tmp_path, "b.csv", [BURSTGPT_HEADER_LINE, "5,ChatGPT,40,0,40,API log", "6,GPT-4,50,3,53,API log"])
+    trace = read_burstgpt(path, failed="keep")
+    assert trace.output_tokens.tolist() == [1, 3]
+    np.testing.assert_allclose(trace.arrival_s, [0.0, 1.0])
+    assert "1 requests with 0 output tokens counted as 1" in trace.source
+    with pytest.raises(ValueError, match="failed must be 'drop' or 'keep'"):
+        read_burstgpt(path, failed="ignore")
+
+
+def test_burstgpt_columns_found_by_name(tmp_path):
+    # The later release inserts Session ID and Elapsed time after Timestamp; a positional reader would read
+    # the session id as the model and the elapsed time as the request length.
+    path = write(
+        tmp_path,
+        "b3.csv",
+        [
+            "\ufeffTimestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type",
+            "100,abc,2.5,ChatGPT,80,20,100,Conversation log",
+            "101,,,GPT-4,90,10,100,API log",
+        ],
+    )
+    trace = read_burstgpt(path)
+    assert trace.prompt_tokens.tolist() == [80, 90]
+    assert trace.output_tokens.tolist() == [20, 10]
+
+
+def test_burstgpt_stats_match_a_plain_csv_reading(tmp_path):
+    # A few hundred rows in the published layout (heavy-tailed lengths, ~3 % failures, bursty arrivals),
+    # read by the NumPy reader and by the csv module row by row.
+    import csv
+
+    rng = np.random.default_rng(11)
+    n = 400
+    seconds = np.cumsum(rng.gamma(0.25, 8.0, n)).round(0).astype(int)
+    requests = rng.lognormal(6.0, 1.0, n).astype(int)
+    responses = np.where(rng.random(n) < 0.03, 0, rng.lognormal(5.0, 0.8, n).astype(int) + 1)
+    models = rng.choice(["ChatGPT", "GPT-4"], n)
+    kinds = rng.choice(["Conversation log", "API log"], n)
+    rows = [f"{t},{m},{q},{r},{q + r},{k}" for t, m, q, r, k in zip(seconds, models, requests, responses, kinds)]
+    path = write(tmp_path, "sample.csv", [BURSTGPT_HEADER_LINE, *rows])
+
+    kept = []
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if int(row["Response tokens"]) > 0:
+                kept.append((float(row["Timestamp"]), max(int(row["Request tokens"]), 1), int(row["Response tokens"])))
+    kept.sort(key=lambda item: item[0])
+    trace = read_trace(path)  # the header tells BurstGPT from Azure
+    assert trace.source.startswith("sample.csv (burstgpt)")
+    assert len(trace) == len(kept)
+    assert f"{n - len(kept)} failed requests" in trace.source
+    assert trace.prompt_tokens.sum() == sum(item[1] for item in kept)
+    assert trace.output_tokens.sum() == sum(item[2] for item in kept)
+    assert trace.arrival_s[-1] == pytest.approx(kept[-1][0] - kept[0][0])
+    assert float(trace.prompt_tokens.mean()) == pytest.approx(np.mean([item[1] for item in kept]), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        ("40,ChatGPT,10,3,13", "5 fields; expected 6"),
+        ("40,ChatGPT,10,3,13,API log,x", "7 fields; expected 6"),
+        ("noon,ChatGPT,10,3,13,API log", "Timestamp 'noon'; expected a non-negative number of seconds"),
+        ("-1,ChatGPT,10,3,13,API log", "Timestamp '-1'"),
+        ("nan,ChatGPT,10,3,13,API log", "Timestamp 'nan'"),
+        ("inf,ChatGPT,10,3,13,API log", "Timestamp 'inf'"),
+        ("40,ChatGPT,ten,3,13,API log", "Request tokens 'ten'; expected a non-negative integer"),
+        ("40,ChatGPT,10.5,3,13,API log", "Request tokens '10.5'"),
+        ("40,ChatGPT,10,-3,7,API log", "Response tokens '-3'; expected a non-negative integer"),
+        ("40,ChatGPT,10,,10,API log", "Response tokens ''"),
+    ],
+)
+def test_burstgpt_errors_name_the_line(tmp_path, bad_line, message):
+    path = write(
+        tmp_path, "bad.csv", [BURSTGPT_HEADER_LINE, "5,ChatGPT,10,3,13,API log", "", "6,GPT-4,11,4,15,API log", bad_line]
+    )
+    with pytest.raises(TraceError, match=rf"bad\.csv:line 5: .*{message}"):
+        read_burstgpt(path)
+
+
+def test_burstgpt_header_and_empty_files(tmp_path):
+    path = write(tmp_path, "bad.csv", ["Timestamp,Model,Request tokens,Total tokens,Log Type", "5,ChatGPT,10,13,x"])
+    with pytest.raises(TraceError, match=r"bad\.csv:line 1: header .* lacks 'Response tokens'; expected columns"):
+        read_burstgpt(path)
+    with pytest.raises(TraceError, match="no requests"):
+        read_burstgpt(write(tmp_path, "empty.csv", [BURSTGPT_HEADER_LINE]))
+    with pytest.raises(TraceError, match=r"all 2 requests failed"):
+        read_burstgpt(write(tmp_path, "failed.csv", [BURSTGPT_HEADER_LINE, "1,a,5,0,5,b", "2,a,6,0,6,b"]))
+    # An Azure file is still read as Azure when the format is inferred.
+    azure = write(tmp_path, "a.csv", [AZURE_HEADER_LINE, "2023-11-16 18:17:04,10,3"])
+    assert read_trace(azure).source == "a.csv (azure)"
+    assert read_trace(write(tmp_path, "b.txt", [BURSTGPT_HEADER_LINE, "5,a,1,2,3,b"]), format="burstgpt").n_requests == 1

@@ -119,3 +119,84 @@ def test_mooncake_trace_keeps_whole_blocks_only():
     assert np.array_equal(np.diff(req.block_ptr), req.prompt_tokens // 512)
     first = trace.block_hashes[trace.block_ptr[0]:trace.block_ptr[1]]
     assert np.array_equal(req.block_ids[: req.block_ptr[1]], first[: req.prompt_tokens[0] // 512])
+
+
+# --- trace replay: time scaling and windows --------------------------------------------------------
+
+
+def _replay(name, n, **keys):
+    from mcsim import traces
+
+    trace = traces.read_trace(traces.bundled_trace_path(name))
+    extra = "".join(f"{key} = {value!r}\n" for key, value in keys.items())
+    scn = load_scenario("t.toml", text=TOML.replace("[workload]\n", "[workload]\n" + extra))
+    return trace, workload.from_trace(trace, resolve(scn, {}), scn.classes, n, np.random.default_rng(0))
+
+
+def test_time_scale_two_halves_the_replay():
+    trace, plain = _replay("azure-code", 2000)
+    _, fast = _replay("azure-code", 2000, trace_time_scale=2.0)
+    np.testing.assert_array_equal(plain.arrival_s, trace.arrival_s[:2000])
+    # Dividing by a power of two is exact, so the halving is exact too.
+    np.testing.assert_array_equal(fast.arrival_s, plain.arrival_s / 2)
+    assert fast.duration_s == plain.duration_s / 2
+    np.testing.assert_array_equal(fast.prompt_tokens, plain.prompt_tokens)
+    np.testing.assert_array_equal(fast.output_tokens, plain.output_tokens)
+    assert "replayed at 2x the recorded rate" in fast.source and "recorded rate" not in plain.source
+
+
+def test_window_start_skips_to_the_first_request_at_or_after_it():
+    trace, window = _replay("azure-code", 300, trace_start_s=600.0, trace_time_scale=4.0)
+    first = int(np.argmax(trace.arrival_s >= 600.0))
+    assert trace.arrival_s[first - 1] < 600.0 <= trace.arrival_s[first]
+    np.testing.assert_array_equal(window.prompt_tokens, trace.prompt_tokens[first:first + 300])
+    np.testing.assert_array_equal(window.output_tokens, trace.output_tokens[first:first + 300])
+    np.testing.assert_allclose(window.arrival_s, (trace.arrival_s[first:first + 300] - trace.arrival_s[first]) / 4,
+                               rtol=0, atol=1e-12)
+    assert window.arrival_s[0] == 0.0
+    assert f"from {trace.arrival_s[first]:g} s of the trace" in window.source
+
+
+def test_window_near_the_end_returns_what_is_left():
+    trace, _ = _replay("azure-code", 1)
+    start = float(trace.arrival_s[-3])
+    _, window = _replay("azure-code", 10_000, trace_start_s=start)
+    left = len(trace) - int(np.searchsorted(trace.arrival_s, start))
+    assert window.n == left >= 3
+    np.testing.assert_array_equal(window.prompt_tokens, trace.prompt_tokens[-left:])
+
+
+def test_window_keeps_each_requests_blocks():
+    trace, window = _replay("mooncake", 200, trace_start_s=300.0)
+    first = int(np.searchsorted(trace.arrival_s, 300.0))
+    for r in (0, 1, 57, 199):
+        expected = trace.block_hashes[trace.block_ptr[first + r]:trace.block_ptr[first + r + 1]]
+        got = window.block_ids[window.block_ptr[r]:window.block_ptr[r + 1]]
+        assert np.array_equal(got, expected[: trace.prompt_tokens[first + r] // 512])
+    assert workload.NO_PREFIX_NOTE not in window.source
+
+
+def test_window_after_the_trace_is_an_error():
+    from mcsim.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"workload.trace_start_s = 5000 s is after the trace's last request"):
+        _replay("azure-code", 10, trace_start_s=5000.0)
+    with pytest.raises(ScenarioError, match=r"trace_time_scale.*expected a number in \(0, inf\]"):
+        _replay("azure-code", 10, trace_time_scale=0.0)
+
+
+def test_traces_without_prefixes_say_so():
+    _, azure = _replay("azure-conv", 100)
+    assert azure.source.endswith(workload.NO_PREFIX_NOTE)
+    assert azure.block_ids.size == 0
+
+
+def test_engine_replays_the_scenario_window():
+    from mcsim import engine
+
+    text = TOML.replace("[workload]\n", '[workload]\ntrace = "bundled:azure-code"\ntrace_time_scale = 2.0\n'
+                                        "trace_start_s = 60.0\n")
+    scn = load_scenario("t.toml", text=text)
+    req = engine.sample_requests(scn, resolve(scn, {}), 0, 0, 50)
+    assert req.n == 50 and req.arrival_s[0] == 0.0
+    assert "replayed at 2x" in req.source and req.source.endswith(workload.NO_PREFIX_NOTE)

@@ -1,0 +1,421 @@
+"""``mcsim validate``: the model's stages against closed forms and published figures, in one table.
+
+Each :class:`Check` runs one stage of mcsim (the kernels and orchestration users run, not copies of them) and
+compares its figure with a reference that does not come from mcsim: a closed form written out here, a public
+configuration file, a paper's table, a README's worked example. Random checks use fixed seeds and tolerances
+derived from their standard errors, so a passing table is reproducible and a failing one means a real
+difference. What each check does and does not establish is in ``docs/VALIDATION.md``.
+
+:func:`run_validation` returns the checks (and writes ``validation.md`` / ``validation.json`` when given a
+folder); :func:`validate_command` is the CLI's body: it prints the table, writes both files and returns the
+process exit code (0 when every check passes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+DEFAULT_OUT_DIR = pathlib.Path("outputs") / "validation"
+#: Standard errors allowed by the random checks; with fixed seeds a correct sampler fails one with
+#: probability ~1e-4 per comparison (Bonferroni-widened where one check compares many values).
+Z = 4.0
+
+# --- published references (written here, independently of the catalog) ----------------------------------
+
+#: KV-relevant fields of each catalog model's published config.json: layers, and either (KV heads,
+#: hidden size, attention heads) for GQA or (kv_lora_rank, qk_rope_head_dim) for MLA.
+PUBLISHED_KV_CONFIG = {
+    "deepseek-v3": ("mla", 61, {"kv_lora_rank": 512, "qk_rope_head_dim": 64},
+                    "huggingface.co/deepseek-ai/DeepSeek-V3 config.json"),
+    "llama-3-70b": ("gqa", 80, {"num_key_value_heads": 8, "hidden_size": 8192, "num_attention_heads": 64},
+                    "huggingface.co/meta-llama/Meta-Llama-3-70B config.json"),
+    "llama-3.1-70b": ("gqa", 80, {"num_key_value_heads": 8, "hidden_size": 8192, "num_attention_heads": 64},
+                      "huggingface.co/meta-llama/Llama-3.1-70B config.json"),
+    "llama-3.1-8b": ("gqa", 32, {"num_key_value_heads": 8, "hidden_size": 4096, "num_attention_heads": 32},
+                     "huggingface.co/meta-llama/Llama-3.1-8B config.json"),
+    "mixtral-8x7b": ("gqa", 32, {"num_key_value_heads": 8, "hidden_size": 4096, "num_attention_heads": 32},
+                     "huggingface.co/mistralai/Mixtral-8x7B-v0.1 config.json"),
+}
+EPLB_SOURCE = "deepseek-ai/EPLB README, example (2 layers, 12 experts, 16 replicas, 4 groups, 2 nodes, 8 GPUs)"
+EPLB_LOADS = ([90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+              [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27])
+EPLB_PHY2LOG = ([5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
+                [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1])
+LEVIATHAN = "Leviathan et al., ICML 2023: E = (1 - a^(k+1)) / (1 - a)"
+MOONCAKE = "Qin et al., FAST'25 (Mooncake), Table 2: synthetic trace"
+AZURE = "Azure LLM inference trace 2023 (Patel et al., ISCA 2024), means of the published files"
+DEEPSEEK_DAY = "DeepSeek Open Infra Index, day 6 (2025-03-01): one day of V3/R1 inference"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison of an mcsim figure with a reference.
+
+    Attributes
+    ----------
+    name : str
+        What is compared.
+    mcsim : float or list
+        mcsim's figure (a list for exact placements).
+    reference : float or list
+        The reference figure.
+    tolerance : float
+        Largest allowed ``|mcsim - reference|``, in ``unit`` (0: must be equal).
+    source : str
+        Where the reference comes from (citation).
+    passed : bool
+    unit : str
+    basis : str
+        Why the tolerance is what it is.
+    """
+
+    name: str
+    mcsim: float | list
+    reference: float | list
+    tolerance: float
+    source: str
+    passed: bool
+    unit: str = ""
+    basis: str = ""
+
+
+def _check(name, mcsim, reference, tolerance, source, unit="", basis="") -> Check:
+    if isinstance(reference, (list, tuple)):
+        mcsim, reference = [int(v) for v in mcsim], [int(v) for v in reference]
+        passed = mcsim == reference
+    else:
+        mcsim, reference = float(mcsim), float(reference)
+        passed = bool(abs(mcsim - reference) <= tolerance)
+    return Check(name, mcsim, reference, float(tolerance), source, passed, unit, basis)
+
+
+# --- the checks, one function per stage --------------------------------------------------------------------
+
+
+def speculative_checks(quick: bool) -> list[Check]:
+    """Simulated tokens per verification pass vs Leviathan's closed form, i.i.d. acceptance."""
+    from mcsim.speculative import speculative_passes
+
+    requests, tokens = (20, 10_000) if quick else (20, 50_000)
+    checks = []
+    for case, (alpha, k) in enumerate([(0.6, 1), (0.8, 2), (0.8, 4), (0.9, 3)]):
+        passes, _ = speculative_passes(np.full(requests, tokens), alpha, k, 1.0, np.random.default_rng([7, case]))
+        sampled = requests * tokens / passes.sum()
+        closed_form = (1 - alpha ** (k + 1)) / (1 - alpha)
+        # Tokens per pass 1 + J, J = leading accepted drafts (truncated geometric): its exact variance.
+        gain = np.arange(k + 1) + 1.0
+        pmf = np.append(alpha ** np.arange(k) * (1 - alpha), alpha**k)
+        sd = math.sqrt(float(pmf @ gain**2 - (pmf @ gain) ** 2))
+        # Ratio estimator over ~sum(passes) passes, plus the bias of each request's capped last pass (< k tokens).
+        tolerance = Z * sd / math.sqrt(passes.sum()) + requests * k / passes.sum()
+        checks.append(_check(f"Speculative tokens per pass, alpha={alpha}, k={k}", sampled, closed_form, tolerance,
+                             LEVIATHAN, "tokens/pass", f"{Z:g} SE + end-of-request cap bound"))
+    return checks
+
+
+def expert_checks(quick: bool) -> list[Check]:
+    """Uniform routing gives Binomial(T, k/E) per-expert loads; EPLB reproduces its README example."""
+    from mcsim.kernels.experts import build_alias, eplb_placement, route_steps
+
+    n_experts, top_k, tokens, steps = 64, 8, 512, (400 if quick else 2000)
+    prob, alias = np.empty((1, n_experts)), np.empty((1, n_experts), np.int64)
+    build_alias(np.ones(n_experts), prob[0], alias[0])
+    counts = np.empty((steps, n_experts), np.int64)
+    route_steps(tokens, np.array([1.0]), prob, alias, top_k, np.random.default_rng(3), counts)
+    p = top_k / n_experts
+    mean, var = tokens * p, tokens * p * (1 - p)
+    per_expert = counts.mean(axis=0)
+    worst = per_expert[np.argmax(np.abs(per_expert - mean))]
+    # Bonferroni over 64 experts: 4.5 SE keeps the family's false-alarm rate near 4e-4.
+    z_family = 4.5
+    binomial = f"Binomial(T={tokens}, k/E={top_k}/{n_experts}) (each token includes an expert w.p. k/E)"
+    checks = [
+        _check("Expert load, uniform routing: per-expert mean (worst of 64)", worst, mean,
+               z_family * math.sqrt(var / steps), binomial, "token-assignments/step",
+               f"{z_family:g} SE, Bonferroni over experts"),
+        # Known mean, so the pooled second moment about it is unbiased; SE ~ var * sqrt(2 / N) for N ~normal
+        # terms, widened for the weak negative correlation of experts within one step.
+        _check("Expert load, uniform routing: per-expert variance", np.mean((counts - mean) ** 2), var,
+               1.25 * Z * var * math.sqrt(2.0 / counts.size), binomial, "(token-assignments/step)^2",
+               f"{1.25 * Z:g} SE of a variance"),
+    ]
+    for layer in (0, 1):
+        phy2log, _ = eplb_placement(np.array(EPLB_LOADS[layer], np.float64), 16, 4, 2, 8)
+        checks.append(_check(f"EPLB placement, README example layer {layer}: phy2log", phy2log.tolist(),
+                             list(EPLB_PHY2LOG[layer]), 0, EPLB_SOURCE, "expert ids", "exact"))
+    return checks
+
+
+def kv_bytes_checks() -> list[Check]:
+    """KV bytes per token (BF16) of every catalog model vs the formula on its published configuration."""
+    from mcsim import catalog
+
+    checks = []
+    for name in catalog.models():
+        mcsim_bytes = catalog.kv_bytes_per_token(catalog.model_preset(name), 2)
+        if name not in PUBLISHED_KV_CONFIG:
+            checks.append(_check(f"KV bytes/token BF16, {name}", mcsim_bytes, math.nan, 0,
+                                 "no published configuration recorded in mcsim.validate", "bytes"))
+            continue
+        attention, layers, config, source = PUBLISHED_KV_CONFIG[name]
+        if attention == "mla":
+            reference = (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * layers * 2
+            formula = "(kv_lora_rank + qk_rope_head_dim) x layers x 2 B"
+        else:
+            head_dim = config["hidden_size"] // config["num_attention_heads"]
+            reference = 2 * layers * config["num_key_value_heads"] * head_dim * 2
+            formula = "2 (K, V) x layers x KV heads x head dim x 2 B"
+        checks.append(_check(f"KV bytes/token BF16, {name}", mcsim_bytes, reference, 0, f"{source}; {formula}",
+                             "bytes", "exact"))
+    return checks
+
+
+def trace_checks() -> list[Check]:
+    """Replayed bundled traces: Mooncake's cache ratio and mean lengths, Azure 2023 mean lengths."""
+    from mcsim import kvcache, traces, workload
+    from mcsim.scenario import load_scenario, resolve
+
+    scn = load_scenario("validation", text="")
+    params = resolve(scn, {})
+    replay = {}
+    for name in ("mooncake", "azure-code", "azure-conv"):
+        trace = traces.read_trace(traces.bundled_trace_path(name))
+        replay[name] = workload.from_trace(trace, params, scn.classes, len(trace), np.random.default_rng(0))
+    mooncake = replay["mooncake"]
+    # One pooled cache with room for every block: what the trace's prefixes allow, no eviction.
+    unlimited = np.array([mooncake.block_ids.size + 1, 0, 0], np.int64)
+    cached = kvcache.simulate_cache(mooncake, "pooled", 1, unlimited, np.random.default_rng(0)).cached_tokens
+    rounding = "reference given to the nearest token"
+    checks = [
+        _check("Mooncake trace: cache ratio, unlimited cache", cached.sum() / mooncake.prompt_tokens.sum(), 0.66,
+               0.02, MOONCAKE, "fraction of input tokens",
+               "rounded to a whole percent; counting convention (tokens vs blocks, partial last block) not stated: "
+               "1.1 pp apart on this file"),
+        _check("Mooncake trace: mean input", mooncake.prompt_tokens.mean(), 15_325, 0.5, MOONCAKE, "tokens", rounding),
+        _check("Mooncake trace: mean output", mooncake.output_tokens.mean(), 149, 0.5, MOONCAKE, "tokens", rounding),
+    ]
+    for name, label, (mean_in, mean_out) in (("azure-code", "code", (2048, 28)),
+                                             ("azure-conv", "conversation", (1155, 211))):
+        requests = replay[name]
+        checks += [
+            _check(f"Azure 2023 {label}: mean input", requests.prompt_tokens.mean(), mean_in, 0.5, AZURE, "tokens",
+                   rounding),
+            _check(f"Azure 2023 {label}: mean output", requests.output_tokens.mean(), mean_out, 0.5, AZURE, "tokens",
+                   rounding),
+        ]
+    return checks
+
+
+def batching_checks(quick: bool) -> list[Check]:
+    """Little's law on a stable run of the batching simulator; one request at a time, E2E = sum of steps."""
+    from mcsim.batching import simulate_batching
+
+    # A step time linear in both coordinates, so bilinear interpolation is exact and hand sums are easy.
+    base_s, per_seq_s, per_token_s = 0.01, 2e-4, 4e-6
+    decode_edges, prefill_edges = np.array([1.0, 64.0, 256.0]), np.array([0.0, 4096.0, 16384.0])
+    table = {"step_time_table": base_s + per_seq_s * decode_edges[:, None] + per_token_s * prefill_edges[None, :],
+             "decode_edges": decode_edges, "prefill_edges": prefill_edges}
+    rng = np.random.default_rng(1)
+    n = 3000 if quick else 10_000
+    context, output = rng.integers(100, 2000, n), rng.integers(20, 200, n)
+    # Capacity from a backlogged run (everything waiting at 0), then a Poisson load at 70 % of it.
+    backlog = simulate_batching(np.zeros(1000), context[:1000], context[:1000], output[:1000], max_seqs=64, **table)
+    capacity = 1000 / np.nanmax(backlog["per_request"]["finish_s"])
+    arrival = np.cumsum(rng.exponential(1.0 / (0.7 * capacity), n))
+    summary = simulate_batching(arrival, context, context, output, max_seqs=64, warmup_s=float(arrival[n // 10]),
+                                **table)["summary"]
+    checks = [_check("Batching simulator: Little's law L / (lambda W), stable run", summary["little_law_ratio"], 1.0,
+                     0.02, "Little's law, L = lambda W (Little, Operations Research 1961)", "ratio",
+                     "edge effects of a finite window, O(requests in system / requests measured)")]
+
+    # Requests 100 s apart run alone: prompt 1000 with budget 512 is two chunks (512, 488), then `passes`
+    # one-sequence decode steps.
+    outputs, passes = np.array([1, 2, 40, 40]), np.array([0, 1, 39, 13])
+    alone = simulate_batching(np.arange(4) * 100.0, [1000] * 4, [1200] * 4, outputs, passes, token_budget=512,
+                              **table)["per_request"]["e2e_s"]
+    prefill_s = 2 * (base_s + per_seq_s) + per_token_s * 1000
+    hand = prefill_s + passes * (base_s + per_seq_s)
+    checks.append(_check("Batching simulator: one request at a time, E2E = sum of its step times", alone.sum(),
+                         hand.sum(), 1e-12 * hand.sum(), "identity (step times of the table, added by hand)", "s",
+                         "floating-point rounding"))
+    return checks
+
+
+def economics_checks() -> list[Check]:
+    """DeepSeek's published day through mcsim.economics: cost, revenue, cost-profit margin."""
+    from mcsim import economics
+
+    # 226.75 H800 nodes (8 GPUs) on average at $2/GPU-hour; 608 B input tokens of which 342 B cache hits,
+    # 168 B output tokens, at R1 prices $0.14 / $0.55 / $2.19 per million.
+    day = economics.daily(226.75 * 8, 1.0, hit_tokens_per_day=342e9, miss_tokens_per_day=608e9 - 342e9,
+                          output_tokens_per_day=168e9, prices=(0.14, 0.55, 2.19), pricing="rental",
+                          rental_usd_per_gpu_hour=2.0)
+    revenue_tolerance = 1e-3 * 562_027  # the token counts are published rounded to billions
+    # The margin is published as a whole percent; the revenue's tolerance moves it by that / cost as well.
+    margin_tolerance = 0.005 + revenue_tolerance / 87_072
+    return [
+        _check("DeepSeek day: cost", day.cost_usd_per_day, 87_072, 0.5, DEEPSEEK_DAY, "USD/day", "to the dollar"),
+        _check("DeepSeek day: revenue at R1 prices", day.revenue_usd_per_day, 562_027, revenue_tolerance,
+               DEEPSEEK_DAY, "USD/day", "0.1 %: the token counts are published rounded to billions"),
+        _check("DeepSeek day: cost-profit margin", day.cost_profit_margin, 5.45, margin_tolerance, DEEPSEEK_DAY,
+               "fraction", "published as a whole percent (545 %), plus the revenue tolerance / cost"),
+    ]
+
+
+def run_validation(out_dir: str | os.PathLike | None = None, quick: bool = False) -> list[Check]:
+    """Run every check.
+
+    Parameters
+    ----------
+    out_dir : path-like, optional
+        Also write ``validation.md`` and ``validation.json`` there (created if needed).
+    quick : bool
+        Smaller samples (tolerances follow their standard errors), for tests.
+
+    Returns
+    -------
+    list of Check
+
+    Examples
+    --------
+    >>> checks = run_validation(quick=True)  # doctest: +SKIP
+    >>> all(check.passed for check in checks)  # doctest: +SKIP
+    True
+    """
+    started = time.perf_counter()
+    checks = (speculative_checks(quick) + expert_checks(quick) + kv_bytes_checks() + trace_checks()
+              + batching_checks(quick) + economics_checks())
+    if out_dir is not None:
+        write_reports(checks, out_dir, quick=quick, seconds=time.perf_counter() - started)
+    return checks
+
+
+# --- reports ---------------------------------------------------------------------------------------------------
+
+
+def format_value(value) -> str:
+    """A figure for the table: lists in brackets, thousands with separators, small values to 6 digits."""
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if not math.isfinite(value):
+        return "n/a"
+    if value == round(value) and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:,.2f}" if abs(value) >= 1000 else f"{value:.6g}"
+
+
+def _tolerance(check: Check) -> str:
+    if check.tolerance == 0:
+        return "exact"
+    return f"± {format_value(check.tolerance)}"
+
+
+def markdown(checks: list[Check], quick: bool = False, seconds: float | None = None) -> str:
+    """The validation table as Markdown (every column of :class:`Check`)."""
+    from mcsim import __version__
+
+    passed = sum(check.passed for check in checks)
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    lines = [
+        "# mcsim validation",
+        "",
+        (f"mcsim {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}{', quick sizes' if quick else ''}{took}: "
+         f"**{passed} of {len(checks)} checks pass**. What each check establishes, and what it does not: "
+         "docs/VALIDATION.md."),
+        "",
+        "| check | mcsim | reference | tolerance | unit | result | source | tolerance basis |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in checks:
+        cells = [c.name, format_value(c.mcsim), format_value(c.reference), _tolerance(c), c.unit,
+                 "pass" if c.passed else "**FAIL**", c.source, c.basis]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(checks: list[Check], quick: bool = False, seconds: float | None = None) -> str:
+    """The checks as JSON: provenance and one object per check with every field of :class:`Check`."""
+    from mcsim import __version__
+
+    def clean(value):  # JSON has no NaN
+        return None if isinstance(value, float) and not math.isfinite(value) else value
+
+    payload = {
+        "mcsim_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "quick": quick,
+        "seconds": seconds,
+        "passed": all(check.passed for check in checks),
+        "checks": [{key: clean(value) for key, value in asdict(check).items()} for check in checks],
+    }
+    return json.dumps(payload, indent=2) + "\n"
+
+
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(temporary, path)
+
+
+def write_reports(checks: list[Check], out_dir, quick: bool = False, seconds: float | None = None) -> list:
+    """Write ``validation.md`` and ``validation.json`` into ``out_dir``; return their paths."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "validation.md", out / "validation.json"]
+    _write_atomic(paths[0], markdown(checks, quick, seconds))
+    _write_atomic(paths[1], to_json(checks, quick, seconds))
+    return paths
+
+
+def text_table(checks: list[Check]) -> str:
+    """A plain aligned table for the terminal (sources are in the Markdown report)."""
+    rows = [("check", "mcsim", "reference", "tolerance", "result")]
+    for c in checks:
+        mcsim, reference = format_value(c.mcsim), format_value(c.reference)
+        if isinstance(c.mcsim, list):  # placements are long: show them once, in the files
+            mcsim, reference = ("= reference", "(see files)") if c.passed else ("differs", "(see files)")
+        rows.append((c.name, mcsim, reference, _tolerance(c), "pass" if c.passed else "FAIL"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def validate_command(out_dir=None, as_json: bool = False, quick: bool = False) -> int:
+    """Body of ``mcsim validate``: run the checks, print them, write the reports, return the exit code.
+
+    Parameters
+    ----------
+    out_dir : path-like, optional
+        Where ``validation.md`` and ``validation.json`` go (default ``outputs/validation/``).
+    as_json : bool
+        Print the JSON report instead of the table.
+    quick : bool
+        Smaller samples.
+
+    Returns
+    -------
+    int
+        0 if every check passes, 1 otherwise.
+    """
+    started = time.perf_counter()
+    checks = run_validation(quick=quick)
+    seconds = time.perf_counter() - started
+    paths = write_reports(checks, DEFAULT_OUT_DIR if out_dir is None else out_dir, quick, seconds)
+    failed = [check.name for check in checks if not check.passed]
+    if as_json:
+        sys.stdout.write(to_json(checks, quick, seconds))
+    else:
+        print(text_table(checks))
+        verdict = f"{len(checks) - len(failed)} of {len(checks)} checks pass" + (
+            f"; failed: {', '.join(failed)}" if failed else "")
+        print(f"\n{verdict} ({seconds:.1f} s). Sources and tolerances: {paths[0]}; {paths[1]}")
+    return 1 if failed else 0
