@@ -241,14 +241,15 @@ def bench(quick, as_json, out_dir):
 
 
 @main.command()
+@click.option("--quick", is_flag=True, help="Smaller samples (wider tolerances from their standard errors).")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for validation.md and validation.json (default: outputs/validation).")
-def validate(as_json, out_dir):
+def validate(quick, as_json, out_dir):
     """Check the model against closed forms, published figures and real traces; exit 1 if any check fails."""
     from mcsim.validate import validate_command
 
-    raise SystemExit(validate_command(out_dir, as_json))
+    raise SystemExit(validate_command(out_dir, as_json, quick=quick))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -123,6 +123,15 @@ def provenance(scn, seed: int, samples: int, requests: int, command: str | None,
         "modelled_vs_measured": MODEL_STATEMENT,
         "measured_variables": "",
     }
+    trace = scn["workload.trace"]
+    if trace:
+        fmt = scn["workload.trace_format"]
+        has_prefixes = fmt == "mooncake" or (fmt == "auto" and str(trace).lower().endswith((".jsonl", "mooncake")))
+        attrs["workload"] = (f"replayed trace {trace} (time scale {scn['workload.trace_time_scale']:g}, from "
+                             f"{scn['workload.trace_start_s']:g} s)" + (
+                                 "" if has_prefixes else "; no prefix information: cache figures are not meaningful"))
+    else:
+        attrs["workload"] = "generated (mcsim.workload.generate)"
     if getattr(scn, "calibration", None) is not None:
         cal = scn.calibration
         attrs["calibration"] = json.dumps(cal.to_dict(), sort_keys=True)
