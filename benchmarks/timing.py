@@ -1,15 +1,5 @@
-"""Timing helper shared by the benchmark modules."""
+"""Timing helper of the benchmark modules (it lives in :mod:`mcsim.bench.timing`)."""
 
-from __future__ import annotations
+from mcsim.bench.timing import best_of
 
-import time
-
-
-def best_of(function, repeats: int = 3) -> float:
-    """Fastest wall time of ``repeats`` calls, seconds (the least disturbed by other load on the machine)."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
+__all__ = ["best_of"]

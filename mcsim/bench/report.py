@@ -1,0 +1,182 @@
+"""The benchmark report: the plain-text table and the PNG of the scaling curves."""
+
+from __future__ import annotations
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def si(value: float) -> str:
+    """``64.1 M``, ``2.4 G``, ``950 k``, ``12.5``."""
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            scaled = value / factor
+            return f"{scaled:.3g} {prefix}" if scaled < 100 else f"{scaled:.0f} {prefix}"
+    return f"{value:.3g}"
+
+
+def _ratio(value) -> str:
+    return "-" if value is None else (f"{value:,.0f}x" if value >= 10 else f"{value:.1f}x")
+
+
+def format_table(result: dict) -> str:
+    """The report as plain text: kernels, scaling, DESIGN targets."""
+    m = result["machine"]
+    lines = [(f"mcsim bench ({result['suite']}): {m['processor']}, {m['cpu_count']} cores, Python {m['python']}, "
+              f"NumPy {m['numpy_version']}, Numba {m['numba_version']}; load {m['load_average_1min']:.2f} at start; "
+              f"{result['seconds']:.0f} s"),
+             "throughput per second on one thread; ratios against references measured in this run", ""]
+    lines += format_kernels(result["kernels"])
+    lines += format_scaling(result["scaling"])
+    lines += ["", "DESIGN.md performance targets:"]
+    for t in result["targets"]:
+        verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "NOT met")
+        lines.append(f"  {verdict:>12}  {t['target']}: {t['figure']}")
+    if result.get("paths"):
+        lines += [""] + [f"wrote {p}" for p in result["paths"].values()]
+    return "\n".join(lines)
+
+
+def format_kernels(rows: list[dict]) -> list[str]:
+    """Lines of the kernel table: throughput per second of the kernel and its references, ratios, targets."""
+    lines = []
+    header = ("kernel", "unit", "kernel/s", "reference/s", "ratio", "NumPy/s", "ratio", "DESIGN target")
+    table = [header]
+    for r in rows:
+        target = r["target"]
+        table.append((r["name"], r["unit"], si(r["fast"]), si(r["reference"]), _ratio(r["ratio"]),
+                      "-" if r["numpy"] is None else si(r["numpy"]), _ratio(r["ratio_numpy"]),
+                      "-" if target is None else f"{'met' if target['met'] else 'NOT met'} ({target['figure']})"))
+    if len(table) > 1:
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        right = {2, 3, 4, 5, 6}
+        for row in table:
+            lines.append("  ".join(c.rjust(w) if i in right else c.ljust(w)
+                                   for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    return lines
+
+
+def format_scaling(sc: dict) -> list[str]:
+    """Lines of the scaling report (any of its parts may be missing)."""
+    lines = []
+    for key, label in (("requests", "one sample, every stage on (bench-factory scenario, 64-token blocks)"),
+                       ("requests_light", "one sample, 512-token blocks")):
+        if sc.get(key):
+            lines += ["", f"{label}:"]
+            for r in sc[key]:
+                if "skipped" in r:
+                    lines.append(f"  {r['requests']:>12,} requests: skipped ({r['skipped']})")
+                else:
+                    lines.append(f"  {r['requests']:>12,} requests: {r['seconds']:7.2f} s "
+                                 f"({si(r['requests_per_s'])} requests/s; first call {r['first_call_s']:.2f} s), "
+                                 f"peak memory +{r['peak_memory_mib']:,.0f} MiB")
+    if sc.get("grid"):
+        g = sc["grid"]
+        lines += ["", f"sweep on one worker, {g['samples']} samples x {g['requests']:,} requests per grid point:"]
+        for r in g["rows"]:
+            lines.append(f"  {r['points']:>3} points ({r['tasks']:>3} tasks): {r['seconds']:6.2f} s, "
+                         f"peak memory +{r['peak_memory_mib']:,.0f} MiB")
+        lines.append(f"  {g['seconds_per_point']:.2f} s per grid point, {g['fixed_seconds']:.2f} s fixed (fit)")
+    if sc.get("workers"):
+        w = sc["workers"]
+        lines += ["", (f"parallel efficiency, {w['points']} grid points x {w['samples']} samples x "
+                       f"{w['requests']:,} requests ({w['tasks']} tasks):")]
+        names = {"threads": "Dask threads", "processes": "Dask processes",
+                 "independent": "independent processes, no Dask (the machine's ceiling)"}
+        for kind in ("threads", "processes", "independent"):
+            if kind in w:
+                figures = ", ".join(f"{n}: {s:.2f} s ({100 * e:.0f} %)" for n, s, e in
+                                    zip(w["workers"], w[kind]["seconds"], w[kind]["efficiency"]))
+                lines.append(f"  {names[kind]}: {figures}")
+    if sc.get("overhead"):
+        o = sc["overhead"]
+        lines += ["", (f"Dask per task ({o['tasks']} tasks of one {o['requests']}-request sample, one worker): "
+                       f"{o['overhead_ms_per_task']:.2f} ms ({o['dask_s'] / o['direct_s']:.2f}x a plain loop)")]
+    if sc.get("compile"):
+        lines += ["", "Numba, fresh process:"]
+        for kind, label in (("compiled", "cache off (compiles)"), ("cached", "on-disk cache (loads)")):
+            if kind in sc["compile"]:
+                c = sc["compile"][kind]
+                stages = ", ".join(f"{k} {v:.1f} s" for k, v in c["stages_s"].items())
+                lines.append(f"  {label}: {c['total_s']:.1f} s = import {c['import_s']:.1f} s + {stages} + "
+                             f"engine {c['engine_s']:.1f} s")
+    return lines
+
+
+def scaling_png(result: dict) -> bytes:
+    """The scaling curves as a PNG (matplotlib Figure on an Agg canvas; no pyplot state)."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    sc = result["scaling"]
+    fig = Figure(figsize=(12, 8.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2)
+    m = result["machine"]
+    fig.suptitle(f"mcsim bench ({result['suite']}): {m['processor']}, {m['cpu_count']} cores")
+
+    ax_time, ax_mem = axes[0]
+    for key, label, marker in (("requests", "64-token blocks", "o"), ("requests_light", "512-token blocks", "s")):
+        rows = [r for r in (sc.get(key) or []) if "seconds" in r]
+        if not rows:
+            continue
+        n = [r["requests"] for r in rows]
+        line, = ax_time.plot(n, [r["seconds"] for r in rows], marker=marker, label=f"{label}, best call")
+        ax_time.plot(n, [r["first_call_s"] for r in rows], marker=marker, linestyle="--", color=line.get_color(),
+                     alpha=0.6, label=f"{label}, first call")
+        ax_mem.plot(n, [max(r["peak_memory_mib"], 0.1) for r in rows], marker=marker, label=label)
+    ax_time.plot([1e6], [3.0], marker="*", markersize=12, linestyle="none", color="grey",
+                 label="DESIGN target: 1 M requests in <= 3 s")
+    for ax, ylabel, title in ((ax_time, "seconds per sample", "Cost of one sample (every stage on)"),
+                              (ax_mem, "peak memory growth, MiB", "Peak memory of one sample")):
+        ax.set(xscale="log", yscale="log", xlabel="requests per sample", ylabel=ylabel, title=title)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize="small")
+
+    ax_grid, ax_eff = axes[1]
+    grid = sc.get("grid")
+    if grid:
+        points = [r["points"] for r in grid["rows"]]
+        ax_grid.plot(points, [r["seconds"] for r in grid["rows"]], marker="o", label="sweep, one worker")
+        fit = [grid["fixed_seconds"] + grid["seconds_per_point"] * p for p in points]
+        ax_grid.plot(points, fit, linestyle=":", color="grey",
+                     label=f"fit: {grid['seconds_per_point']:.2f} s/point + {grid['fixed_seconds']:.2f} s")
+        ax_mem_grid = ax_grid.twinx()
+        ax_mem_grid.plot(points, [r["peak_memory_mib"] for r in grid["rows"]], marker="s", color="tab:red",
+                         label="peak memory growth")
+        ax_mem_grid.set_ylabel("peak memory growth, MiB", color="tab:red")
+        ax_mem_grid.set_ylim(bottom=0)
+        handles = ax_grid.get_legend_handles_labels()[0] + ax_mem_grid.get_legend_handles_labels()[0]
+        ax_grid.legend(handles=handles, fontsize="small", loc="lower right")
+        ax_grid.set_xticks(points)
+        ax_grid.set_title(f"Cost of a sweep ({grid['samples']} samples x {grid['requests']:,} requests per point)")
+    else:
+        ax_grid.set_title("Cost of a sweep (not measured)")
+    ax_grid.set(xlabel="grid points", ylabel="seconds")
+    ax_grid.set_ylim(bottom=0)
+    ax_grid.grid(True, alpha=0.3)
+
+    workers = sc.get("workers")
+    if workers:
+        labels = {"threads": "Dask threads", "processes": "Dask processes",
+                  "independent": "independent processes (ceiling)"}
+        for kind, marker in (("threads", "o"), ("processes", "s"), ("independent", "^")):
+            if kind in workers:
+                ax_eff.plot(workers["workers"], [100 * e for e in workers[kind]["efficiency"]], marker=marker,
+                            label=labels[kind])
+        ax_eff.set_xticks(workers["workers"])
+        ax_eff.legend(fontsize="small", loc="lower left")
+    ax_eff.axhline(85, color="grey", linestyle=":")
+    ax_eff.set(xlabel="workers", ylabel="parallel efficiency t(1) / (n t(n)), %", ylim=(0, 110),
+               title="Parallel efficiency of a sweep (target: 85 % at 2 workers)")
+    ax_eff.grid(True, alpha=0.3)
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()

@@ -1,0 +1,325 @@
+"""The benchmark suite behind ``mcsim bench``: a table, ``bench.json`` and ``scaling.png``.
+
+    mcsim bench [--quick] [--json] [-o DIR]
+
+Every kernel is timed against its pure-Python reference (and a NumPy-vectorized one where it exists) in the
+same run, and reported as throughput and ratios, next to DESIGN.md's performance targets; then the cost of a
+sample against its requests, of a sweep against its grid points and workers, Dask's cost per task, and Numba's
+compile time. ``--quick`` uses small inputs and single repeats (well under a minute on two cores); the full
+suite takes a few minutes.
+
+Python use::
+
+    from mcsim.bench.run import run_suite
+    result = run_suite(quick=True, out_dir="outputs/bench")
+    result["kernels"][0]["ratio"]          # kernel throughput / reference throughput
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mcsim.bench import kernels as kernel_cases
+from mcsim.bench import scaling
+from mcsim.bench.report import PNG_SIGNATURE, format_kernels, format_table, scaling_png, si
+from mcsim.bench.timing import best_of, machine
+
+__all__ = ["PARTS", "PNG_SIGNATURE", "SETTINGS", "bench_command", "format_table", "run_suite"]
+
+DEFAULT_OUT_DIR = Path("outputs") / "bench"
+PARTS = kernel_cases.STAGES + ("requests", "grid", "workers", "overhead", "compile")
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    """Sizes and repeats of one suite run (``full``, ``quick``, or ``tiny`` for the test suite)."""
+
+    kernels: kernel_cases.KernelSizes
+    repeats_fast: int
+    repeats_reference: int
+    request_sizes: tuple
+    request_repeats: int
+    light_sizes: tuple = ()
+    light_largest: int | None = None
+    grid_points: tuple = (1, 2)
+    grid_samples: int = 2
+    grid_requests: int = 10_000
+    workers_requests: int = 20_000
+    workers_samples: int = 4
+    workers_points: int = 2
+    workers_repeats: int = 1
+    workers_processes: bool = False
+    overhead_tasks: int = 16
+    compile: bool = False
+    end_to_end_requests: int = 1_000_000
+
+
+SETTINGS = {
+    "full": SuiteSettings(kernel_cases.FULL, 3, 2, (10_000, 100_000, 1_000_000), 2,
+                          light_sizes=(100_000, 1_000_000), light_largest=10_000_000,
+                          grid_points=(1, 2, 4, 8), grid_samples=4, grid_requests=20_000,
+                          workers_requests=50_000, workers_samples=8, workers_points=4, workers_repeats=2,
+                          workers_processes=True, overhead_tasks=40, compile=True),
+    "quick": SuiteSettings(kernel_cases.QUICK, 2, 1, (10_000, 100_000, 1_000_000), 1,
+                           grid_points=(1, 4), grid_samples=2, grid_requests=10_000,
+                           workers_requests=20_000, workers_samples=4, workers_points=2, workers_repeats=1,
+                           overhead_tasks=16),
+    "tiny": SuiteSettings(kernel_cases.TINY, 1, 1, (3_000, 6_000), 0, grid_points=(1, 2), grid_samples=1,
+                          grid_requests=2_000, workers_requests=2_000, workers_samples=2, workers_points=1,
+                          overhead_tasks=4),
+}
+
+
+def _progress(message: str) -> None:
+    print(f"mcsim bench: {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The suite
+# --------------------------------------------------------------------------------------------------------
+
+
+def kernel_rows(settings: SuiteSettings, stages=kernel_cases.STAGES, progress=_progress) -> list[dict]:
+    """Time every case of ``stages``: throughput per second of the kernel and its references, and the ratios."""
+    rows = []
+    progress = progress or (lambda message: None)
+    for stage in stages:
+        progress(f"kernels: {stage}")
+        for case in kernel_cases.cases(stage, settings.kernels):
+            fast_s = best_of(case["fast"], settings.repeats_fast)
+            reference_s = best_of(case["reference"], settings.repeats_reference)
+            row = {
+                "stage": case["stage"], "name": case["name"], "unit": case["unit"],
+                "items_fast": case["items_fast"], "fast_s": fast_s, "fast": case["items_fast"] / fast_s,
+                "items_reference": case["items_reference"], "reference_s": reference_s,
+                "reference": case["items_reference"] / reference_s,
+                "items_numpy": None, "numpy_s": None, "numpy": None, "ratio_numpy": None,
+            }
+            row["ratio"] = row["fast"] / row["reference"]
+            if case["numpy"] is not None:
+                numpy_s = best_of(case["numpy"], settings.repeats_reference)
+                row.update(items_numpy=case["items_numpy"], numpy_s=numpy_s,
+                           numpy=case["items_numpy"] / numpy_s)
+                row["ratio_numpy"] = row["fast"] / row["numpy"]
+            row["target"] = _kernel_target(row, case["target"])
+            rows.append(row)
+    return rows
+
+
+def _kernel_target(row: dict, target: dict | None) -> dict | None:
+    if target is None:
+        return None
+    checks, figures = [], []
+    if target["per_s"] is not None:
+        checks.append(row["fast"] >= target["per_s"])
+        figures.append(f"{si(row['fast'])}/s vs {si(target['per_s'])}/s")
+    if target["ratio"] is not None:
+        checks.append(row["ratio"] >= target["ratio"])
+        figures.append(f"{row['ratio']:.0f}x vs {target['ratio']:.0f}x")
+    return {"text": target["text"], "met": all(checks), "figure": "; ".join(figures)}
+
+
+def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None, progress=_progress) -> dict:
+    """Run the benchmark suite, write ``bench.json`` and ``scaling.png`` into ``out_dir``, return the results.
+
+    Parameters
+    ----------
+    quick : bool
+        Small inputs and single repeats (well under a minute on two cores) instead of the full suite.
+    out_dir : path, optional
+        Folder for the outputs (created); default ``outputs/bench``.
+    size : {"full", "quick", "tiny"}, optional
+        Overrides ``quick``; ``"tiny"`` is for the test suite (a structure check, not a measurement).
+    parts : iterable of str, optional
+        A subset of :data:`PARTS` (kernel stages, ``requests``, ``grid``, ``workers``, ``overhead``,
+        ``compile``); default: all that the size runs.
+    progress : callable, optional
+        Receives one line per step (default: printed to stderr); ``None`` silences it.
+
+    Returns
+    -------
+    dict
+        ``suite``, ``machine``, ``kernels`` (one row per case: throughputs ``fast``, ``reference``, ``numpy`` in
+        units/s, ``ratio = fast / reference``, ``ratio_numpy = fast / numpy``, seconds and items of each, and
+        the DESIGN target with ``met``), ``scaling`` (``requests``, ``requests_light``, ``grid``, ``workers``,
+        ``overhead``, ``compile``; absent parts are None), ``targets`` (one line per DESIGN target: ``met`` is
+        True, False or None when not measured), ``seconds`` (the whole run) and ``paths`` (``json``, ``png``).
+    """
+    size = size or ("quick" if quick else "full")
+    settings = SETTINGS[size]
+    progress = progress or (lambda message: None)
+    chosen = set(PARTS if parts is None else parts)
+    unknown = chosen - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown benchmark parts {sorted(unknown)}; expected some of {', '.join(PARTS)}")
+    start = time.perf_counter()
+    result = {"suite": size, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
+              "kernels": kernel_rows(settings, [s for s in kernel_cases.STAGES if s in chosen], progress)}
+    sc: dict = dict.fromkeys(("requests", "requests_light", "grid", "workers", "overhead", "compile"))
+    if "requests" in chosen:
+        progress(f"one sample at {', '.join(f'{n:,}' for n in settings.request_sizes)} requests")
+        sc["requests"] = scaling.requests_curve(settings.request_sizes, repeats=settings.request_repeats)
+        if settings.light_sizes:
+            progress(f"one sample with 512-token blocks at {', '.join(f'{n:,}' for n in settings.light_sizes)} "
+                     f"requests (and {settings.light_largest:,} if memory allows)")
+            sc["requests_light"] = scaling.requests_curve(settings.light_sizes, scaling.LIGHT,
+                                                          repeats=min(settings.request_repeats, 1),
+                                                          largest_if_memory_allows=settings.light_largest)
+    if "grid" in chosen:
+        progress(f"sweeps of {', '.join(map(str, settings.grid_points))} grid points")
+        sc["grid"] = scaling.grid_curve(settings.grid_points, settings.grid_samples, settings.grid_requests)
+    if "workers" in chosen:
+        progress(f"sweep on 1 .. {os.cpu_count()} workers")
+        sc["workers"] = scaling.workers_curve(settings.workers_requests, settings.workers_samples,
+                                              settings.workers_points, settings.workers_repeats,
+                                              processes=settings.workers_processes)
+    if "overhead" in chosen:
+        progress("Dask per-task overhead")
+        sc["overhead"] = scaling.task_overhead(200, settings.overhead_tasks, max(1, settings.workers_repeats))
+    if "compile" in chosen and (settings.compile or parts is not None):
+        progress("Numba compile time (fresh processes, cache off and on)")
+        sc["compile"] = scaling.compile_times()
+    result["scaling"] = sc
+    result["targets"] = design_targets(result, settings)
+    result["seconds"] = time.perf_counter() - start
+
+    out_dir = Path(DEFAULT_OUT_DIR if out_dir is None else out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "bench.json", "png": out_dir / "scaling.png"}
+    _write_atomic(paths["json"], (json.dumps(result, indent=2) + "\n").encode())
+    _write_atomic(paths["png"], scaling_png(result))
+    result["paths"] = {k: str(v) for k, v in paths.items()}
+    return result
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def design_targets(result: dict, settings: SuiteSettings) -> list[dict]:
+    """DESIGN.md's performance targets, each with the figure measured here and ``met`` (None: not measured)."""
+    rows = result["kernels"]
+    out = []
+
+    def add(target, met, figure):
+        out.append({"target": target, "met": met, "figure": figure})
+
+    for stage, label, per_s, unit in (("kv_tiers", "KV tiers", 50e6, "block look-ups"),
+                                      ("speculative", "speculative draws", 200e6, "draft tokens"),
+                                      ("experts", "expert routing", 100e6, "token-expert assignments"),
+                                      ("batching", "batching simulator", 1e6, "simulated requests")):
+        mine = [r for r in rows if r["stage"] == stage and r["target"] is not None]
+        if not mine:
+            add(f"{label}: >= {si(per_s)} {unit}/s/core", None, "not measured")
+            continue
+        slowest = min(mine, key=lambda r: r["fast"])
+        add(f"{label}: >= {si(per_s)} {unit}/s/core", all(r["fast"] >= per_s for r in mine),
+            f"{si(slowest['fast'])}/s slowest case ({slowest['name']}), "
+            f"{si(max(r['fast'] for r in mine))}/s fastest")
+        if stage == "kv_tiers":
+            add("KV tiers: >= 50x the OrderedDict reference", all(r["ratio"] >= 50 for r in mine),
+                f"{min(r['ratio'] for r in mine):.0f}x")
+
+    sc = result["scaling"]
+    n = settings.end_to_end_requests
+    at_n = [r for r in (sc["requests"] or []) if r["requests"] == n and "seconds" in r]
+    if at_n:
+        r = at_n[0]
+        add(f"end to end: one sample of {n:,} requests in <= 3 s, every stage on", r["seconds"] <= 3.0,
+            f"{r['seconds']:.2f} s best call, {r['first_call_s']:.2f} s first call (first touch of its arrays)")
+    else:
+        add(f"end to end: one sample of {n:,} requests in <= 3 s, every stage on", None, "not measured")
+
+    workers = sc["workers"]
+    if workers and 2 in workers["workers"]:
+        i = workers["workers"].index(2)
+        ceiling = workers["independent"]["efficiency"][i]
+        for kind in ("threads", "processes"):
+            if kind in workers:
+                eff = workers[kind]["efficiency"][i]
+                add(f"sweep on Dask {kind}: >= 85 % parallel efficiency from 1 to 2 workers", eff >= 0.85,
+                    f"{100 * eff:.1f} % ({100 * eff / ceiling:.0f} % of the {100 * ceiling:.1f} % that two "
+                    "independent processes reach in the same run)")
+    else:
+        add("sweep: >= 85 % parallel efficiency from 1 to 2 workers", None,
+            "not measured" if not workers else "not measured: this machine has one core")
+
+    grid = sc["grid"]
+    if grid and len(grid["rows"]) > 1:
+        first, last = grid["rows"][0], grid["rows"][-1]
+        growth = last["peak_memory_mib"] - first["peak_memory_mib"]
+        # Bounded: the peak grows by less than a quarter of one point's (or 16 MiB) when the grid grows.
+        bound = max(0.25 * first["peak_memory_mib"], 16.0)
+        add("peak memory bounded by the chunk, not the grid", growth <= bound,
+            f"peak memory growth {first['peak_memory_mib']:.0f} MiB at {first['points']} grid point"
+            f"{'s' if first['points'] > 1 else ''}, {last['peak_memory_mib']:.0f} MiB at {last['points']}")
+    else:
+        add("peak memory bounded by the chunk, not the grid", None, "not measured")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Command
+# --------------------------------------------------------------------------------------------------------
+
+
+def bench_command(quick, as_json, out_dir):
+    """``mcsim bench``: run the suite, print the table (or the JSON), write ``bench.json`` and ``scaling.png``.
+
+    Parameters
+    ----------
+    quick : bool
+    as_json : bool
+        Print the results as JSON instead of the table.
+    out_dir : path or None
+        Default ``outputs/bench``.
+
+    Returns
+    -------
+    dict
+        ``{"json": path, "png": path}`` of the files written.
+    """
+    result = run_suite(bool(quick), out_dir)
+    print(json.dumps(result, indent=2) if as_json else format_table(result), flush=True)
+    return {key: Path(path) for key, path in result["paths"].items()}
+
+
+def print_stage(stage: str, quick: bool = False) -> list[dict]:
+    """Time one stage's kernel cases and print their table (``python benchmarks/bench_<stage>.py``)."""
+    rows = kernel_rows(SETTINGS["quick" if quick else "full"], [stage], progress=None)
+    print("\n".join(format_kernels(rows)), flush=True)
+    return rows
+
+
+#: Part names of the earlier ``benchmarks/run.py --only``.
+ALIASES = {"e2e": ("requests",), "sweep": ("grid", "workers", "overhead")}
+
+
+def main(argv=None) -> int:
+    """``python -m mcsim.bench.run [--quick] [--json] [-o DIR] [--only PARTS]`` (the same as ``mcsim bench``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small inputs, single repeats (under a minute)")
+    parser.add_argument("--json", dest="as_json", action="store_true", help="print the results as JSON")
+    parser.add_argument("-o", "--output", dest="out_dir", default=None, help="folder (default outputs/bench)")
+    parser.add_argument("--only", default="", help=f"comma-separated parts: {', '.join(PARTS)}")
+    args = parser.parse_args(argv)
+    only = [q for p in args.only.split(",") if p for q in ALIASES.get(p, (p,))] or None
+    if only is None:
+        bench_command(args.quick, args.as_json, args.out_dir)
+        return 0
+    result = run_suite(args.quick, args.out_dir, parts=only)
+    print(json.dumps(result, indent=2) if args.as_json else format_table(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,482 @@
+"""How the cost of a run scales: with requests per sample, grid points and workers; Numba compile time.
+
+* :func:`requests_curve` — one Monte Carlo sample with every stage on (workload, KV tiers, speculative draws,
+  expert placement, the batching simulator, performance, economics) at growing request counts, each size in a
+  fresh process so that its peak memory (peak resident size during the calls minus the size before them)
+  belongs to that size.
+  The first call at a size also pays the operating system's first touch of its arrays; a sweep's worker runs
+  many samples, so the best of the later calls is the steady-state figure and the first call is kept apart.
+* :func:`grid_curve` — a sweep through :func:`mcsim.executor.execute` (one worker) at growing grid points, each
+  in a fresh process: time per point and peak memory (which should follow the chunk, not the grid).
+* :func:`workers_curve` — the same sweep on 1 .. N workers, as threads and as a local cluster of processes,
+  against the same tasks split over N independent processes without Dask: the machine's own ceiling (memory
+  bandwidth, caches, other load), measured in the same run. Parallel efficiency = t(1) / (N x t(N)).
+  Clusters are started and warmed up before timing, so start-up is not counted.
+* :func:`task_overhead` — Dask's cost per task: the same tasks through ``execute`` and in a plain loop.
+* :func:`compile_times` — a fresh process with ``MCSIM_NUMBA_CACHE=0``: import time, compile time per stage
+  (first call of its kernels on tiny inputs) and what the engine's first sample still compiles; and the same
+  process with the on-disk cache, to show what a user pays after the first run.
+
+The scenario is :data:`BENCH_SCENARIO`, a DeepSeek-like factory (it mirrors ``scenarios/factory.toml``) kept
+here so that an installed ``mcsim bench`` needs no file from the source tree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from mcsim.bench.timing import best_of
+
+BENCH_SCENARIO = """
+[meta]
+name = "bench-factory"
+description = "DeepSeek-V3 on H800, EP decode, MTP, EPLB, tiered KV, FP8, P/D split; every stage on"
+
+[mc]
+samples = 8
+requests = 20000
+seed = 20250301
+warmup_fraction = 0.25
+
+[model]
+preset = "deepseek-v3"
+
+[hardware]
+preset = "h800"
+
+[deployment]
+gpus_per_instance = 144
+prefill_gpus_per_instance = 32
+instances = 1
+disaggregated = true
+batching = "continuous"
+routing = "pooled"
+tpot_target_s = 0.05
+max_batch_per_gpu = 256
+memory_fraction = 0.9
+
+[workload]
+rate_rps = 650.0
+arrivals = "gamma"
+burstiness = 2.0
+system_prompts = 400
+system_prompt_zipf = 1.1
+system_prompt_tokens = { dist = "lognormal", median = 1200, sigma = 0.7 }
+think_time_s = 15.0
+
+[workload.classes.chat]
+share = 0.45
+prompt_tokens = { dist = "lognormal", median = 250, sigma = 1.0 }
+output_tokens = { dist = "lognormal", median = 400, sigma = 0.9 }
+turns = 3.0
+acceptance = { dist = "beta", a = 17, b = 3 }
+expert_skew = 0.4
+
+[workload.classes.code]
+share = 0.25
+prompt_tokens = { dist = "lognormal", median = 1500, sigma = 1.0 }
+output_tokens = { dist = "lognormal", median = 350, sigma = 0.9 }
+turns = 4.0
+system_prompt_share = 0.9
+acceptance = { dist = "beta", a = 18, b = 2 }
+expert_skew = 0.5
+
+[workload.classes.reasoning]
+share = 0.30
+prompt_tokens = { dist = "lognormal", median = 300, sigma = 1.0 }
+output_tokens = { dist = "lognormal", median = 1200, sigma = 0.8 }
+turns = 1.5
+acceptance = { dist = "beta", a = 16, b = 4 }
+expert_skew = 0.45
+
+[cache]
+enabled = true
+block_tokens = 64
+hbm_gb_per_instance = 400
+dram_gb_per_node = 1024
+nvme_gb_per_node = 16000
+nvme_gb_s_per_node = 40
+
+[speculative]
+enabled = true
+draft_tokens = 1
+acceptance_decay = 1.0
+draft_cost = 0.02
+verify_cost = 0.02
+
+[moe]
+redundant_experts = 32
+groups = 8
+nodes = 18
+window_steps = 32
+eval_steps = 32
+ffn_time_fraction = 0.5
+
+[precision]
+enabled = true
+weight_bytes = 1.0
+kv_bytes = 2.0
+decode_gain = 1.3
+prefill_gain = 1.6
+
+[performance]
+simulate_batching = true
+
+[efficiency]
+base_decode_tok_s_per_gpu = 800.0
+base_prefill_tok_s_per_gpu = 4500.0
+batch_half_saturation = 8.0
+fused_kernels = true
+fused_kernel_gain = 1.1
+comm_overlap = true
+comm_overlap_gain = 1.2
+colocated_interference = 0.2
+
+[economics]
+pricing = "rental"
+rental_usd_per_gpu_hour = 2.0
+target_utilization = 0.7
+price_input_cache_hit_usd_per_mtok = 0.14
+price_input_cache_miss_usd_per_mtok = 0.55
+price_output_usd_per_mtok = 2.19
+"""
+
+#: Lighter prompts in the cache: 512-token blocks (Mooncake's), for the largest request counts.
+LIGHT = ("cache.block_tokens=512",)
+#: A smaller deployment for the sweep measurements (fewer EP ranks: a cheaper expert stage per sample), without
+#: the batching simulator, whose minimum simulated volume would otherwise set the cost of small samples.
+SWEEP = ("deployment.gpus_per_instance=32", "deployment.prefill_gpus_per_instance=16", "moe.nodes=4",
+         "workload.rate_rps=150", "performance.simulate_batching=false")
+#: The axis a benchmark sweep varies; prices change no work, so every point costs the same.
+SWEEP_AXIS = "economics.price_output_usd_per_mtok"
+WARM_UP_REQUESTS = 2000
+
+
+def bench_scenario(overrides=()):
+    """:data:`BENCH_SCENARIO` with ``--set``-style overrides."""
+    from mcsim.scenario import load_scenario
+
+    return load_scenario("bench-factory.toml", overrides=tuple(overrides), text=BENCH_SCENARIO)
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size, bytes.
+
+    Linux: ``VmHWM`` of ``/proc/self/status``, which belongs to this program's own memory map (``ru_maxrss``
+    can carry the parent's peak over ``fork`` and ``exec``); elsewhere ``ru_maxrss`` (bytes on macOS).
+    """
+    peak = _proc_status_bytes("VmHWM")
+    if peak is not None:
+        return peak
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def memory_mark() -> int:
+    """Start a peak-memory measurement: the baseline to subtract from :func:`peak_rss_bytes` afterwards.
+
+    Where Linux lets a process reset its peak (``/proc/self/clear_refs``), the peak restarts at the current
+    resident size, so what ran before (compilation, warm-up) does not hide a smaller later peak; elsewhere
+    the baseline is the peak so far.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+        current = _proc_status_bytes("VmRSS")
+        if current is not None:
+            return current
+    except OSError:
+        pass
+    return peak_rss_bytes()
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the kernel says is available without swapping (``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def in_subprocess(function: str, env: dict | None = None, **kwargs):
+    """Run ``mcsim.bench.scaling.<function>(**kwargs)`` in a fresh Python process; return its JSON result."""
+    code = ("import json, sys\nfrom mcsim.bench import scaling\n"
+            f"print('\\n' + json.dumps(scaling.{function}(**json.loads(sys.argv[1]))))\n")
+    completed = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True, text=True,
+                               env={**os.environ, **(env or {})}, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"benchmark process {function}({kwargs}) failed:\n{completed.stderr[-2000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------------------
+# Requests per sample
+# --------------------------------------------------------------------------------------------------------
+
+
+def measure_sample(requests: int, overrides=(), repeats: int = 2) -> dict:
+    """Time one sample of :data:`BENCH_SCENARIO` in this process; call in a fresh one (:func:`in_subprocess`).
+
+    Returns
+    -------
+    dict
+        ``requests``; ``first_call_s`` (includes first touch of the arrays); ``seconds`` (best of ``repeats``
+        later calls); ``requests_per_s``; ``peak_memory_mib`` (peak RSS growth over the warmed-up process).
+    """
+    from mcsim.engine import simulate_sample
+    from mcsim.scenario import draw_uncertain
+
+    scn = bench_scenario(overrides)
+    draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()}
+
+    def one(n):
+        return lambda: simulate_sample(scn, ("factory",), 0, int(scn["mc.seed"]), n, draws)
+
+    one(WARM_UP_REQUESTS)()  # compile or load the kernels
+    before = memory_mark()
+    first = best_of(one(requests), 1)
+    seconds = min(first, best_of(one(requests), repeats)) if repeats > 0 else first
+    return {"requests": int(requests), "first_call_s": first, "seconds": seconds,
+            "requests_per_s": requests / seconds,
+            "peak_memory_mib": max(0, peak_rss_bytes() - before) / 2**20}
+
+
+def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allows: int | None = None) -> list[dict]:
+    """:func:`measure_sample` at each size, each in a fresh process.
+
+    ``largest_if_memory_allows``: one more size, run only if the memory of the largest measured size scaled
+    to it (with a 30 % margin) fits in half the memory available now; otherwise recorded as skipped.
+    """
+    out = [in_subprocess("measure_sample", requests=int(n), overrides=list(overrides), repeats=repeats)
+           for n in sizes]
+    if largest_if_memory_allows:
+        last = out[-1]
+        need = 1.3 * last["peak_memory_mib"] * 2**20 * largest_if_memory_allows / last["requests"]
+        available = available_memory_bytes()
+        if available is not None and need < 0.5 * available:
+            out.append(in_subprocess("measure_sample", requests=int(largest_if_memory_allows),
+                                     overrides=list(overrides), repeats=min(repeats, 1)))
+        else:
+            out.append({"requests": int(largest_if_memory_allows), "skipped": (
+                f"needs about {need / 2**30:.1f} GiB; "
+                + (f"{available / 2**30:.1f} GiB available" if available else "available memory unknown"))})
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Sweeps: grid points, workers, per-task overhead
+# --------------------------------------------------------------------------------------------------------
+
+
+def sweep_plan(requests: int, samples: int, points: int, chunk_size: int = 1):
+    """A plan over :data:`SWEEP_AXIS` with ``points`` values on the sweep-sized bench scenario."""
+    from mcsim import executor, grid
+
+    scn = bench_scenario(SWEEP)
+    axes = grid.validate_axes(scn, [grid.Axis(SWEEP_AXIS, tuple(2.0 + 0.1 * i for i in range(points)))])
+    return executor.make_plan(scn, ("factory",), axes=axes, samples=samples, requests=requests,
+                              chunk_size=chunk_size)
+
+
+def measure_sweep(points: int, samples: int, requests: int, repeats: int = 1) -> dict:
+    """Time a sweep of ``points`` grid points on one worker in this process; call in a fresh one.
+
+    Returns
+    -------
+    dict
+        ``points``, ``tasks``, ``seconds`` (best of ``repeats``, client start-up included, as a user sees it),
+        ``peak_memory_mib`` (peak RSS growth over the warmed-up process).
+    """
+    from mcsim import executor
+
+    plan = sweep_plan(requests, samples, points)
+    # Compile or load the kernels on a small task, so that the peak of a full-size task counts below.
+    executor.run_task(sweep_plan(WARM_UP_REQUESTS, 1, 1), 0, 0)
+    before = memory_mark()
+    seconds = best_of(lambda: executor.execute(plan, workers=1), repeats)
+    return {"points": int(points), "tasks": len(plan.grid) * len(plan.chunks), "seconds": seconds,
+            "peak_memory_mib": max(0, peak_rss_bytes() - before) / 2**20}
+
+
+def grid_curve(point_counts, samples: int, requests: int, repeats: int = 1) -> dict:
+    """:func:`measure_sweep` at each grid size, each in a fresh process, and a straight-line fit.
+
+    Returns
+    -------
+    dict
+        ``points``: the measurements; ``seconds_per_point`` and ``fixed_seconds``: slope and intercept of the
+        least-squares line through (points, seconds).
+    """
+    rows = [in_subprocess("measure_sweep", points=int(p), samples=samples, requests=requests, repeats=repeats)
+            for p in point_counts]
+    x = np.array([r["points"] for r in rows], float)
+    y = np.array([r["seconds"] for r in rows], float)
+    slope, intercept = np.polyfit(x, y, 1) if len(rows) > 1 else (y[0] / x[0], 0.0)
+    return {"samples": samples, "requests": requests, "rows": rows, "seconds_per_point": float(slope),
+            "fixed_seconds": float(intercept)}
+
+
+def solo_sweep(requests: int, samples: int, points: int, part: int, parts: int) -> float:
+    """Seconds to run every ``parts``-th task of a sweep from ``part`` in a plain loop (no Dask)."""
+    from mcsim import executor
+
+    plan = sweep_plan(requests, samples, points)
+    executor.run_task(plan, 0, 0)
+    tasks = [(p, c) for p in range(len(plan.grid)) for c in range(len(plan.chunks))]
+    start = time.perf_counter()
+    for p, c in tasks[part::parts]:
+        executor.run_task(plan, p, c)
+    return time.perf_counter() - start
+
+
+def independent_processes(n: int, requests: int, samples: int, points: int) -> float:
+    """Wall time of the sweep split over ``n`` independent processes started together (the slowest one)."""
+    code = ("import sys\nfrom mcsim.bench import scaling\n"
+            "print(scaling.solo_sweep(*map(int, sys.argv[1:])))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(requests), str(samples), str(points), str(i), str(n)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    times = []
+    for proc in procs:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"benchmark process failed:\n{err[-2000:]}")
+        times.append(float(out.strip().splitlines()[-1]))
+    return max(times)
+
+
+def worker_counts(cores: int | None = None) -> list[int]:
+    """1, 2, 4, ... up to the machine's cores, and the cores themselves."""
+    cores = int(cores or os.cpu_count() or 1)
+    counts = [1]
+    while counts[-1] * 2 <= cores:
+        counts.append(counts[-1] * 2)
+    if counts[-1] != cores:
+        counts.append(cores)
+    return counts
+
+
+def workers_curve(requests: int, samples: int, points: int, repeats: int = 2, processes: bool = True,
+                  counts=None) -> dict:
+    """Sweep time and parallel efficiency on 1 .. N workers (threads, processes) and the machine ceiling.
+
+    Returns
+    -------
+    dict
+        ``workers``: the worker counts; per kind (``threads``, ``processes``, ``independent``): ``seconds``
+        and ``efficiency`` lists aligned with ``workers``; ``tasks``.
+    """
+    from dask.distributed import LocalCluster
+
+    from mcsim import executor
+
+    counts = list(counts or worker_counts())
+    plan = sweep_plan(requests, samples, points)
+    executor.run_task(plan, 0, 0)  # compile in the parent, so worker processes load from the cache
+    kinds = {"threads": {"processes": False}}
+    if processes:
+        kinds["processes"] = {"processes": True}
+    out = {"workers": counts, "tasks": len(plan.grid) * len(plan.chunks), "requests": requests, "samples": samples,
+           "points": points}
+    for kind, options in kinds.items():
+        seconds = []
+        for n in counts:
+            shape = {"n_workers": n, "threads_per_worker": 1} if options["processes"] else {
+                "n_workers": 1, "threads_per_worker": n}
+            with LocalCluster(**shape, processes=options["processes"], dashboard_address=":0",
+                              silence_logs=logging.ERROR) as cluster:
+                executor.execute(plan, scheduler=cluster.scheduler_address)  # start-up and imports on the workers
+                seconds.append(best_of(lambda: executor.execute(plan, scheduler=cluster.scheduler_address), repeats))
+        out[kind] = _efficiency(counts, seconds)
+    out["independent"] = _efficiency(counts, [independent_processes(n, requests, samples, points) for n in counts])
+    return out
+
+
+def _efficiency(counts, seconds) -> dict:
+    return {"seconds": seconds, "efficiency": [seconds[0] / (n * s) for n, s in zip(counts, seconds)]}
+
+
+def task_overhead(requests: int = 200, tasks: int = 40, repeats: int = 2) -> dict:
+    """Dask's cost per task: ``tasks`` one-sample tasks through ``execute`` (one worker) and in a plain loop."""
+    from mcsim import executor
+
+    plan = sweep_plan(requests, tasks, 1)
+    executor.run_task(plan, 0, 0)
+
+    def direct():
+        for c in range(len(plan.chunks)):
+            executor.run_task(plan, 0, c)
+
+    direct_s = best_of(direct, repeats)
+    dask_s = best_of(lambda: executor.execute(plan, workers=1), repeats)
+    return {"tasks": tasks, "requests": requests, "direct_s": direct_s, "dask_s": dask_s,
+            "overhead_ms_per_task": 1e3 * (dask_s - direct_s) / tasks}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Compile time
+# --------------------------------------------------------------------------------------------------------
+
+
+def measure_compile() -> dict:
+    """Import time, per-stage first-call time of the kernels and the engine's first sample, in this process.
+
+    Call it in a fresh process (:func:`compile_times`): with ``MCSIM_NUMBA_CACHE=0`` the first calls compile,
+    with the cache on they load compiled code from disk.
+    """
+    start = time.perf_counter()
+    import mcsim.engine  # noqa: F401  (timed: what every command pays before any kernel runs)
+    from mcsim.bench import kernels
+
+    out = {"import_s": time.perf_counter() - start, "stages_s": {}}
+    for stage in kernels.STAGES:
+        start = time.perf_counter()
+        kernels.cases(stage, kernels.TINY)  # first calls on tiny inputs: compile time, nearly all of it
+        out["stages_s"][stage] = time.perf_counter() - start
+    from mcsim.engine import simulate_sample
+    from mcsim.scenario import draw_uncertain
+
+    scn = bench_scenario()
+    draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()}
+
+    def sample():
+        simulate_sample(scn, ("factory",), 0, 1, WARM_UP_REQUESTS, draws)
+
+    first = best_of(sample, 1)
+    again = best_of(sample, 1)
+    # What the engine still compiles after the benchmarked kernels (workload, routing variants, signatures).
+    out["engine_s"] = max(0.0, first - again)
+    out["total_s"] = out["import_s"] + sum(out["stages_s"].values()) + out["engine_s"]
+    return out
+
+
+def compile_times(cached: bool = True) -> dict:
+    """:func:`measure_compile` in a fresh process with the on-disk cache off (``compiled``) and, if ``cached``,
+    on (``cached``: loading what an earlier run compiled)."""
+    out = {"compiled": in_subprocess("measure_compile", env={"MCSIM_NUMBA_CACHE": "0"})}
+    if cached:
+        out["cached"] = in_subprocess("measure_compile", env={"MCSIM_NUMBA_CACHE": "1"})
+    return out
