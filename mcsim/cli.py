@@ -169,7 +169,10 @@ def report(results, out_dir):
     try:
         summary_path = write_report(results, out_dir)
     except (OSError, ValueError) as err:
-        raise UserError(f"{results}: {err}") from None
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if "did not find a match" in first or "Unknown file format" in first:
+            first = "not a NetCDF result file of mcsim"
+        raise UserError(f"{results}: {first}") from None
     click.echo(f"wrote {summary_path}")
 
 
