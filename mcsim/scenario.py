@@ -310,6 +310,19 @@ def _set_path(raw: dict, path: str, value):
     node[parts[-1]] = value
 
 
+def bundled(name: str):
+    """Path of a bundled scenario (``scenarios/<name>.toml``), also in an installed package."""
+    from importlib import resources
+
+    path = resources.files("mcsim.scenarios") / f"{name}.toml"
+    if not path.is_file():
+        names = sorted(p.name.removesuffix(".toml") for p in resources.files("mcsim.scenarios").iterdir()
+                       if p.name.endswith(".toml"))
+        raise ScenarioError("", name, f"no bundled scenario of that name{_nearest(name, names)}; "
+                            f"bundled: {', '.join(names)}")
+    return Path(str(path))
+
+
 def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
     """Read, override and validate a scenario file.
 

@@ -17,8 +17,8 @@
   (first call of its kernels on tiny inputs) and what the engine's first sample still compiles; and the same
   process with the on-disk cache, to show what a user pays after the first run.
 
-The scenario is :data:`BENCH_SCENARIO`, a DeepSeek-like factory (it mirrors ``scenarios/factory.toml``) kept
-here so that an installed ``mcsim bench`` needs no file from the source tree.
+The scenario is the bundled ``factory`` (installed with the package as ``mcsim.scenarios``) with every stage on;
+see :data:`BENCH_OVERRIDES`.
 """
 
 from __future__ import annotations
@@ -34,119 +34,8 @@ import numpy as np
 
 from mcsim.bench.timing import best_of
 
-BENCH_SCENARIO = """
-[meta]
-name = "bench-factory"
-description = "DeepSeek-V3 on H800, EP decode, MTP, EPLB, tiered KV, FP8, P/D split; every stage on"
-
-[mc]
-samples = 8
-requests = 20000
-seed = 20250301
-warmup_fraction = 0.25
-
-[model]
-preset = "deepseek-v3"
-
-[hardware]
-preset = "h800"
-
-[deployment]
-gpus_per_instance = 144
-prefill_gpus_per_instance = 32
-instances = 1
-disaggregated = true
-batching = "continuous"
-routing = "pooled"
-tpot_target_s = 0.05
-max_batch_per_gpu = 256
-memory_fraction = 0.9
-
-[workload]
-rate_rps = 650.0
-arrivals = "gamma"
-burstiness = 2.0
-system_prompts = 400
-system_prompt_zipf = 1.1
-system_prompt_tokens = { dist = "lognormal", median = 1200, sigma = 0.7 }
-think_time_s = 15.0
-
-[workload.classes.chat]
-share = 0.45
-prompt_tokens = { dist = "lognormal", median = 250, sigma = 1.0 }
-output_tokens = { dist = "lognormal", median = 400, sigma = 0.9 }
-turns = 3.0
-acceptance = { dist = "beta", a = 17, b = 3 }
-expert_skew = 0.4
-
-[workload.classes.code]
-share = 0.25
-prompt_tokens = { dist = "lognormal", median = 1500, sigma = 1.0 }
-output_tokens = { dist = "lognormal", median = 350, sigma = 0.9 }
-turns = 4.0
-system_prompt_share = 0.9
-acceptance = { dist = "beta", a = 18, b = 2 }
-expert_skew = 0.5
-
-[workload.classes.reasoning]
-share = 0.30
-prompt_tokens = { dist = "lognormal", median = 300, sigma = 1.0 }
-output_tokens = { dist = "lognormal", median = 1200, sigma = 0.8 }
-turns = 1.5
-acceptance = { dist = "beta", a = 16, b = 4 }
-expert_skew = 0.45
-
-[cache]
-enabled = true
-block_tokens = 64
-hbm_gb_per_instance = 400
-dram_gb_per_node = 1024
-nvme_gb_per_node = 16000
-nvme_gb_s_per_node = 40
-
-[speculative]
-enabled = true
-draft_tokens = 1
-acceptance_decay = 1.0
-draft_cost = 0.02
-verify_cost = 0.02
-
-[moe]
-redundant_experts = 32
-groups = 8
-nodes = 18
-window_steps = 32
-eval_steps = 32
-ffn_time_fraction = 0.5
-
-[precision]
-enabled = true
-weight_bytes = 1.0
-kv_bytes = 2.0
-decode_gain = 1.3
-prefill_gain = 1.6
-
-[performance]
-simulate_batching = true
-
-[efficiency]
-base_decode_tok_s_per_gpu = 800.0
-base_prefill_tok_s_per_gpu = 4500.0
-batch_half_saturation = 8.0
-fused_kernels = true
-fused_kernel_gain = 1.1
-comm_overlap = true
-comm_overlap_gain = 1.2
-colocated_interference = 0.2
-
-[economics]
-pricing = "rental"
-rental_usd_per_gpu_hour = 2.0
-target_utilization = 0.7
-price_input_cache_hit_usd_per_mtok = 0.14
-price_input_cache_miss_usd_per_mtok = 0.55
-price_output_usd_per_mtok = 2.19
-"""
+#: The benchmark scenario: the bundled factory with every stage on (the batching simulator too).
+BENCH_OVERRIDES = ("performance.simulate_batching=true", "mc.samples=8", 'meta.name="bench-factory"')
 
 #: Lighter prompts in the cache: 512-token blocks (Mooncake's), for the largest request counts.
 LIGHT = ("cache.block_tokens=512",)
@@ -160,10 +49,10 @@ WARM_UP_REQUESTS = 2000
 
 
 def bench_scenario(overrides=()):
-    """:data:`BENCH_SCENARIO` with ``--set``-style overrides."""
-    from mcsim.scenario import load_scenario
+    """The bundled ``factory`` scenario with :data:`BENCH_OVERRIDES` and ``--set``-style overrides."""
+    from mcsim.scenario import bundled, load_scenario
 
-    return load_scenario("bench-factory.toml", overrides=tuple(overrides), text=BENCH_SCENARIO)
+    return load_scenario(bundled("factory"), overrides=(*BENCH_OVERRIDES, *overrides))
 
 
 def _proc_status_bytes(field: str) -> int | None:
@@ -239,7 +128,7 @@ def in_subprocess(function: str, env: dict | None = None, **kwargs):
 
 
 def measure_sample(requests: int, overrides=(), repeats: int = 2) -> dict:
-    """Time one sample of :data:`BENCH_SCENARIO` in this process; call in a fresh one (:func:`in_subprocess`).
+    """Time one sample of :func:`bench_scenario` in this process; call in a fresh one (:func:`in_subprocess`).
 
     Returns
     -------

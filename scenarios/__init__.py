@@ -1,0 +1,1 @@
+"""The bundled scenarios, installed as package data of ``mcsim.scenarios`` (see :func:`mcsim.scenario.bundled`)."""
