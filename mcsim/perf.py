@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mcsim import catalog
+from mcsim.speculative import pass_cost
 from mcsim.variables import QUANTILES
 
 BF16_BYTES = 2.0
@@ -141,15 +142,15 @@ def factor_decode_model(p: dict, requests, passes, expert_eff: float) -> DecodeM
     if not p["deployment.disaggregated"]:
         x_nospec *= 1.0 - p["efficiency.colocated_interference"]
     k = p["speculative.draft_tokens"] if passes is not None else 0
-    pass_cost = 1.0 + k * (p["speculative.draft_cost"] + p["speculative.verify_cost"])
+    tpp = tokens_per_pass(requests, passes)
+    cost = pass_cost(k, p["speculative.draft_cost"], p["speculative.verify_cost"])
     b_half = p["efficiency.batch_half_saturation"]
     mean_context = float(requests.prompt_tokens.mean() + requests.output_tokens.mean() / 2.0)
     b_mem, reason = memory_batch_limit(p, kv_bytes(p), mean_context, requests.block_tokens)
     x_prefill = p["efficiency.base_prefill_tok_s_per_gpu"] * prefill_scale * (
         p["precision.prefill_gain"] if p["precision.enabled"] else 1.0)
-    tpp = tokens_per_pass(requests, passes)
-    return DecodeModel(lambda b: (b + b_half) / x_nospec * pass_cost, tpp, b_mem, reason, x_prefill,
-                       x_nospec * tpp / pass_cost, lambda b: pass_cost)
+    return DecodeModel(lambda b: (b + b_half) / x_nospec * cost, tpp, b_mem, reason, x_prefill,
+                       x_nospec * tpp / cost, lambda b: cost)
 
 
 def _quantiles(values) -> np.ndarray:
@@ -178,12 +179,6 @@ def _largest(predicate, lo: float, hi: float) -> float:
         if hi - lo <= 1e-9 * max(hi, 1.0):
             break
     return lo
-
-
-def factor_performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None,
-                       expert_eff: float) -> dict:
-    """Throughput, latency and fleet of one sample in factor mode (see :func:`performance`)."""
-    return performance(p, requests, cached_tokens, passes, factor_decode_model(p, requests, passes, expert_eff))
 
 
 def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model: DecodeModel,

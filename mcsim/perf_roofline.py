@@ -10,7 +10,6 @@ pool and parallelism. Achievable fractions of peak are scenario inputs, so they 
 
 from __future__ import annotations
 
-import numpy as np
 
 from mcsim import roofline
 from mcsim.perf import BF16_BYTES, DecodeModel, _model, tokens_per_pass
@@ -122,16 +121,3 @@ def roofline_decode_model(p: dict, requests, passes, experts: dict) -> DecodeMod
     big = 4096.0
     return DecodeModel(t_pass, tpp, b_mem, mem.reason, x_prefill, tpp * big / t_pass(big),
                        lambda b: t_pass(b) / step(b, 1))
-
-
-def decode_step_table(p: dict, requests, passes, experts: dict, decode_edges, prefill_edges) -> np.ndarray:
-    """Step times of one decode (or colocated) instance on a grid, for the batching simulator."""
-    eff = experts.get("expert_efficiency", 1.0)
-    opts = options(p, hot_rank_factor=1.0 / eff if eff > 0 else 1.0,
-                   distinct_experts=experts.get("distinct_experts_per_step") or None)
-    context, prefill_context = mean_contexts(requests)
-    k = p["speculative.draft_tokens"] if passes is not None else 0
-    table = roofline.step_time_table(_model(p), _hardware(p), decode_edges, prefill_edges, decode_context=context,
-                                     prefill_context=prefill_context,
-                                     mixed_penalty=p["performance.mixed_step_penalty"], verify_tokens=k + 1, **opts)
-    return table * (1.0 + k * p["speculative.draft_cost"])

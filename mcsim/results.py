@@ -96,13 +96,6 @@ def dataset_from_table(table: dict, variants: tuple, samples, draws: dict[str, n
     return ds
 
 
-def build_dataset(rows: list[dict], variants: tuple, draws: dict[str, np.ndarray], attrs: dict,
-                  samples=None) -> xr.Dataset:
-    """Assemble per-sample results (one row per sample, in sample order) into a Dataset."""
-    samples = np.arange(len(rows)) if samples is None else samples
-    return dataset_from_table(rows_to_table(rows, variants), variants, samples, draws, attrs)
-
-
 def provenance(scn, seed: int, samples: int, requests: int, command: str | None, extra: dict | None = None) -> dict:
     from mcsim import __version__
 

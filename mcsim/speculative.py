@@ -171,15 +171,22 @@ def realized_gain(tokens_per_pass, draft_tokens: int, draft_cost, verify_cost):
     >>> round(realized_gain(1.9, 1, 0.03, 0.02), 3)
     1.81
     """
+    gain = np.asarray(tokens_per_pass, dtype=np.float64) / pass_cost(draft_tokens, draft_cost, verify_cost)
+    return float(gain) if gain.ndim == 0 else gain
+
+
+def pass_cost(draft_tokens: int, draft_cost, verify_cost):
+    """Cost of one speculative pass in plain decode steps: ``1 + draft_tokens * (draft_cost + verify_cost)``.
+
+    See :func:`realized_gain` for the meaning of the costs.
+    """
     _check_draft_tokens(draft_tokens)
     draft_cost_array = np.asarray(draft_cost, dtype=np.float64)
     verify_cost_array = np.asarray(verify_cost, dtype=np.float64)
     if np.any(draft_cost_array < 0) or np.any(verify_cost_array < 0):
         raise ValueError("draft_cost and verify_cost must be >= 0 (fractions of a decode step)")
-    gain = np.asarray(tokens_per_pass, dtype=np.float64) / (
-        1.0 + draft_tokens * (draft_cost_array + verify_cost_array)
-    )
-    return float(gain) if gain.ndim == 0 else gain
+    cost = 1.0 + draft_tokens * (draft_cost_array + verify_cost_array)
+    return float(cost) if cost.ndim == 0 else cost
 
 
 def _check_draft_tokens(k) -> None:
