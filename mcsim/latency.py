@@ -44,7 +44,8 @@ def _table(d_edges, p_edges, t_pass, gpus: int, x_prefill: float, mixed_penalty:
 def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, transfer_s: np.ndarray,
                    passes: np.ndarray, model, b_cap: float, b_op: float, b_mem: float, decode_gpus: float,
                    prefill_gpus: float, max_steps: int = 0) -> dict:
-    """Per-request TTFT, TPOT, E2E and queue wait (s) of the measured requests, plus saturation and Little checks.
+    """Per-request TTFT, TPOT (NaN for one-token outputs), E2E and queue wait (s) of the measured requests, plus
+    saturation and Little checks.
 
     Parameters
     ----------
@@ -150,7 +151,6 @@ def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, t
         little = summary["little_law_ratio"]
         per = dec
     tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
-    return {"ttft": ttft[measured], "tpot": tpot[measured & (out > 1)], "e2e": e2e[measured],
-            "multi": (out > 1)[measured],
+    return {"ttft": ttft[measured], "tpot": tpot[measured], "e2e": e2e[measured],
             "queue": queue[measured], "saturated": int(bool(saturated)), "little_law_ratio": float(little),
             "mean_decode_batch": float(summary["mean_decode_batch"]), "step_log": summary["step_log"]}

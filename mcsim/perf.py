@@ -266,7 +266,8 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     busy = min(useful_gpu_s / (gpus * duration), 1.0)
     # -- latency (factor mode: no queueing) ------------------------------------------------------------------
     pass_s = t_pass(b_op)
-    tpot = pass_s * passes_r / out_tokens
+    multi = out_tokens > 1  # TPOT is undefined for a one-token output
+    tpot = np.where(multi, pass_s * passes_r / out_tokens, np.nan)
     nodes_prefill = max(g_prefill / p["hardware.gpus_per_node"], 1.0)
     ttft = miss / (x_prefill * g_prefill) + restore_bytes[:, 0] / (host_bw * g_prefill) \
         + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill) + pass_s
@@ -277,8 +278,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     concurrency = (n / duration) * float(decode_time.mean()) / (decode_gpus - prefill_share if not disagg
                                                                  else decode_gpus)
 
-    e2e = ttft + tpot * (out_tokens - 1)
-    multi = out_tokens > 1
+    e2e = ttft + np.where(multi, tpot * (out_tokens - 1), 0.0)
     steps_kept = None
     queue = np.zeros(n)
     saturated, little = 0, math.nan
@@ -289,20 +289,19 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
             + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill)
         lat = simulate_pools(p, requests, miss, restore_s, transfer_s, passes_r, model, b_cap, b_op, b_mem,
                              decode_gpus, prefill_gpus, max_steps=step_log)
-        ttft, tpot, e2e, queue, multi = lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"], lat["multi"]
+        ttft, tpot, e2e, queue = lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"]
         saturated, little = lat["saturated"], lat["little_law_ratio"]
         steps_kept = lat["step_log"]
     # Host-side costs: request handling, tokenizing the prompt, detokenizing the output; the first streamed chunk
     # waits for stream_interval tokens.
     host_first = p["host.request_overhead_s"] + p["host.tokenize_s_per_token"] * float(prompt.mean())
-    ttft = ttft + host_first + (p["host.stream_interval_tokens"] - 1) * np.nanmedian(tpot) if len(tpot) else ttft
+    stream_wait = (p["host.stream_interval_tokens"] - 1) * np.nan_to_num(tpot)
+    ttft = ttft + host_first + stream_wait
     e2e = e2e + host_first + p["host.detokenize_s_per_token"] * float(out_tokens.mean())
     within = np.ones(len(ttft), dtype=bool)
     if p["deployment.ttft_target_s"] > 0:
         within &= ttft <= p["deployment.ttft_target_s"]
-    tpot_all = np.full(len(ttft), np.nan)
-    tpot_all[multi] = tpot[multi] if len(tpot) == len(ttft) else tpot
-    within &= ~(tpot_all > p["deployment.tpot_target_s"])
+    within &= ~(tpot > p["deployment.tpot_target_s"])  # NaN (one-token outputs) never breaks it
 
     by_tier = cached_tokens.sum(axis=0) / total_in
     return {
