@@ -1,6 +1,10 @@
-"""Stage 5, factor fidelity: from the per-request stage outputs to throughput, latency and fleet size.
+"""Stage 5: from the per-request stage outputs to throughput, latency and fleet size.
 
-Decode throughput per GPU at a batch of ``b`` sequences per GPU follows the weight-streaming roofline shape
+A fidelity prices decoding as a :class:`DecodeModel` (the time of a verification pass at a batch, the prefill
+rate, the KV-memory limit); :func:`performance` turns either fidelity's model into the operating batch, the fleet
+and the latencies. The roofline's model is built in :mod:`mcsim.perf_roofline`; the factor model is here.
+
+Factor fidelity: decode throughput per GPU at a batch of ``b`` sequences per GPU follows the weight-streaming roofline shape
 
     X(b) = X_sat * b / (b + b_half)
 
