@@ -83,14 +83,23 @@ def speculative_stage(p: dict, requests, rng):
     return passes
 
 
+def _memory_batch(p: dict, requests) -> float:
+    """Sequences per decode GPU whose KV fits, by the sample's fidelity's own memory model."""
+    if p["performance.fidelity"] == "roofline":
+        from mcsim.perf_roofline import memory, options
+
+        mem = memory(p, requests, options(p))
+        return mem.max_sequences / p["deployment.gpus_per_instance"] if mem.fits else 0.0
+    mean_context = float(requests.prompt_tokens.mean() + requests.output_tokens.mean() / 2)
+    return perf.memory_batch_limit(p, perf.kv_bytes(p), mean_context, requests.block_tokens)[0]
+
+
 def expert_inputs(p: dict, scn: Scenario, requests) -> tuple:
     """The arguments of the expert stage (also its memo key): everything its result depends on."""
     ep = p["moe.ep_ranks"] or p["deployment.gpus_per_instance"]
     tokens = p["moe.tokens_per_step"]
     if tokens <= 0:
-        mean_context = float(requests.prompt_tokens.mean() + requests.output_tokens.mean() / 2)
-        b_mem, _ = perf.memory_batch_limit(p, perf.kv_bytes(p), mean_context, requests.block_tokens)
-        tokens = int(max(1, min(p["deployment.max_batch_per_gpu"], b_mem))) * ep
+        tokens = int(max(1, min(p["deployment.max_batch_per_gpu"], _memory_batch(p, requests)))) * ep
     shares = np.array([p[f"workload.classes.{c}.share"] for c in scn.classes], dtype=float)
     skews = tuple(float(p[f"workload.classes.{c}.expert_skew"]) for c in scn.classes)
     return (int(p["model.experts"]), int(p["model.active_experts"]), tuple(shares / shares.sum()), skews, int(tokens),
