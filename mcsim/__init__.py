@@ -10,11 +10,11 @@ Importing the package compiles nothing; the Python API is loaded on first use:
 __version__ = "0.1.0"
 
 _LAZY = {
-    "run": ("mcsim.runner", "run"),
-    "compare": ("mcsim.runner", "compare"),
-    "sweep": ("mcsim.runner", "sweep"),
-    "open_results": ("mcsim.runner", "open_results"),
-    "step_log": ("mcsim.runner", "step_log"),
+    "run": ("mcsim.execution.api", "run"),
+    "compare": ("mcsim.execution.api", "compare"),
+    "sweep": ("mcsim.execution.api", "sweep"),
+    "open_results": ("mcsim.execution.api", "open_results"),
+    "step_log": ("mcsim.execution.api", "step_log"),
     "load_scenario": ("mcsim.scenario", "load_scenario"),
     "ScenarioError": ("mcsim.scenario", "ScenarioError"),
 }

@@ -1,4 +1,4 @@
-"""The ``mcsim`` command line: a thin layer over :mod:`mcsim.runner`.
+"""The ``mcsim`` command line: a thin layer over :mod:`mcsim.execution.api`.
 
 Bad input (scenario, trace, override, existing output) is one or two lines on stderr and exit code 2; no
 traceback, and no output file is left behind.
@@ -90,12 +90,13 @@ def _command_line() -> str:
 def _execute(kind, scenario, samples, requests, seed, overrides, output, force, resume, as_json, workers,
              processes, scheduler, chunk_size, no_progress, calibration=None, grid=(), ablate=False, lhs=False,
              compare=False):
-    from mcsim import runner, summary
-    from mcsim.distributions import DistributionError
+    from mcsim.execution import api as runner
+    from mcsim.results import summary
+    from mcsim.scenario.distributions import DistributionError
     from mcsim.scenario import ScenarioError, load_scenario
-    from mcsim.executor import SweepInterrupted
-    from mcsim.calibration import CalibrationError
-    from mcsim.traces import TraceError
+    from mcsim.execution.executor import SweepInterrupted
+    from mcsim.optrace.calibration import CalibrationError
+    from mcsim.stages.requests_trace import TraceError
 
     if lhs:
         overrides = (*overrides, 'mc.sampling="lhs"')
@@ -163,7 +164,7 @@ def sweep(**kw):
               help="Folder for the report (default: RESULTS without .nc, plus -report).")
 def report(results, out_dir):
     """Quantiles, sensitivities, figures and a Markdown summary of a result file."""
-    from mcsim.report import write_report
+    from mcsim.results.report import write_report
 
     out_dir = out_dir or results.with_name(results.stem + "-report")
     try:
@@ -201,10 +202,10 @@ def trace(model, prompt_tokens, decode_tokens, max_params, dtype, seed, out_dir,
 
     Wall times and this machine's peaks are measured here; every other latency is a synthetic estimate.
     """
-    from mcsim.calibration import CalibrationError
-    from mcsim.catalog import UnknownPresetError
-    from mcsim.ollama import OllamaError
-    from mcsim.tracing import trace_and_calibrate
+    from mcsim.optrace.calibration import CalibrationError
+    from mcsim.scenario.catalog import UnknownPresetError
+    from mcsim.optrace.ollama import OllamaError
+    from mcsim.optrace.command import trace_and_calibrate
 
     if bool(ollama_url) != bool(ollama_model):
         raise click.BadParameter("--ollama and --ollama-model go together", param_hint="--ollama-model")

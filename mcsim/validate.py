@@ -103,7 +103,7 @@ def _check(name, mcsim, reference, tolerance, source, unit="", basis="") -> Chec
 
 def speculative_checks(quick: bool) -> list[Check]:
     """Simulated tokens per verification pass vs Leviathan's closed form, i.i.d. acceptance."""
-    from mcsim.speculative import speculative_passes
+    from mcsim.stages.speculative import speculative_passes
 
     requests, tokens = (20, 10_000) if quick else (20, 50_000)
     checks = []
@@ -157,7 +157,7 @@ def expert_checks(quick: bool) -> list[Check]:
 
 def kv_bytes_checks() -> list[Check]:
     """KV bytes per token (BF16) of every catalog model vs the formula on its published configuration."""
-    from mcsim import catalog
+    from mcsim.scenario import catalog
 
     checks = []
     for name in catalog.models():
@@ -181,8 +181,8 @@ def kv_bytes_checks() -> list[Check]:
 
 def trace_checks() -> list[Check]:
     """Replayed bundled traces: Mooncake's cache ratio and mean lengths, Azure 2023 mean lengths."""
-    from mcsim import kvcache, traces, workload
     from mcsim.scenario import load_scenario, resolve
+    from mcsim.stages import kvcache, requests_trace as traces, workload
 
     scn = load_scenario("validation", text="")
     params = resolve(scn, {})
@@ -217,7 +217,7 @@ def trace_checks() -> list[Check]:
 
 def batching_checks(quick: bool) -> list[Check]:
     """Little's law on a stable run of the batching simulator; one request at a time, E2E = sum of steps."""
-    from mcsim.batching import simulate_batching
+    from mcsim.perf.batching import simulate_batching
 
     # A step time linear in both coordinates, so bilinear interpolation is exact and hand sums are easy.
     base_s, per_seq_s, per_token_s = 0.01, 2e-4, 4e-6
@@ -251,8 +251,8 @@ def batching_checks(quick: bool) -> list[Check]:
 
 
 def economics_checks() -> list[Check]:
-    """DeepSeek's published day through mcsim.economics: cost, revenue, cost-profit margin."""
-    from mcsim import economics
+    """DeepSeek's published day through mcsim.stages.economics: cost, revenue, cost-profit margin."""
+    from mcsim.stages import economics
 
     # 226.75 H800 nodes (8 GPUs) on average at $2/GPU-hour; 608 B input tokens of which 342 B cache hits,
     # 168 B output tokens, at R1 prices $0.14 / $0.55 / $2.19 per million.

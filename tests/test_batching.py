@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from mcsim.batching import simulate_batching
+from mcsim.perf.batching import simulate_batching
 from mcsim.reference.batching import simulate_reference
 
 # A step-time table linear in both coordinates, so bilinear interpolation reproduces the plane exactly and

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcsim import calibration
-from mcsim.calibration import (
+from mcsim.optrace import calibration
+from mcsim.optrace.calibration import (
     Calibration,
     CalibrationError,
     apply,

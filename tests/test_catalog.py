@@ -2,7 +2,7 @@
 
 import pytest
 
-from mcsim import catalog
+from mcsim.scenario import catalog
 
 MODEL_NAMES = sorted(catalog.models())
 HARDWARE_NAMES = sorted(catalog.hardware())

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from mcsim.distributions import Dist, DistributionError, parse
+from mcsim.scenario.distributions import Dist, DistributionError, parse
 
 KEY = "section.key"
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mcsim import economics
+from mcsim.stages import economics
 
 R1_PRICES = (0.14, 0.55, 2.19)  # USD per million cache-hit input, cache-miss input, output tokens
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcsim import experts as orchestration
-from mcsim.experts import expert_efficiency, zipf_popularity
 from mcsim.kernels.experts import build_alias, eplb_placement, rank_loads, route_steps
 from mcsim.reference import experts as ref
+from mcsim.stages import experts as orchestration
+from mcsim.stages.experts import expert_efficiency, zipf_popularity
 
 # Statistical checks allow Z standard errors; with fixed seeds they are deterministic, and a correct
 # sampler would fail one of them with probability ~1e-6 per comparison.

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import mcsim
-import mcsim.runner
-from mcsim import perf
+import mcsim.execution.api
+from mcsim.perf import factor as perf
 from mcsim.scenario import draw_uncertain, load_scenario, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,9 +64,9 @@ def test_infeasible_layout_stays_in_a_sweep():
 
 def test_roofline_decode_model_against_the_roofline_directly():
     # The engine's pass time at a batch equals the roofline's instance step time times the draft cost.
-    from mcsim import roofline
-    from mcsim.perf_roofline import mean_contexts, options, roofline_decode_model
-    from mcsim.workload import generate
+    from mcsim.perf import roofline
+    from mcsim.perf.roofline_model import mean_contexts, options, roofline_decode_model
+    from mcsim.stages.workload import generate
 
     scn = load_scenario(DENSE)
     p = resolve(scn, {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()})

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from mcsim.ollama import OllamaError, OllamaUnavailable, measure_ollama
+from mcsim.optrace.ollama import OllamaError, OllamaUnavailable, measure_ollama
 
 # Numbers in the shape of a real non-streaming /api/generate answer (docs.ollama.com/api/usage).
 SUCCESS = {

@@ -1,4 +1,4 @@
-"""Tests of the NumPy decoder trace (mcsim.optrace) and its outputs (mcsim.optrace_report).
+"""Tests of the NumPy decoder trace (mcsim.optrace.decoder) and its outputs (mcsim.optrace.report).
 
 The decoder is checked against a separate, deliberately plain implementation written here (one head
 at a time, RoPE through complex numbers, the whole sequence recomputed without a cache); the counted
@@ -11,8 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from mcsim import catalog
-from mcsim.optrace import (
+from mcsim.optrace.decoder import (
     Decoder,
     build_decoder,
     decoder_param_count,
@@ -20,13 +19,14 @@ from mcsim.optrace import (
     sample_cost,
     scaled_shape,
 )
-from mcsim.optrace_report import (
+from mcsim.optrace.profiles import Profile, default_profiles, price
+from mcsim.optrace.report import (
     aggregate_ops,
     calibration,
     summarize,
     write_trace_outputs,
 )
-from mcsim.profiles import Profile, default_profiles, price
+from mcsim.scenario import catalog
 
 TINY = {"layers": 2, "hidden_size": 16, "attention_heads": 4, "kv_heads": 2, "head_dim": 8, "ffn": 32, "vocab": 64}
 LAYER_OPS = ["attn_norm", "q_proj", "k_proj", "v_proj", "rope", "kv_append", "attn_scores", "attn_softmax",

@@ -1,12 +1,11 @@
-"""Tests of hardware profiles, roofline pricing and this machine's micro-benchmarks (mcsim.profiles)."""
+"""Tests of hardware profiles, roofline pricing and this machine's micro-benchmarks (mcsim.optrace.profiles)."""
 
 import math
 
 import pytest
 
-from mcsim import catalog
-from mcsim.optrace import OpRecord
-from mcsim.profiles import (
+from mcsim.optrace.decoder import OpRecord
+from mcsim.optrace.profiles import (
     HOST_PRESETS,
     THEORETICAL,
     Profile,
@@ -16,6 +15,7 @@ from mcsim.profiles import (
     measure_this_machine,
     price,
 )
+from mcsim.scenario import catalog
 
 
 def _by_name():

@@ -10,9 +10,9 @@ import pytest
 import scipy.stats
 import xarray as xr
 
-from mcsim.report import LEVELS, quantiles, waterfall_steps, write_report
-from mcsim.results import MODEL_STATEMENT
-from mcsim.variables import QUANTILES, REGISTRY, TIERS, attrs_for
+from mcsim.results.dataset import MODEL_STATEMENT
+from mcsim.results.report import LEVELS, quantiles, waterfall_steps, write_report
+from mcsim.results.variables import QUANTILES, REGISTRY, TIERS, attrs_for
 
 INPUTS = ("efficiency.fused_kernel_gain", "speculative.draft_cost", "workload.rate_rps")
 

@@ -6,9 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from mcsim import catalog
-from mcsim.collectives import allreduce_time, alltoall_time, expected_other_nodes
-from mcsim.roofline import (
+from mcsim.perf.collectives import allreduce_time, alltoall_time, expected_other_nodes
+from mcsim.perf.roofline import (
     Achievable,
     Collectives,
     Parallelism,
@@ -18,6 +17,7 @@ from mcsim.roofline import (
     step_cost,
     step_time_table,
 )
+from mcsim.scenario import catalog
 
 # A dense GQA model small enough to cost by hand.
 TINY = {

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mcsim import catalog
-from mcsim.distributions import Dist
+from mcsim.scenario import catalog
 from mcsim.scenario import (
     ScenarioError,
     draw_uncertain,
@@ -19,7 +18,8 @@ from mcsim.scenario import (
     parse_override,
     resolve,
 )
-from mcsim.schema import LEVERS
+from mcsim.scenario.distributions import Dist
+from mcsim.scenario.schema import LEVERS
 
 FACTORY = Path(__file__).resolve().parents[1] / "scenarios" / "factory.toml"
 FACTORY_TEXT = FACTORY.read_text()

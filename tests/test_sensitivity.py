@@ -6,8 +6,8 @@ import scipy.stats
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mcsim import sensitivity
-from mcsim.sensitivity import first_order_sobol, prcc, prcc_bootstrap, rank, spearman
+from mcsim.results import sensitivity
+from mcsim.results.sensitivity import first_order_sobol, prcc, prcc_bootstrap, rank, spearman
 
 
 def prcc_reference(X, y):

@@ -17,7 +17,7 @@ from mcsim.kernels.speculative import verify_passes as kernel_verify_passes
 from scipy import stats
 
 from mcsim.reference.speculative import verify_passes as reference_verify_passes
-from mcsim.speculative import (
+from mcsim.stages.speculative import (
     expected_tokens_per_pass,
     realized_gain,
     speculative_passes,

@@ -13,8 +13,9 @@ import pytest
 import xarray as xr
 
 import mcsim
-import mcsim.runner
-from mcsim import attribution, grid
+import mcsim.execution.api
+from mcsim.results import attribution
+from mcsim.scenario import grid
 from mcsim.scenario import ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +169,7 @@ def test_interrupted_sweep_resumes_to_the_same_file(tmp_path, how):
 
 
 def test_damaged_and_foreign_parts_are_recomputed(scn, tmp_path):
-    from mcsim import executor as sweep_module
+    from mcsim.execution import executor as sweep_module
 
     axes = ["speculative.draft_tokens=0,1"]
     clean = mcsim.sweep(scn, axes, samples=4, requests=800, chunk_size=2, output=tmp_path / "clean.nc")
@@ -180,9 +181,9 @@ def test_damaged_and_foreign_parts_are_recomputed(scn, tmp_path):
     parts = tmp_path / "r.nc.parts"
     parts.mkdir()
     # a part of another run (other seed), a good part, and a damaged one
-    foreign = mcsim.results.rows_to_table(sweep_module.run_task(other, 0, 0), ("factory",))
+    foreign = mcsim.results.dataset.rows_to_table(sweep_module.run_task(other, 0, 0), ("factory",))
     sweep_module._write_part(parts / "point000000-chunk000000.npz", foreign, other, 0, 0, other.fingerprint())
-    good = mcsim.results.rows_to_table(sweep_module.run_task(plan, 1, 1), ("factory",))
+    good = mcsim.results.dataset.rows_to_table(sweep_module.run_task(plan, 1, 1), ("factory",))
     sweep_module._write_part(parts / "point000001-chunk000001.npz", good, plan, 1, 1, plan.fingerprint())
     (parts / "point000000-chunk000001.npz").write_bytes(b"PK\x03\x04 truncated")
     resumed = mcsim.sweep(scn, axes, samples=4, requests=800, chunk_size=2, output=tmp_path / "r.nc", resume=True)

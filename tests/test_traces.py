@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from mcsim.traces import (
+from mcsim.stages.requests_trace import (
     BUNDLED_TRACES,
     Trace,
     TraceError,

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from mcsim import catalog, validate
+from mcsim import validate
+from mcsim.scenario import catalog
 from mcsim.validate import Check, run_validation, validate_command
 
 COLUMNS = ("check", "mcsim", "reference", "tolerance", "unit", "result", "source", "tolerance basis")

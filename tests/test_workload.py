@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from mcsim import workload
 from mcsim.scenario import draw_uncertain, load_scenario, resolve
+from mcsim.stages import workload
 
 TOML = """
 [mc]
@@ -110,7 +110,7 @@ def test_context_limit_drops_later_turns():
 
 
 def test_mooncake_trace_keeps_whole_blocks_only():
-    from mcsim import traces
+    from mcsim.stages import requests_trace as traces
 
     trace = traces.read_trace(traces.bundled_trace_path("mooncake"))
     scn = load_scenario("t.toml", text=TOML)
@@ -125,7 +125,7 @@ def test_mooncake_trace_keeps_whole_blocks_only():
 
 
 def _replay(name, n, **keys):
-    from mcsim import traces
+    from mcsim.stages import requests_trace as traces
 
     trace = traces.read_trace(traces.bundled_trace_path(name))
     extra = "".join(f"{key} = {value!r}\n" for key, value in keys.items())
@@ -192,7 +192,7 @@ def test_traces_without_prefixes_say_so():
 
 
 def test_engine_replays_the_scenario_window():
-    from mcsim import engine
+    from mcsim.execution import sample as engine
 
     text = TOML.replace("[workload]\n", '[workload]\ntrace = "bundled:azure-code"\ntrace_time_scale = 2.0\n'
                                         "trace_start_s = 60.0\n")

@@ -290,9 +290,9 @@ def rank_loads_numpy(counts, phy2log, logcnt, num_gpus):
 
 
 def _routing_case(name, skews, shares, sizes: KernelSizes) -> dict:
-    from mcsim.experts import class_popularity
     from mcsim.kernels.experts import build_alias, route_steps
     from mcsim.reference.experts import route_steps_reference
+    from mcsim.stages.experts import class_popularity
 
     laws = class_popularity(N_EXPERTS, skews, np.random.default_rng(0))
     prob = np.empty(laws.shape)

@@ -6,7 +6,7 @@
   belongs to that size.
   The first call at a size also pays the operating system's first touch of its arrays; a sweep's worker runs
   many samples, so the best of the later calls is the steady-state figure and the first call is kept apart.
-* :func:`grid_curve` — a sweep through :func:`mcsim.executor.execute` (one worker) at growing grid points, each
+* :func:`grid_curve` — a sweep through :func:`mcsim.execution.executor.execute` (one worker) at growing grid points, each
   in a fresh process: time per point and peak memory (which should follow the chunk, not the grid).
 * :func:`workers_curve` — the same sweep on 1 .. N workers, as threads and as a local cluster of processes,
   against the same tasks split over N independent processes without Dask: the machine's own ceiling (memory
@@ -136,7 +136,7 @@ def measure_sample(requests: int, overrides=(), repeats: int = 2) -> dict:
         ``requests``; ``first_call_s`` (includes first touch of the arrays); ``seconds`` (best of ``repeats``
         later calls); ``requests_per_s``; ``peak_memory_mib`` (peak RSS growth over the warmed-up process).
     """
-    from mcsim.engine import simulate_sample
+    from mcsim.execution.sample import simulate_sample
     from mcsim.scenario import draw_uncertain
 
     scn = bench_scenario(overrides)
@@ -183,7 +183,8 @@ def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allo
 
 def sweep_plan(requests: int, samples: int, points: int, chunk_size: int = 1):
     """A plan over :data:`SWEEP_AXIS` with ``points`` values on the sweep-sized bench scenario."""
-    from mcsim import executor, grid
+    from mcsim.execution import executor
+    from mcsim.scenario import grid
 
     scn = bench_scenario(SWEEP)
     axes = grid.validate_axes(scn, [grid.Axis(SWEEP_AXIS, tuple(2.0 + 0.1 * i for i in range(points)))])
@@ -200,7 +201,7 @@ def measure_sweep(points: int, samples: int, requests: int, repeats: int = 1) ->
         ``points``, ``tasks``, ``seconds`` (best of ``repeats``, client start-up included, as a user sees it),
         ``peak_memory_mib`` (peak RSS growth over the warmed-up process).
     """
-    from mcsim import executor
+    from mcsim.execution import executor
 
     plan = sweep_plan(requests, samples, points)
     # Compile or load the kernels on a small task, so that the peak of a full-size task counts below.
@@ -231,7 +232,7 @@ def grid_curve(point_counts, samples: int, requests: int, repeats: int = 1) -> d
 
 def solo_sweep(requests: int, samples: int, points: int, part: int, parts: int) -> float:
     """Seconds to run every ``parts``-th task of a sweep from ``part`` in a plain loop (no Dask)."""
-    from mcsim import executor
+    from mcsim.execution import executor
 
     plan = sweep_plan(requests, samples, points)
     executor.run_task(plan, 0, 0)
@@ -280,7 +281,7 @@ def workers_curve(requests: int, samples: int, points: int, repeats: int = 2, pr
     """
     from dask.distributed import LocalCluster
 
-    from mcsim import executor
+    from mcsim.execution import executor
 
     counts = list(counts or worker_counts())
     plan = sweep_plan(requests, samples, points)
@@ -310,7 +311,7 @@ def _efficiency(counts, seconds) -> dict:
 
 def task_overhead(requests: int = 200, tasks: int = 40, repeats: int = 2) -> dict:
     """Dask's cost per task: ``tasks`` one-sample tasks through ``execute`` (one worker) and in a plain loop."""
-    from mcsim import executor
+    from mcsim.execution import executor
 
     plan = sweep_plan(requests, tasks, 1)
     executor.run_task(plan, 0, 0)
@@ -337,7 +338,7 @@ def measure_compile() -> dict:
     with the cache on they load compiled code from disk.
     """
     start = time.perf_counter()
-    import mcsim.engine  # noqa: F401  (timed: what every command pays before any kernel runs)
+    import mcsim.execution.sample  # noqa: F401  (timed: what every command pays before any kernel runs)
     from mcsim.bench import kernels
 
     out = {"import_s": time.perf_counter() - start, "stages_s": {}}
@@ -345,7 +346,7 @@ def measure_compile() -> dict:
         start = time.perf_counter()
         kernels.cases(stage, kernels.TINY)  # first calls on tiny inputs: compile time, nearly all of it
         out["stages_s"][stage] = time.perf_counter() - start
-    from mcsim.engine import simulate_sample
+    from mcsim.execution.sample import simulate_sample
     from mcsim.scenario import draw_uncertain
 
     scn = bench_scenario()

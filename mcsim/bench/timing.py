@@ -23,7 +23,7 @@ def machine() -> dict:
     """CPU model, cores, Python, NumPy, BLAS, Numba and the 1-minute load average when the suite started."""
     import numba
 
-    from mcsim.profiles import runtime_environment
+    from mcsim.optrace.profiles import runtime_environment
 
     out = runtime_environment()
     out.pop("backend", None)

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from mcsim import sensitivity
-from mcsim.results import MODEL_STATEMENT
-from mcsim.variables import HEADLINE, REGISTRY
+from mcsim.results import sensitivity
+from mcsim.results.dataset import MODEL_STATEMENT
+from mcsim.results.variables import HEADLINE, REGISTRY
 
 #: Quantiles over Monte Carlo samples written to quantiles.csv.
 LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -109,7 +109,7 @@ def write_report(results, out_dir, metrics=None) -> Path:
     sens_rows, focus_sens = _sensitivity_rows(ds, layout, outputs)
     _write_csv(out / "sensitivity.csv", sens_rows, header=_sensitivity_header(layout))
 
-    from mcsim.report_figures import draw_figures
+    from mcsim.results.figures import draw_figures
 
     figures = draw_figures(ds, layout, quantities, outputs, focus_sens, out)
     path = out / "summary.md"
@@ -354,8 +354,8 @@ def _slug(label: str) -> str:
 
 
 def waterfall_steps(ds: xr.Dataset, metric: str) -> tuple[float, list, float, str]:
-    """See :func:`mcsim.report_figures.waterfall_steps`."""
-    from mcsim.report_figures import waterfall_steps as steps
+    """See :func:`mcsim.results.figures.waterfall_steps`."""
+    from mcsim.results.figures import waterfall_steps as steps
 
     return steps(ds, metric)
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import xarray as xr
 
-from mcsim.variables import HEADLINE, REGISTRY
+from mcsim.results.variables import HEADLINE, REGISTRY
 
 #: Metrics compared as factory - baseline (a ratio of margins or of a rate that may be 0 says nothing).
 DIFFERENCE = {"gross_margin", "cost_profit_margin", "cache_hit_rate"}

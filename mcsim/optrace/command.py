@@ -24,7 +24,7 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
     Returns a dict: ``paths``, ``this_machine`` (the measured profile), ``calibration`` (measured vs estimated
     decode tokens/s), ``ollama`` (the measurement, or None with ``ollama_skipped`` saying why).
     """
-    from mcsim import optrace, optrace_report, profiles
+    from mcsim.optrace import decoder as optrace, report as optrace_report, profiles
 
     out_dir = Path(out_dir)
     this = profiles.measure_this_machine(seconds=bench_seconds, dtype=dtype)
@@ -37,7 +37,7 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
 
     ollama, skipped = None, None
     if ollama_url:
-        from mcsim.ollama import OllamaUnavailable, measure_ollama
+        from mcsim.optrace.ollama import OllamaUnavailable, measure_ollama
 
         try:
             ollama = measure_ollama(ollama_url, ollama_model, num_predict=64, timeout_s=ollama_timeout_s,
@@ -52,7 +52,7 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
         paths["ollama_json"] = str(path)
 
     if save_calibration:
-        from mcsim.calibration import Calibration, save
+        from mcsim.optrace.calibration import Calibration, save
 
         measured = dict(cal["measured"])
         if ollama is not None:

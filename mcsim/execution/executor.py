@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from mcsim import results
-from mcsim.grid import Axis, points
+from mcsim.results import dataset as results
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
+from mcsim.scenario.grid import Axis, points
 
 PART_FORMAT = 1
 
@@ -74,7 +74,7 @@ class Plan:
     @property
     def saved_variants(self) -> tuple:
         if self.ablate:
-            from mcsim.attribution import saved_variants
+            from mcsim.results.attribution import saved_variants
 
             return saved_variants(self)
         return tuple(self.variants)
@@ -96,7 +96,7 @@ class Plan:
 
 def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
     """Rows of one (grid point, chunk of samples): variant -> metric -> value per sample."""
-    from mcsim.engine import simulate_sample
+    from mcsim.execution.sample import simulate_sample
 
     scn = plan.scn
     overrides = plan.grid[point]
@@ -109,7 +109,7 @@ def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
         row = simulate_sample(point_scn, plan.variants, int(sample), plan.seed, plan.requests,
                               {k: float(v[j]) for k, v in draws.items()})
         if plan.ablate:
-            from mcsim.attribution import reduce_row
+            from mcsim.results.attribution import reduce_row
 
             row = reduce_row(plan, row)
         rows.append(row)
@@ -341,7 +341,7 @@ def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, 
               workers=None, ablate=False) -> Plan:
     """A :class:`Plan` with the scenario's ``[mc]`` defaults; ``chunk_size`` defaults to about four tasks per
     worker per grid point (at most 64 samples a task)."""
-    from mcsim.engine import variant_specs
+    from mcsim.execution.sample import variant_specs
 
     samples = int(samples or scn["mc.samples"])
     requests = int(requests or scn["mc.requests"])
@@ -351,7 +351,7 @@ def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, 
         chunk_size = int(min(64, max(1, -(-samples // (4 * workers)))))
     specs = variant_specs(scn, variants)
     if ablate:
-        from mcsim.attribution import ablation_variants
+        from mcsim.results.attribution import ablation_variants
 
         specs = ablation_variants(scn)
     for axis in axes:

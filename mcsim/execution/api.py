@@ -6,7 +6,8 @@ Dask. Results are bit-identical whatever the chunk size, number of workers or sc
 
 from __future__ import annotations
 
-from mcsim import executor as _sweep, grid
+from mcsim.execution import executor as _sweep
+from mcsim.scenario import grid
 from mcsim.scenario import Scenario, load_scenario
 
 
@@ -15,7 +16,7 @@ def _as_scenario(scenario, overrides) -> Scenario:
         if not overrides:
             return scenario
         if scenario.calibration is not None:
-            raise ValueError("give overrides before attaching a calibration (mcsim.runner.calibrate)")
+            raise ValueError("give overrides before attaching a calibration (mcsim.execution.api.calibrate)")
         # Re-read the text with every override, so --set values get the same checks as the file's.
         return load_scenario(scenario.source, overrides=[*scenario.overrides, *overrides], text=scenario.text)
     return load_scenario(scenario, overrides=overrides)
@@ -65,7 +66,7 @@ def sweep(scenario, grid_axes=(), *, variants=("factory",), samples=None, reques
           workers=None, progress=False, output=None, force=False, resume=False, command=None, ablate=False,
           **dask_options):
     """Run a grid: the scenario's ``[sweep]`` axes plus ``grid_axes`` (``"path=v1,v2"`` strings or
-    :class:`~mcsim.grid.Axis`). Each axis becomes a dim whose coordinate is named by its dotted path.
+    :class:`~mcsim.scenario.grid.Axis`). Each axis becomes a dim whose coordinate is named by its dotted path.
 
     Examples
     --------
@@ -93,7 +94,7 @@ def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: 
     import numpy as np
     import xarray as xr
 
-    from mcsim.engine import simulate_sample
+    from mcsim.execution.sample import simulate_sample
     from mcsim.scenario import draw_uncertain
 
     scn = _as_scenario(scenario, [*overrides, "performance.simulate_batching=true"])
@@ -119,12 +120,12 @@ def calibrate(scenario, path) -> Scenario:
     refused with a message naming every mismatch. When it carries the peaks measured on its machine
     (``measured.peak_flops``, ``measured.bandwidth_bytes_s``), they replace the hardware's FP32/BF16 peaks and
     memory bandwidth, and every sample's achievable efficiencies are scaled by its factor
-    (:func:`mcsim.calibration.apply`). Checked against the scenario as written; the baseline of a comparison
+    (:func:`mcsim.optrace.calibration.apply`). Checked against the scenario as written; the baseline of a comparison
     uses the same machine's calibration.
     """
     from dataclasses import replace
 
-    from mcsim.calibration import CalibrationError, check_regime, load, regime_of
+    from mcsim.optrace.calibration import CalibrationError, check_regime, load, regime_of
 
     scn = _as_scenario(scenario, ())
     cal = load(path)

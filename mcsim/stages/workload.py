@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mcsim.distributions import Dist
+from mcsim.scenario.distributions import Dist
 
 
 @dataclass(frozen=True)
@@ -337,7 +337,7 @@ def from_trace(trace, params: dict, classes: tuple, n: int, rng: np.random.Gener
 
 def resolve_trace_path(value: str, base_dir: Path | None) -> Path:
     """``bundled:NAME`` -> the packaged trace; a relative path -> relative to the scenario file."""
-    from mcsim import traces
+    from mcsim.stages import requests_trace as traces
 
     if value.startswith("bundled:"):
         return traces.bundled_trace_path(value.split(":", 1)[1])

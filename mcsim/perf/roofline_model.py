@@ -1,4 +1,4 @@
-"""Stage 5, roofline fidelity: a sample's scenario values turned into :mod:`mcsim.roofline` calls.
+"""Stage 5, roofline fidelity: a sample's scenario values turned into :mod:`mcsim.perf.roofline` calls.
 
 The levers map onto the roofline's inputs instead of onto factors: low precision sets the weight, KV and matmul
 formats; fused kernels halve the launches and activation round-trips; communication overlap hides
@@ -11,8 +11,8 @@ pool and parallelism. Achievable fractions of peak are scenario inputs, so they 
 from __future__ import annotations
 
 
-from mcsim import roofline
-from mcsim.perf import BF16_BYTES, DecodeModel, _model, tokens_per_pass
+from mcsim.perf import roofline
+from mcsim.perf.factor import BF16_BYTES, DecodeModel, _model, tokens_per_pass
 
 
 def _hardware(p: dict) -> dict:
@@ -20,7 +20,7 @@ def _hardware(p: dict) -> dict:
 
 
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
-    """Keyword arguments of :func:`mcsim.roofline.step_cost` (and friends) for the decode or prefill pool."""
+    """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
     on = p["precision.enabled"]
     precision = roofline.Precision(
         weight_bytes=p["precision.weight_bytes"] if on else BF16_BYTES,
@@ -90,7 +90,7 @@ def instance_step(p: dict, opts: dict, decode_seqs: float, context: float, verif
 
 
 def roofline_decode_model(p: dict, requests, passes, experts: dict) -> DecodeModel:
-    """The roofline's price of decoding one sample's requests (see :class:`mcsim.perf.DecodeModel`)."""
+    """The roofline's price of decoding one sample's requests (see :class:`mcsim.perf.factor.DecodeModel`)."""
     eff = experts.get("expert_efficiency", 1.0)
     distinct = experts.get("distinct_experts_per_step") or None
     opts = options(p, hot_rank_factor=1.0 / eff if eff > 0 else 1.0, distinct_experts=distinct)

@@ -58,7 +58,7 @@ divided by ``attention_dp``); ``h`` = hidden size; matmul FLOPs are 2 per weight
 
 Communication: two TP all-reduces of ``n h`` activations per layer (after attention and after the FFN),
 a dispatch and a combine all-to-all per MoE layer (the hot rank receives ``hot_rank_factor`` times the
-mean), and one activation send per pipeline boundary; formulas in :mod:`mcsim.collectives`. A fraction
+mean), and one activation send per pipeline boundary; formulas in :mod:`mcsim.perf.collectives`. A fraction
 ``overlap`` of it hides behind compute.
 
 Overheads: ``kernels_per_layer x layers`` launches at ``launch_overhead_s`` each (a tenth with CUDA graphs,
@@ -78,8 +78,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mcsim import catalog
-from mcsim.collectives import allreduce_time, alltoall_time, send_time
+from mcsim.perf.collectives import allreduce_time, alltoall_time, send_time
+from mcsim.scenario import catalog
 
 __all__ = [
     "Achievable",
@@ -402,7 +402,7 @@ def step_cost(model: dict, hw: dict, *, decode_seqs: float, decode_context: floa
     Parameters
     ----------
     model, hw : dict
-        Catalog entries (:func:`mcsim.catalog.model_preset`, :func:`mcsim.catalog.hardware_preset`).
+        Catalog entries (:func:`mcsim.scenario.catalog.model_preset`, :func:`mcsim.scenario.catalog.hardware_preset`).
     decode_seqs : float
         Decode sequences in the step (per instance).
     decode_context : float
@@ -416,7 +416,7 @@ def step_cost(model: dict, hw: dict, *, decode_seqs: float, decode_context: floa
     precision, parallel, collectives, achievable
         Option groups; see their classes.
     hot_rank_factor : float
-        Max / mean token-expert load over EP ranks (from :mod:`mcsim.experts`), >= 1.
+        Max / mean token-expert load over EP ranks (from :mod:`mcsim.stages.experts`), >= 1.
     distinct_experts : float, optional
         Distinct routed experts touched per MoE layer in the step; default: uniform-routing expectation.
     attention_window : int
@@ -579,6 +579,6 @@ def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: f
     )
 
 
-# Memory, operating point and step-time tables live in mcsim.capacity; re-exported here.
-from mcsim.capacity import memory_projection, operating_point, step_time_table  # noqa: E402
+# Memory, operating point and step-time tables live in mcsim.perf.capacity; re-exported here.
+from mcsim.perf.capacity import memory_projection, operating_point, step_time_table  # noqa: E402
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from mcsim.variables import FEASIBLE_REASONS, QUANTILES, REGISTRY, TIERS, attrs_for
+from mcsim.results.variables import FEASIBLE_REASONS, QUANTILES, REGISTRY, TIERS, attrs_for
 
 MODEL_STATEMENT = (
     "All output variables are modelled: they follow from the scenario's assumptions through mcsim's comparative "
@@ -124,7 +124,7 @@ def provenance(scn, seed: int, samples: int, requests: int, command: str | None,
                              f"{scn['workload.trace_start_s']:g} s)" + (
                                  "" if has_prefixes else "; no prefix information: cache figures are not meaningful"))
     else:
-        attrs["workload"] = "generated (mcsim.workload.generate)"
+        attrs["workload"] = "generated (mcsim.stages.workload.generate)"
     if getattr(scn, "calibration", None) is not None:
         cal = scn.calibration
         attrs["calibration"] = json.dumps(cal.to_dict(), sort_keys=True)

@@ -1,6 +1,6 @@
 """Which lever brings how much: one-at-a-time ablations and Shapley shares of the factory/baseline gain.
 
-The levers are the switches of :data:`mcsim.schema.LEVERS` whose factory value differs from the baseline's
+The levers are the switches of :data:`mcsim.scenario.schema.LEVERS` whose factory value differs from the baseline's
 (plus, if the scenario's ``[baseline]`` changes anything else, one more lever ``other_baseline_settings``). For
 every subset S of levers the scenario is run with the levers in S as the factory has them and the others as the
 baseline has them, on the same requests and draws, so v(empty) is the baseline and v(all) the factory.
@@ -12,7 +12,7 @@ switched on:
 
 The values add up exactly to v(all) - v(empty), however strongly the levers interact. Throughput and cost per
 token are attributed on a log scale (the levers multiply), margins on a linear scale. With L levers that is
-2^L variants per sample; the kernels' work is shared between them (:func:`mcsim.engine.simulate_sample`).
+2^L variants per sample; the kernels' work is shared between them (:func:`mcsim.execution.sample.simulate_sample`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from mcsim.schema import LEVERS
+from mcsim.scenario.schema import LEVERS
 
 #: metric -> scale of its attribution
 ATTRIBUTED = {

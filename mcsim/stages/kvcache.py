@@ -98,7 +98,7 @@ def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instanc
 
     Parameters
     ----------
-    requests : mcsim.workload.Requests
+    requests : mcsim.stages.workload.Requests
     policy : str
         One of :data:`ROUTING`.
     n_instances : int

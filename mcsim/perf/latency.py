@@ -3,7 +3,7 @@
 Used when ``performance.simulate_batching`` is on, for either fidelity. One instance of each pool is simulated
 with its share of the traffic: arrival times are stretched by the number of instances of the pool (each instance
 sees 1/N of the arrival rate), and latencies come out in real seconds. Step times come from the sample's decode
-model (:class:`mcsim.perf.DecodeModel`): a step with ``d`` decode sequences and ``p`` prefill tokens costs one
+model (:class:`mcsim.perf.factor.DecodeModel`): a step with ``d`` decode sequences and ``p`` prefill tokens costs one
 verification pass at a batch of ``d`` plus ``p`` tokens at the pool's prefill rate, times
 ``1 + performance.mixed_step_penalty`` when it mixes both.
 
@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from mcsim.batching import simulate_batching
+from mcsim.perf.batching import simulate_batching
 
 #: The simulated requests are at least this many times one instance's expected concurrency ...
 MIN_TURNOVER = 30
@@ -51,7 +51,7 @@ def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, t
     ----------
     p : dict
         Resolved parameters of the sample.
-    requests : mcsim.workload.Requests
+    requests : mcsim.stages.workload.Requests
         The measured requests (after warm-up).
     miss : int64[n]
         Prompt tokens to compute (not cached).
@@ -59,7 +59,7 @@ def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, t
         KV restore time from DRAM/NVMe and prefill -> decode transfer time per request.
     passes : int64[n]
         Verification passes per request (output tokens when speculation is off).
-    model : mcsim.perf.DecodeModel
+    model : mcsim.perf.factor.DecodeModel
     b_cap, b_op, b_mem : float
         Largest allowed batch (the admission cap), expected operating batch and KV-memory limit per decode GPU.
     decode_gpus, prefill_gpus : float

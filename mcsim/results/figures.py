@@ -1,4 +1,4 @@
-"""The figures of :func:`mcsim.report.write_report`: distributions, tornado charts, heatmaps, waterfalls.
+"""The figures of :func:`mcsim.results.report.write_report`: distributions, tornado charts, heatmaps, waterfalls.
 
 Drawn on bare matplotlib Figures with an Agg canvas (no pyplot state), titled and labelled with units so a figure
 reads without the code.
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from mcsim.report import (
+from mcsim.results.report import (
     DPI,
     HEATMAP_METRICS,
     MAX_GROUPS,

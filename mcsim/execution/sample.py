@@ -1,6 +1,6 @@
 """One Monte Carlo sample, stage by stage: scenario draws -> requests -> kernels -> performance -> economics.
 
-:func:`simulate_sample` is the unit of work that :mod:`mcsim.runner` fans out over Dask. Every random stream is
+:func:`simulate_sample` is the unit of work that :mod:`mcsim.execution.api` fans out over Dask. Every random stream is
 derived from (seed, sample index, stage), so a sample's result does not depend on which task or worker runs it,
 and variants of one sample (``baseline`` / ``factory``) see identical requests, acceptance draws, expert
 tendencies and arrivals (common random numbers).
@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from mcsim import economics, kvcache, perf, workload
+from mcsim.perf import factor as perf
 from mcsim.scenario import (
     STREAM_EXPERTS,
     STREAM_ROUTING,
@@ -24,11 +24,12 @@ from mcsim.scenario import (
     resolve,
     rng_for,
 )
+from mcsim.stages import economics, kvcache, workload
 
 
 @lru_cache(maxsize=8)
 def _read_trace(path: str, fmt: str):
-    from mcsim import traces
+    from mcsim.stages import requests_trace as traces
 
     return traces.read_trace(path, None if fmt == "auto" else fmt)
 
@@ -76,7 +77,7 @@ def speculative_stage(p: dict, requests, rng):
     """Verification passes per request, or None when speculative decoding is off."""
     if not p["speculative.enabled"] or p["speculative.draft_tokens"] == 0:
         return None
-    from mcsim.speculative import speculative_passes
+    from mcsim.stages.speculative import speculative_passes
 
     passes, _ = speculative_passes(requests.output_tokens, requests.acceptance, p["speculative.draft_tokens"],
                                    p["speculative.acceptance_decay"], rng)
@@ -86,7 +87,7 @@ def speculative_stage(p: dict, requests, rng):
 def _memory_batch(p: dict, requests) -> float:
     """Sequences per decode GPU whose KV fits, by the sample's fidelity's own memory model."""
     if p["performance.fidelity"] == "roofline":
-        from mcsim.perf_roofline import memory, options
+        from mcsim.perf.roofline_model import memory, options
 
         mem = memory(p, requests, options(p))
         return mem.max_sequences / p["deployment.gpus_per_instance"] if mem.fits else 0.0
@@ -111,7 +112,7 @@ def expert_stage(p: dict, scn: Scenario, requests, rng) -> dict:
     """Expert efficiency and distinct experts per step (1 and 0 for dense models)."""
     if p["model.experts"] <= 0:
         return {"expert_efficiency": 1.0, "distinct_experts_per_step": 0.0}
-    from mcsim.experts import expert_efficiency
+    from mcsim.stages.experts import expert_efficiency
 
     experts, top_k, shares, skews, tokens, ep, redundant, window, steps, groups, nodes = expert_inputs(p, scn, requests)
     result = expert_efficiency(experts, top_k, np.array(shares), np.array(skews), tokens, ep, redundant, window,
@@ -199,7 +200,7 @@ def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests:
     for variant, overrides in variant_specs(scn, variants).items():
         p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
         if scn.calibration is not None:
-            from mcsim.calibration import apply
+            from mcsim.optrace.calibration import apply
 
             p = apply(scn.calibration, p)
         if requests is None:  # the workload is common to all variants
@@ -216,7 +217,7 @@ def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests:
         expert_key = ("experts",) + (expert_inputs(p, scn, measured) if p["model.experts"] > 0 else ())
         experts = once(expert_key, lambda: expert_stage(p, scn, measured, rng_for(seed, sample, STREAM_EXPERTS)))
         if p["performance.fidelity"] == "roofline":
-            from mcsim.perf_roofline import roofline_decode_model
+            from mcsim.perf.roofline_model import roofline_decode_model
 
             decode_model = roofline_decode_model(p, measured, passes, experts)
         else:

@@ -1,6 +1,6 @@
 """Memory projection, operating point and step-time tables on top of the roofline's step cost.
 
-Split from :mod:`mcsim.roofline` (which re-exports these names): the roofline prices one step; this module
+Split from :mod:`mcsim.perf.roofline` (which re-exports these names): the roofline prices one step; this module
 answers how many sequences fit in HBM, the largest batch that meets a TPOT target, and a grid of step times for
 the batching simulator.
 """
@@ -11,8 +11,7 @@ import math
 
 import numpy as np
 
-from mcsim import catalog
-from mcsim.roofline import (
+from mcsim.perf.roofline import (
     ROUTER_WEIGHT_BYTES,
     Memory,
     OperatingPoint,
@@ -23,6 +22,7 @@ from mcsim.roofline import (
     _layer_counts,
     step_cost,
 )
+from mcsim.scenario import catalog
 
 # -- memory --------------------------------------------------------------------------------------------------
 

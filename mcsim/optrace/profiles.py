@@ -4,7 +4,7 @@ A :class:`Profile` is two numbers, a peak FLOP rate and a memory bandwidth, plus
 
 - ``"theoretical"``: a round-number device for reasoning (100 TFLOP/s, 512 GB/s);
 - ``"datasheet"``: figures quoted publicly by vendors or spec databases (laptop and desktop GPUs
-  below; every datacenter GPU of :func:`mcsim.catalog.hardware`, at its dense BF16 tensor peak);
+  below; every datacenter GPU of :func:`mcsim.scenario.catalog.hardware`, at its dense BF16 tensor peak);
 - ``"measured"``: this machine, from :func:`measure_this_machine` (NumPy GEMM and array streaming).
 
 :func:`price` turns one op's counted FLOPs and bytes into a roofline time on a profile:
@@ -13,7 +13,7 @@ assumes the op reaches the profile's peaks and overlaps compute with memory traf
 
 Examples
 --------
->>> from mcsim.optrace import OpRecord
+>>> from mcsim.optrace.decoder import OpRecord
 >>> gemv = OpRecord("q_proj", 0, "decode", "matmul", 2 * 4096 * 4096, 4 * 4096 * 4096, 4 * 4096, 0.0)
 >>> price(gemv, THEORETICAL)["bound"]
 'memory'
@@ -119,12 +119,12 @@ HOST_PRESETS = ("cpu-host",)
 
 
 def catalog_profiles(peak: str = "bf16") -> list[Profile]:
-    """One datasheet profile per datacenter GPU of :func:`mcsim.catalog.hardware`.
+    """One datasheet profile per datacenter GPU of :func:`mcsim.scenario.catalog.hardware`.
 
     ``peak="bf16"`` takes the dense BF16 tensor peak (``bf16_tflops``); ``peak="fp32"`` the dense FP32
     peak (``fp32_tflops``), the like-for-like rate for a float32 trace. Bandwidth is ``hbm_tb_s``.
     """
-    from mcsim import catalog
+    from mcsim.scenario import catalog
 
     if peak not in ("bf16", "fp32"):
         raise ValueError(f"peak must be 'bf16' or 'fp32', got {peak!r}")

@@ -2,7 +2,7 @@
 
 A fidelity prices decoding as a :class:`DecodeModel` (the time of a verification pass at a batch, the prefill
 rate, the KV-memory limit); :func:`performance` turns either fidelity's model into the operating batch, the fleet
-and the latencies. The roofline's model is built in :mod:`mcsim.perf_roofline`; the factor model is here.
+and the latencies. The roofline's model is built in :mod:`mcsim.perf.roofline_model`; the factor model is here.
 
 Factor fidelity: decode throughput per GPU at a batch of ``b`` sequences per GPU follows the weight-streaming roofline shape
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mcsim import catalog
-from mcsim.speculative import pass_cost
-from mcsim.variables import QUANTILES
+from mcsim.results.variables import QUANTILES
+from mcsim.scenario import catalog
+from mcsim.stages.speculative import pass_cost
 
 BF16_BYTES = 2.0
 
@@ -193,7 +193,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     ----------
     p : dict
         Resolved parameters of the sample.
-    requests : mcsim.workload.Requests
+    requests : mcsim.stages.workload.Requests
     cached_tokens : int64[n, 3]
         Reused prompt tokens per tier (zeros when the cache is off).
     passes : int64[n] or None
@@ -205,7 +205,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     Returns
     -------
     dict
-        Metric name -> value (see :mod:`mcsim.variables`), plus ``busy_fraction`` and token totals for economics.
+        Metric name -> value (see :mod:`mcsim.results.variables`), plus ``busy_fraction`` and token totals for economics.
     """
     out_tokens = requests.output_tokens
     prompt = requests.prompt_tokens
@@ -287,7 +287,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     queue = np.zeros(n)
     saturated, little = 0, math.nan
     if p["performance.simulate_batching"]:
-        from mcsim.latency import simulate_pools
+        from mcsim.perf.latency import simulate_pools
 
         restore_s = restore_bytes[:, 0] / (host_bw * g_prefill) \
             + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill)

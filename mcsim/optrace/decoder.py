@@ -1,6 +1,6 @@
 """Op-level trace of a real decoder forward pass, run in NumPy and recorded op by op.
 
-A catalog model's shape (:func:`mcsim.catalog.model_preset`) is scaled down to fit a workstation
+A catalog model's shape (:func:`mcsim.scenario.catalog.model_preset`) is scaled down to fit a workstation
 (:func:`scaled_shape`), filled with seeded random weights and run for real: a prefill pass over the
 prompt, then one decode step per generated token against a KV cache. Every op (embedding lookup,
 RMSNorm, Q/K/V projections with grouped-query attention, RoPE, KV-cache append, attention scores,
@@ -15,8 +15,8 @@ Two kinds of figure live in a record and must not be confused:
 - ``wall_s`` is *measured* with ``time.perf_counter`` around the op on this machine, after one
   warm-up pass (so page faults and BLAS thread start-up are not in it).
 
-:mod:`mcsim.profiles` prices the counted figures on hardware profiles (roofline) without running
-anything again; :mod:`mcsim.optrace_report` writes the trace and its estimates out.
+:mod:`mcsim.optrace.profiles` prices the counted figures on hardware profiles (roofline) without running
+anything again; :mod:`mcsim.optrace.report` writes the trace and its estimates out.
 
 Examples
 --------
@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from mcsim import catalog
+from mcsim.scenario import catalog
 
 __all__ = ["LANES", "PHASES", "Decoder", "OpRecord", "Trace", "build_decoder", "decoder_param_count",
            "run_trace", "sample_cost", "scaled_shape"]
@@ -180,7 +180,7 @@ def scaled_shape(model: dict, max_params: float = 2e8) -> dict:
     Parameters
     ----------
     model : dict
-        A catalog model entry (:func:`mcsim.catalog.model_preset`).
+        A catalog model entry (:func:`mcsim.scenario.catalog.model_preset`).
     max_params : float
         Weight budget, parameters. 2e8 (800 MB in float32) runs a 64-token prompt plus 16 decode
         steps in a few seconds on a 2-core machine.
@@ -468,7 +468,7 @@ def run_trace(model_name: str = "llama-3.1-8b", prompt_tokens: int = 64, decode_
     Parameters
     ----------
     model_name : str
-        Catalog preset (:func:`mcsim.catalog.model_preset`).
+        Catalog preset (:func:`mcsim.scenario.catalog.model_preset`).
     prompt_tokens : int
         Prompt length; the prompt is seeded random token ids.
     decode_tokens : int
@@ -493,7 +493,7 @@ def run_trace(model_name: str = "llama-3.1-8b", prompt_tokens: int = 64, decode_
     """
     if prompt_tokens < 1 or decode_tokens < 0:
         raise ValueError("prompt_tokens must be >= 1 and decode_tokens >= 0")
-    from mcsim.profiles import runtime_environment
+    from mcsim.optrace.profiles import runtime_environment
 
     if shape is None:
         shape = scaled_shape(catalog.model_preset(model_name), max_params)

@@ -1,6 +1,6 @@
 """Loading, validating and overriding scenarios; drawing their uncertain inputs.
 
-A scenario is TOML (see ``scenarios/`` and :mod:`mcsim.schema`). Validation is strict: an unknown key, a wrong
+A scenario is TOML (see ``scenarios/`` and :mod:`mcsim.scenario.schema`). Validation is strict: an unknown key, a wrong
 type, a value out of range or a malformed distribution raises :class:`ScenarioError` naming the file, the dotted
 key, what was expected and, for a misspelt key, the nearest valid one.
 
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from mcsim import catalog, distributions
-from mcsim.distributions import Dist, DistributionError
-from mcsim.schema import CLASS_FIELDS, DEFAULT_CLASSES, SECTIONS, Field, baseline_overrides
+from mcsim.scenario import catalog, distributions
+from mcsim.scenario.distributions import Dist, DistributionError
+from mcsim.scenario.schema import CLASS_FIELDS, DEFAULT_CLASSES, SECTIONS, Field, baseline_overrides
 
 #: Random stream ids, one per stage; a sample's stream is SeedSequence(seed, spawn_key=(sample, stage, ...)).
 STREAM_PARAMS, STREAM_WORKLOAD, STREAM_ROUTING, STREAM_SPECULATIVE, STREAM_EXPERTS = range(5)
@@ -58,7 +58,7 @@ class Scenario:
     Attributes
     ----------
     values : dict
-        Flat ``dotted.path -> value``; numbers that are uncertain are :class:`~mcsim.distributions.Dist`,
+        Flat ``dotted.path -> value``; numbers that are uncertain are :class:`~mcsim.scenario.distributions.Dist`,
         per-request fields are always a Dist (possibly fixed).
     classes : tuple of str
         Names of the workload classes, in file order.
@@ -75,8 +75,8 @@ class Scenario:
     text: str = ""
     base_dir: Path | None = None
     overrides: tuple = ()
-    sweep: tuple = ()  # grid axes of the file's [sweep] table (mcsim.grid.Axis)
-    calibration: object = None  # a mcsim.calibration.Calibration applied to every sample (see runner.calibrate)
+    sweep: tuple = ()  # grid axes of the file's [sweep] table (mcsim.scenario.grid.Axis)
+    calibration: object = None  # a mcsim.optrace.calibration.Calibration applied to every sample (see runner.calibrate)
 
     @property
     def name(self) -> str:
@@ -412,7 +412,7 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
             raise ScenarioError(source, path, "[baseline] cannot add or change an uncertain input; the baseline "
                                 "and the factory share their draws, so give the distribution in its own section")
     if raw.get("sweep"):
-        from mcsim import grid
+        from mcsim.scenario import grid
 
         scn = replace(scn, sweep=tuple(grid.validate_axes(scn, grid.axes_from_table(raw["sweep"], source))))
     return scn

@@ -4,14 +4,14 @@ Every figure here is one of two kinds, and the outputs say which:
 
 - MEASURED: wall times of the NumPy decoder on this machine (:attr:`OpRecord.wall_s`, the trace's
   prefill and decode step times) and the 'this machine' peaks from micro-benchmarks
-  (:func:`mcsim.profiles.measure_this_machine`);
+  (:func:`mcsim.optrace.profiles.measure_this_machine`);
 - SYNTHETIC ESTIMATE: every per-profile latency, the roofline ``max(flops / peak, bytes / bandwidth)``
-  of the counted FLOPs and bytes (:func:`mcsim.profiles.price`). Nothing was run on those devices.
+  of the counted FLOPs and bytes (:func:`mcsim.optrace.profiles.price`). Nothing was run on those devices.
 
 Examples
 --------
->>> from mcsim.optrace import run_trace
->>> from mcsim.profiles import default_profiles
+>>> from mcsim.optrace.decoder import run_trace
+>>> from mcsim.optrace.profiles import default_profiles
 >>> trace = run_trace(prompt_tokens=8, decode_tokens=2, max_params=2e5)
 >>> summary = summarize(trace, default_profiles())
 >>> summary["profiles"]["NVIDIA H100 SXM5 80GB"]["bound_decode"]
@@ -26,8 +26,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from mcsim.optrace import LANES, PHASES, Trace
-from mcsim.profiles import Profile, price
+from mcsim.optrace.decoder import LANES, PHASES, Trace
+from mcsim.optrace.profiles import Profile, price
 
 __all__ = ["aggregate_ops", "calibration", "render_markdown", "summarize", "write_trace_outputs"]
 
@@ -97,9 +97,9 @@ def calibration(trace: Trace, this_machine: Profile) -> dict:
     Parameters
     ----------
     trace : Trace
-        A recorded run (:func:`mcsim.optrace.run_trace`) with at least one decode step.
+        A recorded run (:func:`mcsim.optrace.decoder.run_trace`) with at least one decode step.
     this_machine : Profile
-        Normally :func:`mcsim.profiles.measure_this_machine` run on the machine that recorded the trace.
+        Normally :func:`mcsim.optrace.profiles.measure_this_machine` run on the machine that recorded the trace.
 
     Returns
     -------

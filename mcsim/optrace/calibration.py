@@ -30,7 +30,7 @@ measured, and how). Written atomically (temporary file in the same folder, then 
 
 Example
 -------
->>> from mcsim.calibration import Calibration, apply, check_regime, regime_of
+>>> from mcsim.optrace.calibration import Calibration, apply, check_regime, regime_of
 >>> cal = Calibration(regime={"dtype": "bf16", "backend": "roofline", "model": "llama-3-70b",
 ...                           "hardware": "h100"},
 ...                   factor=0.8, memory_bound_score=1.0, bottleneck="memory",
@@ -222,7 +222,7 @@ def regime_of(params: dict) -> dict:
     baseline); ``backend`` is ``performance.fidelity``; ``model`` and ``hardware`` are the catalog presets.
     Missing keys take the scenario schema's defaults.
     """
-    from mcsim.schema import SECTIONS
+    from mcsim.scenario.schema import SECTIONS
 
     def get(path):
         if path in params:

@@ -15,7 +15,7 @@ prefill speed is ``None`` when no prompt tokens were evaluated.
 
 Example
 -------
->>> from mcsim.ollama import measure_ollama, OllamaUnavailable
+>>> from mcsim.optrace.ollama import measure_ollama, OllamaUnavailable
 >>> try:                                                                # doctest: +SKIP
 ...     m = measure_ollama("http://127.0.0.1:11434", "llama3.2:1b", runs=3)
 ...     print(f"{m['decode_tok_s']:.1f} tok/s decode")

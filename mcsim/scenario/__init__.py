@@ -1,0 +1,38 @@
+"""Scenarios: the TOML schema, the distributions of uncertain inputs, the catalog of presets and sweep grids.
+
+:mod:`~mcsim.scenario.loading` reads and validates a scenario file; its public names are re-exported here.
+"""
+
+from mcsim.scenario.loading import (
+    STREAM_EXPERTS,
+    STREAM_PARAMS,
+    STREAM_ROUTING,
+    STREAM_SPECULATIVE,
+    STREAM_WORKLOAD,
+    Scenario,
+    ScenarioError,
+    bundled,
+    draw_uncertain,
+    field_for,
+    load_scenario,
+    parse_override,
+    resolve,
+    rng_for,
+)
+
+__all__ = [
+    "STREAM_EXPERTS",
+    "STREAM_PARAMS",
+    "STREAM_ROUTING",
+    "STREAM_SPECULATIVE",
+    "STREAM_WORKLOAD",
+    "Scenario",
+    "ScenarioError",
+    "bundled",
+    "draw_uncertain",
+    "field_for",
+    "load_scenario",
+    "parse_override",
+    "resolve",
+    "rng_for",
+]
