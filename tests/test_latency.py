@@ -64,7 +64,7 @@ def test_infeasible_layout_stays_in_a_sweep():
 
 def test_roofline_decode_model_against_the_roofline_directly():
     # The engine's pass time at a batch equals the roofline's instance step time times the draft cost.
-    from mcsim.perf import roofline
+    from mcsim.perf import capacity
     from mcsim.perf.roofline_model import mean_contexts, options, roofline_decode_model
     from mcsim.stages.workload import generate
 
@@ -74,7 +74,7 @@ def test_roofline_decode_model_against_the_roofline_directly():
     passes = np.maximum(req.output_tokens // 2, 1)
     model = roofline_decode_model(p, req, passes, {"expert_efficiency": 1.0})
     context, _ = mean_contexts(req)
-    step = roofline.step_time_table(perf._model(p), {k.split(".", 1)[1]: v for k, v in p.items()
+    step = capacity.step_time_table(perf._model(p), {k.split(".", 1)[1]: v for k, v in p.items()
                                                      if k.startswith("hardware.")},
                                     [16 * 8], [0], decode_context=context, prefill_context=0,
                                     verify_tokens=p["speculative.draft_tokens"] + 1, **options(p))[0, 0]

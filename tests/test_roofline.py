@@ -6,16 +6,14 @@ import math
 import numpy as np
 import pytest
 
+from mcsim.perf.capacity import memory_projection, operating_point, step_time_table
 from mcsim.perf.collectives import allreduce_time, alltoall_time, expected_other_nodes
 from mcsim.perf.roofline import (
     Achievable,
     Collectives,
     Parallelism,
     Precision,
-    memory_projection,
-    operating_point,
     step_cost,
-    step_time_table,
 )
 from mcsim.scenario import catalog
 

@@ -1,6 +1,6 @@
 """Memory projection, operating point and step-time tables on top of the roofline's step cost.
 
-Split from :mod:`mcsim.perf.roofline` (which re-exports these names): the roofline prices one step; this module
+Split from :mod:`mcsim.perf.roofline`: the roofline prices one step; this module
 answers how many sequences fit in HBM, the largest batch that meets a TPOT target, and a grid of step times for
 the batching simulator.
 """

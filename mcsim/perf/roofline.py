@@ -65,8 +65,8 @@ Overheads: ``kernels_per_layer x layers`` launches at ``launch_overhead_s`` each
 half the kernels with fused kernels), plus ``step_overhead_s`` of scheduling and sampling.
 
 Pipeline parallelism: :func:`step_cost` costs one stage (the last, which also holds the output head) for
-the batch it is given. Serving keeps ``pp`` micro-batches in flight, so :func:`operating_point` and
-:func:`step_time_table` split a step's sequences into ``pp`` micro-batches and report
+the batch it is given. Serving keeps ``pp`` micro-batches in flight, so :func:`~mcsim.perf.capacity.operating_point` and
+:func:`~mcsim.perf.capacity.step_time_table` split a step's sequences into ``pp`` micro-batches and report
 ``pp x t_step(micro-batch)``, the time in which every sequence advances one pass.
 
 What it leaves out: attention kernel efficiency at short context, tile quantization, stage imbalance
@@ -89,10 +89,7 @@ __all__ = [
     "Parallelism",
     "Precision",
     "StepCost",
-    "memory_projection",
-    "operating_point",
     "step_cost",
-    "step_time_table",
 ]
 
 COMPUTE_DTYPES = ("fp32", "bf16", "fp8", "fp4")
@@ -577,8 +574,4 @@ def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: f
         t_step=sum(op["t"] for op in ops.values()),
         breakdown=breakdown,
     )
-
-
-# Memory, operating point and step-time tables live in mcsim.perf.capacity; re-exported here.
-from mcsim.perf.capacity import memory_projection, operating_point, step_time_table  # noqa: E402
 

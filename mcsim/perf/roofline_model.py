@@ -11,7 +11,7 @@ pool and parallelism. Achievable fractions of peak are scenario inputs, so they 
 from __future__ import annotations
 
 
-from mcsim.perf import roofline
+from mcsim.perf import capacity, roofline
 from mcsim.perf.factor import BF16_BYTES, DecodeModel, _model, tokens_per_pass
 
 
@@ -73,7 +73,7 @@ def memory(p: dict, requests, opts: dict) -> roofline.Memory:
     context, _ = mean_contexts(requests)
     reserved = p["cache.hbm_gb_per_instance"] / p["deployment.gpus_per_instance"] \
         if p["cache.enabled"] and not p["deployment.disaggregated"] else 0.0
-    return roofline.memory_projection(
+    return capacity.memory_projection(
         _model(p), _hardware(p), precision=opts["precision"], parallel=opts["parallel"],
         block_tokens=requests.block_tokens, context=context, memory_fraction=p["deployment.memory_fraction"],
         activation_gb=p["deployment.activation_gb_per_gpu"], reserved_gb=reserved,
@@ -83,7 +83,7 @@ def memory(p: dict, requests, opts: dict) -> roofline.Memory:
 def instance_step(p: dict, opts: dict, decode_seqs: float, context: float, verify_tokens: int,
                   prefill_tokens: float = 0.0, prefill_context: float = 0.0) -> float:
     """Seconds of one step of an instance (pipeline stages included)."""
-    table = roofline.step_time_table(_model(p), _hardware(p), [decode_seqs], [prefill_tokens],
+    table = capacity.step_time_table(_model(p), _hardware(p), [decode_seqs], [prefill_tokens],
                                      decode_context=context, prefill_context=prefill_context,
                                      verify_tokens=verify_tokens, **opts)
     return float(table[0, 0])

@@ -10,25 +10,27 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import xarray as xr
 
-from mcsim.results.report import (
-    DPI,
-    HEATMAP_METRICS,
-    MAX_GROUPS,
-    MAX_TORNADO_BARS,
-    WATERFALL_METRICS,
+from mcsim.results.layout import (
     Series,
     _array,
     _axis_label,
     _fmt,
     _Layout,
     _meta,
-    _plain,
     _slug,
     _text,
     quantiles,
+    waterfall_steps,
 )
+
+#: Metrics of the baseline -> factory waterfall when the run has no Shapley variables.
+WATERFALL_METRICS = ("cost_usd_per_mtok", "gross_margin", "decode_tok_s_per_gpu")
+#: Metrics drawn as heatmaps over the first two grid axes (those present).
+HEATMAP_METRICS = ("gross_margin", "cost_usd_per_mtok")
+MAX_GROUPS = 12
+MAX_TORNADO_BARS = 12
+DPI = 110
 
 
 def _figure(width: float, height: float):
@@ -213,54 +215,6 @@ def _waterfalls(ds, layout: _Layout, out: Path) -> list[str]:
         start, steps, end, how = waterfall_steps(ds, metric)
         names.append(_waterfall(ds, layout, Series(metric, metric), start, end, steps, how, out))
     return names
-
-
-def waterfall_steps(ds: xr.Dataset, metric: str) -> tuple[float, list, float, str]:
-    """Baseline -> factory steps of ``metric`` at the first grid point.
-
-    Uses, in this order, the ``shapley_<metric>`` variable (median Shapley contribution of each lever), the
-    ``without:<lever>`` variants (median over samples of factory - without:lever), the ``only:<lever>`` variants
-    (median of only:lever - baseline), or nothing (no steps).
-
-    Returns
-    -------
-    start : float
-        Median of the baseline.
-    steps : list of (lever, float)
-        Contribution of each lever.
-    end : float
-        Median of the factory.
-    how : str
-        How the steps were obtained, for the figure.
-    """
-    layout = _Layout(ds)
-    variants = layout.variants
-    grid0 = tuple([0] * len(layout.axes))
-    data = _array(ds, layout, layout.dims, metric)
-    base, fact = (data[grid0 + (variants.index(v),)] for v in ("baseline", "factory"))
-    steps, how = [], "no lever breakdown in this run"
-    name = f"shapley_{metric}"
-    if name in ds and "lever" in ds[name].dims:
-        phi = ds[name].isel({d: 0 for d in layout.axes if d in ds[name].dims})
-        if "variant" in phi.dims:
-            phi = phi.sel(variant="factory")
-        for lever in phi["lever"].values:
-            steps.append((str(_plain(lever)), _median(phi.sel(lever=lever).values)))
-        how = "median Shapley contribution of each lever"
-    else:
-        without = [v for v in variants if v.startswith("without:")]
-        only = [v for v in variants if v.startswith("only:")]
-        if without:
-            steps = [(v.split(":", 1)[1], _median(fact - data[grid0 + (variants.index(v),)])) for v in without]
-            how = "median of factory - without:<lever> per sample (one lever removed at a time)"
-        elif only:
-            steps = [(v.split(":", 1)[1], _median(data[grid0 + (variants.index(v),)] - base)) for v in only]
-            how = "median of only:<lever> - baseline per sample (one lever added at a time)"
-    return _median(base), steps, _median(fact), how
-
-
-def _median(values) -> float:
-    return float(quantiles(values, [0.5])[0])
 
 
 def _waterfall(ds, layout, s: Series, start: float, end: float, steps: list, how: str, out: Path) -> str:

@@ -21,8 +21,6 @@ import csv
 import itertools
 import json
 import math
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,34 +28,26 @@ import xarray as xr
 
 from mcsim.results import sensitivity
 from mcsim.results.dataset import MODEL_STATEMENT
-from mcsim.results.variables import HEADLINE, REGISTRY
+from mcsim.results.layout import (  # quantiles, waterfall_steps and LEVELS are part of this module's API
+    LEVELS,
+    Series,
+    _array,
+    _fmt,
+    _Layout,
+    _meta,
+    _plain,
+    _text,
+    quantiles,
+    waterfall_steps,
+)
+from mcsim.results.variables import HEADLINE
 
-#: Quantiles over Monte Carlo samples written to quantiles.csv.
-LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
 #: Per-request quantiles reported for latency metrics that carry a ``quantile`` dim.
 REQUEST_QUANTILES = (0.5, 0.99)
 #: Outputs whose sensitivity to the uncertain inputs is reported (those present).
 SENSITIVITY_OUTPUTS = ("gross_margin", "cost_usd_per_mtok", "decode_tok_s_per_gpu", "ttft_s", "tpot_s")
-#: Metrics of the baseline -> factory waterfall when the run has no Shapley variables.
-WATERFALL_METRICS = ("cost_usd_per_mtok", "gross_margin", "decode_tok_s_per_gpu")
-#: Metrics drawn as heatmaps over the first two grid axes (those present).
-HEATMAP_METRICS = ("gross_margin", "cost_usd_per_mtok")
-#: Dims that are never grid axes.
-FIXED_DIMS = ("variant", "sample", "tier", "quantile", "lever")
 MAX_TABLE_ROWS = 30
-MAX_GROUPS = 12
-MAX_TORNADO_BARS = 12
 BOOTSTRAP = 200
-DPI = 110
-
-
-@dataclass(frozen=True)
-class Series:
-    """One reported quantity: a variable, possibly at one coordinate of its own extra dims."""
-
-    label: str
-    name: str
-    select: tuple = ()  # ((dim, value), ...)
 
 
 def write_report(results, out_dir, metrics=None) -> Path:
@@ -131,37 +121,6 @@ def _load(results) -> xr.Dataset:
     return ds
 
 
-class _Layout:
-    """Grid axes, variants, the points (grid x variant) and the point the figures show."""
-
-    def __init__(self, ds: xr.Dataset):
-        reference = next((ds[n] for n in HEADLINE if n in ds),
-                         next(v for v in ds.data_vars.values() if "sample" in v.dims))
-        self.axes = [str(d) for d in reference.dims if d not in FIXED_DIMS]
-        self.variants = [str(v) for v in ds["variant"].values] if "variant" in ds.dims else []
-        self.dims = self.axes + (["variant"] if self.variants else [])
-        self.coords = {d: [_plain(v) for v in ds[d].values] for d in self.dims}
-        self.shape = tuple(len(self.coords[d]) for d in self.dims)
-        self.points = list(np.ndindex(*self.shape))
-        focus_variant = ("factory" if "factory" in self.variants else self.variants[0]) if self.variants else None
-        self.focus = tuple([0] * len(self.axes) + ([self.variants.index(focus_variant)] if self.variants else []))
-        self.samples = ds.sizes["sample"]
-
-    def values(self, index) -> dict:
-        return {d: self.coords[d][i] for d, i in zip(self.dims, index)}
-
-    def name(self, index) -> str:
-        parts = [f"{d}={_text(v)}" for d, v in self.values(index).items() if d != "variant"]
-        if self.variants:
-            parts.append(self.coords["variant"][index[-1]])
-        return ", ".join(parts) or "all samples"
-
-    def focus_note(self) -> str:
-        if len(self.points) == 1:
-            return ""
-        return f"shown at {self.name(self.focus)}"
-
-
 def _series(ds: xr.Dataset, names) -> list[Series]:
     out = []
     for name in names:
@@ -181,17 +140,6 @@ def _series(ds: xr.Dataset, names) -> list[Series]:
     return out
 
 
-def _array(ds: xr.Dataset, layout: _Layout, dims: list, name: str, select=()) -> np.ndarray:
-    """``ds[name]`` as floats with dims (*dims, sample), broadcast over the dims it lacks."""
-    da = ds[name]
-    if select:
-        da = da.sel(dict(select))
-    missing = {d: ds[d].values for d in dims if d not in da.dims}
-    if missing:
-        da = da.expand_dims(missing)
-    return np.asarray(da.transpose(*dims, "sample").values, dtype=float)
-
-
 def _inputs(ds: xr.Dataset, layout: _Layout) -> list[str]:
     allowed = set(layout.dims) | {"sample"}
     return [str(n) for n, v in ds.data_vars.items()
@@ -199,48 +147,7 @@ def _inputs(ds: xr.Dataset, layout: _Layout) -> list[str]:
             and v.dtype.kind in "fiub"]
 
 
-def _meta(ds: xr.Dataset, name: str) -> tuple[str, str]:
-    attrs = ds[name].attrs if name in ds else {}
-    registered = REGISTRY.get(name)
-    long_name = attrs.get("long_name") or (registered.long_name if registered else name)
-    units = attrs.get("units") or (registered.units if registered else "")
-    return str(long_name), str(units)
-
-
-def _axis_label(ds: xr.Dataset, series: Series) -> str:
-    long_name, units = _meta(ds, series.name)
-    units = "dimensionless" if units in ("1", "") else units
-    return f"{long_name} ({units})"
-
-
 # -- tables ------------------------------------------------------------------------------------------------------
-
-
-def quantiles(values: np.ndarray, levels=LEVELS) -> np.ndarray:
-    """Linear-interpolation quantiles (as ``numpy.quantile``) of the non-NaN values; +-inf are kept as values.
-
-    ``numpy.quantile`` gives NaN when it interpolates next to an infinity (inf - inf); here a quantile that falls
-    on or next to an infinite value is that infinity (an infinite payback is the worst value, not a missing one).
-    """
-    v = np.sort(np.asarray(values, dtype=float).ravel())
-    v = v[~np.isnan(v)]
-    if v.size == 0:
-        return np.full(len(levels), np.nan)
-    if np.all(np.isfinite(v)):
-        return np.quantile(v, levels)
-    out = []
-    for q in levels:
-        h = (v.size - 1) * q
-        lo = math.floor(h)
-        hi = min(lo + 1, v.size - 1)
-        frac = h - lo
-        if frac == 0 or v[lo] == v[hi] or np.isinf(v[lo]):
-            out.append(v[lo])
-        elif np.isinf(v[hi]):
-            out.append(v[hi])
-        else:
-            out.append(v[lo] + frac * (v[hi] - v[lo]))
-    return np.array(out)
 
 
 def _quantile_rows(ds, layout: _Layout, quantities: list[Series]) -> list[dict]:
@@ -324,40 +231,6 @@ def _strict(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
-
-
-def _plain(v):
-    """A coordinate value as a plain Python scalar (str, int or float)."""
-    v = v.item() if hasattr(v, "item") else v
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def _text(v) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def _fmt(x) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x != 0 and (abs(x) >= 1e6 or abs(x) < 1e-3):
-        return f"{x:.3g}"
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
-
-
-def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
-
-
-# -- figures -----------------------------------------------------------------------------------------------------
-
-
-def waterfall_steps(ds: xr.Dataset, metric: str) -> tuple[float, list, float, str]:
-    """See :func:`mcsim.results.figures.waterfall_steps`."""
-    from mcsim.results.figures import waterfall_steps as steps
-
-    return steps(ds, metric)
 
 
 def _table(header: list, rows: list) -> list[str]:

@@ -1,6 +1,7 @@
 """Scenarios: the TOML schema, the distributions of uncertain inputs, the catalog of presets and sweep grids.
 
-:mod:`~mcsim.scenario.loading` reads and validates a scenario file; its public names are re-exported here.
+:mod:`~mcsim.scenario.loading` reads and validates a scenario file; its public names (and the schema's
+:class:`ScenarioError` and :func:`field_for`) are re-exported here.
 """
 
 from mcsim.scenario.loading import (
@@ -10,15 +11,14 @@ from mcsim.scenario.loading import (
     STREAM_SPECULATIVE,
     STREAM_WORKLOAD,
     Scenario,
-    ScenarioError,
     bundled,
     draw_uncertain,
-    field_for,
     load_scenario,
     parse_override,
     resolve,
     rng_for,
 )
+from mcsim.scenario.schema import ScenarioError, field_for
 
 __all__ = [
     "STREAM_EXPERTS",

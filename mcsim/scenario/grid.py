@@ -26,10 +26,14 @@ import itertools
 import math
 import tomllib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mcsim.scenario import Scenario, ScenarioError, field_for
+from mcsim.scenario.schema import ScenarioError, field_for
+
+if TYPE_CHECKING:  # annotations only: loading imports this module for a file's [sweep] table
+    from mcsim.scenario.loading import Scenario
 
 
 @dataclass(frozen=True)

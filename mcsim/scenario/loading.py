@@ -26,20 +26,18 @@ import numpy as np
 
 from mcsim.scenario import catalog, distributions
 from mcsim.scenario.distributions import Dist, DistributionError
-from mcsim.scenario.schema import CLASS_FIELDS, DEFAULT_CLASSES, SECTIONS, Field, baseline_overrides
+from mcsim.scenario.schema import (
+    CLASS_FIELDS,
+    DEFAULT_CLASSES,
+    SECTIONS,
+    Field,
+    ScenarioError,
+    baseline_overrides,
+    field_for,
+)
 
 #: Random stream ids, one per stage; a sample's stream is SeedSequence(seed, spawn_key=(sample, stage, ...)).
 STREAM_PARAMS, STREAM_WORKLOAD, STREAM_ROUTING, STREAM_SPECULATIVE, STREAM_EXPERTS = range(5)
-
-
-class ScenarioError(ValueError):
-    """Bad scenario input. ``str(err)`` is the one-line message the CLI prints."""
-
-    def __init__(self, source: str, key: str, message: str):
-        where = f"{source}: " if source else ""
-        keypart = f"{key}: " if key else ""
-        super().__init__(f"{where}{keypart}{message}")
-        self.source, self.key, self.detail = source, key, message
 
 
 def rng_for(seed: int, sample: int, stream: int, *extra: int) -> np.random.Generator:
@@ -125,23 +123,6 @@ class Scenario:
 def _is_perreq(path: str) -> bool:
     spec = field_for(path)
     return spec is not None and spec.kind == "perreq"
-
-
-def field_for(path: str) -> Field | None:
-    """The schema Field of a dotted path (catalog fields are typed ``float``/``int``/``str``)."""
-    parts = path.split(".")
-    if len(parts) == 4 and parts[0] == "workload" and parts[1] == "classes":
-        return CLASS_FIELDS.get(parts[3])
-    if len(parts) != 2:
-        return None
-    section, key = parts
-    if section in SECTIONS and key in SECTIONS[section]:
-        return SECTIONS[section][key]
-    fields = {"model": catalog.MODEL_FIELDS, "hardware": catalog.HARDWARE_FIELDS}.get(section)
-    if fields and key in fields:
-        t = fields[key]
-        return Field({int: "int", float: "float", str: "str"}[t], None, "catalog field", 0 if t is not str else None)
-    return None
 
 
 def _check_class(path: str, classes, source: str, origin: str):

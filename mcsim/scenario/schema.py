@@ -1,6 +1,6 @@
 """The scenario schema: every section, key, type, default, range and meaning, written once.
 
-The validator (:mod:`mcsim.scenario`), the README's key reference and the ablation levers all read this table,
+The validator (:mod:`mcsim.scenario.loading`), the README's key reference and the ablation levers all read this table,
 so a key cannot be accepted in one place and unknown in another.
 
 Kinds
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from mcsim.scenario import catalog
 
 
 @dataclass(frozen=True)
@@ -277,3 +279,30 @@ def baseline_overrides() -> dict[str, Any]:
     for overrides in LEVERS.values():
         out.update(overrides)
     return out
+
+
+class ScenarioError(ValueError):
+    """Bad scenario input. ``str(err)`` is the one-line message the CLI prints."""
+
+    def __init__(self, source: str, key: str, message: str):
+        where = f"{source}: " if source else ""
+        keypart = f"{key}: " if key else ""
+        super().__init__(f"{where}{keypart}{message}")
+        self.source, self.key, self.detail = source, key, message
+
+
+def field_for(path: str) -> Field | None:
+    """The schema Field of a dotted path (catalog fields are typed ``float``/``int``/``str``)."""
+    parts = path.split(".")
+    if len(parts) == 4 and parts[0] == "workload" and parts[1] == "classes":
+        return CLASS_FIELDS.get(parts[3])
+    if len(parts) != 2:
+        return None
+    section, key = parts
+    if section in SECTIONS and key in SECTIONS[section]:
+        return SECTIONS[section][key]
+    fields = {"model": catalog.MODEL_FIELDS, "hardware": catalog.HARDWARE_FIELDS}.get(section)
+    if fields and key in fields:
+        t = fields[key]
+        return Field({int: "int", float: "float", str: "str"}[t], None, "catalog field", 0 if t is not str else None)
+    return None
