@@ -13,10 +13,12 @@ from pathlib import Path
 
 import click
 
+from mcsim.errors import McsimError
+
 EXIT_USAGE = 2
 
 
-class UserError(click.ClickException):
+class UserError(McsimError, click.ClickException):
     exit_code = EXIT_USAGE
 
     def show(self, file=None):

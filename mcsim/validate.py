@@ -18,11 +18,12 @@ import math
 import os
 import pathlib
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from mcsim.fileio import atomic_write
 
 DEFAULT_OUT_DIR = pathlib.Path("outputs") / "validation"
 #: Standard errors allowed by the random checks; with fixed seeds a correct sampler fails one with
@@ -360,20 +361,13 @@ def to_json(checks: list[Check], quick: bool = False, seconds: float | None = No
     return json.dumps(payload, indent=2) + "\n"
 
 
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(temporary, path)
-
-
 def write_reports(checks: list[Check], out_dir, quick: bool = False, seconds: float | None = None) -> list:
     """Write ``validation.md`` and ``validation.json`` into ``out_dir``; return their paths."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "validation.md", out / "validation.json"]
-    _write_atomic(paths[0], markdown(checks, quick, seconds))
-    _write_atomic(paths[1], to_json(checks, quick, seconds))
+    atomic_write(paths[0], markdown(checks, quick, seconds), mode=0o600)  # owner-only, as these were always written
+    atomic_write(paths[1], to_json(checks, quick, seconds), mode=0o600)
     return paths
 
 

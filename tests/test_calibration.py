@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mcsim import fileio
 from mcsim.optrace import calibration
 from mcsim.optrace.calibration import (
     Calibration,
@@ -82,7 +83,7 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
     def refuse(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(calibration.os, "replace", refuse)
+    monkeypatch.setattr(fileio.os, "replace", refuse)
     with pytest.raises(CalibrationError, match="No space left on device") as info:
         save(make(factor=3.0), target)
     assert str(target) in str(info.value)

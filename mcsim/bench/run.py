@@ -28,6 +28,7 @@ from mcsim.bench import kernels as kernel_cases
 from mcsim.bench import scaling
 from mcsim.bench.report import PNG_SIGNATURE, format_kernels, format_table, scaling_png, si
 from mcsim.bench.timing import best_of, machine
+from mcsim.fileio import atomic_write
 
 __all__ = ["PARTS", "PNG_SIGNATURE", "SETTINGS", "bench_command", "format_table", "run_suite"]
 
@@ -191,16 +192,10 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
     out_dir = Path(DEFAULT_OUT_DIR if out_dir is None else out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "bench.json", "png": out_dir / "scaling.png"}
-    _write_atomic(paths["json"], (json.dumps(result, indent=2) + "\n").encode())
-    _write_atomic(paths["png"], scaling_png(result))
+    atomic_write(paths["json"], (json.dumps(result, indent=2) + "\n").encode())
+    atomic_write(paths["png"], scaling_png(result))
     result["paths"] = {k: str(v) for k, v in paths.items()}
     return result
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
 
 
 def design_targets(result: dict, settings: SuiteSettings) -> list[dict]:

@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from mcsim.errors import McsimError
+from mcsim.fileio import atomic_path
 from mcsim.results import dataset as results
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
 from mcsim.scenario.grid import Axis, points
@@ -40,7 +42,7 @@ from mcsim.scenario.grid import Axis, points
 PART_FORMAT = 1
 
 
-class SweepInterrupted(Exception):
+class SweepInterrupted(McsimError):
     """The run stopped before every task finished; its finished parts are kept."""
 
     def __init__(self, done: int, total: int, parts_dir: Path | None):
@@ -124,10 +126,8 @@ def _write_part(path: Path, table: dict, plan: Plan, point: int, chunk: int, fin
     """Save one task's table atomically (temporary name in the same folder, then rename)."""
     stamp = {"__fingerprint__": np.array(fingerprint), "__point__": np.array(point), "__chunk__": np.array(chunk),
              "__sample__": plan.chunks[chunk], "__format__": np.array(PART_FORMAT)}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **table, **stamp)
-    os.replace(tmp, path)
 
 
 def _read_part(path: Path, plan: Plan, point: int, chunk: int, fingerprint: str) -> dict | None:

@@ -46,10 +46,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mcsim.errors import McsimError
+from mcsim.fileio import atomic_write
 
 FORMAT_VERSION = 1
 REGIME_KEYS = ("dtype", "backend", "model", "hardware")
@@ -60,7 +61,7 @@ FLOPS_FRACTION = "performance.flops_fraction"
 BASE_THROUGHPUTS = ("efficiency.base_decode_tok_s_per_gpu", "efficiency.base_prefill_tok_s_per_gpu")
 
 
-class CalibrationError(ValueError):
+class CalibrationError(McsimError, ValueError):
     """A calibration file or object is invalid, or does not apply to a scenario.
 
     ``where`` names the file (or "calibration" for an object built in memory); ``key`` the offending key, if any.
@@ -157,24 +158,10 @@ def save(cal: Calibration, path) -> Path:
         text = json.dumps({"version": FORMAT_VERSION, **cal.to_dict()}, indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError) as err:
         raise CalibrationError(str(path), f"cannot be written as JSON: {err}") from None
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a calibration is not a secret
-        os.replace(tmp, path)
-        tmp = None
+        atomic_write(path, text, fsync=True, mode=0o644)  # a calibration is not a secret
     except OSError as err:
         raise CalibrationError(str(path), f"cannot be written: {err.strerror or err}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     return path
 
 

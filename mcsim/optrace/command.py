@@ -6,8 +6,9 @@ The command-line layer stays thin; this function is what it calls (and what a no
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from mcsim.fileio import atomic_write
 
 DTYPE_NAMES = {"float32": "fp32", "float16": "fp16"}
 HOST_PRESET = "cpu-host"
@@ -78,6 +79,4 @@ def _append_ollama_section(report: Path, ollama: dict | None, skipped: str | Non
         why = skipped or "no --ollama URL was given"
         lines += [f"Not measured ({why}). Every latency above other than this machine's own wall times is a "
                   "synthetic estimate."]
-    tmp = report.with_name(f".{report.name}.{os.getpid()}.tmp")
-    tmp.write_text(report.read_text() + "\n".join(lines) + "\n")
-    os.replace(tmp, report)
+    atomic_write(report, report.read_text() + "\n".join(lines) + "\n", encoding=None)

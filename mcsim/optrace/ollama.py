@@ -31,6 +31,8 @@ import urllib.error
 import urllib.request
 from http.client import HTTPException
 
+from mcsim.errors import McsimError
+
 DEFAULT_PROMPT = ("Explain, in a few plain paragraphs, how a lighthouse keeper in the nineteenth century kept the "
                   "lamp burning through a winter storm.")
 
@@ -41,11 +43,11 @@ OPTIONAL_FIELDS = ("prompt_eval_count", "prompt_eval_duration", "total_duration"
 _BODY_EXCERPT_CHARS = 200
 
 
-class OllamaUnavailable(Exception):
+class OllamaUnavailable(McsimError):
     """No Ollama server answered at the URL (connection refused, unknown host, timeout); nothing was measured."""
 
 
-class OllamaError(Exception):
+class OllamaError(McsimError):
     """Ollama answered, but not with a usable measurement (HTTP error, malformed JSON, missing or bad fields)."""
 
 

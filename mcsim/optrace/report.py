@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
+from mcsim.fileio import atomic_write
 from mcsim.optrace.decoder import LANES, PHASES, Trace
 from mcsim.optrace.profiles import Profile, price
 
@@ -326,17 +325,6 @@ def _json_safe(value):
     return value
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_trace_outputs(trace: Trace, profiles: list[Profile], out_dir, overwrite: bool = False) -> dict:
     """Write ``trace.jsonl``, ``summary.json`` and ``report.md`` into ``out_dir`` (created if needed).
 
@@ -368,7 +356,8 @@ def write_trace_outputs(trace: Trace, profiles: list[Profile], out_dir, overwrit
     existing = [str(path) for path in paths.values() if path.exists()]
     if existing and not overwrite:  # check all three first, so a refusal leaves nothing half-written
         raise FileExistsError(f"{', '.join(existing)} exist(s); pass overwrite=True to replace")
-    _write_atomic(paths["trace_jsonl"], "\n".join(lines) + "\n")
-    _write_atomic(paths["summary_json"], json.dumps(_json_safe(summary), indent=2) + "\n")
-    _write_atomic(paths["report_md"], render_markdown(trace, profiles, summary, priced))
+    # owner-only permissions, as these files were always written
+    atomic_write(paths["trace_jsonl"], "\n".join(lines) + "\n", mode=0o600)
+    atomic_write(paths["summary_json"], json.dumps(_json_safe(summary), indent=2) + "\n", mode=0o600)
+    atomic_write(paths["report_md"], render_markdown(trace, profiles, summary, priced), mode=0o600)
     return paths

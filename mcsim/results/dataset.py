@@ -8,14 +8,13 @@ their dotted path with ``role = "input"``; Dataset attrs carry provenance.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
+from mcsim.fileio import atomic_path
 from mcsim.results.variables import FEASIBLE_REASONS, QUANTILES, REGISTRY, TIERS, attrs_for
 
 MODEL_STATEMENT = (
@@ -149,16 +148,6 @@ def write_netcdf(ds: xr.Dataset, path, force: bool = False) -> Path:
         raise FileExistsError(f"{path} exists; use --force to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)
     encoding = {name: {"zlib": True, "complevel": 4} for name, v in ds.data_vars.items() if v.dtype.kind in "fiu"}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a result file should get the usual permissions
-    try:
+    with atomic_path(path) as tmp:  # with the usual permissions of a new file
         ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return path

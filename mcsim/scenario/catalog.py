@@ -22,6 +22,8 @@ import functools
 import tomllib
 from importlib import resources
 
+from mcsim.errors import McsimError
+
 __all__ = [
     "HARDWARE_FIELDS",
     "HARDWARE_FIELD_DOCS",
@@ -94,7 +96,7 @@ HARDWARE_FIELDS: dict[str, type] = {key: kind for key, (kind, _) in HARDWARE_FIE
 ATTENTION_KINDS = ("gqa", "mla")
 
 
-class UnknownPresetError(KeyError):
+class UnknownPresetError(McsimError, KeyError):
     """A preset name that is not in the catalog; the message lists the valid names."""
 
     def __str__(self) -> str:  # KeyError would print the message inside quotes

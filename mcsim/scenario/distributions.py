@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import special, stats
 
+from mcsim.errors import McsimError
+
 #: Parameters of each distribution kind: (required, optional).
 KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "fixed": (("value",), ()),
@@ -35,7 +37,7 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-class DistributionError(ValueError):
+class DistributionError(McsimError, ValueError):
     """A distribution table is malformed; ``key`` is its dotted path in the scenario."""
 
     def __init__(self, key: str, message: str):

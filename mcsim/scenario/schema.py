@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mcsim.errors import McsimError
 from mcsim.scenario import catalog
 
 
@@ -281,7 +282,7 @@ def baseline_overrides() -> dict[str, Any]:
     return out
 
 
-class ScenarioError(ValueError):
+class ScenarioError(McsimError, ValueError):
     """Bad scenario input. ``str(err)`` is the one-line message the CLI prints."""
 
     def __init__(self, source: str, key: str, message: str):

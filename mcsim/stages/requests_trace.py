@@ -59,6 +59,8 @@ from typing import NoReturn
 
 import numpy as np
 
+from mcsim.errors import McsimError
+
 MOONCAKE_BLOCK_TOKENS = 512
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -73,7 +75,7 @@ _INT64_MAX = np.iinfo(np.int64).max
 _INT64_MIN = np.iinfo(np.int64).min
 
 
-class TraceError(ValueError):
+class TraceError(McsimError, ValueError):
     """A trace file that does not follow its format; the message names the file and the line."""
 
 
