@@ -8,7 +8,7 @@ State lives in flat arrays indexed by a dense block key instead of hash maps: ev
 (most recently used), a tail (least recently used) and a count. Every block operation — look-up, unlink,
 push to the MRU end, demotion of the LRU block — is O(1) and touches one 16-byte row.
 
-Semantics (the same as :func:`mcsim.reference.kv_tiers.simulate_tiers_reference`, which tests check):
+Semantics (the same as :func:`mcsim.reference.kv_tiers.lookup_tiers_reference`, which tests check):
 
 1. *Exact-prefix reuse.* A request reuses the longest run of leading blocks that are each present in some
    tier of its instance; each such block is counted as a hit in the tier where it was found. A block present
@@ -54,8 +54,8 @@ def _workspace(n_keys: int) -> np.ndarray:
     return buffer[:n_keys]
 
 
-def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_blocks, out_hits, key_stride=0,
-                   balance=0.25):
+def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_blocks, out_hits, key_stride=0,
+                 balance=0.25):
     """Replay requests through per-instance tiered LRU prefix caches and count reused blocks per tier.
 
     Parameters
@@ -108,7 +108,7 @@ def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacit
     --------
     >>> ptr = np.array([0, 2, 4], np.int64); keys = np.array([0, 1, 0, 2], np.int64)
     >>> hits = np.zeros((2, 3), np.int64)
-    >>> simulate_tiers(ptr, keys, np.zeros(2, np.int32), 1, 3, np.array([8, 0, 0]), hits)
+    >>> lookup_tiers(ptr, keys, np.zeros(2, np.int32), 1, 3, np.array([8, 0, 0]), hits)
     >>> hits[1].tolist()  # block 0 is reused from HBM, block 2 is new
     [1, 0, 0]
     """
@@ -150,7 +150,7 @@ def simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacit
 @kernel
 def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count,
             key_stride, balance):
-    """Loop of :func:`simulate_tiers`: validate indices, reset the workspace, replay the requests.
+    """Loop of :func:`lookup_tiers`: validate indices, reset the workspace, replay the requests.
 
     ``state`` (n_keys, 4) int32 holds one row per key (prev, next, tier, owner); ``head``, ``tail`` (int32)
     and ``count`` (int64) hold one entry per list, list ``3 * instance + tier``. All are overwritten.

@@ -194,7 +194,7 @@ def trace_checks() -> list[Check]:
     mooncake = replay["mooncake"]
     # One pooled cache with room for every block: what the trace's prefixes allow, no eviction.
     unlimited = np.array([mooncake.block_ids.size + 1, 0, 0], np.int64)
-    cached = kvcache.simulate_cache(mooncake, "pooled", 1, unlimited, np.random.default_rng(0)).cached_tokens
+    cached = kvcache.cache_hits(mooncake, "pooled", 1, unlimited, np.random.default_rng(0)).cached_tokens
     rounding = "reference given to the nearest token"
     checks = [
         _check("Mooncake trace: cache ratio, unlimited cache", cached.sum() / mooncake.prompt_tokens.sum(), 0.66,

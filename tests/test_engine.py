@@ -32,23 +32,23 @@ def compared(scn):
 
 
 def test_same_seed_same_bits_whatever_workers_and_chunks(scn):
-    a = mcsim.execution.api.simulate(scn, samples=5, requests=1500, workers=1, chunk_size=5)
-    b = mcsim.execution.api.simulate(scn, samples=5, requests=1500, workers=2, chunk_size=1)
-    c = mcsim.execution.api.simulate(scn, samples=5, requests=1500, workers=2, chunk_size=2)
+    a = mcsim.execution.api.run_variants(scn, samples=5, requests=1500, workers=1, chunk_size=5)
+    b = mcsim.execution.api.run_variants(scn, samples=5, requests=1500, workers=2, chunk_size=1)
+    c = mcsim.execution.api.run_variants(scn, samples=5, requests=1500, workers=2, chunk_size=2)
     for other in (b, c):
         for name in a.data_vars:
             np.testing.assert_array_equal(a[name].values, other[name].values, err_msg=name)
 
 
 def test_a_sample_does_not_depend_on_the_number_of_samples(scn):
-    small = mcsim.execution.api.simulate(scn, samples=2, requests=1500, workers=1)
-    large = mcsim.execution.api.simulate(scn, samples=4, requests=1500, workers=1)
+    small = mcsim.execution.api.run_variants(scn, samples=2, requests=1500, workers=1)
+    large = mcsim.execution.api.run_variants(scn, samples=4, requests=1500, workers=1)
     np.testing.assert_array_equal(small.gross_margin.values, large.gross_margin.values[:2])
 
 
 def test_other_seed_other_results(scn):
-    a = mcsim.execution.api.simulate(scn, samples=2, requests=1500, workers=1, seed=1)
-    b = mcsim.execution.api.simulate(scn, samples=2, requests=1500, workers=1, seed=2)
+    a = mcsim.execution.api.run_variants(scn, samples=2, requests=1500, workers=1, seed=1)
+    b = mcsim.execution.api.run_variants(scn, samples=2, requests=1500, workers=1, seed=2)
     assert not np.array_equal(a.cost_usd_per_mtok.values, b.cost_usd_per_mtok.values)
 
 
@@ -81,8 +81,9 @@ def test_littles_law_when_the_fleet_is_sized_to_demand(compared):
 
 def test_small_traffic_shrinks_the_batch(scn):
     # Traffic too small to fill the smallest fleet: the batch follows from Little's law, below the cap.
-    busy = mcsim.execution.api.simulate(scn, samples=2, requests=1500, workers=1)
-    idle = mcsim.execution.api.simulate(scn.with_values({"workload.rate_rps": 1.0}), samples=2, requests=1500, workers=1)
+    busy = mcsim.execution.api.run_variants(scn, samples=2, requests=1500, workers=1)
+    idle = mcsim.execution.api.run_variants(scn.with_values({"workload.rate_rps": 1.0}), samples=2, requests=1500,
+                                            workers=1)
     assert np.all(idle.operating_batch_per_gpu.values < busy.operating_batch_per_gpu.values)
     assert np.all(idle.gpus.values == 32 + 16)
     # At the floor every deployed decode GPU is busy with the concurrency Little's law gives.
@@ -119,7 +120,7 @@ def test_infeasible_recipe_is_reported_not_raised(scn):
     dense = load_scenario(scn.source, overrides=SMALL + [
         'model.preset="llama-3.1-70b"', "deployment.gpus_per_instance=1", 'hardware.preset="h100"',
         "precision.enabled=false", "moe.redundant_experts=0"])
-    ds = mcsim.execution.api.simulate(dense, samples=2, requests=500, workers=1)
+    ds = mcsim.execution.api.run_variants(dense, samples=2, requests=500, workers=1)
     assert np.all(ds.feasible.values == 0)
     reasons = ds.infeasible_reason.attrs["flag_meanings"].split()
     assert reasons[int(ds.infeasible_reason.values[0])] == "weights_do_not_fit_in_HBM"
@@ -150,14 +151,14 @@ def test_kv_bytes_reach_the_result(compared):
 
 def test_variants_run_together_equal_variants_run_alone(scn):
     # Stage results are shared between variants of a sample; that must not change any number.
-    from mcsim.execution.sample import simulate_sample
+    from mcsim.execution.sample import run_sample
     from mcsim.scenario import draw_uncertain
 
     draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 5).items()}
     specs = {"factory": {}, "baseline": scn.baseline, "no_cache": {"cache.enabled": False}}
-    together = simulate_sample(scn, specs, 0, 5, 1500, draws)
+    together = run_sample(scn, specs, 0, 5, 1500, draws)
     for name, overrides in specs.items():
-        alone = simulate_sample(scn, {name: overrides}, 0, 5, 1500, draws)[name]
+        alone = run_sample(scn, {name: overrides}, 0, 5, 1500, draws)[name]
         for metric, value in alone.items():
             np.testing.assert_array_equal(value, together[name][metric], err_msg=f"{name}.{metric}")
     assert together["no_cache"]["cache_hit_rate"] == 0

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcsim.kernels.kv_tiers import simulate_tiers
-from mcsim.reference.kv_tiers import simulate_tiers_reference
+from mcsim.kernels.kv_tiers import lookup_tiers
+from mcsim.reference.kv_tiers import lookup_tiers_reference
 
 BIG = 10**9  # a capacity no test workload fills
 
@@ -29,7 +29,7 @@ def run_kernel(prompts, instances, capacity, n_instances=None):
     if n_instances is None:
         n_instances = max(instances, default=-1) + 1
     hits = np.zeros((len(prompts), 3), np.int64)
-    simulate_tiers(block_ptr, block_keys, instance, n_instances, n_keys, np.array(capacity, np.int64), hits)
+    lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, np.array(capacity, np.int64), hits)
     return hits
 
 
@@ -80,7 +80,7 @@ capacities = st.tuples(st.integers(0, 8), st.integers(0, 8), st.integers(0, 8)) 
 @given(workload=prefix_workloads(), capacity=capacities)
 def test_kernel_matches_reference(workload, capacity):
     prompts, instances, n_instances, _ = workload
-    expected = np.array(simulate_tiers_reference(prompts, instances, capacity), np.int64).reshape(-1, 3)
+    expected = np.array(lookup_tiers_reference(prompts, instances, capacity), np.int64).reshape(-1, 3)
     np.testing.assert_array_equal(run_kernel(prompts, instances, capacity, n_instances), expected)
 
 
@@ -183,7 +183,7 @@ def test_pooled_cache_reuses_across_requests_that_per_instance_caches_split():
 def test_hits_accumulate_into_out_hits():
     block_ptr, block_keys, instance, n_keys = to_arrays([[0, 1], [0, 1]], [0, 0])
     hits = np.ones((2, 3), np.int64)
-    simulate_tiers(block_ptr, block_keys, instance, 1, n_keys, np.array([BIG, 0, 0]), hits)
+    lookup_tiers(block_ptr, block_keys, instance, 1, n_keys, np.array([BIG, 0, 0]), hits)
     assert hits.tolist() == [[1, 1, 1], [3, 1, 1]]
 
 
@@ -212,7 +212,7 @@ def test_bad_inputs_raise(change, message):
     )
     args.update(change)
     with pytest.raises(ValueError, match=message):
-        simulate_tiers(**args)
+        lookup_tiers(**args)
 
 
 def _mooncake_trace_path() -> Path:
@@ -234,7 +234,7 @@ def test_mooncake_trace_cache_ratio():
     total_blocks = sum(len(p) for p in prompts)
 
     hits = run_kernel(prompts, instances, (total_blocks, 0, 0))[:, 0]
-    reference = np.array(simulate_tiers_reference(prompts, instances, (total_blocks, 0, 0)))[:, 0]
+    reference = np.array(lookup_tiers_reference(prompts, instances, (total_blocks, 0, 0)))[:, 0]
     np.testing.assert_array_equal(hits, reference)
     np.testing.assert_array_equal(hits, infinite_cache_hits(prompts, instances))
 
@@ -261,14 +261,14 @@ def test_cache_aware_routing_matches_reference(data):
     capacity = (data.draw(st.integers(1, 12)), data.draw(st.integers(0, 6)), data.draw(st.integers(0, 6)))
     balance = data.draw(st.sampled_from([0.0, 0.25, 10.0]))
     chosen_ref = []
-    expected = simulate_tiers_reference(blocks, [-1] * len(blocks), capacity, n_instances, balance, chosen_ref)
+    expected = lookup_tiers_reference(blocks, [-1] * len(blocks), capacity, n_instances, balance, chosen_ref)
     ptr = np.concatenate([[0], np.cumsum([len(b) for b in blocks])]).astype(np.int64)
     ids = np.array([x for b in blocks for x in b], dtype=np.int64)
     stride = int(ids.max()) + 1 if len(ids) else 1
     instance = np.full(len(blocks), -1, np.int32)
     hits = np.zeros((len(blocks), 3), np.int64)
-    simulate_tiers(ptr, ids, instance, n_instances, n_instances * stride, np.array(capacity), hits,
-                   key_stride=stride, balance=balance)
+    lookup_tiers(ptr, ids, instance, n_instances, n_instances * stride, np.array(capacity), hits,
+                 key_stride=stride, balance=balance)
     assert [tuple(h) for h in hits.tolist()] == expected
     assert instance.tolist() == chosen_ref
 
@@ -280,6 +280,6 @@ def test_cache_aware_routing_follows_the_prefix():
     ids = np.array([x for b in blocks for x in b], dtype=np.int64)
     instance = np.full(20, -1, np.int32)
     hits = np.zeros((20, 3), np.int64)
-    simulate_tiers(ptr, ids, instance, 2, 2 * 13, np.array([100, 0, 0]), hits, key_stride=13, balance=10.0)
+    lookup_tiers(ptr, ids, instance, 2, 2 * 13, np.array([100, 0, 0]), hits, key_stride=13, balance=10.0)
     assert hits[2:, 0].tolist() == [3] * 18
     assert len(set(instance[0::2].tolist())) == 1 and len(set(instance[1::2].tolist())) == 1

@@ -133,17 +133,17 @@ def kv_workload(n_requests: int, n_instances: int = KV_INSTANCES, seed: int = 0)
 
 def run_kv_kernel(workload):
     """Blocks reused from HBM, DRAM and NVMe per request (int64[n, 3]) for a :func:`kv_workload`."""
-    from mcsim.kernels.kv_tiers import simulate_tiers
+    from mcsim.kernels.kv_tiers import lookup_tiers
 
     block_ptr, block_keys, instance, n_keys = workload
     hits = np.zeros((instance.shape[0], 3), np.int64)
-    simulate_tiers(block_ptr, block_keys, instance, KV_INSTANCES, n_keys, KV_CAPACITY_BLOCKS, hits)
+    lookup_tiers(block_ptr, block_keys, instance, KV_INSTANCES, n_keys, KV_CAPACITY_BLOCKS, hits)
     return hits
 
 
 def kv_tiers_cases(sizes: KernelSizes = FULL) -> list[dict]:
     """The KV-tier kernel against the ``OrderedDict`` reference (no NumPy version: LRU is sequential)."""
-    from mcsim.reference.kv_tiers import simulate_tiers_reference
+    from mcsim.reference.kv_tiers import lookup_tiers_reference
 
     fast_workload = kv_workload(sizes.kv_requests)
     reference_workload = kv_workload(sizes.kv_reference_requests)
@@ -156,7 +156,7 @@ def kv_tiers_cases(sizes: KernelSizes = FULL) -> list[dict]:
         "stage": "kv_tiers", "name": "KV tiers, 3 tiers, 4 instances", "unit": "block look-ups",
         "items_fast": int(fast_workload[1].shape[0]), "fast": lambda: run_kv_kernel(fast_workload),
         "items_reference": int(reference_workload[1].shape[0]),
-        "reference": lambda: simulate_tiers_reference(block_lists, instance, capacity),
+        "reference": lambda: lookup_tiers_reference(block_lists, instance, capacity),
         "items_numpy": 0, "numpy": None, "target": TARGET_KV_TIERS,
     }]
 

@@ -6,8 +6,8 @@
   belongs to that size.
   The first call at a size also pays the operating system's first touch of its arrays; a sweep's worker runs
   many samples, so the best of the later calls is the steady-state figure and the first call is kept apart.
-* :func:`grid_curve` — a sweep through :func:`mcsim.execution.executor.execute` (one worker) at growing grid points, each
-  in a fresh process: time per point and peak memory (which should follow the chunk, not the grid).
+* :func:`grid_curve` — a sweep through :func:`mcsim.execution.executor.execute` (one worker) at growing grid points,
+  each in a fresh process: time per point and peak memory (which should follow the chunk, not the grid).
 * :func:`workers_curve` — the same sweep on 1 .. N workers, as threads and as a local cluster of processes,
   against the same tasks split over N independent processes without Dask: the machine's own ceiling (memory
   bandwidth, caches, other load), measured in the same run. Parallel efficiency = t(1) / (N x t(N)).
@@ -136,14 +136,14 @@ def measure_sample(requests: int, overrides=(), repeats: int = 2) -> dict:
         ``requests``; ``first_call_s`` (includes first touch of the arrays); ``seconds`` (best of ``repeats``
         later calls); ``requests_per_s``; ``peak_memory_mib`` (peak RSS growth over the warmed-up process).
     """
-    from mcsim.execution.sample import simulate_sample
+    from mcsim.execution.sample import run_sample
     from mcsim.scenario import draw_uncertain
 
     scn = bench_scenario(overrides)
     draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()}
 
     def one(n):
-        return lambda: simulate_sample(scn, ("factory",), 0, int(scn["mc.seed"]), n, draws)
+        return lambda: run_sample(scn, ("factory",), 0, int(scn["mc.seed"]), n, draws)
 
     one(WARM_UP_REQUESTS)()  # compile or load the kernels
     before = memory_mark()
@@ -346,14 +346,14 @@ def measure_compile() -> dict:
         start = time.perf_counter()
         kernels.cases(stage, kernels.TINY)  # first calls on tiny inputs: compile time, nearly all of it
         out["stages_s"][stage] = time.perf_counter() - start
-    from mcsim.execution.sample import simulate_sample
+    from mcsim.execution.sample import run_sample
     from mcsim.scenario import draw_uncertain
 
     scn = bench_scenario()
     draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()}
 
     def sample():
-        simulate_sample(scn, ("factory",), 0, 1, WARM_UP_REQUESTS, draws)
+        run_sample(scn, ("factory",), 0, 1, WARM_UP_REQUESTS, draws)
 
     first = best_of(sample, 1)
     again = best_of(sample, 1)

@@ -22,9 +22,9 @@ def _as_scenario(scenario, overrides) -> Scenario:
     return load_scenario(scenario, overrides=overrides)
 
 
-def simulate(scn: Scenario, variants=("factory",), samples=None, requests=None, seed=None, workers=None,
-             chunk_size=None, progress=False, command=None, axes=(), ablate=False, output=None, resume=False,
-             force=False, processes=False, scheduler=None):
+def run_variants(scn: Scenario, variants=("factory",), samples=None, requests=None, seed=None, workers=None,
+                 chunk_size=None, progress=False, command=None, axes=(), ablate=False, output=None, resume=False,
+                 force=False, processes=False, scheduler=None):
     """Run ``samples`` Monte Carlo samples of every variant (and grid point) and return the result Dataset."""
     plan = _sweep.make_plan(scn, variants, axes=axes, samples=samples, requests=requests, seed=seed,
                             chunk_size=chunk_size, workers=workers, ablate=ablate)
@@ -46,8 +46,8 @@ def run(scenario, *, samples=None, requests=None, seed=None, overrides=(), worke
     >>> ds.gross_margin.quantile([0.05, 0.5, 0.95], dim="sample")  # doctest: +SKIP
     """
     scn = _as_scenario(scenario, overrides)
-    return simulate(scn, ("factory",), samples, requests, seed, workers, progress=progress, command=command,
-                    output=output, force=force, **dask_options)
+    return run_variants(scn, ("factory",), samples, requests, seed, workers, progress=progress, command=command,
+                        output=output, force=force, **dask_options)
 
 
 def compare(scenario, *, samples=None, requests=None, seed=None, overrides=(), workers=None, progress=False,
@@ -58,8 +58,8 @@ def compare(scenario, *, samples=None, requests=None, seed=None, overrides=(), w
     (``only:<lever>``), and stores every lever's Shapley share of the factory/baseline gain.
     """
     scn = _as_scenario(scenario, overrides)
-    return simulate(scn, ("baseline", "factory"), samples, requests, seed, workers, progress=progress,
-                    command=command, output=output, force=force, ablate=ablate, **dask_options)
+    return run_variants(scn, ("baseline", "factory"), samples, requests, seed, workers, progress=progress,
+                        command=command, output=output, force=force, ablate=ablate, **dask_options)
 
 
 def sweep(scenario, grid_axes=(), *, variants=("factory",), samples=None, requests=None, seed=None, overrides=(),
@@ -79,8 +79,8 @@ def sweep(scenario, grid_axes=(), *, variants=("factory",), samples=None, reques
     axes = grid.validate_axes(scn, axes)
     if ablate:
         variants = ("baseline", "factory")
-    return simulate(scn, variants, samples, requests, seed, workers, progress=progress, command=command,
-                    axes=axes, ablate=ablate, output=output, resume=resume, force=force, **dask_options)
+    return run_variants(scn, variants, samples, requests, seed, workers, progress=progress, command=command,
+                        axes=axes, ablate=ablate, output=output, resume=resume, force=force, **dask_options)
 
 
 def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: int = 10_000, requests=None,
@@ -94,15 +94,15 @@ def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: 
     import numpy as np
     import xarray as xr
 
-    from mcsim.execution.sample import simulate_sample
+    from mcsim.execution.sample import run_sample
     from mcsim.scenario import draw_uncertain
 
     scn = _as_scenario(scenario, [*overrides, "performance.simulate_batching=true"])
     seed = int(scn["mc.seed"] if seed is None else seed)
     requests = int(requests or scn["mc.requests"])
     draws = draw_uncertain(scn, [sample], seed, n_samples=max(int(scn["mc.samples"]), sample + 1))
-    row = simulate_sample(scn, (variant,), sample, seed, requests, {k: float(v[0]) for k, v in draws.items()},
-                          step_log=max_steps)
+    row = run_sample(scn, (variant,), sample, seed, requests, {k: float(v[0]) for k, v in draws.items()},
+                     step_log=max_steps)
     log = row[variant]["_step_log"]
     units = {"start_s": "s", "decode_seqs": "sequences", "prefill_tokens": "tokens", "step_s": "s",
              "waiting": "requests"}

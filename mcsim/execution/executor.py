@@ -98,7 +98,7 @@ class Plan:
 
 def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
     """Rows of one (grid point, chunk of samples): variant -> metric -> value per sample."""
-    from mcsim.execution.sample import simulate_sample
+    from mcsim.execution.sample import run_sample
 
     scn = plan.scn
     overrides = plan.grid[point]
@@ -108,8 +108,8 @@ def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
     draws = draw_uncertain(scn, indices, plan.seed, n_samples=plan.samples)
     rows = []
     for j, sample in enumerate(indices):
-        row = simulate_sample(point_scn, plan.variants, int(sample), plan.seed, plan.requests,
-                              {k: float(v[j]) for k, v in draws.items()})
+        row = run_sample(point_scn, plan.variants, int(sample), plan.seed, plan.requests,
+                         {k: float(v[j]) for k, v in draws.items()})
         if plan.ablate:
             from mcsim.results.attribution import reduce_row
 

@@ -1,6 +1,6 @@
 """One Monte Carlo sample, stage by stage: scenario draws -> requests -> kernels -> performance -> economics.
 
-:func:`simulate_sample` is the unit of work that :mod:`mcsim.execution.api` fans out over Dask. Every random stream is
+:func:`run_sample` is the unit of work that :mod:`mcsim.execution.api` fans out over Dask. Every random stream is
 derived from (seed, sample index, stage), so a sample's result does not depend on which task or worker runs it,
 and variants of one sample (``baseline`` / ``factory``) see identical requests, acceptance draws, expert
 tendencies and arrivals (common random numbers).
@@ -68,8 +68,8 @@ def cache_stage(p: dict, requests, rng) -> np.ndarray:
     capacity = cache_capacity(p, requests.block_tokens)
     if capacity[0] == 0:
         return np.zeros((requests.n, 3), dtype=np.int64)
-    result = kvcache.simulate_cache(requests, p["deployment.routing"], p["deployment.instances"], capacity, rng,
-                                    balance=p["deployment.routing_balance"])
+    result = kvcache.cache_hits(requests, p["deployment.routing"], p["deployment.instances"], capacity, rng,
+                                balance=p["deployment.routing_balance"])
     return result.cached_tokens
 
 
@@ -161,8 +161,8 @@ def _unknown(name):
     raise ValueError(f"unknown variant {name!r}; expected 'baseline' or 'factory', or a dict name -> overrides")
 
 
-def simulate_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict,
-                    step_log: int = 0) -> dict:
+def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict,
+               step_log: int = 0) -> dict:
     """Every variant of one sample.
 
     Stage results are memoised within the sample by everything they depend on, so variants that differ only in

@@ -205,7 +205,8 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     Returns
     -------
     dict
-        Metric name -> value (see :mod:`mcsim.results.variables`), plus ``busy_fraction`` and token totals for economics.
+        Metric name -> value (see :mod:`mcsim.results.variables`), plus ``busy_fraction`` and token totals for
+        economics.
     """
     out_tokens = requests.output_tokens
     prompt = requests.prompt_tokens
@@ -287,11 +288,11 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     queue = np.zeros(n)
     saturated, little = 0, math.nan
     if p["performance.simulate_batching"]:
-        from mcsim.perf.latency import simulate_pools
+        from mcsim.perf.latency import pool_latencies
 
         restore_s = restore_bytes[:, 0] / (host_bw * g_prefill) \
             + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill)
-        lat = simulate_pools(p, requests, miss, restore_s, transfer_s, passes_r, model, b_cap, b_op, b_mem,
+        lat = pool_latencies(p, requests, miss, restore_s, transfer_s, passes_r, model, b_cap, b_op, b_mem,
                              decode_gpus, prefill_gpus, max_steps=step_log)
         ttft, tpot, e2e, queue = lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"]
         saturated, little = lat["saturated"], lat["little_law_ratio"]

@@ -41,7 +41,7 @@ def _table(d_edges, p_edges, t_pass, gpus: int, x_prefill: float, mixed_penalty:
     return table
 
 
-def simulate_pools(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, transfer_s: np.ndarray,
+def pool_latencies(p: dict, requests, miss: np.ndarray, restore_s: np.ndarray, transfer_s: np.ndarray,
                    passes: np.ndarray, model, b_cap: float, b_op: float, b_mem: float, decode_gpus: float,
                    prefill_gpus: float, max_steps: int = 0) -> dict:
     """Per-request TTFT, TPOT (NaN for one-token outputs), E2E and queue wait (s) of the measured requests, plus

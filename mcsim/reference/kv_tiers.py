@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 
-def simulate_tiers_reference(
+def lookup_tiers_reference(
     block_lists: list[list[int]],
     instance: list[int],
     capacity_blocks: tuple[int, int, int],
@@ -42,7 +42,7 @@ def simulate_tiers_reference(
 
     Examples
     --------
-    >>> simulate_tiers_reference([[0, 1], [0, 2]], [0, 0], (8, 0, 0))
+    >>> lookup_tiers_reference([[0, 1], [0, 2]], [0, 0], (8, 0, 0))
     [(0, 0, 0), (1, 0, 0)]
     """
     if capacity_blocks[0] == 0:

@@ -12,7 +12,7 @@ switched on:
 
 The values add up exactly to v(all) - v(empty), however strongly the levers interact. Throughput and cost per
 token are attributed on a log scale (the levers multiply), margins on a linear scale. With L levers that is
-2^L variants per sample; the kernels' work is shared between them (:func:`mcsim.execution.sample.simulate_sample`).
+2^L variants per sample; the kernels' work is shared between them (:func:`mcsim.execution.sample.run_sample`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Stage 2 orchestration: route requests to instances, size the tiers, run the KV-tier kernel.
 
-The kernel (:func:`mcsim.kernels.kv_tiers.simulate_tiers`) keeps its state in flat arrays indexed by a dense key,
+The kernel (:func:`mcsim.kernels.kv_tiers.lookup_tiers`) keeps its state in flat arrays indexed by a dense key,
 so block identities are remapped here: each (instance, block) pair gets its own key, since each instance has its
 own cache. ``routing = 'pooled'`` is one cache with the capacity of all instances together.
 """
@@ -92,8 +92,8 @@ def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray,
     return keys.astype(np.int64), len(uniq)
 
 
-def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instance: np.ndarray, rng,
-                   balance: float = 0.25) -> CacheResult:
+def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: np.ndarray, rng,
+               balance: float = 0.25) -> CacheResult:
     """Run the tiers for one sample's requests (in arrival order).
 
     Parameters
@@ -107,9 +107,9 @@ def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instanc
     rng : numpy.random.Generator
         The sample's routing stream.
     balance : float
-        Load guard of cache-aware routing (see :func:`mcsim.kernels.kv_tiers.simulate_tiers`).
+        Load guard of cache-aware routing (see :func:`mcsim.kernels.kv_tiers.lookup_tiers`).
     """
-    from mcsim.kernels.kv_tiers import simulate_tiers
+    from mcsim.kernels.kv_tiers import lookup_tiers
 
     n = requests.n
     instance = route(policy, requests.block_ptr, requests.block_ids, n_instances, rng)
@@ -125,13 +125,13 @@ def simulate_cache(requests, policy: str, n_instances: int, capacity_per_instanc
         if ids.min() < 0 or ids.max() >= 2 * len(ids) + (1 << 20):
             ids = np.unique(ids, return_inverse=True)[1].astype(np.int64)
         stride = int(ids.max()) + 1
-        simulate_tiers(requests.block_ptr, ids, instance, caches, caches * stride, capacity, hits, key_stride=stride,
-                       balance=balance)
+        lookup_tiers(requests.block_ptr, ids, instance, caches, caches * stride, capacity, hits, key_stride=stride,
+                     balance=balance)
     elif len(requests.block_ids) and capacity[0] > 0:
         instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
         keys, n_keys = _dense_keys(requests.block_ids, instance, counts, caches)
-        simulate_tiers(requests.block_ptr, keys, instance if caches > 1 else np.zeros(n, np.int32), caches, n_keys,
-                       capacity, hits)
+        lookup_tiers(requests.block_ptr, keys, instance if caches > 1 else np.zeros(n, np.int32), caches, n_keys,
+                     capacity, hits)
     instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
     cached = hits * requests.block_tokens
     # A fully cached prompt still computes its last token (the first output needs one forward position).
