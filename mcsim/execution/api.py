@@ -1,7 +1,7 @@
 """The Python API of a run: :func:`run`, :func:`compare`, :func:`sweep` and :func:`open_results`.
 
-Each is a few lines over :func:`mcsim.sweep.execute`, which fans (grid point x chunk of samples) tasks out over
-Dask. Results are bit-identical whatever the chunk size, number of workers or scheduler.
+Each is a few lines over :func:`mcsim.execution.executor.execute`, which fans (grid point x chunk of samples)
+tasks out over Dask. Results are bit-identical whatever the chunk size, number of workers or scheduler.
 """
 
 from __future__ import annotations
