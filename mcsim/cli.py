@@ -132,11 +132,15 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
         click.echo(f"wrote {output}")
 
 
+GRID_HELP = "A grid axis: PATH=v1,v2,... or PATH=START:STOP:NUM[:log] (repeatable; adds to [sweep])."
+
+
 @main.command()
 @_common
+@click.option("--grid", multiple=True, metavar="PATH=VALUES", help=GRID_HELP + " Makes the run a sweep.")
 def run(**kw):
     """Run SCENARIO as written: prints median and 5-95 % band of each headline metric, writes NetCDF."""
-    _execute("run", **kw)
+    _execute("sweep" if kw["grid"] else "run", **kw)
 
 
 @main.command()
@@ -150,8 +154,7 @@ def compare(**kw):
 
 @main.command()
 @_common
-@click.option("--grid", multiple=True, metavar="PATH=VALUES",
-              help="A grid axis: PATH=v1,v2,... or PATH=START:STOP:NUM[:log] (repeatable; adds to [sweep]).")
+@click.option("--grid", multiple=True, metavar="PATH=VALUES", help=GRID_HELP)
 @click.option("--compare", is_flag=True, help="Run baseline and factory at every grid point.")
 @click.option("--ablate", is_flag=True, help="Compare with lever ablations and Shapley shares at every grid point.")
 @click.option("--lhs", is_flag=True, help="Draw the uncertain inputs by Latin hypercube.")

@@ -15,7 +15,7 @@ from mcsim.scenario import load_scenario
 # A small, fast version of the factory scenario (fewer EP ranks so that the expert stage is quick).
 SMALL = [
     "deployment.gpus_per_instance=32",
-    "deployment.prefill_gpus_per_instance=16",
+    "deployment.prefill_gpus_per_instance=32",
     "moe.nodes=4",
     "workload.rate_rps=150",
 ]
@@ -71,12 +71,14 @@ def test_levers_off_in_the_baseline(compared):
 
 
 def test_littles_law_when_the_fleet_is_sized_to_demand(compared):
-    # Little: concurrency = arrival rate x time in decode / GPUs. With the fleet sized at utilization u to the
-    # operating batch b, that must equal u x b — two different computations of the same quantity.
+    # Little: concurrency = arrival rate x time in decode / GPUs. The fleet is whole instances sized at utilization
+    # u, and the operating batch is the one at which those GPUs just serve the demand: the two must agree.
     fact = compared.sel(variant="factory")
-    u = 0.7  # economics.target_utilization in factory.toml
-    np.testing.assert_allclose(fact.mean_concurrency_per_gpu.values, u * fact.operating_batch_per_gpu.values,
+    np.testing.assert_allclose(fact.mean_concurrency_per_gpu.values, fact.operating_batch_per_gpu.values,
                                rtol=0.02)
+    # Whole instances: the smallest number whose capacity at utilization u serves the load.
+    assert np.all(fact.decode_instances.values == np.round(fact.decode_instances.values))
+    assert np.all(fact.decode_gpus.values == 32 * fact.decode_instances.values)
 
 
 def test_small_traffic_shrinks_the_batch(scn):
@@ -85,7 +87,7 @@ def test_small_traffic_shrinks_the_batch(scn):
     idle = mcsim.execution.api.run_variants(scn.with_values({"workload.rate_rps": 1.0}), samples=2, requests=1500,
                                             workers=1)
     assert np.all(idle.operating_batch_per_gpu.values < busy.operating_batch_per_gpu.values)
-    assert np.all(idle.gpus.values == 32 + 16)
+    assert np.all(idle.gpus.values == 32 + 32)
     # At the floor every deployed decode GPU is busy with the concurrency Little's law gives.
     np.testing.assert_allclose(idle.mean_concurrency_per_gpu.values, idle.operating_batch_per_gpu.values, rtol=0.05)
 
@@ -118,7 +120,7 @@ def test_dataset_contract(compared, tmp_path):
 def test_infeasible_recipe_is_reported_not_raised(scn):
     # A 70B dense model's BF16 weights cannot fit one 80 GB GPU: the result says so.
     dense = load_scenario(scn.source, overrides=SMALL + [
-        'model.preset="llama-3.1-70b"', "deployment.gpus_per_instance=1", 'hardware.preset="h100"',
+        'model.preset="llama-3.1-70b"', "deployment.gpus_per_instance=1", "deployment.tp=1", 'hardware.preset="h100"',
         "precision.enabled=false", "moe.redundant_experts=0"])
     ds = mcsim.execution.api.run_variants(dense, samples=2, requests=500, workers=1)
     assert np.all(ds.feasible.values == 0)

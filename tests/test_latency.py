@@ -34,11 +34,9 @@ def test_latency_quantiles_are_ordered_and_consistent(dense):
 
 
 def test_overload_is_flagged_as_saturated():
-    # The fleet is sized to run at 100 % of its service-time capacity, but steps that mix prefill and decode
-    # cost 50 % more in the simulator: the queue grows without bound and the run says so.
+    # One fixed node offered far more than it can serve: the queue grows without bound and the run says so.
     ds = mcsim.run(DENSE, samples=1, requests=3000, workers=1,
-                   overrides=["economics.target_utilization=1.0", "workload.rate_rps=60",
-                              "performance.mixed_step_penalty=0.5"])
+                   overrides=["deployment.fleet=fixed", "deployment.instances=1", "workload.rate_rps=60"])
     assert int(ds.saturated.values[0]) == 1
     assert float(ds.queue_wait_s.sel(quantile=0.5)[0]) > 10.0
 
@@ -62,23 +60,27 @@ def test_infeasible_layout_stays_in_a_sweep():
     assert reasons[int(ds.infeasible_reason.sel({"deployment.tp": 1}).values[0])] == "weights_do_not_fit_in_HBM"
 
 
-def test_roofline_decode_model_against_the_roofline_directly():
-    # The engine's pass time at a batch equals the roofline's instance step time times the draft cost.
-    from mcsim.perf import capacity
-    from mcsim.perf.roofline_model import mean_contexts, options, roofline_decode_model
+def test_roofline_pass_against_the_roofline_directly():
+    # The engine's pass time at a batch equals the roofline's instance step verifying k+1 tokens, plus k plain
+    # one-token steps of drafting at draft_cost each.
+    from mcsim.perf import roofline
+    from mcsim.perf.roofline_model import RooflineStepModel, _hardware, options
     from mcsim.stages.workload import generate
 
     scn = load_scenario(DENSE)
     p = resolve(scn, {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()})
     req = generate(p, scn.classes, 500, np.random.default_rng(0), 131072)
     passes = np.maximum(req.output_tokens // 2, 1)
-    model = roofline_decode_model(p, req, passes, {"expert_efficiency": 1.0})
-    context, _ = mean_contexts(req)
-    step = capacity.step_time_table(perf._model(p), {k.split(".", 1)[1]: v for k, v in p.items()
-                                                     if k.startswith("hardware.")},
-                                    [16 * 8], [0], decode_context=context, prefill_context=0,
-                                    verify_tokens=p["speculative.draft_tokens"] + 1, **options(p))[0, 0]
-    assert model.t_pass(16.0) == pytest.approx(step * (1 + 3 * p["speculative.draft_cost"]), rel=1e-12)
+    model = RooflineStepModel(p, req, passes, {"expert_efficiency": 1.0})
+    context = float(req.prompt_tokens.mean() + req.output_tokens.mean() / 2)
+    k = p["speculative.draft_tokens"]
+
+    def step(verify):
+        return roofline.step_cost(perf._model(p), _hardware(p), decode_seqs=16 * 8, decode_context=context,
+                                  verify_tokens=verify, **options(p)).t_step
+
+    expected = step(k + 1) + k * p["speculative.draft_cost"] * step(1)
+    assert model.pass_s(16.0) == pytest.approx(expected, rel=1e-12)
     assert model.tokens_per_pass == pytest.approx(req.output_tokens.sum() / passes.sum())
 
 

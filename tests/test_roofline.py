@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from mcsim.perf.capacity import memory_projection, operating_point, step_time_table
+from mcsim.perf.capacity import memory_projection, operating_point
 from mcsim.perf.collectives import allreduce_time, alltoall_time, expected_other_nodes
 from mcsim.perf.roofline import (
     Achievable,
@@ -342,25 +342,14 @@ def test_operating_point_loose_and_tight():
     assert not no_room.feasible and no_room.batch == 0 and no_room.reason == "weights do not fit in HBM"
 
 
-def test_step_time_table():
-    model, hw = catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100")
-    decode, prefill = [0, 4, 64], [0, 512, 2048]
-    table = step_time_table(model, hw, decode, prefill, decode_context=1000, prefill_context=300,
-                            mixed_penalty=0.25)
-    assert table.shape == (3, 3) and table[0, 0] == 0.0
-    for i, d in enumerate(decode):
-        for j, p in enumerate(prefill):
-            if d == p == 0:
-                continue
-            t = step_cost(model, hw, decode_seqs=d, decode_context=1000, prefill_tokens=p,
-                          prefill_context=300).t_step
-            assert table[i, j] == pytest.approx(t * (1.25 if d and p else 1.0))
-    assert np.all(np.diff(table[:, 1:], axis=0) > 0) and np.all(np.diff(table[1:, :], axis=1) > 0)
+def test_pipeline_stages_run_as_micro_batches():
     # two pipeline stages: two micro-batches, each sequence crosses both stages
-    pp = step_time_table(model, hw, [64], [0], decode_context=1000, prefill_context=0,
-                         parallel=Parallelism(pp=2))
+    from mcsim.perf.capacity import _instance_step_time
+
+    model, hw = catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100")
+    kwargs = {"parallel": Parallelism(pp=2), "decode_context": 1000, "prefill_context": 0}
     half = step_cost(model, hw, decode_seqs=32, decode_context=1000, parallel=Parallelism(pp=2)).t_step
-    assert pp[0, 0] == pytest.approx(2 * half)
+    assert _instance_step_time(model, hw, 64, 0, kwargs) == pytest.approx(2 * half)
 
 
 def test_rejects_bad_layouts():

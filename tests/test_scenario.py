@@ -328,7 +328,7 @@ def test_parse_override_refuses_malformed(text):
 def test_overrides_apply_like_the_file():
     scn = load_scenario(FACTORY, overrides=[
         "speculative.draft_tokens=2", "cache.enabled=false", "model.preset=llama-3.1-8b",
-        "deployment.gpus_per_instance=1", "moe.redundant_experts=0", "meta.name=small",
+        "deployment.gpus_per_instance=1", "deployment.tp=1", "moe.redundant_experts=0", "meta.name=small",
         "workload.classes.chat.share=0.3", "precision.decode_gain=1.25",
         'economics.pue={dist="uniform", low=1.1, high=1.4}',
     ])
@@ -382,8 +382,8 @@ share = 0.6
 share = 0.4
 [baseline.deployment]
 batching = "continuous"
-[baseline.workload.classes.chat]
-share = 0.2
+[baseline.economics]
+pue = 1.2
 [baseline]
 speculative.draft_tokens = 1
 """
@@ -392,18 +392,18 @@ speculative.draft_tokens = 1
 def test_baseline_tables_are_flattened_and_applied():
     scn = load(BASELINE)
     assert scn.baseline["deployment.batching"] == "continuous"
-    assert scn.baseline["workload.classes.chat.share"] == 0.2
+    assert scn.baseline["economics.pue"] == 1.2
     assert scn.baseline["speculative.draft_tokens"] == 1
     base = scn.variant("baseline")
     # every lever off, then the file's own [baseline]
     for path, value in {k: v for lever in LEVERS.values() for k, v in lever.items()}.items():
         expected = "continuous" if path == "deployment.batching" else value
         assert base[path] == expected, path
-    assert base["workload.classes.chat.share"] == 0.2
+    assert base["economics.pue"] == 1.2
     assert base["speculative.draft_tokens"] == 1
     # the factory is untouched
     assert scn.variant("factory") is scn
-    assert scn["workload.classes.chat.share"] == 0.6 and scn["speculative.draft_tokens"] == 2
+    assert scn["economics.pue"] == 1.3 and scn["speculative.draft_tokens"] == 2
     assert scn["cache.enabled"] is True
     with pytest.raises(ValueError, match="unknown variant"):
         scn.variant("both")

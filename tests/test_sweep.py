@@ -19,7 +19,7 @@ from mcsim.scenario import grid
 from mcsim.scenario import ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["deployment.gpus_per_instance=32", "deployment.prefill_gpus_per_instance=16", "moe.nodes=4",
+SMALL = ["deployment.gpus_per_instance=32", "deployment.prefill_gpus_per_instance=32", "moe.nodes=4",
          "workload.rate_rps=150"]
 GRID = ["speculative.draft_tokens=0,1,2", "hardware.preset=h800,h200"]
 VOLATILE = {"created", "command_line", "parts_reused", "parts_recomputed", "chunk_size", "fingerprint"}

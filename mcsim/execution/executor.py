@@ -105,7 +105,7 @@ def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
     point_scn = scn.with_values(overrides, origin="--grid") if overrides else scn
     indices = plan.chunks[chunk]
     # Draws come from the unswept scenario, so every grid point sees the same uncertain values.
-    draws = draw_uncertain(scn, indices, plan.seed, n_samples=plan.samples)
+    draws = draw_uncertain(scn, indices, plan.seed, n_samples=plan.samples, include_unused=_fidelity_swept(plan))
     rows = []
     for j, sample in enumerate(indices):
         row = run_sample(point_scn, plan.variants, int(sample), plan.seed, plan.requests,
@@ -191,7 +191,8 @@ def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
         for axis in plan.axes:
             out[axis.path].attrs.update({"long_name": f"grid axis {axis.path}", "role": "grid"})
     swept = set(paths)
-    draws = draw_uncertain(plan.scn, np.arange(plan.samples), plan.seed, n_samples=plan.samples)
+    draws = draw_uncertain(plan.scn, np.arange(plan.samples), plan.seed, n_samples=plan.samples,
+                           include_unused=_fidelity_swept(plan))
     for path, values in draws.items():
         if path in swept:
             continue
@@ -270,6 +271,9 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
         "parts_reused": reused,
         "parts_recomputed": recomputed,
     })
+    for path, key in (("performance.fidelity", "fidelity"), ("deployment.fleet", "fleet")):
+        if any(axis.path == path for axis in plan.axes):
+            attrs[key] = f"swept: see the {path} coordinate"
     ds = _assemble(plan, parts, attrs)
     if output is not None:
         results.write_netcdf(ds, output, force=force)
@@ -335,6 +339,11 @@ def _stop_on_sigint():
         yield stop
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _fidelity_swept(plan) -> bool:
+    """A grid over the fidelity draws every fidelity's inputs (each grid point reads its own)."""
+    return any(axis.path == "performance.fidelity" for axis in plan.axes)
 
 
 def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, seed=None, chunk_size=None,

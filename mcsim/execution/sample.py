@@ -15,6 +15,7 @@ import numpy as np
 
 from mcsim.perf import factor as perf
 from mcsim.scenario import (
+    STREAM_BATCHING,
     STREAM_EXPERTS,
     STREAM_ROUTING,
     STREAM_SPECULATIVE,
@@ -25,6 +26,8 @@ from mcsim.scenario import (
     rng_for,
 )
 from mcsim.stages import economics, kvcache, workload
+from mcsim.stages.experts import Inputs as ExpertInputs
+from mcsim.stages.speculative import Inputs as SpeculativeInputs
 
 
 @lru_cache(maxsize=8)
@@ -47,84 +50,52 @@ def sample_requests(scn: Scenario, p: dict, sample: int, seed: int, n_requests: 
     return workload.generate(p, scn.classes, n_requests, rng, int(max_context))
 
 
-def _nodes(gpus: int, gpus_per_node: int) -> int:
-    return max(math.ceil(gpus / gpus_per_node), 1)
-
-
-def cache_capacity(p: dict, block_tokens: int) -> np.ndarray:
-    """Blocks per tier of one instance's cache (all zeros when the cache lever is off)."""
-    if not p["cache.enabled"]:
-        return np.zeros(3, dtype=np.int64)
-    # The prefix cache serves prefill: it lives on the prefill pool when disaggregated.
-    gpus = p["deployment.prefill_gpus_per_instance"] if p["deployment.disaggregated"] else \
-        p["deployment.gpus_per_instance"]
-    nodes = _nodes(gpus, p["hardware.gpus_per_node"])
-    return kvcache.capacity_blocks(p["cache.hbm_gb_per_instance"] * 1e9, p["cache.dram_gb_per_node"] * 1e9 * nodes,
-                                   p["cache.nvme_gb_per_node"] * 1e9 * nodes, perf.kv_bytes(p), block_tokens)
-
-
-def cache_stage(p: dict, requests, rng) -> np.ndarray:
+def cache_stage(inputs: kvcache.Inputs, requests, rng) -> np.ndarray:
     """Cached prompt tokens per request and tier (zeros when the cache lever is off)."""
-    capacity = cache_capacity(p, requests.block_tokens)
-    if capacity[0] == 0:
+    if inputs.capacity_blocks[0] == 0:
         return np.zeros((requests.n, 3), dtype=np.int64)
-    result = kvcache.cache_hits(requests, p["deployment.routing"], p["deployment.instances"], capacity, rng,
-                                balance=p["deployment.routing_balance"])
+    result = kvcache.cache_hits(requests, inputs.routing, inputs.caches, np.array(inputs.capacity_blocks), rng,
+                                balance=inputs.routing_balance)
     return result.cached_tokens
 
 
-def speculative_stage(p: dict, requests, rng):
+def speculative_stage(inputs: SpeculativeInputs, requests, rng):
     """Verification passes per request, or None when speculative decoding is off."""
-    if not p["speculative.enabled"] or p["speculative.draft_tokens"] == 0:
+    if inputs.draft_tokens == 0:
         return None
     from mcsim.stages.speculative import speculative_passes
 
-    passes, _ = speculative_passes(requests.output_tokens, requests.acceptance, p["speculative.draft_tokens"],
-                                   p["speculative.acceptance_decay"], rng)
+    passes, _ = speculative_passes(requests.output_tokens, requests.acceptance, inputs.draft_tokens,
+                                   inputs.acceptance_decay, rng)
     return passes
 
 
-def _memory_batch(p: dict, requests) -> float:
-    """Sequences per decode GPU whose KV fits, by the sample's fidelity's own memory model."""
-    if p["performance.fidelity"] == "roofline":
-        from mcsim.perf.roofline_model import memory, options
-
-        mem = memory(p, requests, options(p))
-        return mem.max_sequences / p["deployment.gpus_per_instance"] if mem.fits else 0.0
-    mean_context = float(requests.prompt_tokens.mean() + requests.output_tokens.mean() / 2)
-    return perf.memory_batch_limit(p, perf.kv_bytes(p), mean_context, requests.block_tokens)[0]
-
-
-def expert_inputs(p: dict, scn: Scenario, requests) -> tuple:
-    """The arguments of the expert stage (also its memo key): everything its result depends on."""
-    ep = p["moe.ep_ranks"] or p["deployment.gpus_per_instance"]
-    tokens = p["moe.tokens_per_step"]
-    if tokens <= 0:
-        tokens = int(max(1, min(p["deployment.max_batch_per_gpu"], _memory_batch(p, requests)))) * ep
-    shares = np.array([p[f"workload.classes.{c}.share"] for c in scn.classes], dtype=float)
-    skews = tuple(float(p[f"workload.classes.{c}.expert_skew"]) for c in scn.classes)
-    return (int(p["model.experts"]), int(p["model.active_experts"]), tuple(shares / shares.sum()), skews, int(tokens),
-            int(ep), int(p["moe.redundant_experts"]), int(p["moe.window_steps"]), int(p["moe.eval_steps"]),
-            int(p["moe.groups"]), int(p["moe.nodes"]))
-
-
-def expert_stage(p: dict, scn: Scenario, requests, rng) -> dict:
+def expert_stage(inputs: ExpertInputs | None, rng) -> dict:
     """Expert efficiency and distinct experts per step (1 and 0 for dense models)."""
-    if p["model.experts"] <= 0:
+    if inputs is None:
         return {"expert_efficiency": 1.0, "distinct_experts_per_step": 0.0}
     from mcsim.stages.experts import expert_efficiency
 
-    experts, top_k, shares, skews, tokens, ep, redundant, window, steps, groups, nodes = expert_inputs(p, scn, requests)
-    result = expert_efficiency(experts, top_k, np.array(shares), np.array(skews), tokens, ep, redundant, window,
-                               steps, rng, num_groups=groups, num_nodes=nodes)
+    result = expert_efficiency(inputs.experts, inputs.top_k, np.array(inputs.class_shares),
+                               np.array(inputs.class_skews), inputs.tokens_per_step, inputs.ep_ranks,
+                               inputs.redundant_experts, inputs.window_steps, inputs.eval_steps, rng,
+                               num_groups=inputs.groups, num_nodes=inputs.nodes)
     # Throughput follows the time-weighted ratio: each step lasts as long as its busiest GPU.
     return {"expert_efficiency": float(result["expert_efficiency_ratio_of_sums"]),
             "distinct_experts_per_step": float(result["distinct_experts_per_step"])}
 
 
+MONEY_OUTPUTS = ("cost_usd_per_day", "revenue_usd_per_day", "gross_margin", "cost_profit_margin",
+                 "cost_usd_per_mtok", "energy_j_per_token", "payback_months")
+
+
 def money(p: dict, m: dict) -> dict:
-    """Daily economics from the performance metrics (scaled from the trace's duration to a day)."""
-    per_day = 86400.0 / m["trace_duration_s"]
+    """Daily economics of the fleet that ran (scaled from the trace's duration to a day); NaN for a sample that
+    could not run. Revenue counts the tokens the fleet served (less than the demand only when a fixed fleet is
+    loaded past its capacity)."""
+    if not m["feasible"]:
+        return {name: math.nan for name in MONEY_OUTPUTS}
+    per_day = 86400.0 / m["trace_duration_s"] * m["_served_fraction"]
     pricing = p["economics.pricing"]
     price = p["economics.price_usd"] or p["hardware.price_usd"]
     rental = p["economics.rental_usd_per_gpu_hour"] or p["hardware.rental_usd_per_hour"]
@@ -153,6 +124,11 @@ def money(p: dict, m: dict) -> dict:
 def variant_specs(scn: Scenario, variants) -> dict[str, dict]:
     """Variant name -> overrides. Names may be ``factory``, ``baseline`` or already a dict of specs."""
     if isinstance(variants, dict):
+        from mcsim.scenario import check_variant_key
+
+        for name, overrides in variants.items():
+            for path in overrides:
+                check_variant_key(path, scn.source, f"variant {name}")
         return variants
     return {v: ({} if v == "factory" else scn.baseline if v == "baseline" else _unknown(v)) for v in variants}
 
@@ -190,6 +166,7 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
     """
     results = {}
     requests = None
+    workload_inputs = None
     memo: dict = {}
 
     def once(key, compute):
@@ -203,27 +180,46 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
             from mcsim.optrace.calibration import apply
 
             p = apply(scn.calibration, p)
+        inputs = workload.Inputs.from_params(p)
         if requests is None:  # the workload is common to all variants
             requests = sample_requests(scn, p, sample, seed, n_requests)
+            workload_inputs = inputs
+        elif inputs != workload_inputs:
+            key = workload_inputs.first_difference(inputs)
+            raise ScenarioError(scn.source, key, f"variant {variant} changes the workload; the variants of a "
+                                "sample share their requests, so sweep it with --grid instead")
         # The caches see every request; statistics leave out the warm-up requests that filled them.
         warm = min(int(p["mc.warmup_fraction"] * requests.n), requests.n - 1)
         measured = requests.tail(warm)
-        cache_key = ("cache", tuple(cache_capacity(p, requests.block_tokens)), p["deployment.routing"],
-                     p["deployment.instances"], p["deployment.routing_balance"])
-        cached = once(cache_key, lambda: cache_stage(p, requests, rng_for(seed, sample, STREAM_ROUTING))[warm:])
-        spec_key = ("spec", bool(p["speculative.enabled"]), p["speculative.draft_tokens"],
-                    p["speculative.acceptance_decay"])
-        passes = once(spec_key, lambda: speculative_stage(p, measured, rng_for(seed, sample, STREAM_SPECULATIVE)))
-        expert_key = ("experts",) + (expert_inputs(p, scn, measured) if p["model.experts"] > 0 else ())
-        experts = once(expert_key, lambda: expert_stage(p, scn, measured, rng_for(seed, sample, STREAM_EXPERTS)))
+        cache_in = kvcache.Inputs.from_params(p, requests.block_tokens, perf.kv_bytes(p))
+        cached = once(cache_in, lambda: cache_stage(cache_in, requests, rng_for(seed, sample, STREAM_ROUTING))[warm:])
+        spec_in = SpeculativeInputs.from_params(p)
+        passes = once(spec_in, lambda: speculative_stage(spec_in, measured, rng_for(seed, sample, STREAM_SPECULATIVE)))
+        expert_in = None
+        if p["model.experts"] > 0:
+            # The step's tokens follow the batch that fits in memory (the one memory projection).
+            expert_in = ExpertInputs.from_params(p, scn.classes, _memory_batch(p, measured))
+        experts = once(("experts", expert_in), lambda: expert_stage(expert_in, rng_for(seed, sample, STREAM_EXPERTS)))
         if p["performance.fidelity"] == "roofline":
-            from mcsim.perf.roofline_model import roofline_decode_model
+            from mcsim.perf.roofline_model import RooflineStepModel
 
-            decode_model = roofline_decode_model(p, measured, passes, experts)
+            model = RooflineStepModel(p, measured, passes, experts)
         else:
-            decode_model = perf.factor_decode_model(p, measured, passes, experts["expert_efficiency"])
-        m = perf.performance(p, measured, cached, passes, decode_model, step_log=step_log)
+            model = perf.FactorStepModel(p, measured, passes, experts["expert_efficiency"])
+        from mcsim.perf.fleet import performance
+
+        m = performance(p, measured, cached, passes, model, rng_for(seed, sample, STREAM_BATCHING),
+                        step_log=step_log)
         m.update(experts)
         m.update(money(p, m))
         results[variant] = m
     return results
+
+
+def _memory_batch(p: dict, requests) -> float:
+    """Sequences per decode GPU whose KV fits, by the one memory projection (0 when none fits)."""
+    try:
+        mem = perf.pool_memory(p, requests)
+    except ValueError:
+        return 0.0
+    return mem.max_sequences / p["deployment.gpus_per_instance"] if mem.fits else 0.0

@@ -107,7 +107,8 @@ def simulate_batching(
         of window); ``arrival_rate_per_s``; ``mean_in_system`` (time average of waiting + running);
         ``mean_time_in_system_s``; ``little_law_ratio`` (mean_in_system / (arrival rate x mean time in
         system); ~1); ``completion_ratio`` (arrivals / completions over the window's second half);
-        ``waiting_at_window_end``; ``saturated``; ``mean_decode_batch``; ``mean_step_s``; ``steps``;
+        ``waiting_at_window_end``; ``saturated``; ``mean_decode_batch``; ``mean_step_s``; ``busy_fraction`` (summed
+        step time over the window / the window: the share of time the instance computes); ``steps``;
         ``preemptions``.
         ``step_log``: dict of per-step arrays ``start_s``, ``decode_seqs``, ``prefill_tokens``, ``step_s``,
         ``waiting`` (None when ``max_steps == 0``).
@@ -249,6 +250,7 @@ def _summary(per, output, warmup_s, stats, kernel):
         "saturated": saturated,
         "mean_decode_batch": stats[kernel.STAT_WINDOW_DECODE_SEQS_SUM] / decode_steps if decode_steps else nan,
         "mean_step_s": stats[kernel.STAT_WINDOW_STEP_S_SUM] / window_steps if window_steps else nan,
+        "busy_fraction": min(stats[kernel.STAT_WINDOW_STEP_S_SUM] / window, 1.0) if window > 0 else nan,
         "steps": int(stats[kernel.STAT_STEPS]),
         "preemptions": int(stats[kernel.STAT_PREEMPTIONS]),
     }

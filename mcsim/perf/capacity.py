@@ -1,8 +1,9 @@
-"""Memory projection, operating point and step-time tables on top of the roofline's step cost.
+"""Memory projection and operating point on top of the roofline's step cost.
 
-Split from :mod:`mcsim.perf.roofline`: the roofline prices one step; this module
-answers how many sequences fit in HBM, the largest batch that meets a TPOT target, and a grid of step times for
-the batching simulator.
+Split from :mod:`mcsim.perf.roofline`: the roofline prices one step; this module answers how many sequences fit
+in HBM and the largest batch that meets a TPOT target. The batching simulator's step-time table is built from the
+sample's step model (:func:`mcsim.perf.latency.step_table`), so it prices exactly the steps the throughput and
+cost path prices.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def memory_projection(model: dict, hw: dict, *, precision: Precision = Precision
                   free_kv_bytes=float(free), max_sequences=int(max_sequences), fits=reason == "ok", reason=reason)
 
 
-# -- operating point and step-time table ---------------------------------------------------------------------
+# -- operating point -------------------------------------------------------------------------------------------
 
 def _instance_step_time(model: dict, hw: dict, decode_seqs: float, prefill_tokens: float, step_kwargs: dict) -> float:
     """Time in which all ``decode_seqs`` sequences (and the prefill tokens) advance one step, s.
@@ -184,39 +185,3 @@ def operating_point(model: dict, hw: dict, *, context: float, tpot_target_s: flo
         else:
             bad = middle
     return point(good, True, "ok", "tpot")
-
-
-def step_time_table(model: dict, hw: dict, decode_edges, prefill_edges, *, decode_context: float,
-                    prefill_context: float, mixed_penalty: float = 0.0, **step_kwargs) -> np.ndarray:
-    """Step time on a grid of (decode sequences, prefill tokens), for the batching simulator to interpolate.
-
-    Parameters
-    ----------
-    model, hw : dict
-        Catalog entries.
-    decode_edges : array_like
-        Decode sequences per step (per instance), ascending.
-    prefill_edges : array_like
-        Prefill tokens per step (per instance), ascending.
-    decode_context, prefill_context : float
-        Mean decode context and mean attended prefix of a prefill token, tokens.
-    mixed_penalty : float
-        Extra fraction a step pays when it mixes prefill and decode (interference of the two phases).
-    **step_kwargs
-        Passed to :func:`step_cost` (verify_tokens, precision, parallel, ...).
-
-    Returns
-    -------
-    numpy.ndarray
-        float64[len(decode_edges), len(prefill_edges)], s; 0 where the step has no work. With ``pp > 1``,
-        the time in which the whole step's work passes all stages as ``pp`` micro-batches.
-    """
-    decode_edges = np.asarray(decode_edges, dtype=np.float64)
-    prefill_edges = np.asarray(prefill_edges, dtype=np.float64)
-    table = np.zeros((decode_edges.size, prefill_edges.size))
-    kwargs = dict(step_kwargs, decode_context=decode_context, prefill_context=prefill_context)
-    for i, decode in enumerate(decode_edges):
-        for j, prefill in enumerate(prefill_edges):
-            t = _instance_step_time(model, hw, decode, prefill, kwargs)
-            table[i, j] = t * (1.0 + mixed_penalty) if decode > 0 and prefill > 0 else t
-    return table

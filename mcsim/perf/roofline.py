@@ -66,7 +66,7 @@ half the kernels with fused kernels), plus ``step_overhead_s`` of scheduling and
 
 Pipeline parallelism: :func:`step_cost` costs one stage (the last, which also holds the output head) for
 the batch it is given. Serving keeps ``pp`` micro-batches in flight, so :func:`~mcsim.perf.capacity.operating_point` and
-:func:`~mcsim.perf.capacity.step_time_table` split a step's sequences into ``pp`` micro-batches and report
+:class:`~mcsim.perf.roofline_model.RooflineStepModel` split a step's sequences into ``pp`` micro-batches and report
 ``pp x t_step(micro-batch)``, the time in which every sequence advances one pass.
 
 What it leaves out: attention kernel efficiency at short context, tile quantization, stage imbalance

@@ -1,18 +1,21 @@
-"""Stage 5, roofline fidelity: a sample's scenario values turned into :mod:`mcsim.perf.roofline` calls.
+"""Stage 5, roofline fidelity: the :class:`~mcsim.perf.factor.StepModel` priced op by op by :mod:`mcsim.perf.roofline`.
 
 The levers map onto the roofline's inputs instead of onto factors: low precision sets the weight, KV and matmul
 formats; fused kernels halve the launches and activation round-trips; communication overlap hides
 ``performance.overlap_fraction`` of the collectives; speculative decoding verifies k+1 tokens per sequence per
-pass (priced by the roofline) and adds ``speculative.draft_cost`` of a step per draft token; expert replication
-lowers the hottest rank's load (the experts kernel's max/mean); the prefill/decode split gives each phase its own
-pool and parallelism. Achievable fractions of peak are scenario inputs, so they can be uncertain.
+pass (priced by the roofline) and adds ``speculative.draft_cost`` of a plain decode step per draft token; expert
+replication lowers the hottest rank's load (the experts kernel's max/mean); the prefill/decode split gives each
+phase its own pool and parallelism. Achievable fractions of peak are scenario inputs, so they can be uncertain.
+
+A step that mixes decode sequences and prefill tokens is one roofline step over all of its tokens: the weights
+are read once, whatever the mix.
 """
 
 from __future__ import annotations
 
-
-from mcsim.perf import capacity, roofline
-from mcsim.perf.factor import BF16_BYTES, DecodeModel, _model, tokens_per_pass
+from mcsim.perf import roofline
+from mcsim.perf.capacity import _instance_step_time
+from mcsim.perf.factor import StepModel, StepTime, _model, parallelism, precision
 
 
 def _hardware(p: dict) -> dict:
@@ -21,15 +24,8 @@ def _hardware(p: dict) -> dict:
 
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
     """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
-    on = p["precision.enabled"]
-    precision = roofline.Precision(
-        weight_bytes=p["precision.weight_bytes"] if on else BF16_BYTES,
-        kv_bytes=p["precision.kv_bytes"] if on else BF16_BYTES,
-        compute=p["precision.compute"] if on else "bf16",
-        activation_bytes=p["precision.activation_bytes"],
-    )
     return {
-        "precision": precision,
+        "precision": precision(p),
         "parallel": parallelism(p, prefill=prefill),
         "collectives": roofline.Collectives(
             allreduce=p["performance.allreduce"], alltoall=p["performance.alltoall"],
@@ -47,77 +43,43 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
     }
 
 
-def parallelism(p: dict, *, prefill: bool = False) -> roofline.Parallelism:
-    """Layout of one instance: tp x pp x attention-DP GPUs, experts over EP ranks."""
-    disagg = p["deployment.disaggregated"]
-    gpus = p["deployment.prefill_gpus_per_instance"] if (prefill and disagg) else p["deployment.gpus_per_instance"]
-    tp = p["deployment.prefill_tp"] if (prefill and disagg) else p["deployment.tp"]
-    pp = 1 if prefill else p["deployment.pp"]
-    if gpus % (tp * pp):
-        raise ValueError(f"gpus per instance ({gpus}) must be a multiple of tp x pp ({tp} x {pp})")
-    dp = gpus // (tp * pp)
-    ep = 1
-    if p["model.experts"] > 0:
-        ep = tp * dp if (prefill or not p["moe.ep_ranks"]) else p["moe.ep_ranks"]
-    return roofline.Parallelism(tp=tp, ep=ep, pp=pp, attention_dp=dp)
+class RooflineStepModel(StepModel):
+    """Roofline fidelity: a step is :func:`mcsim.perf.roofline.step_cost` over all of its tokens, ``pp`` stages as
+    ``pp`` micro-batches, plus ``draft_tokens x draft_cost`` plain decode steps of drafting."""
 
+    fidelity = "roofline"
 
-def mean_contexts(requests) -> tuple[float, float]:
-    """Mean decode context (prompt + half the output) and mean attended prefix of a prefill token."""
-    return (float(requests.prompt_tokens.mean() + requests.output_tokens.mean() / 2.0),
-            float(requests.prompt_tokens.mean() / 2.0))
+    def __init__(self, p: dict, requests, passes, experts: dict):
+        super().__init__(p, requests, passes)
+        eff = experts.get("expert_efficiency", 1.0)
+        distinct = experts.get("distinct_experts_per_step") or None
+        hot = 1.0 / eff if eff > 0 else 1.0
+        self.model_entry, self.hardware_entry = _model(p), _hardware(p)
+        self.decode_options = options(p, hot_rank_factor=hot, distinct_experts=distinct)
+        self.prefill_options = options(p, prefill=True, hot_rank_factor=hot) if self.disaggregated \
+            else self.decode_options
+        self.draft_cost = float(p["speculative.draft_cost"])
 
+    def _cost(self, decode_seqs, decode_context, prefill_tokens, prefill_context, verify, prefill_pool):
+        opts = self.prefill_options if prefill_pool else self.decode_options
+        kwargs = dict(opts, decode_context=decode_context, prefill_context=prefill_context, verify_tokens=verify)
+        return _instance_step_time(self.model_entry, self.hardware_entry, decode_seqs, prefill_tokens, kwargs)
 
-def memory(p: dict, requests, opts: dict) -> roofline.Memory:
-    """HBM projection of a decode instance (the prefix cache's HBM counts when colocated)."""
-    context, _ = mean_contexts(requests)
-    reserved = p["cache.hbm_gb_per_instance"] / p["deployment.gpus_per_instance"] \
-        if p["cache.enabled"] and not p["deployment.disaggregated"] else 0.0
-    return capacity.memory_projection(
-        _model(p), _hardware(p), precision=opts["precision"], parallel=opts["parallel"],
-        block_tokens=requests.block_tokens, context=context, memory_fraction=p["deployment.memory_fraction"],
-        activation_gb=p["deployment.activation_gb_per_gpu"], reserved_gb=reserved,
-        include_mtp=bool(p["speculative.enabled"] and p.get("model.mtp_layers", 0)))
+    def _step(self, decode_seqs, decode_context, prefill_tokens, prefill_context, prefill_pool) -> StepTime:
+        if decode_seqs <= 0 and prefill_tokens <= 0:
+            return StepTime(0.0, {})
+        opts = self.prefill_options if prefill_pool else self.decode_options
+        pp = opts["parallel"].pp
+        cost = roofline.step_cost(self.model_entry, self.hardware_entry, decode_seqs=decode_seqs / pp,
+                                  decode_context=decode_context, prefill_tokens=prefill_tokens / pp,
+                                  prefill_context=prefill_context, verify_tokens=self.verify_tokens, **opts)
+        parts = {name: pp * entry["t"] for name, entry in cost.breakdown.items()}
+        if decode_seqs > 0 and self.draft_tokens:
+            parts["drafting"] = self.draft_tokens * self.draft_cost * self._plain_at(decode_seqs, decode_context)
+        return StepTime(sum(parts.values()), parts)
 
+    def _plain_at(self, decode_seqs, context) -> float:
+        return self._cost(decode_seqs, context, 0.0, 0.0, 1, False)
 
-def instance_step(p: dict, opts: dict, decode_seqs: float, context: float, verify_tokens: int,
-                  prefill_tokens: float = 0.0, prefill_context: float = 0.0) -> float:
-    """Seconds of one step of an instance (pipeline stages included)."""
-    table = capacity.step_time_table(_model(p), _hardware(p), [decode_seqs], [prefill_tokens],
-                                     decode_context=context, prefill_context=prefill_context,
-                                     verify_tokens=verify_tokens, **opts)
-    return float(table[0, 0])
-
-
-def roofline_decode_model(p: dict, requests, passes, experts: dict) -> DecodeModel:
-    """The roofline's price of decoding one sample's requests (see :class:`mcsim.perf.factor.DecodeModel`)."""
-    eff = experts.get("expert_efficiency", 1.0)
-    distinct = experts.get("distinct_experts_per_step") or None
-    opts = options(p, hot_rank_factor=1.0 / eff if eff > 0 else 1.0, distinct_experts=distinct)
-    gpus = p["deployment.gpus_per_instance"]
-    context, _ = mean_contexts(requests)
-    k = p["speculative.draft_tokens"] if passes is not None else 0
-    draft = 1.0 + k * p["speculative.draft_cost"]
-    mem = memory(p, requests, opts)
-    b_mem = mem.max_sequences / gpus if mem.fits else 0.0
-    cache: dict = {}
-
-    def step(b, verify):
-        key = (round(b * gpus, 6), verify)
-        if key not in cache:
-            cache[key] = instance_step(p, opts, max(b * gpus, 1e-9), context, verify)
-        return cache[key]
-
-    def t_pass(b):
-        return step(b, k + 1) * draft
-
-    # Prefill at full steps: every attention data-parallel group fills its own token budget.
-    prefill_opts = options(p, prefill=True, hot_rank_factor=opts["hot_rank_factor"])
-    layout = prefill_opts["parallel"]
-    tokens = float(p["performance.token_budget"]) * layout.attention_dp
-    _, prefill_context = mean_contexts(requests)
-    x_prefill = tokens / instance_step(p, prefill_opts, 0.0, 0.0, 1, tokens, prefill_context) / layout.gpus
-    tpp = tokens_per_pass(requests, passes)
-    big = 4096.0
-    return DecodeModel(t_pass, tpp, b_mem, mem.reason, x_prefill, tpp * big / t_pass(big),
-                       lambda b: t_pass(b) / step(b, 1))
+    def _plain(self, decode_seqs) -> float:
+        return self._plain_at(decode_seqs, self.decode_context)

@@ -18,7 +18,10 @@ ROWS[5:5] = [("ttft_s p50", "ttft_s", 0.5), ("ttft_s p99", "ttft_s", 0.99), ("tp
              ("tpot_s p99", "tpot_s", 0.99), ("e2e_s p50", "e2e_s", 0.5), ("queue_wait_s p99", "queue_wait_s", 0.99),
              ("slo_attainment", "slo_attainment", None)]
 ROWS[ROWS.index(("gpus", "gpus", None)) + 1:ROWS.index(("gpus", "gpus", None)) + 1] = [
-    ("  decode_gpus", "decode_gpus", None), ("  prefill_gpus", "prefill_gpus", None)]
+    ("  decode_gpus", "decode_gpus", None), ("  prefill_gpus", "prefill_gpus", None),
+    ("instances", "instances", None), ("  decode_instances", "decode_instances", None),
+    ("  prefill_instances", "prefill_instances", None)]
+ROWS.insert(ROWS.index(("slo_attainment", "slo_attainment", None)) + 1, ("saturated", "saturated", None))
 
 
 def _values(ds: xr.Dataset, name: str, q) -> xr.DataArray:
@@ -40,9 +43,10 @@ def band(values: np.ndarray) -> dict:
 NON_GRID = ("variant", "sample", "tier", "quantile", "lever")
 
 #: Columns of the per-grid-point table of a sweep.
-GRID_COLUMNS = [("decode tok/s/GPU", "decode_tok_s_per_gpu", None), ("cache hit", "cache_hit_rate", None),
-                ("ttft p50 s", "ttft_s", 0.5), ("tpot p50 s", "tpot_s", 0.5),
-                ("USD/Mtok", "cost_usd_per_mtok", None), ("gross margin", "gross_margin", None)]
+GRID_COLUMNS = [("decode tok/s/GPU", "decode_tok_s_per_gpu", None), ("GPUs", "gpus", None),
+                ("cache hit", "cache_hit_rate", None), ("ttft p99 s", "ttft_s", 0.99), ("tpot p50 s", "tpot_s", 0.5),
+                ("SLO attained", "slo_attainment", None), ("USD/Mtok", "cost_usd_per_mtok", None),
+                ("gross margin", "gross_margin", None)]
 
 
 def grid_dims(ds: xr.Dataset) -> list[str]:
@@ -58,6 +62,8 @@ def _point_summary(ds: xr.Dataset) -> dict:
             label: {**band(_values(sub, name, q).values), "units": REGISTRY[name].units} for label, name, q in ROWS
         }
         out["feasible_fraction"][v] = float(sub["feasible"].mean())
+        out.setdefault("infeasible_samples", {})[v] = int((sub["feasible"] == 0).sum())
+        out.setdefault("saturated_samples", {})[v] = int((sub["saturated"] == 1).sum())
     if "baseline" in variants and "factory" in variants:
         base, fact = ds.sel(variant="baseline"), ds.sel(variant="factory")
         out["ratio"] = {}
@@ -141,9 +147,9 @@ def format_table(ds: xr.Dataset, max_points: int = 60) -> str:
             levers = list(s["shapley_share"][metrics[0]])
             text += _table(["lever"] + metrics, [[lever] + [_cell(s["shapley_share"][m][lever]) for m in metrics]
                                                  for lever in levers])
-        feas = ", ".join(f"{v}: {100 * f:.0f} %" for v, f in s["feasible_fraction"].items()
+        feas = ", ".join(f"{v}: {k} of {n}" for v, k in s["infeasible_samples"].items()
                          if v in ("baseline", "factory"))
-        foot.append(f"feasible recipes: {feas}.")
+        foot.append(f"infeasible samples (NaN, left out of every band): {feas}.")
     foot.append(f"{n} samples x {ds.attrs.get('requests_per_sample', '?')} requests; cells are median [5 %, 95 %] "
                 "over samples; every figure is modelled.")
     if "ratio" in s or ("grid" in s and s["grid"] and "ratio" in s["grid"][0]):
@@ -168,14 +174,15 @@ def _point_table(s: dict) -> list[str]:
 def _grid_table(ds: xr.Dataset, s: dict, max_points: int) -> list[str]:
     dims = s["grid_axes"]
     variant = "factory"
-    header = list(dims) + [c[0] for c in GRID_COLUMNS] + ["feasible"]
+    header = list(dims) + [c[0] for c in GRID_COLUMNS] + ["saturated", "infeasible"]
     rows = []
     for entry in s["grid"][:max_points]:
         shown = variant if variant in entry["variants"] else next(iter(entry["variants"]))
         v = entry["variants"][shown]
         rows.append([_fmt_coord(entry["point"][d]) for d in dims]
                     + [_cell(v[_label(name, q)]) for _, name, q in GRID_COLUMNS]
-                    + [f"{100 * entry['feasible_fraction'][shown]:.0f} %"])
+                    + [f"{entry['saturated_samples'][shown]}/{ds.sizes['sample']}",
+                       f"{entry['infeasible_samples'][shown]}/{ds.sizes['sample']}"])
     text = [f"variant: {variant}; one row per grid point"] + _table(header, rows)
     if len(s["grid"]) > max_points:
         text.append(f"... {len(s['grid']) - max_points} more grid points in the file")

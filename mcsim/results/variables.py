@@ -34,8 +34,9 @@ _VARS = [
              "Fraction of saturated decode throughput reached at the operating batch (b / (b + b_half)), times "
              "the useful-slot fraction under static batching: how fully the fleet amortizes weight movement.", True),
     Variable("operating_batch_per_gpu", (), "sequences/GPU", "operating decode batch per GPU",
-             "Concurrent sequences per decode GPU: the largest that fits KV memory, meets the TPOT target and the "
-             "batch cap, or less when the traffic cannot fill the smallest fleet (Little's law)."),
+             "Concurrent sequences per decode GPU: the batching simulator's mean decode batch when it runs (the "
+             "batch throughput and cost are charged at), else what Little's law gives on the deployed fleet, at "
+             "most the largest batch that fits KV memory, meets the TPOT target and the batch cap."),
     Variable("mean_concurrency_per_gpu", (), "sequences/GPU", "mean decode concurrency per GPU",
              "Little's law: arrival rate x mean decode time per request / decode GPUs."),
     Variable("max_batch_by_memory", (), "sequences/GPU", "KV-memory batch limit per GPU",
@@ -59,8 +60,8 @@ _VARS = [
     Variable("kv_bytes_per_token", (), "bytes/token", "KV cache bytes per token",
              "GQA: 2 x layers x kv_heads x head_dim x bytes; MLA: (kv_lora_rank + rope_dim) x layers x bytes."),
     Variable("ttft_s", ("quantile",), "s", "time to first token",
-             "Per-request quantiles of prefill compute + KV restore + KV transfer + one decode pass (factor "
-             "mode: no queueing)."),
+             "Per-request quantiles of queueing + prefill + KV restore + KV transfer (+ the first decode pass "
+             "without the batching simulator, which then gives service times only)."),
     Variable("tpot_s", ("quantile",), "s", "time per output token",
              "Per-request quantiles of (end-to-end - TTFT) / (output tokens - 1); service time at the operating "
              "batch unless performance.simulate_batching."),
@@ -71,6 +72,10 @@ _VARS = [
     Variable("slo_attainment", (), "1", "share of requests within the SLOs",
              "Fraction of requests whose TTFT <= deployment.ttft_target_s (when set) and whose TPOT <= "
              "deployment.tpot_target_s."),
+    Variable("ttft_at_slo_quantile_s", (), "s", "TTFT at the SLO quantile",
+             "The deployment.slo_quantile quantile of per-request TTFT (what fleet = 'slo' sizes the fleet for)."),
+    Variable("tpot_at_slo_quantile_s", (), "s", "TPOT at the SLO quantile",
+             "The deployment.slo_quantile quantile of per-request TPOT (what fleet = 'slo' sizes the fleet for)."),
     Variable("saturated", (), "1", "load exceeds capacity",
              "1 when the batching simulator's queue grows without bound (arrivals outpace completions).",
              dtype="int8"),
@@ -78,12 +83,20 @@ _VARS = [
              "Time-averaged requests in the system / (arrival rate x mean time in system); 1 for a consistent, "
              "stable simulation (NaN without the batching simulator)."),
     # fleet and economics
-    Variable("gpus", (), "GPUs", "GPUs deployed", "Decode + prefill GPUs needed at the target utilization, "
-             "at least the smallest fleet.", True),
+    Variable("gpus", (), "GPUs", "GPUs deployed", "GPUs of the whole instances deployed (decode + prefill), "
+             "sized as deployment.fleet says; the fleet that is simulated is the fleet that is charged.", True),
     Variable("decode_gpus", (), "GPUs", "decode GPUs", "GPUs serving decode (all GPUs when colocated)."),
     Variable("prefill_gpus", (), "GPUs", "prefill GPUs", "GPUs serving prefill when disaggregated (0 otherwise)."),
-    Variable("gpu_hours", (), "GPU-hours", "useful GPU-hours for the trace",
-             "Accelerator work the simulated trace needs; cost charges it at target utilization."),
+    Variable("instances", (), "instances", "instances deployed", "Decode (or colocated) + prefill instances."),
+    Variable("decode_instances", (), "instances", "decode instances",
+             "Whole instances of the decode pool (all instances when colocated)."),
+    Variable("prefill_instances", (), "instances", "prefill instances",
+             "Whole instances of the prefill pool when disaggregated (0 otherwise)."),
+    Variable("busy_fraction", (), "1", "busy fraction of the fleet",
+             "Share of the fleet's GPU time spent computing steps (from the simulated steps when the batching "
+             "simulator runs); sets power between idle and TDP."),
+    Variable("gpu_hours", (), "GPU-hours", "busy GPU-hours for the trace",
+             "GPU time the fleet spends computing the simulated trace: busy_fraction x gpus x trace duration."),
     Variable("energy_j_per_token", (), "J/token", "energy per output token",
              "Fleet energy incl. PUE (idle + busy power) / output tokens."),
     Variable("cost_usd_per_mtok", (), "USD/Mtok", "cost per million output tokens",
@@ -100,7 +113,9 @@ _VARS = [
              "GPU price / (monthly revenue - electricity per GPU); an inference-unit indicator, not an "
              "accounting forecast (inf when it never pays back).", True),
     Variable("feasible", (), "1", "recipe feasible",
-             "1 when weights and KV fit and the TPOT target is met at a batch of at least one.", True, "int8"),
+             "1 when weights and KV fit in both pools, the TPOT target is met at a batch of at least one and (fleet "
+             "= 'slo') a fleet meets the SLOs; every performance and money figure of an infeasible sample is NaN.",
+             True, "int8"),
     # trace facts
     Variable("requests", (), "requests", "requests simulated", "Requests in the sample's trace.", dtype="int64"),
     Variable("mean_input_tokens", (), "tokens", "mean input tokens", "Mean prompt length of the trace."),
@@ -111,7 +126,8 @@ _VARS = [
 REGISTRY: dict[str, Variable] = {v.name: v for v in _VARS}
 HEADLINE = [v.name for v in _VARS if v.headline]
 FEASIBLE_REASONS = ("ok", "weights do not fit in HBM", "KV for one sequence does not fit",
-                    "TPOT target not met at batch 1")
+                    "TPOT target not met at batch 1", "prefill pool: weights do not fit in HBM",
+                    "prefill pool: KV for one sequence does not fit", "SLO not met")
 
 
 def attrs_for(name: str, kind: str = "modelled") -> dict:

@@ -5,6 +5,7 @@
 """
 
 from mcsim.scenario.loading import (
+    STREAM_BATCHING,
     STREAM_EXPERTS,
     STREAM_PARAMS,
     STREAM_ROUTING,
@@ -12,6 +13,7 @@ from mcsim.scenario.loading import (
     STREAM_WORKLOAD,
     Scenario,
     bundled,
+    check_variant_key,
     draw_uncertain,
     load_scenario,
     parse_override,
@@ -21,6 +23,7 @@ from mcsim.scenario.loading import (
 from mcsim.scenario.schema import ScenarioError, field_for
 
 __all__ = [
+    "STREAM_BATCHING",
     "STREAM_EXPERTS",
     "STREAM_PARAMS",
     "STREAM_ROUTING",
@@ -29,6 +32,7 @@ __all__ = [
     "Scenario",
     "ScenarioError",
     "bundled",
+    "check_variant_key",
     "draw_uncertain",
     "field_for",
     "load_scenario",

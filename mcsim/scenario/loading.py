@@ -33,11 +33,13 @@ from mcsim.scenario.schema import (
     Field,
     ScenarioError,
     baseline_overrides,
+    read_by,
+    workload_reads,
     field_for,
 )
 
 #: Random stream ids, one per stage; a sample's stream is SeedSequence(seed, spawn_key=(sample, stage, ...)).
-STREAM_PARAMS, STREAM_WORKLOAD, STREAM_ROUTING, STREAM_SPECULATIVE, STREAM_EXPERTS = range(5)
+STREAM_PARAMS, STREAM_WORKLOAD, STREAM_ROUTING, STREAM_SPECULATIVE, STREAM_EXPERTS, STREAM_BATCHING = range(6)
 
 
 def rng_for(seed: int, sample: int, stream: int, *extra: int) -> np.random.Generator:
@@ -83,10 +85,17 @@ class Scenario:
     def __getitem__(self, path: str):
         return self.values[path]
 
-    def uncertain(self) -> dict[str, Dist]:
-        """Uncertain inputs, ``path -> Dist``, sorted; includes uncertain parameters of per-request fields."""
+    def uncertain(self, include_unused: bool = False) -> dict[str, Dist]:
+        """Uncertain inputs, ``path -> Dist``, sorted; includes uncertain parameters of per-request fields.
+
+        Inputs that the scenario's fidelity does not read are left out unless ``include_unused`` (a grid that
+        sweeps the fidelity needs every fidelity's inputs).
+        """
         out = {}
+        fidelity = self.values["performance.fidelity"]
         for path, v in self.values.items():
+            if not include_unused and not read_by(path, fidelity):
+                continue
             if isinstance(v, Dist):
                 if _is_perreq(path):
                     out.update(v.nested())
@@ -117,7 +126,9 @@ class Scenario:
         for path, raw in flat.items():
             _check_class(path, self.classes, self.source, origin)
             values[path] = _validate_path(path, raw, self.source, origin)
-        return replace(self, values=values)
+        scn = replace(self, values=values)
+        _cross_checks(scn)  # the same checks as loading a file
+        return scn
 
 
 def _is_perreq(path: str) -> bool:
@@ -380,6 +391,7 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
     for path, v in _flatten(raw.get("baseline", {})).items():
         _check_class(path, classes, source, "[baseline]")
         _validate_path(path, v, source, "[baseline]")
+        check_variant_key(path, source, "[baseline]")
         baseline[path] = v
     scn = Scenario(values=values, classes=classes, baseline=baseline, source=source, text=text,
                    base_dir=base_dir, overrides=tuple(overrides))
@@ -397,6 +409,13 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
 
         scn = replace(scn, sweep=tuple(grid.validate_axes(scn, grid.axes_from_table(raw["sweep"], source))))
     return scn
+
+
+def check_variant_key(path: str, source: str, origin: str) -> None:
+    """A variant may not change what the workload stage reads: the variants of a sample share its requests."""
+    if workload_reads(path):
+        raise ScenarioError(source, path, f"{origin} cannot change the workload: the variants of a sample share "
+                            "their requests; sweep it with --grid instead")
 
 
 def _catalog_section(section: str, body: dict, preset: str, source: str) -> dict:
@@ -435,6 +454,7 @@ def _validate_classes(classes_raw, source: str, values: dict) -> tuple:
 
 
 def _cross_checks(scn: Scenario):
+    """Checks across keys, run on every scenario however it was made (file, --set, --grid, a variant)."""
     v = scn.values
     shares = [v[f"workload.classes.{c}.share"] for c in scn.classes]
     if all(isinstance(s, float) for s in shares) and sum(shares) <= 0:
@@ -469,7 +489,7 @@ def _check_expert_layout(scn: Scenario, v: dict):
 # -- drawing uncertain inputs ------------------------------------------------------------------------------------
 
 def draw_uncertain(scn: Scenario, samples, seed: int, n_samples: int | None = None,
-                   sampling: str | None = None) -> dict[str, np.ndarray]:
+                   sampling: str | None = None, include_unused: bool = False) -> dict[str, np.ndarray]:
     """Values of every uncertain input for the given sample indices.
 
     Each input has its own stream keyed by (seed, sample, its path), so a value does not depend on which other
@@ -480,7 +500,7 @@ def draw_uncertain(scn: Scenario, samples, seed: int, n_samples: int | None = No
     samples = np.asarray(samples, dtype=np.int64)
     sampling = sampling or scn["mc.sampling"]
     out = {}
-    for path, dist in scn.uncertain().items():
+    for path, dist in scn.uncertain(include_unused).items():
         key = _path_key(path)
         if sampling == "lhs":
             if n_samples is None:
@@ -509,9 +529,13 @@ def resolve(scn: Scenario, draws: dict[str, float]) -> dict[str, Any]:
                     params[path] = v.resolve(draws)
                 except DistributionError as err:
                     raise ScenarioError(scn.source, err.key, f"a drawn parameter is invalid: {err.detail}") from None
-            else:
+            elif path in draws:
                 x = float(draws[path])
                 params[path] = int(x) if field_for(path).kind == "int" else x
+            elif not read_by(path, scn.values["performance.fidelity"]):
+                params[path] = v  # not read by this fidelity, so not drawn
+            else:
+                raise KeyError(f"no draw for the uncertain input {path}")
         else:
             params[path] = v
     return params

@@ -71,7 +71,7 @@ def R(default, doc, lo=None, hi=None):
     return Field("perreq", default, doc, lo, hi)
 
 
-SECTIONS: dict[str, dict[str, Field]] = {
+SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are listed in FIDELITY_ONLY
     "meta": {
         "name": S("scenario", "Short name; default output file is outputs/<name>.nc."),
         "description": S("", "What the scenario asks."),
@@ -91,8 +91,21 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "preset": S("h800", "Hardware catalog entry (mcsim/data/hardware.toml); any field may be overridden."),
     },
     "deployment": {
-        "instances": I(4, "Serving instances the simulated traffic is spread over; each has its own prefix cache "
-                          "unless routing = 'pooled'. Also the smallest fleet deployed.", 1, 100_000),
+        "fleet": C("utilization", "How the fleet is sized. utilization: enough whole instances per pool for the "
+                   "load at economics.target_utilization (at least instances / prefill_instances); fixed: "
+                   "instances (and prefill_instances) serve the load, whatever it is; slo: the smallest whole "
+                   "fleet whose simulated slo_quantile TTFT and TPOT meet ttft_target_s and tpot_target_s. fixed "
+                   "and slo always run the batching simulator.", "utilization", "fixed", "slo"),
+        "instances": I(4, "Decode (or colocated) instances: the fleet in fleet = 'fixed', its smallest size in "
+                          "'utilization'. The prefix caches are split over these instances (over the prefill "
+                          "instances when disaggregated) unless routing = 'pooled'.", 1, 100_000),
+        "prefill_instances": I(0, "Prefill instances when disaggregated: the prefill fleet in fleet = 'fixed', its "
+                                  "smallest size in 'utilization' (0 = as many as instances).", 0, 100_000),
+        "max_instances": I(1024, "fleet = 'slo': the most instances per pool tried; a sample that needs more is "
+                                 "infeasible.", 1, 1_000_000),
+        "slo_quantile": F(0.99, "Quantile of TTFT and TPOT that must meet their targets in fleet = 'slo' (also "
+                                "reported as ttft_at_slo_quantile_s / tpot_at_slo_quantile_s).", 0, 1,
+                          lo_open=True),
         "gpus_per_instance": I(32, "Decode GPUs per instance (the EP/TP group).", 1, 100_000),
         "prefill_gpus_per_instance": I(16, "Prefill GPUs per instance when disaggregated.", 1, 100_000),
         "disaggregated": B(True, "Prefill and decode on separate pools (lever: prefill/decode split)."),
@@ -200,7 +213,6 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "chunk_tokens": I(2048, "Largest prefill chunk of one request per step (0 = no chunking).", 0, None),
         "preempt": B(True, "Allocate KV as sequences grow and preempt (recompute) when the pool runs out; false: "
                            "reserve a request's whole KV at admission."),
-        "mixed_step_penalty": F(0.1, "Extra cost of a step that mixes prefill and decode.", 0, None),
         "closed_loop_users": I(0, "Closed-loop arrivals: users that send their next request after the previous "
                                   "one ends plus a think time (0 = open loop).", 0, None),
         "batching_requests": I(0, "Requests given to the batching simulator (0 = all measured requests).", 0, None),
@@ -261,6 +273,15 @@ CLASS_FIELDS: dict[str, Field] = {
 
 DEFAULT_CLASSES = {"chat": {}}
 
+
+def _mark_fidelity_only():
+    """Every doc of a one-fidelity key says which fidelity reads it."""
+    for path, fidelity in FIDELITY_ONLY.items():
+        section, key = path.split(".")
+        spec = SECTIONS[section][key]
+        SECTIONS[section][key] = Field(spec.kind, spec.default, f"{spec.doc} Read by the {fidelity} fidelity only.",
+                                       spec.lo, spec.hi, spec.choices, spec.lo_open)
+
 #: What ``compare`` switches off for its baseline (before the scenario's own ``[baseline]`` overrides).
 LEVERS: dict[str, dict[str, Any]] = {
     "continuous_batching": {"deployment.batching": "static"},
@@ -272,6 +293,37 @@ LEVERS: dict[str, dict[str, Any]] = {
     "comm_overlap": {"efficiency.comm_overlap": False},
     "pd_split": {"deployment.disaggregated": False},
 }
+
+
+#: Keys that only one fidelity reads (every other key is read by both). An uncertain input that the scenario's
+#: fidelity does not read is not drawn, so it neither fills the result nor enters the sensitivity analysis.
+FIDELITY_ONLY: dict[str, str] = {
+    **{f"efficiency.{k}": "factor" for k in ("base_decode_tok_s_per_gpu", "base_prefill_tok_s_per_gpu",
+                                              "base_hardware", "batch_half_saturation", "fused_kernel_gain",
+                                              "comm_overlap_gain", "colocated_interference")},
+    "precision.decode_gain": "factor", "precision.prefill_gain": "factor", "moe.ffn_time_fraction": "factor",
+    "speculative.verify_cost": "factor",
+    **{f"performance.{k}": "roofline" for k in ("flops_fraction", "bandwidth_fraction", "network_fraction",
+                                                 "allreduce", "alltoall", "collective_latency_s", "overlap_fraction",
+                                                 "launch_overhead_s", "kernels_per_layer", "cuda_graphs",
+                                                 "step_overhead_s", "attention_window", "sparse_topk")},
+    "precision.compute": "roofline", "precision.activation_bytes": "roofline",
+}
+
+
+#: Keys outside ``[workload]`` that shape the requests (the workload stage reads them too).
+WORKLOAD_OTHER_KEYS = ("cache.block_tokens", "model.max_context")
+
+
+def workload_reads(path: str) -> bool:
+    """Whether the workload stage reads this dotted path: all of ``[workload]`` and :data:`WORKLOAD_OTHER_KEYS`.
+    The variants of a sample share their requests, so none of these may differ between them."""
+    return path.startswith("workload.") or path in WORKLOAD_OTHER_KEYS
+
+
+def read_by(path: str, fidelity: str) -> bool:
+    """Whether a sample of ``fidelity`` reads the dotted ``path``."""
+    return FIDELITY_ONLY.get(path, fidelity) == fidelity
 
 
 def baseline_overrides() -> dict[str, Any]:
@@ -307,3 +359,6 @@ def field_for(path: str) -> Field | None:
         t = fields[key]
         return Field({int: "int", float: "float", str: "str"}[t], None, "catalog field", 0 if t is not str else None)
     return None
+
+
+_mark_fidelity_only()

@@ -13,7 +13,39 @@ calls the kernels in bounded chunks and interprets the result.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The parameters the expert stage reads (also its memo key within a sample)."""
+
+    experts: int
+    top_k: int
+    class_shares: tuple
+    class_skews: tuple
+    tokens_per_step: int
+    ep_ranks: int
+    redundant_experts: int
+    window_steps: int
+    eval_steps: int
+    groups: int
+    nodes: int
+
+    @classmethod
+    def from_params(cls, p: dict, classes, batch_per_gpu: float) -> "Inputs":
+        """``batch_per_gpu``: decode sequences per GPU that fit in memory (sets the step's tokens by default)."""
+        ep = p["moe.ep_ranks"] or p["deployment.gpus_per_instance"]
+        tokens = p["moe.tokens_per_step"]
+        if tokens <= 0:
+            tokens = int(max(1, min(p["deployment.max_batch_per_gpu"], batch_per_gpu))) * ep
+        shares = np.array([p[f"workload.classes.{c}.share"] for c in classes], dtype=float)
+        return cls(int(p["model.experts"]), int(p["model.active_experts"]), tuple(shares / shares.sum()),
+                   tuple(float(p[f"workload.classes.{c}.expert_skew"]) for c in classes), int(tokens), int(ep),
+                   int(p["moe.redundant_experts"]), int(p["moe.window_steps"]), int(p["moe.eval_steps"]),
+                   int(p["moe.groups"]), int(p["moe.nodes"]))
 
 __all__ = ["zipf_popularity", "class_popularity", "expert_efficiency"]
 

@@ -15,6 +15,41 @@ ROUTING = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
 
 
 @dataclass(frozen=True)
+class Inputs:
+    """The parameters the KV-tier stage reads (also its memo key within a sample).
+
+    Attributes
+    ----------
+    capacity_blocks : tuple of int
+        Blocks per tier (HBM, DRAM, NVMe) of one cache; all zeros when the cache lever is off.
+    routing : str
+    caches : int
+        Caches the traffic is split over (instances holding prefill).
+    routing_balance : float
+    """
+
+    capacity_blocks: tuple
+    routing: str
+    caches: int
+    routing_balance: float
+
+    @classmethod
+    def from_params(cls, p: dict, block_tokens: int, kv_bytes_per_token: float) -> "Inputs":
+        disagg = p["deployment.disaggregated"]
+        caches = (p["deployment.prefill_instances"] or p["deployment.instances"]) if disagg \
+            else p["deployment.instances"]
+        if not p["cache.enabled"]:
+            return cls((0, 0, 0), p["deployment.routing"], int(caches), float(p["deployment.routing_balance"]))
+        # The prefix cache serves prefill: it lives on the prefill pool when disaggregated.
+        gpus = p["deployment.prefill_gpus_per_instance"] if disagg else p["deployment.gpus_per_instance"]
+        nodes = max(-(-gpus // p["hardware.gpus_per_node"]), 1)
+        capacity = capacity_blocks(p["cache.hbm_gb_per_instance"] * 1e9, p["cache.dram_gb_per_node"] * 1e9 * nodes,
+                                   p["cache.nvme_gb_per_node"] * 1e9 * nodes, kv_bytes_per_token, block_tokens)
+        return cls(tuple(int(c) for c in capacity), p["deployment.routing"], int(caches),
+                   float(p["deployment.routing_balance"]))
+
+
+@dataclass(frozen=True)
 class CacheResult:
     """Per-request reuse.
 

@@ -22,7 +22,23 @@ decode speed. Within this model that speed-up corresponds to an overhead
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The parameters the speculative stage reads (also its memo key within a sample); ``draft_tokens`` is 0
+    when the lever is off."""
+
+    draft_tokens: int
+    acceptance_decay: float
+
+    @classmethod
+    def from_params(cls, p: dict) -> "Inputs":
+        on = bool(p["speculative.enabled"])
+        return cls(int(p["speculative.draft_tokens"]) if on else 0, float(p["speculative.acceptance_decay"]))
 
 
 def expected_tokens_per_pass(alpha, k: int, decay: float = 1.0):

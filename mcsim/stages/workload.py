@@ -26,6 +26,29 @@ from pathlib import Path
 import numpy as np
 
 from mcsim.scenario.distributions import Dist
+from mcsim.scenario.schema import workload_reads as reads  # the keys are declared with the schema
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The parameters the workload stage reads, as ``(path, value)`` pairs in path order.
+
+    Every variant of a sample must have the same :class:`Inputs` (they share their requests).
+    """
+
+    values: tuple
+
+    @classmethod
+    def from_params(cls, p: dict) -> "Inputs":
+        return cls(tuple(sorted((k, v) for k, v in p.items() if reads(k))))
+
+    def first_difference(self, other: "Inputs") -> str | None:
+        """The first path whose value differs between two inputs, or None."""
+        mine, theirs = dict(self.values), dict(other.values)
+        for key in sorted(set(mine) | set(theirs)):
+            if mine.get(key) != theirs.get(key):
+                return key
+        return None
 
 
 @dataclass(frozen=True)

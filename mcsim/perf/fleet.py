@@ -1,0 +1,318 @@
+"""Stage 5, the fleet: one step-time model turned into the operating batch, whole instances per pool, the
+latencies and the figures cost is charged from.
+
+Fleet modes (``deployment.fleet``)
+----------------------------------
+``utilization``
+    Enough whole instances per pool for the load at ``economics.target_utilization`` (at least
+    ``deployment.instances`` / ``prefill_instances``), each decode GPU at the operating batch: the largest that
+    fits KV memory, meets the TPOT target and the batch cap, or less when the traffic cannot fill the fleet
+    (Little's law: concurrency = arrival rate x decode time per request, solved together with the step time).
+``fixed``
+    ``deployment.instances`` decode (or colocated) instances and ``prefill_instances`` prefill instances serve
+    the load; latency, queueing, saturation and SLO attainment follow from it (the batching simulator always
+    runs), and cost is that fleet's cost.
+``slo``
+    The smallest whole number of instances per pool whose simulated ``slo_quantile`` TTFT and TPOT meet
+    ``ttft_target_s`` and ``tpot_target_s`` (bisection on instances with the batching simulator; the prefill
+    pool is sized for TTFT, then the decode pool for TPOT). A sample that no fleet up to
+    ``deployment.max_instances`` can serve is infeasible.
+
+In every mode the fleet that is simulated is the fleet that is charged: when the batching simulator runs, the
+operating batch is its mean decode batch, and throughput, busy time, energy and cost come from the same
+instances and steps as TTFT and TPOT. A sample that cannot run (weights or one sequence's KV do not fit in a
+pool, the TPOT target cannot be met at a batch of one, no fleet meets the SLOs) gets NaN for every performance
+and money figure, keeps its reason, and is never priced.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, largest, static_slot_utilization
+from mcsim.results.variables import QUANTILES
+
+#: Figures that describe a deployment that ran; NaN when it could not.
+PERFORMANCE_OUTPUTS = (
+    "decode_tok_s_per_gpu", "prefill_tok_s_per_gpu", "batch_efficiency", "operating_batch_per_gpu",
+    "mean_concurrency_per_gpu", "spec_tokens_per_pass", "ttft_s", "tpot_s", "e2e_s", "queue_wait_s",
+    "ttft_at_slo_quantile_s", "tpot_at_slo_quantile_s", "slo_attainment", "little_law_ratio", "gpus",
+    "decode_gpus", "prefill_gpus", "instances", "decode_instances", "prefill_instances", "gpu_hours",
+    "busy_fraction")
+
+
+def _quantiles(values) -> np.ndarray:
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return np.quantile(values, QUANTILES) if values.size else np.full(len(QUANTILES), np.nan)
+
+
+def _quantile(values, q: float) -> float:
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return float(np.quantile(values, q)) if values.size else math.nan
+
+
+def smallest_fleet(meets, known_short: int, cap: int):
+    """Smallest whole ``n`` in ``[known_short + 1, cap]`` with ``meets(n)``, for ``meets`` false below a
+    threshold and true from it on (doubling, then bisection); None when even ``cap`` does not meet it."""
+    good = max(known_short + 1, 1)
+    short = known_short
+    while not meets(good):
+        short = good
+        if good >= cap:
+            return None
+        good = min(2 * good, cap)
+    while good - short > 1:
+        middle = (good + short) // 2
+        if meets(middle):
+            good = middle
+        else:
+            short = middle
+    return good
+
+
+def _whole(x: float) -> int:
+    return max(int(math.ceil(x - 1e-9)), 1)
+
+
+def infeasible(reason: str, b_mem: float, tpp: float) -> dict:
+    """The performance figures of a sample that cannot run: NaN, with its reason."""
+    out = {name: math.nan for name in PERFORMANCE_OUTPUTS}
+    out.update({name: np.full(len(QUANTILES), np.nan) for name in ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s")})
+    out.update(max_batch_by_memory=b_mem, spec_raw_tokens_per_pass=tpp, feasible=0, infeasible_reason=reason,
+               saturated=0, _served_fraction=math.nan, _step_log=None)
+    return out
+
+
+def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model, rng,
+                step_log: int = 0) -> dict:
+    """Throughput, latency and fleet of one sample from its :class:`~mcsim.perf.factor.StepModel`.
+
+    Parameters
+    ----------
+    p : dict
+        Resolved parameters of the sample.
+    requests : mcsim.stages.workload.Requests
+        The measured requests (after warm-up).
+    cached_tokens : int64[n, 3]
+        Reused prompt tokens per tier (zeros when the cache is off).
+    passes : int64[n] or None
+        Verification passes per request (None when speculative decoding is off).
+    model : mcsim.perf.factor.StepModel
+    rng : numpy.random.Generator
+        The sample's stream for the batching simulator (closed-loop think times).
+    step_log : int
+        With the batching simulator, keep its first ``step_log`` steps under ``"_step_log"``.
+
+    Returns
+    -------
+    dict
+        Metric name -> value (see :mod:`mcsim.variables`), plus token totals for economics.
+    """
+    out_tokens = requests.output_tokens
+    prompt = requests.prompt_tokens
+    n = requests.n
+    duration = requests.duration_s
+    total_out = float(out_tokens.sum())
+    total_in = float(prompt.sum())
+    kvb = kv_bytes(p)
+    disagg = bool(p["deployment.disaggregated"])
+    g, gp = model.decode_gpus, model.prefill_gpus
+    passes_r = out_tokens if passes is None else passes
+    tpp = model.tokens_per_pass
+    mode = p["deployment.fleet"]
+
+    cached = cached_tokens.sum(axis=1)
+    miss = prompt - cached
+    by_tier = cached_tokens.sum(axis=0) / total_in
+    restore_bytes = cached_tokens[:, 1:] * kvb  # DRAM, NVMe
+    stage = {
+        "cache_hit_rate": float(cached.sum()) / total_in, "cache_hit_rate_by_tier": by_tier,
+        "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / n / 1e9]),
+        "kv_bytes_per_token": kvb, "requests": n, "mean_input_tokens": total_in / n,
+        "mean_output_tokens": total_out / n, "trace_duration_s": duration, "_hit_tokens": float(cached.sum()),
+        "_miss_tokens": float(miss.sum()), "_output_tokens": total_out,
+    }
+
+    # -- can it run at all: memory of both pools, the TPOT target at a batch of one --------------------------
+    b_mem = batch_limit_by_memory(model)
+    reason = infeasible_reason(model)
+    if reason == "ok" and model.pass_s(1.0) / tpp > p["deployment.tpot_target_s"]:
+        reason = "TPOT target not met at batch 1"
+    if reason != "ok":
+        return {**infeasible(reason, b_mem, tpp), **stage}
+
+    # -- the batch cap: KV memory, the TPOT target and the configured cap ------------------------------------
+    hi = max(min(p["deployment.max_batch_per_gpu"], b_mem), 1.0)
+    target = p["deployment.tpot_target_s"]
+    b_cap = max(min(hi, largest(lambda b: model.pass_s(b) / tpp <= target, 1.0, hi)), 1.0)
+    static = p["deployment.batching"] == "static"
+    slot_util = static_slot_utilization(out_tokens, round(b_cap)) if static else 1.0
+
+    def throughput(b):  # useful decode tokens/s per GPU at batch b
+        return slot_util * b * tpp / model.pass_s(b)
+
+    # -- the work: prefill (compute + restores) and decode ---------------------------------------------------
+    x_prefill = model.prefill_tok_s_per_gpu()
+    host_bw = p["hardware.host_link_gb_s"] * 1e9
+    nvme_bw_per_gpu = p["cache.nvme_gb_s_per_node"] * 1e9 / p["hardware.gpus_per_node"]
+    prefill_gpu_s = float(miss.sum()) / x_prefill + float(restore_bytes[:, 0].sum()) / host_bw \
+        + float(restore_bytes[:, 1].sum()) / nvme_bw_per_gpu
+    demand = total_out / duration  # decode tokens/s
+    prefill_load = prefill_gpu_s / duration  # GPUs' worth of prefill work
+    # Instances that the load needs at the batch cap, at 100 % busy: fewer cannot keep up.
+    if disagg:
+        needed_d, needed_p = demand / (throughput(b_cap) * g), prefill_load / gp
+    else:
+        needed_d, needed_p = (demand / throughput(b_cap) + prefill_load) / g, 0.0
+    prefill_min = (p["deployment.prefill_instances"] or p["deployment.instances"]) if disagg else 0
+
+    # -- latency inputs -----------------------------------------------------------------------------------------
+    nodes_prefill = max(gp / p["hardware.gpus_per_node"], 1.0)
+    restore_s = restore_bytes[:, 0] / (host_bw * gp) \
+        + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill)
+    transfer_s = prompt * kvb / (p["hardware.scale_out_gb_s"] * 1e9 * gp) \
+        + p["efficiency.kv_transfer_latency_s"] if disagg else np.zeros(n)
+    host_first = p["host.request_overhead_s"] + p["host.tokenize_s_per_token"] * float(prompt.mean())
+    host_last = p["host.detokenize_s_per_token"] * float(out_tokens.mean())
+    stream = p["host.stream_interval_tokens"] - 1
+    slo_q = p["deployment.slo_quantile"]
+    ttft_target = p["deployment.ttft_target_s"]
+
+    def with_host(ttft, tpot, e2e):
+        # Host-side costs: request handling, tokenizing the prompt, detokenizing the output; the first streamed
+        # chunk waits for stream_interval tokens.
+        return ttft + host_first + stream * np.nan_to_num(tpot), e2e + host_first + host_last
+
+    simulate = bool(p["performance.simulate_batching"]) or mode in ("fixed", "slo")
+    sim = None
+    if simulate:
+        from mcsim.perf.latency import PoolSimulator, prepare
+
+        max_seqs = max(int(round(b_cap * g)), 1)
+        workload = prepare(p, requests, miss, restore_s, transfer_s, passes_r, max_seqs, rng)
+        mean_blocks = math.ceil(model.decode_context / requests.block_tokens)
+        sim = PoolSimulator(p, model, workload, max_seqs, int(max(b_mem, 1.0) * g * mean_blocks))
+
+    def meets(lat, check_ttft=True, check_tpot=True) -> bool:
+        if lat["saturated"]:
+            return False
+        ttft, _ = with_host(lat["ttft"], lat["tpot"], lat["e2e"])
+        ok = True
+        if check_ttft and ttft_target > 0:
+            ok &= _quantile(ttft, slo_q) <= ttft_target
+        if check_tpot:
+            ok &= not (_quantile(lat["tpot"], slo_q) > target)
+        return bool(ok)
+
+    lat = None
+    if mode == "utilization":
+        u = p["economics.target_utilization"]
+        n_d = max(_whole(needed_d / u), p["deployment.instances"])
+        n_p = max(_whole(needed_p / u), prefill_min) if disagg else 0
+    elif mode == "fixed":
+        n_d = p["deployment.instances"]
+        n_p = prefill_min
+    else:  # slo: bisection on whole instances, each candidate simulated
+        cap = p["deployment.max_instances"]
+        if disagg:
+            n_p = smallest_fleet(lambda k: _prefill_meets(sim, k, with_host, ttft_target, slo_q),
+                                 _whole(needed_p) - 1, cap)
+            n_d = None if n_p is None else smallest_fleet(
+                lambda k: meets(sim.disaggregated(k, n_p), check_ttft=False), _whole(needed_d) - 1, cap)
+        else:
+            n_p = 0
+            n_d = smallest_fleet(lambda k: meets(sim.colocated(k)), _whole(needed_d) - 1, cap)
+        if n_d is None or n_p is None:
+            return {**infeasible("SLO not met", b_mem, tpp), **stage}
+
+    # -- the fleet's latencies: simulated (the charged fleet) or service times ---------------------------------
+    steps_kept = None
+    if simulate:
+        lat = sim.disaggregated(n_d, n_p, step_log) if disagg else sim.colocated(n_d, step_log)
+        b_sim = lat["mean_decode_batch"] / g
+    decode_gpus, prefill_gpus = float(n_d * g), float(n_p * gp)
+    available = decode_gpus - (0.0 if disagg else prefill_load)
+    b_little = largest(lambda b: throughput(b) * max(available, 1e-9) <= demand, 1e-6, b_cap)
+    b_op = b_sim if simulate and math.isfinite(b_sim) and b_sim > 0 else b_little
+    x_op = throughput(b_op)
+    # Served share of the demand: below 1 only when a fleet is loaded past what it can serve (the simulated
+    # instance then completes output tokens at its capacity, not at the offered rate).
+    served = 1.0
+    if simulate and lat["saturated"] and demand > 0:
+        served = min(1.0, lat["throughput_tok_s"] * n_d / demand)
+    gpus = decode_gpus + prefill_gpus
+    decode_gpu_s = served * total_out / x_op
+    if simulate:
+        busy_decode = lat["busy_fraction"]
+        busy_prefill = lat.get("prefill_busy_fraction", 0.0)
+        busy = (busy_decode * decode_gpus + busy_prefill * prefill_gpus) / gpus
+    else:
+        busy = min((decode_gpu_s + prefill_gpu_s) / (gpus * duration), 1.0)
+
+    pass_s = model.pass_s(b_op)
+    multi = out_tokens > 1  # TPOT is undefined for a one-token output
+    if simulate:
+        ttft, tpot, e2e, queue = lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"]
+        saturated, little = lat["saturated"], lat["little_law_ratio"]
+        steps_kept = lat["step_log"]
+    else:
+        tpot = np.where(multi, pass_s * passes_r / out_tokens, np.nan)
+        ttft = miss / (x_prefill * gp) + restore_s + pass_s + transfer_s
+        e2e = ttft + np.where(multi, tpot * (out_tokens - 1), 0.0)
+        queue = np.zeros(n)
+        saturated, little = 0, math.nan
+    ttft, e2e = with_host(ttft, tpot, e2e)
+    within = np.ones(len(ttft), dtype=bool)
+    if ttft_target > 0:
+        within &= ttft <= ttft_target
+    within &= ~(tpot > target)  # NaN (one-token outputs) never breaks it
+    concurrency = (n / duration) * float((pass_s * passes_r).mean()) / max(available, 1e-9)
+
+    return {
+        **stage,
+        "decode_tok_s_per_gpu": x_op,
+        "prefill_tok_s_per_gpu": total_in / prefill_gpu_s if prefill_gpu_s > 0 else math.inf,
+        "batch_efficiency": x_op / model.saturated_tok_s_per_gpu(),
+        "operating_batch_per_gpu": b_op,
+        "mean_concurrency_per_gpu": concurrency,
+        "max_batch_by_memory": b_mem,
+        "spec_tokens_per_pass": tpp / model.pass_overhead(b_op),
+        "spec_raw_tokens_per_pass": tpp,
+        "ttft_s": _quantiles(ttft),
+        "tpot_s": _quantiles(tpot),
+        "e2e_s": _quantiles(e2e),
+        "queue_wait_s": _quantiles(queue),
+        "ttft_at_slo_quantile_s": _quantile(ttft, slo_q),
+        "tpot_at_slo_quantile_s": _quantile(tpot, slo_q),
+        "slo_attainment": float(within.mean()) if len(within) else math.nan,
+        "saturated": int(saturated),
+        "little_law_ratio": little,
+        "gpus": gpus,
+        "decode_gpus": decode_gpus,
+        "prefill_gpus": prefill_gpus,
+        "instances": n_d + n_p,
+        "decode_instances": n_d,
+        "prefill_instances": n_p,
+        "gpu_hours": busy * gpus * duration / 3600.0,
+        "feasible": 1,
+        "infeasible_reason": "ok",
+        "busy_fraction": busy,
+        "_served_fraction": served,
+        "_step_log": steps_kept,
+    }
+
+
+def _prefill_meets(sim, k: int, with_host, ttft_target: float, slo_q: float) -> bool:
+    """The prefill pool of ``k`` instances meets the TTFT target (TTFT ends when the KV reaches decode)."""
+    pre = sim.prefill(k)
+    if pre["saturated"]:
+        return False
+    if ttft_target <= 0:
+        return True
+    handoff = pre["handoff"][pre["measured"]]
+    ttft, _ = with_host(handoff, np.zeros_like(handoff), handoff)
+    return _quantile(ttft, slo_q) <= ttft_target
