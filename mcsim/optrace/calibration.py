@@ -247,9 +247,14 @@ def check_regime(cal: Calibration, scenario_regime: dict) -> None:
 
 
 def _scaled(params: dict, key: str, scale: float, clip: bool) -> None:
+    from mcsim.scenario.schema import read_by
+
     if key not in params:
         return
     value = params[key]
+    fidelity = params.get("performance.fidelity")
+    if not _is_number(value) and fidelity and not read_by(key, fidelity):
+        return  # an uncertain input this sample's fidelity does not read is never drawn, and nothing reads it
     if not _is_number(value):
         raise CalibrationError("calibration", f"cannot scale {key}={value!r}: apply the calibration to resolved "
                                               f"parameters (numbers, after uncertain inputs are drawn)", key)
