@@ -312,8 +312,9 @@ def _headline_table(ds, layout: _Layout, quantities, quantile_rows) -> list[str]
     cells = {}
     for row in quantile_rows:
         key = tuple(row[d] for d in layout.dims)
-        if row["variable"] == "feasible":  # a 0/1 flag: its mean is the feasible fraction
-            cells[(row["metric"], key)] = f"{100 * row['mean']:.0f} % of samples" if row["samples"] else "n/a"
+        if row["variable"] == "feasible":  # a 0/1 flag: count the samples that could not run
+            infeasible = int(round((1.0 - row["mean"]) * row["samples"]))
+            cells[(row["metric"], key)] = f"{infeasible} of {row['samples']} infeasible" if row["samples"] else "n/a"
         else:
             cells[(row["metric"], key)] = f"{_fmt(row['p50'])} [{_fmt(row['p5'])}, {_fmt(row['p95'])}]"
     keys = [tuple(layout.values(i).values()) for i in layout.points]

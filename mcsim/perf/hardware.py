@@ -1,0 +1,93 @@
+"""The accelerator as a typed object: peaks per number format, HBM, links, power and price.
+
+Every performance module reads hardware through :class:`Hardware` (``hw.peak_flops("fp8")``, ``hw.hbm_bytes_s``)
+instead of scanning a dict for key names. :func:`as_hardware` turns a catalog entry (``mcsim.scenario.catalog``)
+or a sample's resolved ``hardware.*`` parameters into one, so callers may pass either.
+
+Examples
+--------
+>>> from mcsim.scenario import catalog
+>>> h100 = as_hardware(catalog.hardware_preset("h100"))
+>>> h100.peak_flops("fp8") / 1e12, h100.peak_flops("fp4") == h100.peak_flops("fp8")  # no FP4: falls back
+(1979.0, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Number formats from the narrowest up; a format the hardware lacks falls back to the next wider one.
+FORMATS = ("fp4", "fp8", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator (figures per GPU).
+
+    Attributes
+    ----------
+    name : str
+    tflops : dict
+        Dense peak TFLOP/s per number format (``fp32``, ``bf16``, ``fp8``, ``fp4``; 0 where unsupported).
+    hbm_gb, hbm_tb_s : float
+        HBM capacity (GB) and bandwidth (TB/s).
+    scale_up_gb_s, scale_out_gb_s, host_link_gb_s : float
+        One-direction bandwidth of the scale-up link (NVLink), the scale-out network and the host link, GB/s.
+    gpus_per_node : int
+        GPUs in one scale-up node.
+    tdp_w, idle_w : float
+        Board power limit and idle power, W.
+    price_usd, rental_usd_per_hour : float
+        Purchase price and on-demand rental price.
+    """
+
+    name: str
+    tflops: dict
+    hbm_gb: float
+    hbm_tb_s: float
+    scale_up_gb_s: float
+    scale_out_gb_s: float
+    host_link_gb_s: float
+    gpus_per_node: int
+    tdp_w: float = 0.0
+    idle_w: float = 0.0
+    price_usd: float = 0.0
+    rental_usd_per_hour: float = 0.0
+
+    def peak_flops(self, compute: str) -> float:
+        """Dense peak FLOP/s of ``compute``, or of the next wider format the hardware has."""
+        for dtype in FORMATS[FORMATS.index(compute):]:
+            if self.tflops.get(dtype, 0.0) > 0:
+                return self.tflops[dtype] * 1e12
+        raise ValueError(f"hardware {self.name!r} has no peak for {compute} or any wider format")
+
+    @property
+    def hbm_bytes(self) -> float:
+        """HBM capacity, bytes."""
+        return self.hbm_gb * 1e9
+
+    @property
+    def hbm_bytes_s(self) -> float:
+        """HBM bandwidth, bytes/s."""
+        return self.hbm_tb_s * 1e12
+
+
+def as_hardware(entry) -> Hardware:
+    """A :class:`Hardware` from a catalog entry, a sample's ``hardware.*`` parameters, or a Hardware (as is).
+
+    Missing links and node size default to what a lone accelerator has (no network, one GPU per node), so a
+    minimal entry such as ``{"hbm_gb": 80, "hbm_tb_s": 3.35, "bf16_tflops": 989}`` is enough for the parts of the
+    model that need only those.
+    """
+    if isinstance(entry, Hardware):
+        return entry
+    values = {k.split(".", 1)[1] if k.startswith("hardware.") else k: v for k, v in dict(entry).items()}
+    return Hardware(
+        name=str(values.get("name", values.get("preset", ""))),
+        tflops={dtype: float(values.get(f"{dtype}_tflops", 0.0)) for dtype in FORMATS},
+        hbm_gb=float(values.get("hbm_gb", 0.0)), hbm_tb_s=float(values.get("hbm_tb_s", 0.0)),
+        scale_up_gb_s=float(values.get("scale_up_gb_s", 0.0)), scale_out_gb_s=float(values.get("scale_out_gb_s", 0.0)),
+        host_link_gb_s=float(values.get("host_link_gb_s", 0.0)), gpus_per_node=int(values.get("gpus_per_node", 1)),
+        tdp_w=float(values.get("tdp_w", 0.0)), idle_w=float(values.get("idle_w", 0.0)),
+        price_usd=float(values.get("price_usd", 0.0)),
+        rental_usd_per_hour=float(values.get("rental_usd_per_hour", 0.0)))
