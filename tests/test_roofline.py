@@ -390,3 +390,23 @@ def test_mla_attention_core_by_hand():
     tp8 = step_cost(model, hw, decode_seqs=1, decode_context=1000, parallel=Parallelism(tp=8, ep=8))
     assert tp8.breakdown["attention_core"]["flops"] == pytest.approx(decode.breakdown["attention_core"]["flops"] / 8)
     assert tp8.kv_bytes == pytest.approx(decode.kv_bytes)
+
+
+def test_hardware_is_a_typed_object():
+    import doctest
+
+    from mcsim.perf import hardware
+    from mcsim.perf.hardware import Hardware, as_hardware
+
+    assert doctest.testmod(hardware).failed == 0
+    entry = catalog.hardware_preset("h100")
+    hw = as_hardware(entry)
+    assert isinstance(hw, Hardware) and hw.hbm_bytes == entry["hbm_gb"] * 1e9
+    assert hw.peak_flops("bf16") == entry["bf16_tflops"] * 1e12
+    # no FP4 on H100: the next wider format's peak
+    assert hw.peak_flops("fp4") == entry["fp8_tflops"] * 1e12
+    # a sample's flat parameters describe the same accelerator
+    assert as_hardware({f"hardware.{k}": v for k, v in entry.items()} | {"model.layers": 80}).tflops == hw.tflops
+    model = catalog.model_preset("llama-3.1-8b")
+    a = step_cost(model, entry, decode_seqs=32, decode_context=1000).t_step
+    assert step_cost(model, hw, decode_seqs=32, decode_context=1000).t_step == a

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from mcsim.perf.hardware import as_hardware
 from mcsim.perf.roofline import (
     ROUTER_WEIGHT_BYTES,
     Memory,
@@ -27,7 +28,7 @@ from mcsim.scenario import catalog
 
 # -- memory --------------------------------------------------------------------------------------------------
 
-def memory_projection(model: dict, hw: dict, *, precision: Precision = Precision(),
+def memory_projection(model: dict, hw, *, precision: Precision = Precision(),
                       parallel: Parallelism = Parallelism(), block_tokens: int = 16, context: float = 4096,
                       memory_fraction: float = 0.9, activation_gb: float = 4.0, reserved_gb: float = 0.0,
                       include_mtp: bool = False) -> Memory:
@@ -41,8 +42,10 @@ def memory_projection(model: dict, hw: dict, *, precision: Precision = Precision
 
     Parameters
     ----------
-    model, hw : dict
-        Catalog entries.
+    model : dict
+        Catalog entry.
+    hw : mcsim.perf.hardware.Hardware or dict
+        The accelerator (a catalog entry is converted).
     precision, parallel
         Option groups.
     block_tokens : int
@@ -92,7 +95,7 @@ def memory_projection(model: dict, hw: dict, *, precision: Precision = Precision
     blocks = math.ceil(context / block_tokens)
     kv_sequence = blocks * block_tokens * kv_token
     activation = activation_gb * 1e9
-    free = hw["hbm_gb"] * 1e9 * memory_fraction - weights - activation - reserved_gb * 1e9
+    free = as_hardware(hw).hbm_bytes * memory_fraction - weights - activation - reserved_gb * 1e9
     if free <= 0:
         max_sequences, reason = 0, "weights do not fit in HBM"
     else:
@@ -129,8 +132,10 @@ def operating_point(model: dict, hw: dict, *, context: float, tpot_target_s: flo
 
     Parameters
     ----------
-    model, hw : dict
-        Catalog entries.
+    model : dict
+        Catalog entry.
+    hw : mcsim.perf.hardware.Hardware or dict
+        The accelerator (a catalog entry is converted).
     context : float
         Mean decode context, tokens (use the same context as ``memory``).
     tpot_target_s : float

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import math
 
+from mcsim.perf.hardware import as_hardware
+
 __all__ = [
     "ALLREDUCE_ALGORITHMS",
     "ALLTOALL_ALGORITHMS",
@@ -55,18 +57,19 @@ ALLREDUCE_ALGORITHMS = ("ring", "one-shot", "two-shot", "hierarchical")
 ALLTOALL_ALGORITHMS = ("direct", "hierarchical")
 
 
-def group_layout(group: int, hw: dict) -> tuple[int, int]:
+def group_layout(group: int, hw) -> tuple[int, int]:
     """(nodes, GPUs per node) of a group of ``group`` consecutive GPUs."""
-    per_node = int(hw["gpus_per_node"])
+    per_node = as_hardware(hw).gpus_per_node
     return math.ceil(group / per_node), min(group, per_node)
 
 
-def _bandwidths(hw: dict, network_fraction: float) -> tuple[float, float]:
+def _bandwidths(hw, network_fraction: float) -> tuple[float, float]:
     """Achievable (scale-up, scale-out) bandwidth per GPU, bytes/s."""
-    return (hw["scale_up_gb_s"] * 1e9 * network_fraction, hw["scale_out_gb_s"] * 1e9 * network_fraction)
+    hw = as_hardware(hw)
+    return hw.scale_up_gb_s * 1e9 * network_fraction, hw.scale_out_gb_s * 1e9 * network_fraction
 
 
-def allreduce_time(nbytes: float, group: int, hw: dict, *, algorithm: str = "ring", latency_s: float = 5e-6,
+def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "ring", latency_s: float = 5e-6,
                    network_fraction: float = 1.0) -> tuple[float, float]:
     """Time and bytes sent per GPU of one all-reduce.
 
@@ -76,7 +79,7 @@ def allreduce_time(nbytes: float, group: int, hw: dict, *, algorithm: str = "rin
         Message each GPU contributes (and receives reduced), bytes.
     group : int
         GPUs in the all-reduce.
-    hw : dict
+    hw : mcsim.perf.hardware.Hardware or dict
         Hardware entry (``scale_up_gb_s``, ``scale_out_gb_s``, ``gpus_per_node``).
     algorithm : {"ring", "one-shot", "two-shot", "hierarchical"}
     latency_s : float
@@ -135,7 +138,7 @@ def expected_other_nodes(experts: int, copies: int, nodes: int) -> float:
     return (nodes - 1) * (1.0 - miss)
 
 
-def alltoall_time(tokens: float, copies: float, token_bytes: float, group: int, hw: dict, *,
+def alltoall_time(tokens: float, copies: float, token_bytes: float, group: int, hw, *,
                   algorithm: str = "direct", latency_s: float = 5e-6, network_fraction: float = 1.0,
                   experts: int | None = None) -> tuple[float, float]:
     """Time and bytes sent per GPU of one all-to-all (a MoE dispatch or a combine).
@@ -150,7 +153,7 @@ def alltoall_time(tokens: float, copies: float, token_bytes: float, group: int, 
         Bytes of one token copy (hidden size x activation bytes).
     group : int
         GPUs in the all-to-all (the EP ranks).
-    hw : dict
+    hw : mcsim.perf.hardware.Hardware or dict
         Hardware entry.
     algorithm : {"direct", "hierarchical"}
     latency_s : float
@@ -193,7 +196,7 @@ def alltoall_time(tokens: float, copies: float, token_bytes: float, group: int, 
     return max(inter / out, intra / up) + 2 * latency_s, inter + intra
 
 
-def send_time(nbytes: float, hw: dict, *, across_nodes: bool, latency_s: float = 5e-6,
+def send_time(nbytes: float, hw, *, across_nodes: bool, latency_s: float = 5e-6,
               network_fraction: float = 1.0) -> float:
     """Time of one point-to-point send of ``nbytes`` (a pipeline stage boundary), s."""
     if nbytes <= 0:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mcsim.perf.hardware import as_hardware
 from mcsim.scenario import catalog
 from mcsim.stages.speculative import pass_cost
 
@@ -136,7 +137,7 @@ def pool_memory(p: dict, requests, *, prefill: bool = False):
     holds_cache = p["cache.enabled"] and (prefill or not disagg)
     reserved = p["cache.hbm_gb_per_instance"] / layout.gpus if holds_cache else 0.0
     return memory_projection(
-        _model(p), {"hbm_gb": p["hardware.hbm_gb"]}, precision=precision(p), parallel=layout,
+        _model(p), as_hardware(p), precision=precision(p), parallel=layout,
         block_tokens=requests.block_tokens, context=context, memory_fraction=p["deployment.memory_fraction"],
         activation_gb=p["deployment.activation_gb_per_gpu"], reserved_gb=reserved,
         include_mtp=bool(p["speculative.enabled"] and p.get("model.mtp_layers", 0)) and not (prefill and disagg))
@@ -173,6 +174,8 @@ class StepModel:
         Output tokens a sequence gains per verification pass, as drawn (1 without speculation).
     verify_tokens : int
         Tokens a decoding sequence runs per pass (k + 1 with k drafts).
+    hardware : mcsim.perf.hardware.Hardware
+        The sample's accelerator.
     decode_memory, prefill_memory : mcsim.perf.roofline.Memory
         HBM projections of one instance of each pool.
     prefill_budget : float
@@ -185,6 +188,7 @@ class StepModel:
     fidelity = ""
 
     def __init__(self, p: dict, requests, passes):
+        self.hardware = as_hardware(p)
         self.disaggregated = bool(p["deployment.disaggregated"])
         self.decode_gpus = int(p["deployment.gpus_per_instance"])
         self.prefill_gpus = int(p["deployment.prefill_gpus_per_instance"]) if self.disaggregated \

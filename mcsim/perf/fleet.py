@@ -157,8 +157,9 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
 
     # -- the work: prefill (compute + restores) and decode ---------------------------------------------------
     x_prefill = model.prefill_tok_s_per_gpu()
-    host_bw = p["hardware.host_link_gb_s"] * 1e9
-    nvme_bw_per_gpu = p["cache.nvme_gb_s_per_node"] * 1e9 / p["hardware.gpus_per_node"]
+    hw = model.hardware
+    host_bw = hw.host_link_gb_s * 1e9
+    nvme_bw_per_gpu = p["cache.nvme_gb_s_per_node"] * 1e9 / hw.gpus_per_node
     prefill_gpu_s = float(miss.sum()) / x_prefill + float(restore_bytes[:, 0].sum()) / host_bw \
         + float(restore_bytes[:, 1].sum()) / nvme_bw_per_gpu
     demand = total_out / duration  # decode tokens/s
@@ -171,10 +172,10 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     prefill_min = (p["deployment.prefill_instances"] or p["deployment.instances"]) if disagg else 0
 
     # -- latency inputs -----------------------------------------------------------------------------------------
-    nodes_prefill = max(gp / p["hardware.gpus_per_node"], 1.0)
+    nodes_prefill = max(gp / hw.gpus_per_node, 1.0)
     restore_s = restore_bytes[:, 0] / (host_bw * gp) \
-        + restore_bytes[:, 1] / (nvme_bw_per_gpu * p["hardware.gpus_per_node"] * nodes_prefill)
-    transfer_s = prompt * kvb / (p["hardware.scale_out_gb_s"] * 1e9 * gp) \
+        + restore_bytes[:, 1] / (nvme_bw_per_gpu * hw.gpus_per_node * nodes_prefill)
+    transfer_s = prompt * kvb / (hw.scale_out_gb_s * 1e9 * gp) \
         + p["efficiency.kv_transfer_latency_s"] if disagg else np.zeros(n)
     host_first = p["host.request_overhead_s"] + p["host.tokenize_s_per_token"] * float(prompt.mean())
     host_last = p["host.detokenize_s_per_token"] * float(out_tokens.mean())

@@ -9,7 +9,7 @@ Examples
 >>> from mcsim.scenario import catalog
 >>> h100 = as_hardware(catalog.hardware_preset("h100"))
 >>> h100.peak_flops("fp8") / 1e12, h100.peak_flops("fp4") == h100.peak_flops("fp8")  # no FP4: falls back
-(1979.0, True)
+(1978.9, True)
 """
 
 from __future__ import annotations
@@ -81,7 +81,10 @@ def as_hardware(entry) -> Hardware:
     """
     if isinstance(entry, Hardware):
         return entry
-    values = {k.split(".", 1)[1] if k.startswith("hardware.") else k: v for k, v in dict(entry).items()}
+    entry = dict(entry)
+    if any(k.startswith("hardware.") for k in entry):  # a sample's parameters: keep the hardware section
+        entry = {k.split(".", 1)[1]: v for k, v in entry.items() if k.startswith("hardware.")}
+    values = entry
     return Hardware(
         name=str(values.get("name", values.get("preset", ""))),
         tflops={dtype: float(values.get(f"{dtype}_tflops", 0.0)) for dtype in FORMATS},

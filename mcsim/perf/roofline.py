@@ -79,6 +79,7 @@ import math
 from dataclasses import dataclass, field
 
 from mcsim.perf.collectives import allreduce_time, alltoall_time, send_time
+from mcsim.perf.hardware import Hardware, as_hardware
 from mcsim.scenario import catalog
 
 __all__ = [
@@ -361,14 +362,11 @@ def _attention_shard(model: dict, tp: int) -> dict:
     }
 
 
-def _peak_flops(hw: dict, compute: str) -> float:
+def _peak_flops(hw: Hardware, compute: str) -> float:
     """Peak FLOP/s of the widest-supported format at or above ``compute``."""
     if compute not in COMPUTE_DTYPES:
         raise ValueError(f"precision.compute must be one of {COMPUTE_DTYPES}, got {compute!r}")
-    for dtype in COMPUTE_DTYPES[COMPUTE_DTYPES.index(compute)::-1]:
-        if hw[f"{dtype}_tflops"] > 0:
-            return hw[f"{dtype}_tflops"] * 1e12
-    raise ValueError("hardware has no BF16 peak")
+    return hw.peak_flops(compute)
 
 
 def _layer_counts(model: dict, pp: int) -> tuple[float, float, float]:
@@ -389,7 +387,7 @@ def expected_distinct_experts(experts: int, top_k: int, tokens: float) -> float:
 
 # -- step cost -------------------------------------------------------------------------------------------------
 
-def step_cost(model: dict, hw: dict, *, decode_seqs: float, decode_context: float, prefill_tokens: float = 0,
+def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, prefill_tokens: float = 0,
               prefill_context: float = 0, verify_tokens: int = 1, precision: Precision = Precision(),
               parallel: Parallelism = Parallelism(), collectives: Collectives = Collectives(),
               achievable: Achievable = Achievable(), hot_rank_factor: float = 1.0,
@@ -398,8 +396,10 @@ def step_cost(model: dict, hw: dict, *, decode_seqs: float, decode_context: floa
 
     Parameters
     ----------
-    model, hw : dict
-        Catalog entries (:func:`mcsim.scenario.catalog.model_preset`, :func:`mcsim.scenario.catalog.hardware_preset`).
+    model : dict
+        Catalog entry (:func:`mcsim.scenario.catalog.model_preset`).
+    hw : mcsim.perf.hardware.Hardware or dict
+        The accelerator; a catalog entry (:func:`mcsim.scenario.catalog.hardware_preset`) is converted.
     decode_seqs : float
         Decode sequences in the step (per instance).
     decode_context : float
@@ -435,6 +435,7 @@ def step_cost(model: dict, hw: dict, *, decode_seqs: float, decode_context: floa
     True
     """
     _check_parallel(parallel)
+    hw = as_hardware(hw)
     if decode_seqs < 0 or prefill_tokens < 0 or decode_context < 0 or prefill_context < 0 or verify_tokens < 1:
         raise ValueError("token counts and contexts must be >= 0 and verify_tokens >= 1")
     if hot_rank_factor < 1:
@@ -451,8 +452,8 @@ def step_cost(model: dict, hw: dict, *, decode_seqs: float, decode_context: floa
     a, wb, kvb = precision.activation_bytes, precision.weight_bytes, precision.kv_bytes
     unfused = 0.0 if achievable.fused else 1.0
     peak_linear = _peak_flops(hw, precision.compute) * achievable.flops_fraction
-    peak_attention = hw["bf16_tflops"] * 1e12 * achievable.flops_fraction
-    bandwidth = hw["hbm_tb_s"] * 1e12 * achievable.bandwidth_fraction
+    peak_attention = hw.peak_flops("bf16") * achievable.flops_fraction
+    bandwidth = hw.hbm_bytes_s * achievable.bandwidth_fraction
     n = tokens / adp  # tokens per attention-DP group: what every GPU of a TP group processes
     has_prefill = 1.0 if prefill_tokens > 0 else 0.0
     layers, dense_layers, moe_layers = _layer_counts(model, pp)
@@ -502,7 +503,7 @@ def step_cost(model: dict, hw: dict, *, decode_seqs: float, decode_context: floa
     if moe_layers > 0:
         experts, top_k = model["experts"], model["active_experts"]
         add("router", moe_layers, 2 * n * experts * h, weight=experts * h * ROUTER_WEIGHT_BYTES,
-            act=n * a * (h + experts + unfused * 5 * h), peak=hw["bf16_tflops"] * 1e12 * achievable.flops_fraction)
+            act=n * a * (h + experts + unfused * 5 * h), peak=hw.peak_flops("bf16") * achievable.flops_fraction)
         if model["shared_experts"] > 0:
             fs = model["shared_experts"] * model["expert_ffn"] / tp
             add("shared_expert", moe_layers, 2 * n * 3 * h * fs, weight=3 * h * fs * wb,
@@ -533,7 +534,7 @@ def step_cost(model: dict, hw: dict, *, decode_seqs: float, decode_context: floa
         ops["ep_alltoall"].update(t=2 * moe_layers * t, sent=2 * moe_layers * sent)
     if pp > 1:
         nbytes = n * h * a / tp  # the TP ranks each send their share of the boundary activations
-        t = send_time(nbytes, hw, across_nodes=stage_gpus >= hw["gpus_per_node"], **net)
+        t = send_time(nbytes, hw, across_nodes=stage_gpus >= hw.gpus_per_node, **net)
         ops["pp_send"].update(t=t, sent=nbytes)
 
     launches = achievable.kernels_per_layer * layers * (FUSED_KERNEL_FRACTION if achievable.fused else 1.0)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from mcsim.perf import roofline
 from mcsim.perf.capacity import _instance_step_time
+from mcsim.perf.hardware import Hardware, as_hardware
 from mcsim.perf.factor import StepModel, StepTime, _model, parallelism, precision
 
 
-def _hardware(p: dict) -> dict:
-    return {k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("hardware.")}
+def _hardware(p: dict) -> Hardware:
+    return as_hardware(p)
 
 
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
