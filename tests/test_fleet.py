@@ -5,6 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mcsim
 from mcsim.cli import main
@@ -186,3 +188,15 @@ def test_closed_loop_think_times_come_from_the_sample_stream():
                       overrides=["performance.closed_loop_users=8"]) for s in (1, 1, 2)]
     assert np.array_equal(runs[0].e2e_s.values, runs[1].e2e_s.values)
     assert not np.array_equal(runs[0].e2e_s.values, runs[2].e2e_s.values)
+
+
+@settings(max_examples=6, deadline=None)
+@given(low=st.floats(2.0, 30.0), step=st.floats(2.0, 20.0))
+def test_slo_attainment_of_a_fixed_fleet_does_not_rise_with_the_rate(low, step):
+    # The same requests and draws at two rates (common random numbers): more load never serves more requests
+    # within their SLOs, and a fleet that saturates at the lower rate also saturates at the higher one.
+    ds = mcsim.sweep(DENSE, [f"workload.rate_rps={low},{low + step}"], samples=1, requests=1000, workers=1,
+                     overrides=["deployment.fleet=fixed", "deployment.instances=2"])
+    attained = ds.slo_attainment.values[:, 0]
+    assert attained[1] <= attained[0] + 0.01
+    assert ds.saturated.values[1, 0] >= ds.saturated.values[0, 0]

@@ -110,7 +110,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     Returns
     -------
     dict
-        Metric name -> value (see :mod:`mcsim.variables`), plus token totals for economics.
+        Metric name -> value (see :mod:`mcsim.results.variables`), plus token totals for economics.
     """
     out_tokens = requests.output_tokens
     prompt = requests.prompt_tokens
@@ -209,7 +209,6 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
             ok &= not (_quantile(lat["tpot"], slo_q) > target)
         return bool(ok)
 
-    lat = None
     if mode == "utilization":
         u = p["economics.target_utilization"]
         n_d = max(_whole(needed_d / u), p["deployment.instances"])
