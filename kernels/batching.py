@@ -23,7 +23,13 @@ Step construction (continuous batching)
    budget is left, fewer than ``max_seqs`` sequences run and the pool holds the request's blocks; each
    admitted request gets its first chunk in the same step. No admission happens in a step that preempted.
 5. Step time: bilinear interpolation of ``step_time_table`` at (decoding sequences, prefill tokens),
-   clamped to the table's edges.
+   clamped to the table's edges, plus the attention cost of the batch's own KV lengths:
+   ``kv_slope(d) x (S - d x kv_ref_context)``, where ``S`` is the summed KV length of the ``d`` decoding
+   sequences, ``kv_ref_context`` the per-sequence context the table was computed at and ``kv_slope`` (s per
+   KV token, interpolated over ``decode_edges``) what one more token of context costs. A decoding sequence
+   that has run ``j`` of its ``P`` passes attends over ``context + 1 + j x (output - 1) / P`` tokens (the
+   linear form of the tokens it has produced, so that ``S`` is updated in O(1) per step); a static batch's
+   finished members stay at ``context + output``. ``kv_slope = 0`` gives the table alone.
 6. At the end of the step, a sequence whose prefill completed emits its first token (not after a
    recompute) and decodes from the next step; a decoding sequence that ran its last pass finishes.
 
@@ -138,6 +144,20 @@ def step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill
     low = step_time_table[i0, j0] * (1.0 - fy) + step_time_table[i0, j1] * fy
     high = step_time_table[i1, j0] * (1.0 - fy) + step_time_table[i1, j1] * fy
     return low * (1.0 - fx) + high * fx
+
+
+@kernel(inline="always")
+def kv_correction(kv_slope, decode_edges, decode_seqs, kv_sum, kv_ref_context):
+    """Seconds the batch's own KV lengths add to (or take from) the table's step at ``kv_ref_context``."""
+    i0, i1, fx = _bracket(decode_edges, float(decode_seqs))
+    slope = kv_slope[i0] * (1.0 - fx) + kv_slope[i1] * fx
+    return slope * (kv_sum - decode_seqs * kv_ref_context)
+
+
+@kernel(inline="always")
+def _kv_rate(output, passes):
+    """Tokens of KV one pass adds to a sequence, on average (0 for a one-token output)."""
+    return (output - 1) / passes if passes > 0 else 0.0
 
 
 @kernel(inline="always")
@@ -286,7 +306,7 @@ def _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum
 
 @kernel
 def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int, warmup_s,
-             step_time_table, decode_edges, prefill_edges, out_arrival_s, out_first_token_s, out_finish_s,
+             step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s, out_first_token_s, out_finish_s,
              out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens, dump_step_s,
              dump_waiting):
     """Simulate one serving instance under continuous or static batching (rules in the module docstring).
@@ -318,6 +338,11 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
         Step time, s, at each (decoding sequences, prefill tokens) edge pair.
     decode_edges, prefill_edges : float64[:]
         Strictly increasing grid of the table (sequences; tokens).
+    kv_slope : float64[n_decode_edges]
+        Seconds one more KV token of a decoding sequence adds to a step, at each decode edge (0: the table
+        alone).
+    kv_ref_context : float
+        KV length per decoding sequence at which the table was computed, tokens.
     out_arrival_s, out_first_token_s, out_finish_s, out_queue_s : float64[n]
         Filled with each request's arrival, first-token and finish times (s) and its wait from arrival to
         first admission (s).
@@ -336,7 +361,7 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
     >>> table = np.array([[0.01, 0.01], [0.01, 0.01]]); edges = np.array([0.0, 1.0])
     >>> none_f, none_i = np.zeros(0), np.zeros(0, np.int64)
     >>> simulate(np.zeros(1), 10 * one, 10 * one, 3 * one, 2 * one, np.zeros(1), params, 0.0, table, edges,
-    ...          edges, *out, stats, none_f, none_i, none_i, none_f, none_i)
+    ...          edges, np.zeros(2), 0.0, *out, stats, none_f, none_i, none_i, none_f, none_i)
     >>> round(float(out[2][0]), 6)  # finish: one prefill step and two decode steps
     0.03
     """
@@ -360,12 +385,14 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
         out_arrival_s[:] = arrival_s
     if params_int[P_POLICY] == POLICY_STATIC:
         _simulate_static(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s,
-                         params_int, warmup_s, step_time_table, decode_edges, prefill_edges, out_arrival_s,
+                         params_int, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope,
+                         kv_ref_context, out_arrival_s,
                          out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
                          dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r)
     else:
         _simulate_continuous(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s,
-                             params_int, warmup_s, step_time_table, decode_edges, prefill_edges, out_arrival_s,
+                             params_int, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope,
+                             kv_ref_context, out_arrival_s,
                              out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
                              dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t,
                              heap_r)
@@ -373,8 +400,8 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
 
 @kernel
 def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int,
-                     warmup_s, step_time_table, decode_edges, prefill_edges, out_arrival_s, out_first_token_s,
-                     out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens,
+                     warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s,
+                     out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens,
                      dump_step_s, dump_waiting, state, heap_t, heap_r):
     """Static batching (arguments as :func:`simulate`, plus the arrival state it prepared)."""
     n = arrival_s.shape[0]
@@ -390,6 +417,12 @@ def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, p
     prefill_left = np.zeros(n, np.int64)
     batch = np.empty(min(max_seqs, n), np.int64)
     chunk = np.zeros(batch.shape[0], np.int64)
+    by_passes = np.empty(batch.shape[0], np.int64)  # members in order of their passes (KV stops growing)
+    member_passes = np.empty(batch.shape[0], np.int64)
+    kv_sum = 0.0
+    kv_rate = 0.0
+    decode_steps_done = 0
+    next_to_stop = 0
     batch_size = 0
     first_unfilled = 0  # members before it have finished prefill
     decode_left = -1  # decode steps left in the batch; -1 while it prefills
@@ -453,7 +486,8 @@ def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, p
             if decode_seqs != last_decode_seqs:
                 last_decode_seqs = decode_seqs
                 last_step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, 0)
-            step_s = last_step_s
+            step_s = max(last_step_s + kv_correction(kv_slope, decode_edges, decode_seqs, kv_sum, kv_ref_context),
+                         1e-12)
         t_end = t + step_s
         if step_index < dump_cap:
             _record_step(step_index, t, decode_seqs, prefill, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
@@ -480,12 +514,31 @@ def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, p
                 first_unfilled += 1
             if first_unfilled == batch_size:
                 decode_left = 0
+                kv_sum = 0.0
+                kv_rate = 0.0
                 for i in range(batch_size):
-                    decode_left = max(decode_left, passes[batch[i]])
+                    r = batch[i]
+                    decode_left = max(decode_left, passes[r])
+                    kv_sum += context_tokens[r] + 1
+                    kv_rate += _kv_rate(output_tokens[r], passes[r])
+                    member_passes[i] = passes[r]
+                # a member's KV grows until its last pass, then it pads the batch: members by their passes
+                order = np.argsort(member_passes[:batch_size], kind="mergesort")
+                for i in range(batch_size):
+                    by_passes[i] = batch[order[i]]
+                decode_steps_done = 0
+                next_to_stop = 0
+                while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == 0:
+                    next_to_stop += 1
                 batch_done = decode_left == 0
         else:
             decode_left -= 1
             batch_done = decode_left == 0
+            kv_sum += kv_rate
+            decode_steps_done += 1
+            while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == decode_steps_done:
+                kv_rate -= _kv_rate(output_tokens[by_passes[next_to_stop]], passes[by_passes[next_to_stop]])
+                next_to_stop += 1
         if batch_done:
             for i in range(batch_size):
                 req_state[batch[i]] = _DONE
@@ -526,9 +579,9 @@ def _next_block_step(context, output, passes, block_tokens, held, passes_done, d
 
 @kernel
 def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int,
-                         warmup_s, step_time_table, decode_edges, prefill_edges, out_arrival_s, out_first_token_s,
-                         out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens,
-                         dump_step_s, dump_waiting, state, heap_t, heap_r):
+                         warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
+                         out_arrival_s, out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
+                         dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r):
     """Continuous batching (arguments as :func:`simulate`, plus the arrival state it prepared).
 
     Helpers that take arrays are kept off the per-step path or written out inline: every call passing an
@@ -585,6 +638,8 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     free_blocks = params_int[P_KV_BLOCKS]
     n_running = 0
     n_decoding = 0
+    kv_sum = 0.0  # summed KV length of the decoding sequences at this step's pass
+    kv_rate = 0.0  # KV tokens that one pass of every decoding sequence adds
     admissions = 0
     preemptions = 0
     step = 0
@@ -645,6 +700,9 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                         _wheel_remove(finish_head, f_next, f_prev, f_step, victim, mask)
                         _wheel_remove(block_head, b_next, b_prev, b_step, victim, mask)
                         n_decoding -= 1
+                        rate = _kv_rate(output_tokens[victim], passes[victim])
+                        kv_sum -= context_tokens[victim] + 1 + passes_done[victim] * rate
+                        kv_rate -= rate
                     else:  # the newest running sequence still prefilling is the prefill ring's tail
                         pf_len -= 1
                     free_blocks += held[victim]
@@ -728,6 +786,10 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
             step_s = decode_only_s[decode_seqs]
         else:
             step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill)
+        if decode_seqs > 0:
+            step_s = max(step_s + kv_correction(kv_slope, decode_edges, decode_seqs, kv_sum, kv_ref_context),
+                         1e-12)
+            kv_sum += kv_rate  # every decoding sequence ran its pass
         t_end = t + step_s
         if step < dump_cap:
             _record_step(step, t, decode_seqs, prefill, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
@@ -774,6 +836,9 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                 continue
             req_state[r] = _DECODING
             n_decoding += 1
+            rate = _kv_rate(output_tokens[r], passes[r])
+            kv_sum += context_tokens[r] + 1 + passes_done[r] * rate
+            kv_rate += rate
             decode_start[r] = step + 1
             f_step[r] = step + passes_left  # file under step step + passes_left (inline: helper calls cost reference counts)
             f_prev[r] = -1
@@ -807,6 +872,8 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
             held[r] = 0
             n_running -= 1
             n_decoding -= 1
+            kv_sum -= context_tokens[r] + output_tokens[r]  # context + 1 + passes x (output - 1) / passes
+            kv_rate -= _kv_rate(output_tokens[r], passes[r])
             if preempt:  # no block growth is pending: the last one was at the start of this step
                 if run_prev[r] >= 0:  # unlink from the running list
                     run_next[run_prev[r]] = run_next[r]
@@ -820,6 +887,9 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                                                   state)
             r = following
         finish_head[slot] = -1
+        if n_decoding == 0:  # no rounding carried from one busy period to the next
+            kv_sum = 0.0
+            kv_rate = 0.0
         step += 1
         t = t_end
     out_stats[STAT_PREEMPTIONS] = preemptions

@@ -94,6 +94,48 @@ def test_kernel_matches_reference_exactly(policy, preempt, closed_users):
     assert (chunked_steps > 0) == (policy == "continuous")
 
 
+@pytest.mark.parametrize(("policy", "preempt"), [("continuous", False), ("continuous", True), ("static", False)])
+def test_steps_pay_for_the_batch_own_kv_lengths(policy, preempt):
+    # With a KV slope the kernel keeps the summed KV of the decoding sequences up to date step by step; the
+    # reference sums every sequence's KV afresh at every step. Same schedule, same times up to rounding.
+    slope = np.array([2e-7, 1.5e-7, 1e-7, 5e-8])
+    steps_with_decodes = 0
+    for seed in range(25):
+        rng = np.random.default_rng([seed, 7, int(preempt)])
+        n = int(rng.integers(1, 40))
+        arrival, prefill, context, output, passes, think = random_workload(rng, n, rng.uniform(5.0, 200.0))
+        settings = random_settings(rng, output, context, policy, preempt, 0)
+        kv = {"kv_slope": slope, "kv_ref_context": float(rng.uniform(0, 400))}
+        result = simulate_batching(arrival, prefill, context, output, passes, warmup_s=0.0, max_steps=100_000,
+                                   **TABLE, **kv, **settings)
+        reference = simulate_reference(arrival, prefill, context, output, passes, think, warmup_s=0.0, **TABLE,
+                                       **kv, **settings)
+        log = result["step_log"]
+        ref_log = np.array([row[3] for row in reference["log"]])
+        assert log["decode_seqs"].tolist() == [row[1] for row in reference["log"]], f"seed {seed}"
+        np.testing.assert_allclose(log["step_s"], ref_log, rtol=1e-9, err_msg=f"seed {seed}")
+        np.testing.assert_allclose(result["per_request"]["finish_s"], reference["finish_s"], rtol=1e-9)
+        plain = simulate_batching(arrival, prefill, context, output, passes, warmup_s=0.0, max_steps=100_000,
+                                  **TABLE, **settings)["step_log"]
+        decoding = log["decode_seqs"] > 0
+        steps_with_decodes += int(decoding.sum())
+        # the slope changes decode steps only
+        if len(plain["step_s"]) == len(log["step_s"]):
+            np.testing.assert_array_equal(log["step_s"][~decoding], plain["step_s"][~decoding])
+    assert steps_with_decodes > 0
+
+
+def test_one_sequence_attends_over_its_growing_context():
+    # One request alone: prompt 100, 5 output tokens, one per pass (4 decode passes). Pass j attends over
+    # 100 + 1 + j tokens; with a table at a reference context of 0 each decode step costs tau + slope x KV.
+    tau, slope = 0.25, 1e-3
+    result = simulate_batching([0.0], [100], [100], [5], [4], step_time_table=np.full((1, 1), tau),
+                               decode_edges=[1.0], prefill_edges=[0.0], kv_slope=[slope], kv_ref_context=0.0,
+                               max_steps=10)
+    steps = result["step_log"]["step_s"]
+    np.testing.assert_allclose(steps, [tau] + [tau + slope * (101 + j) for j in range(4)], rtol=1e-12)
+
+
 def test_single_request_is_the_hand_sum_of_its_steps():
     # Arrivals far apart: each request runs alone. Prompt 1000 with budget 512: chunks 512 and 488, then
     # `passes` decode steps with one sequence.

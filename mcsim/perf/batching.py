@@ -39,6 +39,8 @@ def simulate_batching(
     step_time_table,
     decode_edges,
     prefill_edges,
+    kv_slope=None,
+    kv_ref_context: float = 0.0,
     token_budget: int = 8192,
     max_seqs: int = 256,
     kv_blocks: int | None = None,
@@ -70,6 +72,12 @@ def simulate_batching(
         Step time, s, at each (decoding sequences, prefill tokens) pair; interpolated bilinearly, clamped.
     decode_edges, prefill_edges : array_like of float
         Strictly increasing grids of the table (sequences; tokens).
+    kv_slope : array_like of float, shape (len(decode_edges),), optional
+        Seconds one more KV token of a decoding sequence adds to a step, at each decode edge: the step then
+        pays for the batch's own KV lengths instead of the table's ``kv_ref_context`` per sequence (default 0:
+        the table alone).
+    kv_ref_context : float
+        KV length per decoding sequence at which the table was computed, tokens.
     token_budget : int
         Tokens one step may process (decodes at ``verify_tokens`` each, then prefill chunks).
     max_seqs : int
@@ -135,6 +143,7 @@ def simulate_batching(
     table = np.ascontiguousarray(step_time_table, dtype=np.float64)
     d_edges = np.ascontiguousarray(decode_edges, dtype=np.float64)
     p_edges = np.ascontiguousarray(prefill_edges, dtype=np.float64)
+    slope = np.zeros(d_edges.shape) if kv_slope is None else np.ascontiguousarray(kv_slope, dtype=np.float64)
 
     if not np.all(np.isfinite(arrival[: closed_users or n])):
         raise ValueError("arrival_s must be finite")
@@ -153,6 +162,9 @@ def simulate_batching(
             raise ValueError(f"{name} must be a non-empty strictly increasing 1-D array")
     if table.shape != (d_edges.size, p_edges.size) or not np.all(table > 0) or not np.all(np.isfinite(table)):
         raise ValueError("step_time_table must be finite, > 0 and of shape (len(decode_edges), len(prefill_edges))")
+    if slope.shape != d_edges.shape or not np.all(np.isfinite(slope)) or not np.isfinite(kv_ref_context) \
+            or kv_ref_context < 0:
+        raise ValueError("kv_slope must be finite and of shape (len(decode_edges),); kv_ref_context finite, >= 0")
     if policy not in ("continuous", "static"):
         raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
     if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or min(chunk_tokens, closed_users) < 0:
@@ -181,7 +193,7 @@ def simulate_batching(
            "prefill_tokens": np.empty(max_steps, np.int64), "step_s": np.empty(max_steps),
            "waiting": np.empty(max_steps, np.int64)}
     kernel.simulate(arrival, prefill, context, output, passes, think, params, float(warmup_s), table, d_edges,
-                    p_edges, arrival_out, first_token, finish, queue, stats, log["start_s"], log["decode_seqs"],
+                    p_edges, slope, float(kv_ref_context), arrival_out, first_token, finish, queue, stats, log["start_s"], log["decode_seqs"],
                     log["prefill_tokens"], log["step_s"], log["waiting"])
     if stats[kernel.STAT_STATUS] != 0:
         raise RuntimeError("the batching simulation stalled (a step with nothing to run)")

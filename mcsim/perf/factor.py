@@ -230,15 +230,29 @@ class StepModel:
         pctx = self.prefill_context if prefill_context is None else float(prefill_context)
         return self._step(float(decode_seqs), context, float(prefill_tokens), pctx, pool == "prefill")
 
-    def seconds(self, decode_seqs: float, prefill_tokens: float = 0.0, *, pool: str = "decode") -> float:
-        """:meth:`step_time` at the sample's mean contexts, memoised (what tables and solvers call)."""
-        key = (round(float(decode_seqs), 6), round(float(prefill_tokens), 6), pool)
+    def seconds(self, decode_seqs: float, prefill_tokens: float = 0.0, *, pool: str = "decode",
+                decode_context: float | None = None) -> float:
+        """:meth:`step_time` at the sample's mean contexts (or a given decode context), memoised: what tables
+        and solvers call."""
+        context = self.decode_context if decode_context is None else float(decode_context)
+        key = (round(float(decode_seqs), 6), round(float(prefill_tokens), 6), pool, round(context, 6))
         if key not in self._memo:
             if decode_seqs <= 0 and prefill_tokens <= 0:
                 self._memo[key] = 0.0
             else:
-                self._memo[key] = self.step_time(decode_seqs, None, prefill_tokens, None, pool=pool).total_s
+                self._memo[key] = self.step_time(decode_seqs, context, prefill_tokens, None, pool=pool).total_s
         return self._memo[key]
+
+    def kv_slope(self, decode_seqs: float, *, pool: str = "decode") -> float:
+        """Seconds one more KV token of one decoding sequence adds to a step of ``decode_seqs`` sequences: the
+        secant of the step time between half and twice the mean decode context (0 when context costs nothing,
+        as in the factor fidelity)."""
+        if decode_seqs <= 0:
+            return 0.0
+        c = self.decode_context
+        rise = self.seconds(decode_seqs, pool=pool, decode_context=2.0 * c) \
+            - self.seconds(decode_seqs, pool=pool, decode_context=0.5 * c)
+        return max(rise, 0.0) / (decode_seqs * 1.5 * c) if c > 0 else 0.0
 
     def pass_s(self, batch_per_gpu: float) -> float:
         """One verification pass of a decode instance at ``batch_per_gpu`` sequences per GPU, s."""

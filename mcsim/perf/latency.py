@@ -3,8 +3,9 @@
 One instance of each pool is simulated with its share of the traffic: arrival times are stretched by the pool's
 whole number of instances (each instance sees 1/N of the arrival rate, as random routing gives it), and
 latencies come out in real seconds. Step times are a table of the sample's :class:`~mcsim.perf.factor.StepModel` over
-(decode sequences, prefill tokens): a mixed step costs what the model says that mixed step costs, so the
-simulator and the throughput/cost path price the same steps.
+(decode sequences, prefill tokens) at the sample's mean decode context, plus a per-KV-token slope, so that each
+simulated step attends over its batch's own KV lengths: a mixed step costs what the model says that mixed step
+costs, and the simulator and the throughput/cost path price the same steps.
 
 Colocated: one simulation, prefill chunks and decode passes share the steps. Disaggregated: the prefill pool is
 simulated first (prefill-only steps; a request's first token ends its prefill), its KV crosses the network, then
@@ -33,7 +34,8 @@ def edges(top: float, n: int) -> np.ndarray:
 
 
 def step_table(model, d_edges, p_edges, *, pool: str = "decode") -> np.ndarray:
-    """Step times of one instance of ``pool`` on a grid of (decode sequences, prefill tokens), s.
+    """Step times of one instance of ``pool`` on a grid of (decode sequences, prefill tokens), s, at the
+    sample's mean decode context.
 
     Every entry is :meth:`StepModel.seconds` of that very step (mixed steps included); the empty step, which the
     simulator never runs, gets the smallest step so that the table stays positive.
@@ -41,6 +43,12 @@ def step_table(model, d_edges, p_edges, *, pool: str = "decode") -> np.ndarray:
     table = np.array([[model.seconds(d, q, pool=pool) for q in p_edges] for d in d_edges], dtype=float)
     table[0, 0] = table[table > 0].min() if (table > 0).any() else 1e-6
     return table
+
+
+def kv_slopes(model, d_edges, *, pool: str = "decode") -> np.ndarray:
+    """Per decode edge, the seconds one more KV token of a decoding sequence adds to a step: with it the
+    simulator prices each step's attention over the batch's own KV lengths, not the mean context."""
+    return np.array([model.kv_slope(d, pool=pool) for d in d_edges], dtype=float)
 
 
 @dataclass
@@ -90,12 +98,13 @@ def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per
 
 
 def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges, p_edges, seqs, blocks, budget,
-         chunk, n_instances: int, policy: str, max_steps: int):
+         chunk, n_instances: int, policy: str, max_steps: int, kv_slope=None, kv_ref_context: float = 0.0):
     scaled = arrive * n_instances
     order = np.argsort(scaled, kind="stable")
     res = simulate_batching(
         scaled[order], prefill_tokens[order], w.context[order], outputs[order], decode[order],
-        step_time_table=table, decode_edges=d_edges, prefill_edges=p_edges, token_budget=budget,
+        step_time_table=table, decode_edges=d_edges, prefill_edges=p_edges, kv_slope=kv_slope,
+        kv_ref_context=kv_ref_context, token_budget=budget,
         max_seqs=seqs, kv_blocks=blocks, block_tokens=w.block, chunk_tokens=chunk, policy=policy,
         preempt=bool(p["performance.preempt"]), closed_users=w.users,
         think_s=None if w.think is None else w.think[order] * n_instances,
@@ -132,6 +141,7 @@ class PoolSimulator:
         self.budget = int(p["performance.token_budget"]) * max(decode_layout, 1)
         self.chunk = int(p["performance.chunk_tokens"]) * max(decode_layout, 1)
         self.d_edges = edges(self.max_seqs, 16)
+        self.kv_slope = kv_slopes(model, self.d_edges)
         self._prefill_cache: dict = {}
         self._runs: dict = {}
 
@@ -148,7 +158,7 @@ class PoolSimulator:
         table = step_table(self.model, self.d_edges, p_edges)
         per, summary = _run(self.p, w, w.arrival, w.miss, w.output, w.decode_passes, table, self.d_edges, p_edges,
                             self.max_seqs, self.kv_blocks, self.budget, self.chunk, n_instances, self.policy,
-                            max_steps)
+                            max_steps, self.kv_slope, self.model.decode_context)
         ttft = per["ttft_s"] + w.restore_s
         e2e = per["e2e_s"] + w.restore_s
         return self._result(ttft, e2e, per["queue_s"], per["measured"], summary, summary["saturated"])
@@ -181,7 +191,8 @@ class PoolSimulator:
         handoff = prefill["handoff"]
         dec, summary = _run(self.p, w, w.arrival + handoff / max(n_instances, 1), np.ones(m, np.int64), w.output,
                             w.decode_passes, table, self.d_edges, p_edges, self.max_seqs, self.kv_blocks,
-                            self.budget, self.chunk, n_instances, self.policy, max_steps)
+                            self.budget, self.chunk, n_instances, self.policy, max_steps, self.kv_slope,
+                            self.model.decode_context)
         measured = prefill["measured"] & dec["measured"]
         out = self._result(handoff, handoff + dec["e2e_s"], prefill["queue"] + dec["queue_s"], measured, summary,
                            prefill["saturated"] or summary["saturated"])

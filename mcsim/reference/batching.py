@@ -38,19 +38,24 @@ class _Request:
             return 1
         return 1 + passes_done * (self.output - 1) // self.passes
 
+    def kv_rate(self) -> float:
+        """KV tokens one pass adds, on average: the linear form of :meth:`tokens_after`."""
+        return (self.output - 1) / self.passes if self.passes > 0 else 0.0
+
+
+def bracket(edges, x):
+    """Lower index, upper index and weight of ``x`` between ``edges`` (clamped at both ends)."""
+    last = len(edges) - 1
+    if last == 0 or x <= edges[0]:
+        return 0, min(1, last), 0.0
+    if x >= edges[last]:
+        return last - 1, last, 1.0
+    i = bisect.bisect_right(edges, x) - 1
+    return i, i + 1, (x - edges[i]) / (edges[i + 1] - edges[i])
+
 
 def _step_time(table, decode_edges, prefill_edges, decode_seqs, prefill_tokens):
     """Bilinear interpolation of the step-time table, clamped at the edges (same arithmetic as the kernel)."""
-
-    def bracket(edges, x):
-        last = len(edges) - 1
-        if last == 0 or x <= edges[0]:
-            return 0, min(1, last), 0.0
-        if x >= edges[last]:
-            return last - 1, last, 1.0
-        i = bisect.bisect_right(edges, x) - 1
-        return i, i + 1, (x - edges[i]) / (edges[i + 1] - edges[i])
-
     i0, i1, fx = bracket(decode_edges, float(decode_seqs))
     j0, j1, fy = bracket(prefill_edges, float(prefill_tokens))
     low = table[i0][j0] * (1.0 - fy) + table[i0][j1] * fy
@@ -79,11 +84,14 @@ def simulate_reference(
     step_time_table,
     decode_edges,
     prefill_edges,
+    kv_slope=None,
+    kv_ref_context=0.0,
 ):
     """Simulate one serving instance step by step.
 
     Parameters are those of :func:`mcsim.kernels.batching.simulate` as Python sequences and scalars
-    (``policy`` is ``"continuous"`` or ``"static"``; ``preempt`` a bool).
+    (``policy`` is ``"continuous"`` or ``"static"``; ``preempt`` a bool). The attended KV of every decoding
+    sequence is summed afresh at every step (the kernel keeps the sum up to date instead).
 
     Returns
     -------
@@ -98,6 +106,7 @@ def simulate_reference(
     table = [list(map(float, row)) for row in step_time_table]
     decode_edges = [float(e) for e in decode_edges]
     prefill_edges = [float(e) for e in prefill_edges]
+    kv_slope = [0.0] * len(decode_edges) if kv_slope is None else [float(s) for s in kv_slope]
     requests = [
         _Request(r, float(arrival_s[r]), int(prefill_tokens[r]), int(context_tokens[r]), int(output_tokens[r]),
                  int(passes[r]))
@@ -245,6 +254,15 @@ def simulate_reference(
         if decode_seqs == 0 and step_prefill == 0:
             raise RuntimeError("a step with nothing to run")
         step_s = _step_time(table, decode_edges, prefill_edges, decode_seqs, step_prefill)
+        if decode_seqs > 0:
+            if policy == "static":
+                done = max(q.passes for q in batch) - decode_left  # decode steps the batch has run
+                kv = sum(q.context + 1 + min(done, q.passes) * q.kv_rate() for q in decoders)
+            else:
+                kv = sum(q.context + 1 + q.passes_done * q.kv_rate() for q in decoders)
+            i0, i1, fx = bracket(decode_edges, float(decode_seqs))
+            slope = kv_slope[i0] * (1.0 - fx) + kv_slope[i1] * fx
+            step_s = max(step_s + slope * (kv - decode_seqs * kv_ref_context), 1e-12)
         t_end = t + step_s
         log.append((t, decode_seqs, step_prefill, step_s, len(waiting)))
         stats["steps"] += 1
