@@ -147,11 +147,10 @@ def step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill
 
 
 @kernel(inline="always")
-def kv_correction(kv_slope, decode_edges, decode_seqs, kv_sum, kv_ref_context):
-    """Seconds the batch's own KV lengths add to (or take from) the table's step at ``kv_ref_context``."""
+def kv_slope_at(kv_slope, decode_edges, decode_seqs):
+    """Seconds per KV token at ``decode_seqs`` decoding sequences: linear in ``kv_slope``, clamped."""
     i0, i1, fx = _bracket(decode_edges, float(decode_seqs))
-    slope = kv_slope[i0] * (1.0 - fx) + kv_slope[i1] * fx
-    return slope * (kv_sum - decode_seqs * kv_ref_context)
+    return kv_slope[i0] * (1.0 - fx) + kv_slope[i1] * fx
 
 
 @kernel(inline="always")
@@ -423,6 +422,9 @@ def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, p
     kv_rate = 0.0
     decode_steps_done = 0
     next_to_stop = 0
+    track_kv = False  # the batch's KV is followed only when it costs something
+    for e in range(kv_slope.shape[0]):
+        track_kv = track_kv or kv_slope[e] != 0.0
     batch_size = 0
     first_unfilled = 0  # members before it have finished prefill
     decode_left = -1  # decode steps left in the batch; -1 while it prefills
@@ -436,6 +438,7 @@ def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, p
     step_index = 0
     last_decode_seqs = -1
     last_step_s = 0.0
+    last_slope = 0.0
     next_arrival = _next_arrival(arrival_s, closed, heap_t, state)
     while True:
         if next_arrival <= t:
@@ -486,8 +489,10 @@ def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, p
             if decode_seqs != last_decode_seqs:
                 last_decode_seqs = decode_seqs
                 last_step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, 0)
-            step_s = max(last_step_s + kv_correction(kv_slope, decode_edges, decode_seqs, kv_sum, kv_ref_context),
-                         1e-12)
+                last_slope = kv_slope_at(kv_slope, decode_edges, decode_seqs)
+            step_s = last_step_s
+            if last_slope != 0.0:
+                step_s = max(step_s + last_slope * (kv_sum - decode_seqs * kv_ref_context), 1e-12)
         t_end = t + step_s
         if step_index < dump_cap:
             _record_step(step_index, t, decode_seqs, prefill, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
@@ -514,31 +519,34 @@ def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, p
                 first_unfilled += 1
             if first_unfilled == batch_size:
                 decode_left = 0
-                kv_sum = 0.0
-                kv_rate = 0.0
                 for i in range(batch_size):
-                    r = batch[i]
-                    decode_left = max(decode_left, passes[r])
-                    kv_sum += context_tokens[r] + 1
-                    kv_rate += _kv_rate(output_tokens[r], passes[r])
-                    member_passes[i] = passes[r]
-                # a member's KV grows until its last pass, then it pads the batch: members by their passes
-                order = np.argsort(member_passes[:batch_size], kind="mergesort")
-                for i in range(batch_size):
-                    by_passes[i] = batch[order[i]]
-                decode_steps_done = 0
-                next_to_stop = 0
-                while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == 0:
-                    next_to_stop += 1
+                    decode_left = max(decode_left, passes[batch[i]])
+                if track_kv:
+                    kv_sum = 0.0
+                    kv_rate = 0.0
+                    for i in range(batch_size):
+                        r = batch[i]
+                        kv_sum += context_tokens[r] + 1
+                        kv_rate += _kv_rate(output_tokens[r], passes[r])
+                        member_passes[i] = passes[r]
+                    # a member's KV grows until its last pass, then it pads the batch: members by their passes
+                    order = np.argsort(member_passes[:batch_size], kind="mergesort")
+                    for i in range(batch_size):
+                        by_passes[i] = batch[order[i]]
+                    decode_steps_done = 0
+                    next_to_stop = 0
+                    while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == 0:
+                        next_to_stop += 1
                 batch_done = decode_left == 0
         else:
             decode_left -= 1
             batch_done = decode_left == 0
-            kv_sum += kv_rate
-            decode_steps_done += 1
-            while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == decode_steps_done:
-                kv_rate -= _kv_rate(output_tokens[by_passes[next_to_stop]], passes[by_passes[next_to_stop]])
-                next_to_stop += 1
+            if track_kv:
+                kv_sum += kv_rate
+                decode_steps_done += 1
+                while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == decode_steps_done:
+                    kv_rate -= _kv_rate(output_tokens[by_passes[next_to_stop]], passes[by_passes[next_to_stop]])
+                    next_to_stop += 1
         if batch_done:
             for i in range(batch_size):
                 req_state[batch[i]] = _DONE
@@ -645,8 +653,10 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     step = 0
     # Decode-only steps are most steps: their times are looked up, not interpolated.
     decode_only_s = np.empty(max_seqs + 1 if max_seqs < n else n + 1)
+    slope_of = np.empty(decode_only_s.shape[0])  # seconds per KV token at d decoding sequences
     for d in range(decode_only_s.shape[0]):
         decode_only_s[d] = step_time(step_time_table, decode_edges, prefill_edges, d, 0)
+        slope_of[d] = kv_slope_at(kv_slope, decode_edges, d)
     dump_cap = dump_start_s.shape[0]
     in_system_integral = 0.0
     window_steps = 0
@@ -787,8 +797,10 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
         else:
             step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill)
         if decode_seqs > 0:
-            step_s = max(step_s + kv_correction(kv_slope, decode_edges, decode_seqs, kv_sum, kv_ref_context),
-                         1e-12)
+            slope = slope_of[decode_seqs] if decode_seqs < slope_of.shape[0] else \
+                kv_slope_at(kv_slope, decode_edges, decode_seqs)
+            if slope != 0.0:
+                step_s = max(step_s + slope * (kv_sum - decode_seqs * kv_ref_context), 1e-12)
             kv_sum += kv_rate  # every decoding sequence ran its pass
         t_end = t + step_s
         if step < dump_cap:

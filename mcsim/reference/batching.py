@@ -254,7 +254,7 @@ def simulate_reference(
         if decode_seqs == 0 and step_prefill == 0:
             raise RuntimeError("a step with nothing to run")
         step_s = _step_time(table, decode_edges, prefill_edges, decode_seqs, step_prefill)
-        if decode_seqs > 0:
+        if decode_seqs > 0 and any(kv_slope):
             if policy == "static":
                 done = max(q.passes for q in batch) - decode_left  # decode steps the batch has run
                 kv = sum(q.context + 1 + min(done, q.passes) * q.kv_rate() for q in decoders)
