@@ -10,7 +10,7 @@ A *case* is a dict::
 
 Calling ``fast()``, ``reference()`` or ``numpy()`` performs one timed run that processes the matching
 ``items_*`` units of work (block look-ups, draft tokens, ...). The references may run on smaller inputs than
-the kernel; throughput (items per second) makes them comparable. Targets are DESIGN.md's "Performance
+the kernel; throughput (items per second) makes them comparable. Targets are the project's "Performance
 targets" (per core; every kernel here runs on one thread).
 
 Workloads (fixed seeds):
@@ -35,7 +35,7 @@ import numpy as np
 
 STAGES = ("kv_tiers", "speculative", "experts", "batching")
 
-# DESIGN.md "Performance targets", per core.
+# The project's performance targets (benchmarks/README.md), per core.
 TARGET_KV_TIERS = {"per_s": 50e6, "ratio": 50.0, "text": ">= 50 M block look-ups/s and >= 50x the OrderedDict reference"}
 TARGET_SPECULATIVE = {"per_s": 200e6, "ratio": None, "text": ">= 200 M draft tokens/s"}
 TARGET_ROUTING = {"per_s": 100e6, "ratio": None, "text": ">= 100 M token-expert assignments/s"}

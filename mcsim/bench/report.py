@@ -19,7 +19,7 @@ def _ratio(value) -> str:
 
 
 def format_table(result: dict) -> str:
-    """The report as plain text: kernels, scaling, DESIGN targets."""
+    """The report as plain text: kernels, scaling, performance targets."""
     m = result["machine"]
     lines = [(f"mcsim bench ({result['suite']}): {m['processor']}, {m['cpu_count']} cores, Python {m['python']}, "
               f"NumPy {m['numpy_version']}, Numba {m['numba_version']}; load {m['load_average_1min']:.2f} at start; "
@@ -27,7 +27,7 @@ def format_table(result: dict) -> str:
              "throughput per second on one thread; ratios against references measured in this run", ""]
     lines += format_kernels(result["kernels"])
     lines += format_scaling(result["scaling"])
-    lines += ["", "DESIGN.md performance targets:"]
+    lines += ["", "Performance targets (benchmarks/README.md):"]
     for t in result["targets"]:
         verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "NOT met")
         lines.append(f"  {verdict:>12}  {t['target']}: {t['figure']}")
@@ -39,7 +39,7 @@ def format_table(result: dict) -> str:
 def format_kernels(rows: list[dict]) -> list[str]:
     """Lines of the kernel table: throughput per second of the kernel and its references, ratios, targets."""
     lines = []
-    header = ("kernel", "unit", "kernel/s", "reference/s", "ratio", "NumPy/s", "ratio", "DESIGN target")
+    header = ("kernel", "unit", "kernel/s", "reference/s", "ratio", "NumPy/s", "ratio", "target")
     table = [header]
     for r in rows:
         target = r["target"]
@@ -128,7 +128,7 @@ def scaling_png(result: dict) -> bytes:
                      alpha=0.6, label=f"{label}, first call")
         ax_mem.plot(n, [max(r["peak_memory_mib"], 0.1) for r in rows], marker=marker, label=label)
     ax_time.plot([1e6], [3.0], marker="*", markersize=12, linestyle="none", color="grey",
-                 label="DESIGN target: 1 M requests in <= 3 s")
+                 label="target: 1 M requests in <= 3 s")
     for ax, ylabel, title in ((ax_time, "seconds per sample", "Cost of one sample (every stage on)"),
                               (ax_mem, "peak memory growth, MiB", "Peak memory of one sample")):
         ax.set(xscale="log", yscale="log", xlabel="requests per sample", ylabel=ylabel, title=title)

@@ -3,7 +3,7 @@
     mcsim bench [--quick] [--json] [-o DIR]
 
 Every kernel is timed against its pure-Python reference (and a NumPy-vectorized one where it exists) in the
-same run, and reported as throughput and ratios, next to DESIGN.md's performance targets; then the cost of a
+same run, and reported as throughput and ratios, next to the project's performance targets (benchmarks/README.md); then the cost of a
 sample against its requests, of a sweep against its grid points and workers, Dask's cost per task, and Numba's
 compile time. ``--quick`` uses small inputs and single repeats (well under a minute on two cores); the full
 suite takes a few minutes.
@@ -147,8 +147,8 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
     dict
         ``suite``, ``machine``, ``kernels`` (one row per case: throughputs ``fast``, ``reference``, ``numpy`` in
         units/s, ``ratio = fast / reference``, ``ratio_numpy = fast / numpy``, seconds and items of each, and
-        the DESIGN target with ``met``), ``scaling`` (``requests``, ``requests_light``, ``grid``, ``workers``,
-        ``overhead``, ``compile``; absent parts are None), ``targets`` (one line per DESIGN target: ``met`` is
+        the performance target with ``met``), ``scaling`` (``requests``, ``requests_light``, ``grid``, ``workers``,
+        ``overhead``, ``compile``; absent parts are None), ``targets`` (one line per performance target: ``met`` is
         True, False or None when not measured), ``seconds`` (the whole run) and ``paths`` (``json``, ``png``).
     """
     size = size or ("quick" if quick else "full")
@@ -199,7 +199,7 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
 
 
 def design_targets(result: dict, settings: SuiteSettings) -> list[dict]:
-    """DESIGN.md's performance targets, each with the figure measured here and ``met`` (None: not measured)."""
+    """The project's performance targets (benchmarks/README.md), each with the figure measured here and ``met`` (None: not measured)."""
     rows = result["kernels"]
     out = []
 
