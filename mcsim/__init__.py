@@ -4,6 +4,7 @@ Importing the package compiles nothing; the Python API is loaded on first use:
 
 - :func:`mcsim.run` — run a scenario, return the result :class:`xarray.Dataset`;
 - :func:`mcsim.compare` — baseline vs factory on identical draws (a ``variant`` dim);
+- :func:`mcsim.step_time` — one step of one instance, op by op, and the memory of each pool;
 - :func:`mcsim.load_scenario` — read and validate a scenario file.
 """
 
@@ -15,6 +16,7 @@ _LAZY = {
     "sweep": ("mcsim.execution.api", "sweep"),
     "open_results": ("mcsim.execution.api", "open_results"),
     "step_log": ("mcsim.execution.api", "step_log"),
+    "step_time": ("mcsim.execution.api", "step_time"),
     "load_scenario": ("mcsim.scenario", "load_scenario"),
     "ScenarioError": ("mcsim.scenario", "ScenarioError"),
 }

@@ -164,6 +164,74 @@ def sweep(**kw):
 
 
 @main.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--decode-seqs", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Decoding sequences in the step, per instance.")
+@click.option("--context", type=click.FloatRange(min=0), help="KV length of each decoding sequence, tokens "
+              "(default: the sample's mean decode context).")
+@click.option("--prefill-tokens", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Prompt tokens computed in the same step.")
+@click.option("--prefill-context", type=click.FloatRange(min=0),
+              help="Mean earlier tokens a prefill token attends to (default: the sample's mean).")
+@click.option("--pool", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True)
+@click.option("--sample", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which Monte Carlo sample's draws to use.")
+@click.option("--baseline", is_flag=True, help="The baseline variant (levers off) instead of the factory.")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a scenario value.")
+@click.option("--json", "as_json", is_flag=True, help="Print the step as JSON.")
+def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool, sample, baseline, overrides,
+          as_json):
+    """One step of one instance of SCENARIO, op by op (time, FLOPs, bytes, what bounds it), and each pool's memory."""
+    from mcsim.execution import api
+    from mcsim.scenario import ScenarioError
+    from mcsim.scenario.distributions import DistributionError
+
+    if prefill_tokens == 0 and decode_seqs == 0:
+        raise UserError("a step needs --decode-seqs or --prefill-tokens above 0")
+    try:
+        step = api.step_time(scenario, decode_seqs=decode_seqs, context=context, prefill_tokens=prefill_tokens,
+                             prefill_context=prefill_context, pool=pool, sample=sample,
+                             variant="baseline" if baseline else "factory", overrides=overrides)
+    except (ScenarioError, DistributionError) as err:
+        raise UserError(str(err)) from None
+    if as_json:
+        click.echo(json.dumps(_finite(step), indent=2, allow_nan=False))
+        return
+    click.echo(f"{step['scenario']}, sample {step['sample']}, {step['variant']}, {step['fidelity']} fidelity, "
+               f"{step['pool']} pool ({step['gpus_per_instance']} GPUs per instance); every figure is modelled.")
+    click.echo(f"step: {step['decode_seqs']:g} decoding sequences x {step['verify_tokens']} tokens at "
+               f"{step['decode_context']:,.0f} tokens of context, {step['prefill_tokens']:g} prefill tokens "
+               f"-> {1e3 * step['step_s']:.4g} ms")
+    rows = [[name, f"{1e3 * op['t_s']:.4g}", f"{100 * op['share']:.1f} %", _quantity(op["flops"], "FLOP"),
+             _quantity(op["bytes"], "B"), op["bound"]]
+            for name, op in step["ops"].items() if op["t_s"] > 0]
+    click.echo(_text_table(["op (per GPU)", "ms", "share", "FLOPs", "bytes", "bound by"], rows))
+    click.echo("")
+    mem_rows = [[pool_name, f"{m['weights_gb_per_gpu']:.2f}", f"{m['kv_gb_per_sequence'] * 1e3:.2f}",
+                 f"{m['free_kv_gb']:.2f}", f"{m['max_sequences']:,}", m["reason"]]
+                for pool_name, m in step["memory"].items()]
+    click.echo(_text_table(["memory per pool", "weights GB/GPU", "KV MB/sequence/GPU", "free KV GB/GPU",
+                            "sequences/instance", "fits"], mem_rows))
+
+
+def _quantity(value: float, unit: str) -> str:
+    if not math.isfinite(value):
+        return "-"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def _text_table(header, rows) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+@main.command()
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the report (default: RESULTS without .nc, plus -report).")

@@ -113,6 +113,84 @@ def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: 
                                             "instance count"})
 
 
+def step_time(scenario, *, decode_seqs: float = 1.0, context: float | None = None, prefill_tokens: float = 0.0,
+              prefill_context: float | None = None, pool: str = "decode", sample: int = 0, variant: str = "factory",
+              requests=None, seed=None, overrides=()) -> dict:
+    """One step of one instance as the sample's step model prices it, op by op, with the memory of each pool.
+
+    The stages of sample ``sample`` run first (same draws and streams as in a run), so the step model carries the
+    sample's drawn inputs, speculative passes and expert loads; then one step of ``decode_seqs`` decoding
+    sequences attending over ``context`` tokens each and ``prefill_tokens`` new prompt tokens is priced.
+
+    Parameters
+    ----------
+    scenario : str, Path or Scenario
+    decode_seqs : float
+        Decoding sequences in the step, per instance.
+    context : float, optional
+        KV length of each decoding sequence, tokens (default: the sample's mean decode context).
+    prefill_tokens, prefill_context : float
+        Prompt tokens computed in the step, and the mean prefix they attend to (default: the sample's mean).
+    pool : {"decode", "prefill"}
+        The decode (or colocated) pool, or the prefill pool when disaggregated.
+    sample, variant, requests, seed, overrides
+        Which sample and variant, its requests, the root seed and ``--set`` overrides.
+
+    Returns
+    -------
+    dict
+        ``step_s``, ``ops`` (name -> ``t_s``, ``share``, ``flops``, ``bytes``, ``bound``: "compute", "memory",
+        "network", "overhead", "drafting" or, in factor mode, "factor"), the step's inputs, ``fidelity`` and
+        ``memory`` per pool (weights per GPU, KV bytes per sequence, free KV bytes, sequences that fit, reason).
+
+    Examples
+    --------
+    >>> import mcsim
+    >>> step = mcsim.step_time("scenarios/dense-node.toml", decode_seqs=1, context=2048)  # doctest: +SKIP
+    >>> step["ops"]["tp_allreduce"]["t_s"], step["ops"]["overhead"]["t_s"]  # doctest: +SKIP
+    """
+    from mcsim.execution.sample import variant_specs, variant_stages
+    from mcsim.scenario import ScenarioError, draw_uncertain
+
+    if pool not in ("decode", "prefill"):
+        raise ValueError(f"pool must be 'decode' or 'prefill', got {pool!r}")
+    scn = _as_scenario(scenario, overrides)
+    seed = int(scn["mc.seed"] if seed is None else seed)
+    n_requests = int(requests or min(int(scn["mc.requests"]), 4000))
+    specs = variant_specs(scn, (variant,))
+    draws = draw_uncertain(scn, [sample], seed, n_samples=max(int(scn["mc.samples"]), sample + 1))
+    p, measured, _, _, _, model = variant_stages(scn, variant, specs[variant], sample, seed, n_requests,
+                                                 {k: float(v[0]) for k, v in draws.items()})
+    if pool == "prefill" and not model.disaggregated:
+        raise ScenarioError(scn.source, "deployment.disaggregated", "a colocated deployment has no prefill pool; "
+                            "ask for pool 'decode'")
+    step = model.step_time(decode_seqs, context, prefill_tokens, prefill_context, pool=pool)
+    total = step.total_s
+
+    def memory(mem):
+        return {"weights_gb_per_gpu": mem.weights_per_gpu / 1e9,
+                "kv_bytes_per_token_per_gpu": mem.kv_bytes_per_token_per_gpu,
+                "kv_gb_per_sequence": mem.kv_bytes_per_sequence / 1e9, "free_kv_gb": mem.free_kv_bytes / 1e9,
+                "max_sequences": mem.max_sequences, "fits": bool(mem.fits), "reason": mem.reason}
+
+    pools = {"decode": memory(model.decode_memory)}
+    if model.disaggregated:
+        pools["prefill"] = memory(model.prefill_memory)
+    return {
+        "scenario": scn.name, "sample": sample, "variant": variant, "fidelity": model.fidelity, "pool": pool,
+        "gpus_per_instance": model.prefill_gpus if pool == "prefill" else model.decode_gpus,
+        "decode_seqs": float(decode_seqs), "decode_context": model.decode_context if context is None else float(context),
+        "prefill_tokens": float(prefill_tokens),
+        "prefill_context": model.prefill_context if prefill_context is None else float(prefill_context),
+        "verify_tokens": model.verify_tokens, "step_s": total,
+        "ops": {name: {"t_s": op["t"], "share": op["t"] / total if total > 0 else float("nan"),
+                       "flops": op["flops"], "bytes": op["bytes"], "bound": op["bound"]}
+                for name, op in step.ops.items()},
+        "memory": pools,
+        "modelled": "every figure is modelled from the scenario's assumptions, none is measured",
+    }
+
+
 def calibrate(scenario, path) -> Scenario:
     """The scenario with a calibration (``mcsim trace --save-calibration``) attached.
 

@@ -137,6 +137,57 @@ def _unknown(name):
     raise ValueError(f"unknown variant {name!r}; expected 'baseline' or 'factory', or a dict name -> overrides")
 
 
+def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, seed: int, n_requests: int,
+                   draws: dict, shared: dict | None = None):
+    """Stages 1-4 of one variant of a sample, and the fidelity's step model built on them.
+
+    ``shared`` carries the sample's requests and memoised stage results from one variant to the next (pass the
+    same dict for every variant of a sample). Returns ``(params, measured requests, cached tokens, passes,
+    experts, step model)``.
+    """
+    shared = {} if shared is None else shared
+    memo = shared.setdefault("memo", {})
+
+    def once(key, compute):
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
+    p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
+    if scn.calibration is not None:
+        from mcsim.optrace.calibration import apply
+
+        p = apply(scn.calibration, p)
+    inputs = workload.Inputs.from_params(p)
+    if "requests" not in shared:  # the workload is common to all variants
+        shared["requests"] = sample_requests(scn, p, sample, seed, n_requests)
+        shared["workload_inputs"] = inputs
+    elif inputs != shared["workload_inputs"]:
+        key = shared["workload_inputs"].first_difference(inputs)
+        raise ScenarioError(scn.source, key, f"variant {variant} changes the workload; the variants of a "
+                            "sample share their requests, so sweep it with --grid instead")
+    requests = shared["requests"]
+    # The caches see every request; statistics leave out the warm-up requests that filled them.
+    warm = min(int(p["mc.warmup_fraction"] * requests.n), requests.n - 1)
+    measured = requests.tail(warm)
+    cache_in = kvcache.Inputs.from_params(p, requests.block_tokens, perf.kv_bytes(p))
+    cached = once(cache_in, lambda: cache_stage(cache_in, requests, rng_for(seed, sample, STREAM_ROUTING))[warm:])
+    spec_in = SpeculativeInputs.from_params(p)
+    passes = once(spec_in, lambda: speculative_stage(spec_in, measured, rng_for(seed, sample, STREAM_SPECULATIVE)))
+    expert_in = None
+    if p["model.experts"] > 0:
+        # The step's tokens follow the batch that fits in memory (the one memory projection).
+        expert_in = ExpertInputs.from_params(p, scn.classes, _memory_batch(p, measured))
+    experts = once(("experts", expert_in), lambda: expert_stage(expert_in, rng_for(seed, sample, STREAM_EXPERTS)))
+    if p["performance.fidelity"] == "roofline":
+        from mcsim.perf.roofline_model import RooflineStepModel
+
+        model = RooflineStepModel(p, measured, passes, experts)
+    else:
+        model = perf.FactorStepModel(p, measured, passes, experts["expert_efficiency"])
+    return p, measured, cached, passes, experts, model
+
+
 def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict,
                step_log: int = 0) -> dict:
     """Every variant of one sample.
@@ -165,47 +216,10 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
         variant -> metric name -> value.
     """
     results = {}
-    requests = None
-    workload_inputs = None
-    memo: dict = {}
-
-    def once(key, compute):
-        if key not in memo:
-            memo[key] = compute()
-        return memo[key]
-
+    shared: dict = {}
     for variant, overrides in variant_specs(scn, variants).items():
-        p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
-        if scn.calibration is not None:
-            from mcsim.optrace.calibration import apply
-
-            p = apply(scn.calibration, p)
-        inputs = workload.Inputs.from_params(p)
-        if requests is None:  # the workload is common to all variants
-            requests = sample_requests(scn, p, sample, seed, n_requests)
-            workload_inputs = inputs
-        elif inputs != workload_inputs:
-            key = workload_inputs.first_difference(inputs)
-            raise ScenarioError(scn.source, key, f"variant {variant} changes the workload; the variants of a "
-                                "sample share their requests, so sweep it with --grid instead")
-        # The caches see every request; statistics leave out the warm-up requests that filled them.
-        warm = min(int(p["mc.warmup_fraction"] * requests.n), requests.n - 1)
-        measured = requests.tail(warm)
-        cache_in = kvcache.Inputs.from_params(p, requests.block_tokens, perf.kv_bytes(p))
-        cached = once(cache_in, lambda: cache_stage(cache_in, requests, rng_for(seed, sample, STREAM_ROUTING))[warm:])
-        spec_in = SpeculativeInputs.from_params(p)
-        passes = once(spec_in, lambda: speculative_stage(spec_in, measured, rng_for(seed, sample, STREAM_SPECULATIVE)))
-        expert_in = None
-        if p["model.experts"] > 0:
-            # The step's tokens follow the batch that fits in memory (the one memory projection).
-            expert_in = ExpertInputs.from_params(p, scn.classes, _memory_batch(p, measured))
-        experts = once(("experts", expert_in), lambda: expert_stage(expert_in, rng_for(seed, sample, STREAM_EXPERTS)))
-        if p["performance.fidelity"] == "roofline":
-            from mcsim.perf.roofline_model import RooflineStepModel
-
-            model = RooflineStepModel(p, measured, passes, experts)
-        else:
-            model = perf.FactorStepModel(p, measured, passes, experts["expert_efficiency"])
+        p, measured, cached, passes, experts, model = variant_stages(scn, variant, overrides, sample, seed,
+                                                                      n_requests, draws, shared)
         from mcsim.perf.fleet import performance
 
         m = performance(p, measured, cached, passes, model, rng_for(seed, sample, STREAM_BATCHING),

@@ -156,10 +156,15 @@ class StepTime:
     parts : dict
         Name -> seconds; the parts add up to ``total_s`` (roofline: one entry per op and collective, exposed
         communication only; factor: weight read, decode sequences, prefill tokens).
+    ops : dict
+        Name -> ``{"t", "flops", "bytes", "bound"}`` per GPU for the whole step (NaN FLOPs and bytes where the
+        fidelity does not count them; ``bound`` is "compute", "memory", "network", "overhead" or, in factor
+        mode, "factor").
     """
 
     total_s: float
     parts: dict = field(default_factory=dict)
+    ops: dict = field(default_factory=dict)
 
 
 class StepModel:
@@ -312,7 +317,9 @@ class FactorStepModel(StepModel):
             parts["decode"] = self.cost * decode_seqs / gpus / self.x_nospec
         if prefill_tokens > 0:
             parts["prefill"] = prefill_tokens / (gpus * self.x_prefill)
-        return StepTime(sum(parts.values()), parts)
+        nan = float("nan")
+        ops = {name: {"t": t, "flops": nan, "bytes": nan, "bound": "factor"} for name, t in parts.items()}
+        return StepTime(sum(parts.values()), parts, ops)
 
     def _plain(self, decode_seqs) -> float:
         return (decode_seqs / self.decode_gpus + self.b_half) / self.x_nospec

@@ -229,8 +229,9 @@ class StepCost:
     t_step : float
         Step time: sum over ops of the per-op roofline + t_comm_exposed + t_overhead, s.
     breakdown : dict
-        op -> {"flops", "bytes", "t"} for each name in :data:`OPS`; communication ops give their bytes sent
-        and their *exposed* time, so the ``t`` values add up to ``t_step``.
+        op -> {"flops", "bytes", "t", "bound"} for each name in :data:`OPS`; communication ops give their bytes
+        sent and their *exposed* time, so the ``t`` values add up to ``t_step``; ``bound`` says what sets the
+        op's time ("compute", "memory", "network" or "overhead").
     """
 
     flops: float
@@ -544,6 +545,18 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     return _assemble(ops, peak_linear, peak_attention, bandwidth, collectives.overlap)
 
 
+def _bound(name: str, op: dict, peak_linear: float, peak_attention: float, bandwidth: float) -> str:
+    """What sets an op's time: "compute", "memory", "network" (collectives) or "overhead" (launches, per step)."""
+    if name in COMM_OPS:
+        return "network"
+    if name == "overhead":
+        return "overhead"
+    peak = peak_attention if name in ("attention_core", "router") else peak_linear
+    compute = op["flops"] / peak if peak else 0.0
+    memory = (op["weight"] + op["kv"] + op["act"]) / bandwidth if bandwidth else 0.0
+    return "compute" if compute >= memory else "memory"
+
+
 def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: float, overlap: float) -> StepCost:
     """Totals and breakdown from the per-op accumulators; communication ``t`` becomes its exposed part."""
     if not 0.0 <= overlap <= 1.0:
@@ -560,7 +573,8 @@ def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: f
         t_memory += (op["weight"] + op["kv"] + op["act"]) / bandwidth if bandwidth else 0.0
     breakdown = {name: {"flops": ops[name]["flops"],
                         "bytes": ops[name]["weight"] + ops[name]["kv"] + ops[name]["act"] + ops[name]["sent"],
-                        "t": ops[name]["t"]} for name in OPS}
+                        "t": ops[name]["t"], "bound": _bound(name, ops[name], peak_linear, peak_attention, bandwidth)}
+                 for name in OPS}
     return StepCost(
         flops=sum(op["flops"] for op in ops.values()),
         weight_bytes=sum(op["weight"] for op in ops.values()),

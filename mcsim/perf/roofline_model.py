@@ -74,10 +74,15 @@ class RooflineStepModel(StepModel):
         cost = roofline.step_cost(self.model_entry, self.hardware_entry, decode_seqs=decode_seqs / pp,
                                   decode_context=decode_context, prefill_tokens=prefill_tokens / pp,
                                   prefill_context=prefill_context, verify_tokens=self.verify_tokens, **opts)
-        parts = {name: pp * entry["t"] for name, entry in cost.breakdown.items()}
+        # pp micro-batches pass every stage: per GPU, the step is pp times one micro-batch's stage
+        ops = {name: {"t": pp * entry["t"], "flops": pp * entry["flops"], "bytes": pp * entry["bytes"],
+                      "bound": entry["bound"]} for name, entry in cost.breakdown.items()}
         if decode_seqs > 0 and self.draft_tokens:
-            parts["drafting"] = self.draft_tokens * self.draft_cost * self._plain_at(decode_seqs, decode_context)
-        return StepTime(sum(parts.values()), parts)
+            nan = float("nan")
+            ops["drafting"] = {"t": self.draft_tokens * self.draft_cost * self._plain_at(decode_seqs, decode_context),
+                               "flops": nan, "bytes": nan, "bound": "drafting"}
+        parts = {name: op["t"] for name, op in ops.items()}
+        return StepTime(sum(parts.values()), parts, ops)
 
     def _plain_at(self, decode_seqs, context) -> float:
         return self._cost(decode_seqs, context, 0.0, 0.0, 1, False)
