@@ -55,6 +55,9 @@ LEVIATHAN = "Leviathan et al., ICML 2023: E = (1 - a^(k+1)) / (1 - a)"
 MOONCAKE = "Qin et al., FAST'25 (Mooncake), Table 2: synthetic trace"
 AZURE = "Azure LLM inference trace 2023 (Patel et al., ISCA 2024), means of the published files"
 DEEPSEEK_DAY = "DeepSeek Open Infra Index, day 6 (2025-03-01): one day of V3/R1 inference"
+NCCL = "measured NCCL all-reduce times, Vidur profiling data (microsoft/vidur, MIT), mcsim/data/measurements/vidur"
+#: Largest mean absolute percentage error allowed for the all-reduce against the measured NCCL times.
+ALLREDUCE_MAPE_TARGET = 0.15
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,33 @@ def batching_checks(quick: bool) -> list[Check]:
     return checks
 
 
+def allreduce_errors(cluster: str, preset: str):
+    """Per-row relative error of mcsim's all-reduce (default algorithm ``auto``, the catalog's fitted figures)
+    against one DGX cluster's measured median NCCL times inside a node: ``(relative error, workers, bytes)``."""
+    from mcsim.optrace.vidur import bundled_collectives, read_collectives
+    from mcsim.perf.collectives import allreduce_time
+    from mcsim.scenario import catalog
+
+    measured = read_collectives(bundled_collectives(cluster, "all_reduce"))
+    inside = (measured.devices_per_node == measured.workers) & (measured.workers <= 8)
+    hw = catalog.hardware_preset(preset)
+    model = np.array([allreduce_time(float(s), int(p), hw)[0]
+                      for s, p in zip(measured.nbytes[inside], measured.workers[inside])])
+    truth = measured.median_s[inside]
+    return np.abs(model - truth) / truth, measured.workers[inside], measured.nbytes[inside]
+
+
+def collective_checks() -> list[Check]:
+    """mcsim.perf.collectives' all-reduce against measured NCCL times on DGX H100 and A100 (2-8 GPUs)."""
+    checks = []
+    for cluster, preset, name in (("h100_dgx", "h100", "H100"), ("a100_dgx", "a100", "A100")):
+        errors, _, _ = allreduce_errors(cluster, preset)
+        checks.append(_check(f"NCCL all-reduce, DGX {name}, 2-8 GPUs, 2 KiB-64 MiB: MAPE", float(errors.mean()), 0.0,
+                             ALLREDUCE_MAPE_TARGET, NCCL, "fraction",
+                             "target: mean absolute percentage error <= 15 % over every size and group"))
+    return checks
+
+
 def economics_checks() -> list[Check]:
     """DeepSeek's published day through mcsim.stages.economics: cost, revenue, cost-profit margin."""
     from mcsim.stages import economics
@@ -294,7 +324,7 @@ def run_validation(out_dir: str | os.PathLike | None = None, quick: bool = False
     """
     started = time.perf_counter()
     checks = (speculative_checks(quick) + expert_checks(quick) + kv_bytes_checks() + trace_checks()
-              + batching_checks(quick) + economics_checks())
+              + batching_checks(quick) + collective_checks() + economics_checks())
     if out_dir is not None:
         write_reports(checks, out_dir, quick=quick, seconds=time.perf_counter() - started)
     return checks

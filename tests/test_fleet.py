@@ -71,7 +71,7 @@ def test_a_factor_step_is_what_gives_its_throughput():
 
 @pytest.fixture(scope="module")
 def fixed_sweep():
-    return mcsim.sweep(DENSE, ["workload.rate_rps=2,10,18,26,40"], samples=2, requests=1500, workers=1,
+    return mcsim.sweep(DENSE, ["workload.rate_rps=2,10,20,30,60"], samples=2, requests=1500, workers=1,
                        overrides=["deployment.fleet=fixed", "deployment.instances=2"])
 
 
@@ -100,7 +100,7 @@ def test_the_charged_batch_is_the_simulated_batch():
 
 
 def test_the_slo_fleet_meets_its_targets_and_one_instance_fewer_does_not():
-    common = ["workload.rate_rps=16", "deployment.ttft_target_s=1.0"]
+    common = ["workload.rate_rps=30", "deployment.ttft_target_s=1.0"]
     slo = mcsim.run(DENSE, samples=1, requests=2000, workers=1, overrides=common + ["deployment.fleet=slo"])
     n = int(slo.decode_instances.values[0])
     assert n >= 2 and slo.gpus.values[0] == 8 * n

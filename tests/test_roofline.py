@@ -358,7 +358,7 @@ def test_rejects_bad_layouts():
         step_cost(model, hw, decode_seqs=1, decode_context=1, parallel=Parallelism(tp=4, ep=3))
     with pytest.raises(ValueError, match="all-reduce"):
         step_cost(model, hw, decode_seqs=1, decode_context=1, parallel=Parallelism(tp=2),
-                  collectives=Collectives(allreduce="tree"))
+                  collectives=Collectives(allreduce="butterfly"))
     with pytest.raises(ValueError, match="compute"):
         step_cost(model, hw, decode_seqs=1, decode_context=1, precision=Precision(compute="int8"))
 

@@ -22,7 +22,20 @@ hierarchical   intra-node reduce-scatter (g-1)/g S, inter-node ring all-reduce o
                2 (n-1)/n S/g, intra-node all-gather (g-1)/g S;  2 (g-1) + 2 (n-1) steps
 =============  =========================================  =============================
 
+tree           2 S (reduce up and broadcast down the tree)  2 ceil(log2 p)
+auto           the fastest of the above for this message and group (what NCCL's tuner and custom all-reduces do)
+
 A flat algorithm whose group spans nodes runs at the scale-out bandwidth (its slowest link sets every step).
+
+Inside a node, hardware with measured NCCL figures (``collective_base_us``, ``collective_hop_us``,
+``allreduce_bus_gb_s`` in the catalog) prices an all-reduce as ``base + steps x hop + bytes_sent / bus``: the
+fixed cost of launching and synchronising the collective, the latency of each hop and the achieved bandwidth.
+The defaults for H100 and A100 are fitted to measured NCCL all-reduce times on DGX nodes (Vidur's profiling data,
+``mcsim/data/measurements/vidur/``: 2, 4 and 8 GPUs, 2 KiB-64 MiB messages, least mean absolute percentage
+error of ``auto``): H100 23.0 us + 2.5 us per hop at 349.7 GB/s, A100 33.2 us + 8.4 us per hop at 169.5 GB/s,
+which ``mcsim validate`` checks against the measurements. Where a figure is 0 (not measured) the generic model
+applies: no fixed cost, ``latency_s`` per hop, ``scale_up_gb_s x network_fraction``. An explicit ``latency_s``
+replaces the hop latency.
 
 All-to-all (MoE dispatch or combine) of ``S = tokens x copies x token_bytes`` per GPU over ``p`` GPUs:
 
@@ -50,10 +63,13 @@ __all__ = [
     "alltoall_time",
     "expected_other_nodes",
     "group_layout",
+    "hop_latency",
     "send_time",
 ]
 
-ALLREDUCE_ALGORITHMS = ("ring", "one-shot", "two-shot", "hierarchical")
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "one-shot", "two-shot", "tree", "hierarchical")
+#: Latency per hop where neither the hardware nor the caller gives one, s.
+DEFAULT_HOP_S = 5e-6
 ALLTOALL_ALGORITHMS = ("direct", "hierarchical")
 
 
@@ -69,7 +85,7 @@ def _bandwidths(hw, network_fraction: float) -> tuple[float, float]:
     return hw.scale_up_gb_s * 1e9 * network_fraction, hw.scale_out_gb_s * 1e9 * network_fraction
 
 
-def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "ring", latency_s: float = 5e-6,
+def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "auto", latency_s: float | None = None,
                    network_fraction: float = 1.0) -> tuple[float, float]:
     """Time and bytes sent per GPU of one all-reduce.
 
@@ -81,9 +97,11 @@ def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "ring", la
         GPUs in the all-reduce.
     hw : mcsim.perf.hardware.Hardware or dict
         Hardware entry (``scale_up_gb_s``, ``scale_out_gb_s``, ``gpus_per_node``).
-    algorithm : {"ring", "one-shot", "two-shot", "hierarchical"}
-    latency_s : float
-        Latency of one step (hop), s.
+    algorithm : {"auto", "ring", "one-shot", "two-shot", "tree", "hierarchical"}
+        ``auto``: the fastest for this message and group.
+    latency_s : float, optional
+        Latency of one step (hop), s; default the hardware's fitted ``collective_hop_us`` inside a node, else
+        :data:`DEFAULT_HOP_S`.
     network_fraction : float
         Achievable fraction of the link bandwidth.
 
@@ -95,32 +113,42 @@ def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "ring", la
     Examples
     --------
     >>> hw = {"scale_up_gb_s": 100.0, "scale_out_gb_s": 10.0, "gpus_per_node": 8}
-    >>> allreduce_time(4e6, 4, hw, latency_s=0.0)  # 2*3/4 * 4 MB at 100 GB/s = 60 us
+    >>> allreduce_time(4e6, 4, hw, algorithm="ring", latency_s=0.0)  # 2*3/4 * 4 MB at 100 GB/s = 60 us
     (6e-05, 6000000.0)
+    >>> from mcsim.scenario import catalog
+    >>> t, _ = allreduce_time(4096, 8, catalog.hardware_preset("h100"))  # a decode step's message: latency-bound
+    >>> round(t * 1e6, 1)  # 23 us fixed + one hop + 7 x 4 KiB at 349.7 GB/s (one-shot)
+    25.6
     """
     if algorithm not in ALLREDUCE_ALGORITHMS:
         raise ValueError(f"all-reduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {algorithm!r}")
     p = int(group)
     if p <= 1 or nbytes <= 0:
         return 0.0, 0.0
-    up, out = _bandwidths(hw, network_fraction)
+    hw = as_hardware(hw)
     nodes, per_node = group_layout(p, hw)
+    up, out = _bandwidths(hw, network_fraction)
+    base = 0.0
+    hop = DEFAULT_HOP_S if latency_s is None else latency_s
+    if nodes == 1 and hw.allreduce_bus_gb_s > 0:  # measured NCCL figures inside a node
+        up = hw.allreduce_bus_gb_s * 1e9
+        base = hw.collective_base_us * 1e-6
+        hop = hw.collective_hop_us * 1e-6 if latency_s is None else latency_s
     flat_bw = up if nodes == 1 else out
-    if algorithm == "ring":
-        sent = 2.0 * (p - 1) / p * nbytes
-        return sent / flat_bw + 2 * (p - 1) * latency_s, sent
-    if algorithm == "one-shot":
-        sent = (p - 1) * nbytes
-        return sent / flat_bw + latency_s, sent
-    if algorithm == "two-shot":
-        sent = 2.0 * (p - 1) / p * nbytes
-        return sent / flat_bw + 2 * latency_s, sent
-    # hierarchical
+    candidates = {}
+    ring = 2.0 * (p - 1) / p * nbytes
+    candidates["ring"] = (base + ring / flat_bw + 2 * (p - 1) * hop, ring)
+    candidates["one-shot"] = (base + (p - 1) * nbytes / flat_bw + hop, (p - 1) * nbytes)
+    candidates["two-shot"] = (base + ring / flat_bw + 2 * hop, ring)
+    candidates["tree"] = (base + 2.0 * nbytes / flat_bw + 2 * math.ceil(math.log2(p)) * hop, 2.0 * nbytes)
     g, n = per_node, nodes
     intra = 2.0 * (g - 1) / g * nbytes  # reduce-scatter then all-gather inside the node
     inter = 2.0 * (n - 1) / n * nbytes / g  # ring all-reduce of this GPU's shard across nodes
     steps = 2 * (g - 1) + 2 * (n - 1)
-    return intra / up + inter / out + steps * latency_s, intra + inter
+    candidates["hierarchical"] = (base + intra / up + inter / out + steps * hop, intra + inter)
+    if algorithm == "auto":
+        return min(candidates.values())
+    return candidates[algorithm]
 
 
 def expected_other_nodes(experts: int, copies: int, nodes: int) -> float:
@@ -139,7 +167,7 @@ def expected_other_nodes(experts: int, copies: int, nodes: int) -> float:
 
 
 def alltoall_time(tokens: float, copies: float, token_bytes: float, group: int, hw, *,
-                  algorithm: str = "direct", latency_s: float = 5e-6, network_fraction: float = 1.0,
+                  algorithm: str = "direct", latency_s: float | None = None, network_fraction: float = 1.0,
                   experts: int | None = None) -> tuple[float, float]:
     """Time and bytes sent per GPU of one all-to-all (a MoE dispatch or a combine).
 
@@ -156,8 +184,8 @@ def alltoall_time(tokens: float, copies: float, token_bytes: float, group: int, 
     hw : mcsim.perf.hardware.Hardware or dict
         Hardware entry.
     algorithm : {"direct", "hierarchical"}
-    latency_s : float
-        Latency of one step, s.
+    latency_s : float, optional
+        Latency of one step, s (default: :func:`hop_latency`).
     network_fraction : float
         Achievable fraction of the link bandwidth.
     experts : int, optional
@@ -183,6 +211,7 @@ def alltoall_time(tokens: float, copies: float, token_bytes: float, group: int, 
         return 0.0, 0.0
     up, out = _bandwidths(hw, network_fraction)
     n, g = group_layout(p, hw)
+    latency_s = hop_latency(hw, latency_s)
     if n == 1:
         sent = (p - 1) / p * data
         return sent / up + latency_s, sent
@@ -196,10 +225,20 @@ def alltoall_time(tokens: float, copies: float, token_bytes: float, group: int, 
     return max(inter / out, intra / up) + 2 * latency_s, inter + intra
 
 
-def send_time(nbytes: float, hw, *, across_nodes: bool, latency_s: float = 5e-6,
+def send_time(nbytes: float, hw, *, across_nodes: bool, latency_s: float | None = None,
               network_fraction: float = 1.0) -> float:
     """Time of one point-to-point send of ``nbytes`` (a pipeline stage boundary), s."""
     if nbytes <= 0:
         return 0.0
     up, out = _bandwidths(hw, network_fraction)
-    return nbytes / (out if across_nodes else up) + latency_s
+    return nbytes / (out if across_nodes else up) + hop_latency(hw, latency_s)
+
+
+def hop_latency(hw, latency_s: float | None = None) -> float:
+    """Latency of one hop of an all-to-all or a send: ``latency_s`` when given, else the hardware's fitted
+    all-reduce hop latency (``collective_hop_us``), else :data:`DEFAULT_HOP_S`. Only the all-reduce is fitted to
+    measurements; the others reuse its hop latency."""
+    if latency_s is not None:
+        return latency_s
+    hop = as_hardware(hw).collective_hop_us
+    return hop * 1e-6 if hop > 0 else DEFAULT_HOP_S

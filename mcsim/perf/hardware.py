@@ -35,6 +35,9 @@ class Hardware:
         One-direction bandwidth of the scale-up link (NVLink), the scale-out network and the host link, GB/s.
     gpus_per_node : int
         GPUs in one scale-up node.
+    collective_base_us, collective_hop_us, allreduce_bus_gb_s : float
+        Fitted NCCL figures inside a node: the fixed cost of one collective, the latency of one hop and the
+        achieved all-reduce bandwidth per direction (0 where not measured).
     tdp_w, idle_w : float
         Board power limit and idle power, W.
     price_usd, rental_usd_per_hour : float
@@ -49,6 +52,9 @@ class Hardware:
     scale_out_gb_s: float
     host_link_gb_s: float
     gpus_per_node: int
+    collective_base_us: float = 0.0
+    collective_hop_us: float = 0.0
+    allreduce_bus_gb_s: float = 0.0
     tdp_w: float = 0.0
     idle_w: float = 0.0
     price_usd: float = 0.0
@@ -91,6 +97,9 @@ def as_hardware(entry) -> Hardware:
         hbm_gb=float(values.get("hbm_gb", 0.0)), hbm_tb_s=float(values.get("hbm_tb_s", 0.0)),
         scale_up_gb_s=float(values.get("scale_up_gb_s", 0.0)), scale_out_gb_s=float(values.get("scale_out_gb_s", 0.0)),
         host_link_gb_s=float(values.get("host_link_gb_s", 0.0)), gpus_per_node=int(values.get("gpus_per_node", 1)),
+        collective_base_us=float(values.get("collective_base_us", 0.0)),
+        collective_hop_us=float(values.get("collective_hop_us", 0.0)),
+        allreduce_bus_gb_s=float(values.get("allreduce_bus_gb_s", 0.0)),
         tdp_w=float(values.get("tdp_w", 0.0)), idle_w=float(values.get("idle_w", 0.0)),
         price_usd=float(values.get("price_usd", 0.0)),
         rental_usd_per_hour=float(values.get("rental_usd_per_hour", 0.0)))

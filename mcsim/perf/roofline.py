@@ -163,18 +163,19 @@ class Collectives:
 
     Attributes
     ----------
-    allreduce : {"ring", "one-shot", "two-shot", "hierarchical"}
+    allreduce : {"auto", "ring", "one-shot", "two-shot", "tree", "hierarchical"}
+        ``auto``: the fastest for each message (see :func:`mcsim.perf.collectives.allreduce_time`).
     alltoall : {"direct", "hierarchical"}
     overlap : float
         Fraction of communication time hidden behind compute, in [0, 1].
-    latency_s : float
-        Latency per collective step (hop), s.
+    latency_s : float, optional
+        Latency per collective step (hop), s; default the hardware's fitted hop latency (or 5 us).
     """
 
-    allreduce: str = "ring"
+    allreduce: str = "auto"
     alltoall: str = "direct"
     overlap: float = 0.0
-    latency_s: float = 5e-6
+    latency_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
         "collectives": roofline.Collectives(
             allreduce=p["performance.allreduce"], alltoall=p["performance.alltoall"],
             overlap=p["performance.overlap_fraction"] if p["efficiency.comm_overlap"] else 0.0,
-            latency_s=p["performance.collective_latency_s"]),
+            latency_s=p["performance.collective_latency_s"] or None),
         "achievable": roofline.Achievable(
             flops_fraction=p["performance.flops_fraction"], bandwidth_fraction=p["performance.bandwidth_fraction"],
             network_fraction=p["performance.network_fraction"], launch_overhead_s=p["performance.launch_overhead_s"],

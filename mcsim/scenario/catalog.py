@@ -80,6 +80,12 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
     "scale_up_gb_s": (float, "scale-up (NVLink / Infinity Fabric) bandwidth per GPU, one direction, GB/s"),
     "scale_out_gb_s": (float, "scale-out network bandwidth per GPU, one direction, GB/s"),
     "host_link_gb_s": (float, "GPU-host link (PCIe x16) bandwidth, one direction, GB/s"),
+    "collective_base_us": (float, "fixed cost of one NCCL collective inside a node (launch, synchronisation), us; "
+                                  "fitted to measured all-reduce times where the source says so, 0 where unknown"),
+    "collective_hop_us": (float, "latency of one step (hop) of a collective inside a node, us; fitted like "
+                                 "collective_base_us, 0 where unknown (then performance.collective_latency_s)"),
+    "allreduce_bus_gb_s": (float, "achieved all-reduce bandwidth per GPU and direction inside a node, GB/s, fitted "
+                                  "like collective_base_us; 0 where unknown (then scale_up_gb_s x network_fraction)"),
     "tdp_w": (float, "board power limit, W"),
     "idle_w": (float, "power of a powered-on idle GPU, W (estimate)"),
     "price_usd": (float, "purchase price of one accelerator, USD (estimate)"),

@@ -198,9 +198,13 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
         "bandwidth_fraction": F(0.8, "Achievable fraction of HBM bandwidth (roofline).", 0, 1, lo_open=True),
         "network_fraction": F(0.7, "Achievable fraction of scale-up/scale-out bandwidth (roofline).", 0, 1,
                               lo_open=True),
-        "allreduce": C("one-shot", "TP all-reduce algorithm.", "ring", "one-shot", "two-shot", "hierarchical"),
+        "allreduce": C("auto", "TP all-reduce algorithm; auto: the fastest for each message size and group (as NCCL's "
+                       "tuner and custom all-reduces pick).", "auto", "ring", "one-shot", "two-shot", "tree",
+                       "hierarchical"),
         "alltoall": C("hierarchical", "EP all-to-all algorithm.", "direct", "hierarchical"),
-        "collective_latency_s": F(5e-6, "Latency per collective step/hop.", 0, None),
+        "collective_latency_s": F(0.0, "Latency per collective step (hop), s; 0 = the hardware catalog's, fitted to "
+                                       "measured NCCL times where it has one (hardware.collective_hop_us), else "
+                                       "5 us.", 0, None),
         "overlap_fraction": F(0.7, "Share of communication hidden behind compute when the comm_overlap lever is "
                                    "on (0 when off).", 0, 1),
         "launch_overhead_s": F(1e-5, "Per kernel launch.", 0, None),

@@ -1,0 +1,109 @@
+"""Readers of Vidur's public profiling data: measured NCCL collective times (external truth for step times).
+
+The bundled files (``mcsim/data/measurements/vidur/``, MIT licence, see its README) are CSVs with one row per
+(message size, GPUs, placement) and the median, mean, min, max and standard deviation of the measured time in
+milliseconds. :func:`read_collectives` returns them as arrays in SI units (bytes, seconds); a malformed file is a
+:class:`MeasurementError` naming ``file:line``.
+
+Examples
+--------
+>>> times = read_collectives(bundled_collectives("h100_dgx", "all_reduce"))
+>>> times.collective, sorted(set(times.workers.tolist()))
+('all_reduce', [2, 4, 8])
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from mcsim.errors import McsimError
+
+#: Bytes per unit of the ``size`` column. Vidur's collective profiler records the buffer in bytes: its wrapper
+#: stores ``self._size * 2  # bytes`` for a ``torch.float16`` tensor of ``_size`` elements.
+SIZE_UNIT_BYTES = 1
+CLUSTERS = ("h100_dgx", "a100_dgx")
+COLLECTIVES = ("all_reduce", "send_recv")
+
+
+class MeasurementError(McsimError, ValueError):
+    """A measurement file that cannot be read; ``str(err)`` is ``file:line: what is wrong``."""
+
+
+@dataclass(frozen=True)
+class CollectiveTimes:
+    """Measured times of one collective, one entry per row.
+
+    Attributes
+    ----------
+    collective : str
+        ``all_reduce`` or ``send_recv``.
+    nbytes : int64[n]
+        Message per GPU, bytes.
+    workers, devices_per_node : int64[n]
+        GPUs in the collective, and how many of them share a node.
+    median_s, mean_s, std_s : float64[n]
+        Measured time over the profiler's repeats, s.
+    source : str
+        The file.
+    """
+
+    collective: str
+    nbytes: np.ndarray
+    workers: np.ndarray
+    devices_per_node: np.ndarray
+    median_s: np.ndarray
+    mean_s: np.ndarray
+    std_s: np.ndarray
+    source: str
+
+
+def bundled_collectives(cluster: str, collective: str) -> Path:
+    """Path of a bundled measurement file (``cluster`` in :data:`CLUSTERS`, ``collective`` in :data:`COLLECTIVES`)."""
+    if cluster not in CLUSTERS or collective not in COLLECTIVES:
+        raise MeasurementError(f"no bundled measurement for {cluster}/{collective}; clusters: {', '.join(CLUSTERS)}, "
+                               f"collectives: {', '.join(COLLECTIVES)}")
+    root = resources.files("mcsim.data") / "measurements" / "vidur" / "network" / cluster / f"{collective}.csv"
+    return Path(str(root))
+
+
+def read_collectives(path) -> CollectiveTimes:
+    """Read a Vidur ``all_reduce.csv`` or ``send_recv.csv`` (columns found by name)."""
+    path = Path(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except OSError as err:
+        raise MeasurementError(f"{path}: cannot read the file ({err.strerror})") from None
+    with handle:
+        reader = csv.DictReader(handle)
+        header = reader.fieldnames or []
+        kinds = {name.split(".")[1] for name in header if name.startswith("time_stats.") and name.count(".") == 2}
+        if len(kinds) != 1:
+            raise MeasurementError(f"{path}:1: expected time_stats.<collective>.<stat> columns of one collective, "
+                                   f"got {sorted(kinds) or 'none'}")
+        kind = kinds.pop()
+        needed = ["size", "num_workers", "devices_per_node"] + [f"time_stats.{kind}.{s}" for s in ("median", "mean",
+                                                                                                    "std")]
+        missing = [c for c in needed if c not in header]
+        if missing:
+            raise MeasurementError(f"{path}:1: missing column(s) {', '.join(missing)}")
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                size, workers, per_node = int(row["size"]), int(row["num_workers"]), int(row["devices_per_node"])
+                median, mean, std = (float(row[f"time_stats.{kind}.{s}"]) for s in ("median", "mean", "std"))
+            except (TypeError, ValueError):
+                raise MeasurementError(f"{path}:{line}: expected integers for size, num_workers, devices_per_node "
+                                       f"and numbers for the times") from None
+            if size <= 0 or workers < 1 or per_node < 1 or not median > 0 or not mean > 0:
+                raise MeasurementError(f"{path}:{line}: sizes, GPUs and times must be positive")
+            rows.append((size, workers, per_node, median, mean, std))
+    if not rows:
+        raise MeasurementError(f"{path}: no measurements")
+    a = np.array(rows, dtype=float)
+    return CollectiveTimes(kind, a[:, 0].astype(np.int64) * SIZE_UNIT_BYTES, a[:, 1].astype(np.int64),
+                           a[:, 2].astype(np.int64), a[:, 3] / 1e3, a[:, 4] / 1e3, a[:, 5] / 1e3, str(path))

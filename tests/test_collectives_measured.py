@@ -1,0 +1,56 @@
+"""The all-reduce model against measured NCCL times, and the reader of those measurements."""
+
+import numpy as np
+import pytest
+
+from mcsim.optrace.vidur import MeasurementError, bundled_collectives, read_collectives
+from mcsim.perf.collectives import allreduce_time
+from mcsim.scenario import catalog
+from mcsim.validate import ALLREDUCE_MAPE_TARGET, allreduce_errors
+
+
+@pytest.mark.parametrize(("cluster", "preset"), [("h100_dgx", "h100"), ("a100_dgx", "a100")])
+def test_allreduce_within_target_of_the_measurements(cluster, preset):
+    errors, workers, nbytes = allreduce_errors(cluster, preset)
+    assert len(errors) > 2900 and set(workers.tolist()) == {2, 4, 8}
+    assert errors.mean() <= ALLREDUCE_MAPE_TARGET
+    # bandwidth-bound messages are within a few per cent; the latency floor is the weak part
+    assert errors[nbytes >= 4 << 20].mean() < 0.08
+
+
+def test_auto_picks_one_shot_for_small_and_a_two_phase_algorithm_for_large_messages():
+    h100 = catalog.hardware_preset("h100")
+    for size in (4096, 64 << 20):
+        times = {a: allreduce_time(size, 8, h100, algorithm=a)[0] for a in ("ring", "one-shot", "two-shot", "tree")}
+        assert allreduce_time(size, 8, h100)[0] == min(times.values())
+    assert allreduce_time(4096, 8, h100)[0] == allreduce_time(4096, 8, h100, algorithm="one-shot")[0]
+    big = allreduce_time(64 << 20, 8, h100)[0]
+    assert big == allreduce_time(64 << 20, 8, h100, algorithm="two-shot")[0]
+    # the measured median at 64 MiB on 8 H100s, from the file itself
+    times = read_collectives(bundled_collectives("h100_dgx", "all_reduce"))
+    row = (times.workers == 8) & (times.nbytes == 64 << 20)
+    assert big == pytest.approx(float(times.median_s[row][0]), rel=0.15)  # one shape; the band is within 6 %
+
+
+def test_the_reader_names_file_and_line(tmp_path):
+    good = bundled_collectives("h100_dgx", "send_recv")
+    assert read_collectives(good).collective == "send_recv"
+    lines = good.read_text().splitlines()
+    bad = tmp_path / "bad.csv"
+    header = lines[0].split(",")
+    row = lines[3].split(",")
+    row[header.index("size")] = "x"
+    bad.write_text("\n".join(lines[:3] + [",".join(row)]) + "\n")
+    with pytest.raises(MeasurementError, match=r"bad.csv:4: expected integers"):
+        read_collectives(bad)
+    (tmp_path / "empty.csv").write_text(lines[0] + "\n")
+    with pytest.raises(MeasurementError, match="no measurements"):
+        read_collectives(tmp_path / "empty.csv")
+    (tmp_path / "cols.csv").write_text("size,num_workers\n1,2\n")
+    with pytest.raises(MeasurementError, match="cols.csv:1"):
+        read_collectives(tmp_path / "cols.csv")
+    with pytest.raises(MeasurementError, match="cannot read"):
+        read_collectives(tmp_path / "missing.csv")
+    with pytest.raises(MeasurementError, match="no bundled"):
+        bundled_collectives("tpu", "all_reduce")
+    assert np.all(read_collectives(good).median_s > 0)
