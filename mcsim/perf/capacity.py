@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from mcsim.perf.hardware import as_hardware
 from mcsim.perf.roofline import (
     ROUTER_WEIGHT_BYTES,

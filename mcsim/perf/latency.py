@@ -182,7 +182,7 @@ class PoolSimulator:
                 "busy_fraction": summary["busy_fraction"]}
         return self._prefill_cache[n_instances]
 
-    def decode(self, n_instances: int, prefill: dict, n_prefill: int, max_steps: int = 0) -> dict:
+    def decode(self, n_instances: int, prefill: dict, max_steps: int = 0) -> dict:
         """The decode pool of ``n_instances`` instances fed by the prefill pool's hand-offs."""
         w = self.w
         p_edges = np.array([0.0, 1.0])
@@ -203,7 +203,7 @@ class PoolSimulator:
         """Both pools: ``n_prefill`` prefill instances hand their requests to ``n_decode`` decode instances."""
         key = ("disaggregated", n_decode, n_prefill, max_steps)
         if key not in self._runs:
-            self._runs[key] = self.decode(n_decode, self.prefill(n_prefill), n_prefill, max_steps)
+            self._runs[key] = self.decode(n_decode, self.prefill(n_prefill), max_steps)
         return self._runs[key]
 
     def _result(self, ttft, e2e, queue, measured, summary, saturated) -> dict:
