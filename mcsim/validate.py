@@ -58,6 +58,9 @@ DEEPSEEK_DAY = "DeepSeek Open Infra Index, day 6 (2025-03-01): one day of V3/R1 
 NCCL = "measured NCCL all-reduce times, Vidur profiling data (microsoft/vidur, MIT), mcsim/data/measurements/vidur"
 #: Largest mean absolute percentage error allowed for the all-reduce against the measured NCCL times.
 ALLREDUCE_MAPE_TARGET = 0.15
+GEMMS = "measured per-layer GEMM times, Vidur profiling data (microsoft/vidur, MIT), mcsim/data/measurements/vidur"
+#: Largest mean absolute percentage error allowed for the per-layer linear ops against the measured GEMM times.
+LINEAR_MAPE_TARGET = 0.08
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,52 @@ def collective_checks() -> list[Check]:
     return checks
 
 
+def linear_errors(gpu: str, model_name: str):
+    """Per-row relative error of mcsim's per-layer linear ops (the roofline's ``attention_proj`` and ``dense_ffn``
+    with the hardware's default GEMM figures, BF16) against measured GEMM times: ``(relative error, tokens, tp)``
+    over both ops."""
+    from mcsim.optrace.vidur import LINEAR_GROUPS, bundled_linear, read_linear
+    from mcsim.perf import roofline
+    from mcsim.perf.hardware import as_hardware, performance_defaults
+    from mcsim.scenario import catalog
+
+    measured = read_linear(bundled_linear(gpu, model_name))
+    model = dict(catalog.model_preset("llama-3-70b"), hidden_size=measured.hidden, attention_heads=measured.heads,
+                 kv_heads=measured.kv_heads, head_dim=measured.hidden // measured.heads, dense_ffn=measured.ffn)
+    hw = as_hardware(catalog.hardware_preset(gpu))
+    p = performance_defaults({f"hardware.{k}": v for k, v in catalog.hardware_preset(gpu).items()}
+                             | {key: 0.0 for key in ("performance.flops_fraction", "performance.bandwidth_fraction",
+                                                     "performance.gemm_half_tokens", "performance.gemm_floor_s")})
+    achievable = roofline.Achievable(
+        flops_fraction=p["performance.flops_fraction"], bandwidth_fraction=p["performance.bandwidth_fraction"],
+        gemm_half_tokens=p["performance.gemm_half_tokens"], gemm_floor_s=p["performance.gemm_floor_s"],
+        launch_overhead_s=0.0, step_overhead_s=0.0)  # the measurements are kernel times
+    model_times, tokens, tps = [], [], []
+    for t, tp in zip(measured.tokens, measured.tp):
+        cost = roofline.step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=int(t),
+                                  parallel=roofline.Parallelism(tp=int(tp)), achievable=achievable)
+        for name in LINEAR_GROUPS:
+            model_times.append(cost.breakdown[name]["t"] / model["layers"])
+            tokens.append(t)
+            tps.append(tp)
+    model_s = np.array(model_times).reshape(-1, len(LINEAR_GROUPS))
+    truth = np.stack([measured.seconds[name] for name in LINEAR_GROUPS], axis=1)
+    return (np.abs(model_s - truth) / truth).ravel(), np.array(tokens), np.array(tps)
+
+
+def linear_checks() -> list[Check]:
+    """mcsim.perf.roofline's per-layer linear ops against measured GEMM times on H100 and A100 (TP 1-8)."""
+    from mcsim.optrace.vidur import LINEAR_MODELS
+
+    checks = []
+    for gpu, models in LINEAR_MODELS.items():
+        errors = np.concatenate([linear_errors(gpu, m)[0] for m in models])
+        checks.append(_check(f"Per-layer linear ops (QKV+O, gate/up+down), {gpu.upper()}, Llama-2 7B and 70B, "
+                             "TP 1-8, 1-4096 tokens: MAPE", float(errors.mean()), 0.0, LINEAR_MAPE_TARGET, GEMMS,
+                             "fraction", "target: mean absolute percentage error <= 8 % over every TP and size"))
+    return checks
+
+
 def economics_checks() -> list[Check]:
     """DeepSeek's published day through mcsim.stages.economics: cost, revenue, cost-profit margin."""
     from mcsim.stages import economics
@@ -324,7 +373,7 @@ def run_validation(out_dir: str | os.PathLike | None = None, quick: bool = False
     """
     started = time.perf_counter()
     checks = (speculative_checks(quick) + expert_checks(quick) + kv_bytes_checks() + trace_checks()
-              + batching_checks(quick) + collective_checks() + economics_checks())
+              + batching_checks(quick) + collective_checks() + linear_checks() + economics_checks())
     if out_dir is not None:
         write_reports(checks, out_dir, quick=quick, seconds=time.perf_counter() - started)
     return checks

@@ -54,3 +54,33 @@ def test_the_reader_names_file_and_line(tmp_path):
     with pytest.raises(MeasurementError, match="no bundled"):
         bundled_collectives("tpu", "all_reduce")
     assert np.all(read_collectives(good).median_s > 0)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100"])
+def test_linear_ops_within_target_of_the_measurements(gpu):
+    from mcsim.optrace.vidur import LINEAR_MODELS
+    from mcsim.validate import LINEAR_MAPE_TARGET, linear_errors
+
+    for model in LINEAR_MODELS[gpu]:
+        errors, tokens, tp = linear_errors(gpu, model)
+        assert len(errors) == 2 * 1044 and set(tp.tolist()) == {1, 2, 4, 8}
+        assert errors.mean() <= LINEAR_MAPE_TARGET, model
+        # large GEMMs (compute-bound, what prefill runs) are the best-priced band
+        assert errors[tokens > 1024].mean() < 0.06, model
+
+
+def test_the_linear_reader(tmp_path):
+    from mcsim.optrace.vidur import bundled_linear, read_linear
+
+    times = read_linear(bundled_linear("h100", "Llama-2-70b-hf"))
+    assert (times.hidden, times.heads, times.kv_heads, times.ffn) == (8192, 64, 8, 28672)
+    assert np.all(times.seconds["dense_ffn"] > times.seconds["attention_proj"])
+    lines = bundled_linear("h100", "Llama-2-7b-hf").read_text().splitlines()
+    header = lines[0].split(",")
+    row = lines[2].split(",")
+    row[header.index("n_embd")] = "4097"
+    (tmp_path / "mixed.csv").write_text("\n".join([lines[0], lines[1], ",".join(row)]) + "\n")
+    with pytest.raises(MeasurementError, match=r"mixed.csv:3: the model shape changes"):
+        read_linear(tmp_path / "mixed.csv")
+    with pytest.raises(MeasurementError, match="no bundled per-layer"):
+        bundled_linear("h100", "gpt-4")

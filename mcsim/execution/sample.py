@@ -154,6 +154,10 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
         return memo[key]
 
     p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
+    if p["performance.fidelity"] == "roofline":
+        from mcsim.perf.hardware import performance_defaults
+
+        p = performance_defaults(p)  # the hardware's fitted GEMM figures where the scenario leaves them at 0
     if scn.calibration is not None:
         from mcsim.optrace.calibration import apply
 

@@ -1,4 +1,5 @@
-"""Readers of Vidur's public profiling data: measured NCCL collective times (external truth for step times).
+"""Readers of Vidur's public profiling data: measured NCCL collective and per-layer GEMM times (external truth
+for step times).
 
 The bundled files (``mcsim/data/measurements/vidur/``, MIT licence, see its README) are CSVs with one row per
 (message size, GPUs, placement) and the median, mean, min, max and standard deviation of the measured time in
@@ -28,6 +29,10 @@ from mcsim.errors import McsimError
 SIZE_UNIT_BYTES = 1
 CLUSTERS = ("h100_dgx", "a100_dgx")
 COLLECTIVES = ("all_reduce", "send_recv")
+#: Bundled per-layer measurements: GPU -> models (Hugging Face names).
+LINEAR_MODELS = {"h100": ("Llama-2-7b-hf", "Llama-2-70b-hf"), "a100": ("Llama-2-7b-hf", "Llama-2-70b-hf")}
+#: The measured GEMMs, grouped as mcsim's roofline prices them (one op per group and layer).
+LINEAR_GROUPS = {"attention_proj": ("attn_pre_proj", "attn_post_proj"), "dense_ffn": ("mlp_up_proj", "mlp_down_proj")}
 
 
 class MeasurementError(McsimError, ValueError):
@@ -107,3 +112,80 @@ def read_collectives(path) -> CollectiveTimes:
     a = np.array(rows, dtype=float)
     return CollectiveTimes(kind, a[:, 0].astype(np.int64) * SIZE_UNIT_BYTES, a[:, 1].astype(np.int64),
                            a[:, 2].astype(np.int64), a[:, 3] / 1e3, a[:, 4] / 1e3, a[:, 5] / 1e3, str(path))
+
+
+@dataclass(frozen=True)
+class LinearTimes:
+    """Measured per-layer GEMM times of one model on one GPU, one entry per (tokens, TP) row.
+
+    Attributes
+    ----------
+    tokens, tp : int64[n]
+        Tokens in the forward pass and tensor-parallel degree (the GEMMs are one GPU's shards).
+    hidden, heads, kv_heads, ffn : int
+        The model's shape.
+    seconds : dict
+        :data:`LINEAR_GROUPS` name -> float64[n], the summed median times of that group's GEMMs, s.
+    source : str
+    """
+
+    tokens: np.ndarray
+    tp: np.ndarray
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    seconds: dict
+    source: str
+
+
+def bundled_linear(gpu: str, model: str) -> Path:
+    """Path of a bundled ``mlp.csv`` (``gpu`` and ``model`` from :data:`LINEAR_MODELS`)."""
+    if model not in LINEAR_MODELS.get(gpu, ()):
+        raise MeasurementError(f"no bundled per-layer measurement for {gpu}/{model}; bundled: "
+                               + ", ".join(f"{g}/{m}" for g, ms in LINEAR_MODELS.items() for m in ms))
+    return Path(str(resources.files("mcsim.data") / "measurements" / "vidur" / "compute" / gpu / model / "mlp.csv"))
+
+
+def read_linear(path) -> LinearTimes:
+    """Read a Vidur ``mlp.csv``: per-layer GEMM times by tokens and TP (columns found by name)."""
+    path = Path(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except OSError as err:
+        raise MeasurementError(f"{path}: cannot read the file ({err.strerror})") from None
+    ops = [op for group in LINEAR_GROUPS.values() for op in group]
+    shape_columns = ("n_embd", "n_head", "n_kv_head", "n_expanded_embd")
+    with handle:
+        reader = csv.DictReader(handle)
+        header = reader.fieldnames or []
+        needed = ["num_tokens", "num_tensor_parallel_workers", *shape_columns,
+                  *(f"time_stats.{op}.median" for op in ops)]
+        missing = [c for c in needed if c not in header]
+        if missing:
+            raise MeasurementError(f"{path}:1: missing column(s) {', '.join(missing)}")
+        rows, shape = [], None
+        for line, row in enumerate(reader, start=2):
+            try:
+                this = tuple(int(row[c]) for c in shape_columns)
+                values = [int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])] + [
+                    float(row[f"time_stats.{op}.median"]) for op in ops]
+            except (TypeError, ValueError):
+                raise MeasurementError(f"{path}:{line}: expected integers for the shape, tokens and TP and "
+                                       "numbers for the times") from None
+            if shape is not None and this != shape:
+                raise MeasurementError(f"{path}:{line}: the model shape changes within the file")
+            if values[0] < 1 or values[1] < 1 or not all(v > 0 for v in values[2:]):
+                raise MeasurementError(f"{path}:{line}: tokens, TP and times must be positive")
+            shape = this
+            rows.append(values)
+    if not rows:
+        raise MeasurementError(f"{path}: no measurements")
+    a = np.array(rows, dtype=float)
+    seconds, column = {}, 2
+    for name, group in LINEAR_GROUPS.items():
+        seconds[name] = a[:, column:column + len(group)].sum(axis=1) / 1e3
+        column += len(group)
+    hidden, heads, kv_heads, ffn = shape
+    return LinearTimes(a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), hidden, heads, kv_heads, ffn, seconds,
+                       str(path))

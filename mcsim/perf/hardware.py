@@ -38,6 +38,10 @@ class Hardware:
     collective_base_us, collective_hop_us, allreduce_bus_gb_s : float
         Fitted NCCL figures inside a node: the fixed cost of one collective, the latency of one hop and the
         achieved all-reduce bandwidth per direction (0 where not measured).
+    gemm_flops_fraction, gemm_bandwidth_fraction, gemm_half_tokens, gemm_floor_us : float
+        Fitted GEMM figures: the largest share of the matmul peak, the share of HBM bandwidth of weight streaming,
+        the rows at which half the largest FLOP share is reached, and the fixed time of one GEMM kernel (0 where
+        not measured; see :func:`performance_defaults`).
     tdp_w, idle_w : float
         Board power limit and idle power, W.
     price_usd, rental_usd_per_hour : float
@@ -55,6 +59,10 @@ class Hardware:
     collective_base_us: float = 0.0
     collective_hop_us: float = 0.0
     allreduce_bus_gb_s: float = 0.0
+    gemm_flops_fraction: float = 0.0
+    gemm_bandwidth_fraction: float = 0.0
+    gemm_half_tokens: float = 0.0
+    gemm_floor_us: float = 0.0
     tdp_w: float = 0.0
     idle_w: float = 0.0
     price_usd: float = 0.0
@@ -100,6 +108,32 @@ def as_hardware(entry) -> Hardware:
         collective_base_us=float(values.get("collective_base_us", 0.0)),
         collective_hop_us=float(values.get("collective_hop_us", 0.0)),
         allreduce_bus_gb_s=float(values.get("allreduce_bus_gb_s", 0.0)),
+        gemm_flops_fraction=float(values.get("gemm_flops_fraction", 0.0)),
+        gemm_bandwidth_fraction=float(values.get("gemm_bandwidth_fraction", 0.0)),
+        gemm_half_tokens=float(values.get("gemm_half_tokens", 0.0)),
+        gemm_floor_us=float(values.get("gemm_floor_us", 0.0)),
         tdp_w=float(values.get("tdp_w", 0.0)), idle_w=float(values.get("idle_w", 0.0)),
         price_usd=float(values.get("price_usd", 0.0)),
         rental_usd_per_hour=float(values.get("rental_usd_per_hour", 0.0)))
+
+
+#: What the roofline assumes where neither the scenario nor the hardware catalog gives a figure.
+GENERIC = {"performance.flops_fraction": 0.6, "performance.bandwidth_fraction": 0.8,
+           "performance.gemm_half_tokens": 0.0, "performance.gemm_floor_s": 0.0}
+
+
+def performance_defaults(p: dict) -> dict:
+    """A sample's parameters with every roofline GEMM input left at 0 ("the hardware's") filled in: the hardware
+    catalog's figures fitted to measured GEMM times where it has them, else :data:`GENERIC`."""
+    keys = [k for k in GENERIC if p.get(k, None) == 0]
+    if not keys:
+        return p
+    hw = as_hardware(p)
+    fitted = {"performance.flops_fraction": hw.gemm_flops_fraction,
+              "performance.bandwidth_fraction": hw.gemm_bandwidth_fraction,
+              "performance.gemm_half_tokens": hw.gemm_half_tokens,
+              "performance.gemm_floor_s": hw.gemm_floor_us * 1e-6}
+    out = dict(p)
+    for key in keys:
+        out[key] = fitted[key] if fitted[key] > 0 else GENERIC[key]
+    return out

@@ -196,6 +196,11 @@ class Achievable:
         Fused kernels: ``FUSED_KERNEL_FRACTION`` of the launches and no element-wise activation round trips.
     step_overhead_s : float
         Scheduling and sampling per step, s.
+    gemm_half_tokens : float
+        A GEMM of ``M`` rows reaches ``flops_fraction x M / (M + gemm_half_tokens)`` of the matmul peak (0: always
+        ``flops_fraction``): a few rows cannot fill the tensor cores.
+    gemm_floor_s : float
+        Fixed GPU time of one GEMM kernel, added to its roofline, s.
     """
 
     flops_fraction: float = 0.6
@@ -206,6 +211,8 @@ class Achievable:
     cuda_graphs: bool = True
     fused: bool = False
     step_overhead_s: float = 2e-4
+    gemm_half_tokens: float = 0.0
+    gemm_floor_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -460,18 +467,24 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     has_prefill = 1.0 if prefill_tokens > 0 else 0.0
     layers, dense_layers, moe_layers = _layer_counts(model, pp)
 
-    def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear):
+    half, floor = achievable.gemm_half_tokens, achievable.gemm_floor_s
+
+    def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear, gemms=0, rows=0.0):
+        """``count`` times an op; ``gemms`` GEMM kernels of ``rows`` rows each pay the size-dependent FLOP share
+        and the kernel floor."""
         op = ops[name]
         op["flops"] += count * flops
         op["weight"] += count * weight
         op["kv"] += count * kv
         op["act"] += count * act
-        op["t"] += count * max(flops / peak, (weight + kv + act) / bandwidth)
+        share = rows / (rows + half) if gemms and half > 0 and rows > 0 else 1.0
+        op["t"] += count * (gemms * floor + max(flops / (peak * share) if flops > 0 else 0.0,
+                                                (weight + kv + act) / bandwidth))
 
     # attention projections and core, every layer
     shard = _attention_shard(model, tp)
     add("attention_proj", layers, 2 * n * shard["matmul"], weight=(shard["matmul"] + shard["norm"]) * wb,
-        act=n * a * (shard["io"] + unfused * (5 * h + 2 * shard["rope"])))
+        act=n * a * (shard["io"] + unfused * (5 * h + 2 * shard["rope"])), gemms=2, rows=n)
     full_d = min(decode_context, attention_window) if attention_window > 0 else decode_context
     full_p = min(prefill_context, attention_window) if attention_window > 0 else prefill_context
     ctx_d = min(full_d, sparse_topk) if sparse_topk > 0 else full_d
@@ -499,17 +512,18 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     if dense_layers > 0:
         f = model["dense_ffn"] / tp
         add("dense_ffn", dense_layers, 2 * n * 3 * h * f, weight=3 * h * f * wb,
-            act=n * a * (2 * h + 3 * f + unfused * (5 * h + 3 * f)))
+            act=n * a * (2 * h + 3 * f + unfused * (5 * h + 3 * f)), gemms=2, rows=n)
 
     # MoE layers: router, shared experts, routed experts on the slowest EP rank
     if moe_layers > 0:
         experts, top_k = model["experts"], model["active_experts"]
         add("router", moe_layers, 2 * n * experts * h, weight=experts * h * ROUTER_WEIGHT_BYTES,
-            act=n * a * (h + experts + unfused * 5 * h), peak=hw.peak_flops("bf16") * achievable.flops_fraction)
+            act=n * a * (h + experts + unfused * 5 * h), peak=hw.peak_flops("bf16") * achievable.flops_fraction,
+            gemms=1, rows=n)
         if model["shared_experts"] > 0:
             fs = model["shared_experts"] * model["expert_ffn"] / tp
             add("shared_expert", moe_layers, 2 * n * 3 * h * fs, weight=3 * h * fs * wb,
-                act=n * a * (2 * h + 3 * fs + unfused * 3 * fs))
+                act=n * a * (2 * h + 3 * fs + unfused * 3 * fs), gemms=2, rows=n)
         etp = stage_gpus // ep
         fe = model["expert_ffn"] / etp
         pairs = hot_rank_factor * tokens * top_k / ep
@@ -517,12 +531,14 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
             else float(distinct_experts)
         distinct_on_rank = min(distinct, experts) / ep
         add("moe_ffn", moe_layers, 2 * pairs * 3 * h * fe, weight=distinct_on_rank * 3 * h * fe * wb,
-            act=pairs * a * (2 * h + 3 * fe + unfused * 3 * fe))
+            act=pairs * a * (2 * h + 3 * fe + unfused * 3 * fe), gemms=2,  # grouped GEMMs: rows per expert
+            rows=pairs / max(distinct_on_rank, 1.0))
 
     # output head, on the last stage: every decode token, one row per prefill chunk
     rows = (decode_tokens + has_prefill) / adp
     vocab_gpu = model["vocab"] / tp
-    add("lm_head", 1, 2 * rows * vocab_gpu * h, weight=vocab_gpu * h * wb, act=rows * a * (h + vocab_gpu))
+    add("lm_head", 1, 2 * rows * vocab_gpu * h, weight=vocab_gpu * h * wb, act=rows * a * (h + vocab_gpu), gemms=1,
+        rows=rows)
 
     # communication
     net = {"latency_s": collectives.latency_s, "network_fraction": achievable.network_fraction}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from mcsim.perf import roofline
 from mcsim.perf.capacity import _instance_step_time
-from mcsim.perf.hardware import Hardware, as_hardware
+from mcsim.perf.hardware import Hardware, as_hardware, performance_defaults
 from mcsim.perf.factor import StepModel, StepTime, _model, parallelism, precision
 
 
@@ -25,6 +25,7 @@ def _hardware(p: dict) -> Hardware:
 
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
     """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
+    p = performance_defaults(p)
     return {
         "precision": precision(p),
         "parallel": parallelism(p, prefill=prefill),
@@ -36,7 +37,8 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             flops_fraction=p["performance.flops_fraction"], bandwidth_fraction=p["performance.bandwidth_fraction"],
             network_fraction=p["performance.network_fraction"], launch_overhead_s=p["performance.launch_overhead_s"],
             kernels_per_layer=p["performance.kernels_per_layer"], cuda_graphs=p["performance.cuda_graphs"],
-            fused=p["efficiency.fused_kernels"], step_overhead_s=p["performance.step_overhead_s"]),
+            fused=p["efficiency.fused_kernels"], step_overhead_s=p["performance.step_overhead_s"],
+            gemm_half_tokens=p["performance.gemm_half_tokens"], gemm_floor_s=p["performance.gemm_floor_s"]),
         "hot_rank_factor": hot_rank_factor,
         "distinct_experts": distinct_experts,
         "attention_window": p["performance.attention_window"],

@@ -84,6 +84,13 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                                   "fitted to measured all-reduce times where the source says so, 0 where unknown"),
     "collective_hop_us": (float, "latency of one step (hop) of a collective inside a node, us; fitted like "
                                  "collective_base_us, 0 where unknown (then performance.collective_latency_s)"),
+    "gemm_flops_fraction": (float, "largest share of the matmul peak a GEMM reaches, fitted to measured per-layer "
+                                   "GEMM times where the source says so; 0 where unknown (then 0.6)"),
+    "gemm_bandwidth_fraction": (float, "share of HBM bandwidth a weight-streaming GEMM reaches, fitted like "
+                                       "gemm_flops_fraction; 0 where unknown (then 0.8)"),
+    "gemm_half_tokens": (float, "tokens (rows) at which a GEMM reaches half its largest FLOP share, fitted like "
+                                "gemm_flops_fraction; 0 where unknown (no size dependence)"),
+    "gemm_floor_us": (float, "fixed GPU time of one GEMM kernel, us, fitted like gemm_flops_fraction; 0 where unknown"),
     "allreduce_bus_gb_s": (float, "achieved all-reduce bandwidth per GPU and direction inside a node, GB/s, fitted "
                                   "like collective_base_us; 0 where unknown (then scale_up_gb_s x network_fraction)"),
     "tdp_w": (float, "board power limit, W"),

@@ -194,8 +194,17 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
                       "and hardware (FLOPs, bytes, collectives, overheads).", "factor", "roofline"),
         "simulate_batching": B(False, "Run the continuous-batching simulator for latency under load (queueing, "
                                       "TTFT/TPOT/E2E quantiles) instead of service times."),
-        "flops_fraction": F(0.6, "Achievable fraction of peak FLOP/s (roofline).", 0, 1, lo_open=True),
-        "bandwidth_fraction": F(0.8, "Achievable fraction of HBM bandwidth (roofline).", 0, 1, lo_open=True),
+        "flops_fraction": F(0.0, "Largest achievable fraction of peak FLOP/s of a GEMM (and the fraction of attention "
+                                 "and routers); 0 = the hardware catalog's, fitted to measured GEMM times where it "
+                                 "has one (hardware.gemm_flops_fraction), else 0.6.", 0, 1),
+        "bandwidth_fraction": F(0.0, "Achievable fraction of HBM bandwidth; 0 = the hardware catalog's, fitted to "
+                                     "measured GEMM times where it has one (hardware.gemm_bandwidth_fraction), else "
+                                     "0.8.", 0, 1),
+        "gemm_half_tokens": F(0.0, "Rows (tokens) at which a GEMM reaches half its largest FLOP share: small GEMMs "
+                                   "cannot fill the tensor cores; 0 = the hardware catalog's "
+                                   "(hardware.gemm_half_tokens), none where it has none.", 0, None),
+        "gemm_floor_s": F(0.0, "Fixed GPU time of one GEMM kernel, s, added to its roofline; 0 = the hardware "
+                               "catalog's (hardware.gemm_floor_us), none where it has none.", 0, None),
         "network_fraction": F(0.7, "Achievable fraction of scale-up/scale-out bandwidth (roofline).", 0, 1,
                               lo_open=True),
         "allreduce": C("auto", "TP all-reduce algorithm; auto: the fastest for each message size and group (as NCCL's "
@@ -308,6 +317,7 @@ FIDELITY_ONLY: dict[str, str] = {
     "precision.decode_gain": "factor", "precision.prefill_gain": "factor", "moe.ffn_time_fraction": "factor",
     "speculative.verify_cost": "factor",
     **{f"performance.{k}": "roofline" for k in ("flops_fraction", "bandwidth_fraction", "network_fraction",
+                                                 "gemm_half_tokens", "gemm_floor_s",
                                                  "allreduce", "alltoall", "collective_latency_s", "overlap_fraction",
                                                  "launch_overhead_s", "kernels_per_layer", "cuda_graphs",
                                                  "step_overhead_s", "attention_window", "sparse_topk")},
