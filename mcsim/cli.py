@@ -202,10 +202,12 @@ def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool,
     click.echo(f"step: {step['decode_seqs']:g} decoding sequences x {step['verify_tokens']} tokens at "
                f"{step['decode_context']:,.0f} tokens of context, {step['prefill_tokens']:g} prefill tokens "
                f"-> {1e3 * step['step_s']:.4g} ms")
-    rows = [[name, f"{1e3 * op['t_s']:.4g}", f"{100 * op['share']:.1f} %", _quantity(op["flops"], "FLOP"),
+    rows = [[name, f"{1e3 * op['t_s']:.4g}", f"{100 * op['share']:.1f} %",
+             f"{1e3 * op['floor_s']:.4g}" if math.isfinite(op["floor_s"]) else "-", _quantity(op["flops"], "FLOP"),
              _quantity(op["bytes"], "B"), op["bound"]]
             for name, op in step["ops"].items() if op["t_s"] > 0]
-    click.echo(_text_table(["op (per GPU)", "ms", "share", "FLOPs", "bytes", "bound by"], rows))
+    click.echo(_text_table(["op (per GPU)", "ms", "share", "of which kernel floors, ms", "FLOPs", "bytes",
+                            "bound by"], rows))
     click.echo("")
     mem_rows = [[pool_name, f"{m['weights_gb_per_gpu']:.2f}", f"{m['kv_gb_per_sequence'] * 1e3:.2f}",
                  f"{m['free_kv_gb']:.2f}", f"{m['max_sequences']:,}", m["reason"]]

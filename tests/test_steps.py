@@ -13,7 +13,7 @@ from mcsim.perf import roofline
 from mcsim.perf.capacity import memory_projection
 from mcsim.perf.factor import _model, parallelism, precision
 from mcsim.perf.roofline_model import _hardware, options
-from mcsim.scenario import draw_uncertain, load_scenario, resolve
+from mcsim.scenario import catalog, draw_uncertain, load_scenario, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 DENSE = ROOT / "scenarios" / "dense-node.toml"
@@ -38,6 +38,9 @@ def test_one_roofline_step_against_the_roofline():
         assert step["ops"][name]["t_s"] > 0
     assert step["ops"]["tp_allreduce"]["bound"] == "network" and step["ops"]["overhead"]["bound"] == "overhead"
     assert step["ops"]["dense_ffn"]["bound"] == "memory"  # one sequence: weight streaming
+    # the kernel floors are visible: two GEMMs per layer at the H100's fitted 6.8 us each
+    h100 = catalog.hardware_preset("h100")
+    assert step["ops"]["attention_proj"]["floor_s"] == pytest.approx(2 * 80 * h100["gemm_floor_us"] * 1e-6)
     mem = memory_projection(_model(p), _hardware(p), precision=precision(p), parallel=parallelism(p),
                             block_tokens=p["cache.block_tokens"], context=2048,
                             memory_fraction=p["deployment.memory_fraction"],

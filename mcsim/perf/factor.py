@@ -157,8 +157,8 @@ class StepTime:
         Name -> seconds; the parts add up to ``total_s`` (roofline: one entry per op and collective, exposed
         communication only; factor: weight read, decode sequences, prefill tokens).
     ops : dict
-        Name -> ``{"t", "flops", "bytes", "bound"}`` per GPU for the whole step (NaN FLOPs and bytes where the
-        fidelity does not count them; ``bound`` is "compute", "memory", "network", "overhead" or, in factor
+        Name -> ``{"t", "flops", "bytes", "floor", "bound"}`` per GPU for the whole step (``floor``: the kernels'
+        fixed time inside ``t``; NaN where the fidelity does not count them; ``bound`` is "compute", "memory", "network", "overhead" or, in factor
         mode, "factor").
     """
 
@@ -318,7 +318,8 @@ class FactorStepModel(StepModel):
         if prefill_tokens > 0:
             parts["prefill"] = prefill_tokens / (gpus * self.x_prefill)
         nan = float("nan")
-        ops = {name: {"t": t, "flops": nan, "bytes": nan, "bound": "factor"} for name, t in parts.items()}
+        ops = {name: {"t": t, "flops": nan, "bytes": nan, "floor": nan, "bound": "factor"}
+               for name, t in parts.items()}
         return StepTime(sum(parts.values()), parts, ops)
 
     def _plain(self, decode_seqs) -> float:

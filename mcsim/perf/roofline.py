@@ -237,9 +237,10 @@ class StepCost:
     t_step : float
         Step time: sum over ops of the per-op roofline + t_comm_exposed + t_overhead, s.
     breakdown : dict
-        op -> {"flops", "bytes", "t", "bound"} for each name in :data:`OPS`; communication ops give their bytes
-        sent and their *exposed* time, so the ``t`` values add up to ``t_step``; ``bound`` says what sets the
-        op's time ("compute", "memory", "network" or "overhead").
+        op -> {"flops", "bytes", "t", "floor", "bound"} for each name in :data:`OPS`; communication ops give
+        their bytes sent and their *exposed* time, so the ``t`` values add up to ``t_step``; ``floor`` is the part
+        of ``t`` that is the GEMM kernels' fixed time; ``bound`` says what sets the rest ("compute", "memory",
+        "network" or "overhead").
     """
 
     flops: float
@@ -453,7 +454,8 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     stage_gpus = tp * adp
     decode_tokens = decode_seqs * verify_tokens
     tokens = decode_tokens + prefill_tokens
-    ops = {name: {"flops": 0.0, "weight": 0.0, "kv": 0.0, "act": 0.0, "t": 0.0, "sent": 0.0} for name in OPS}
+    ops = {name: {"flops": 0.0, "weight": 0.0, "kv": 0.0, "act": 0.0, "t": 0.0, "sent": 0.0, "floor": 0.0}
+           for name in OPS}
     if tokens <= 0:
         return _assemble(ops, 0.0, 0.0, 0.0, 0.0)
 
@@ -478,6 +480,7 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         op["kv"] += count * kv
         op["act"] += count * act
         share = rows / (rows + half) if gemms and half > 0 and rows > 0 else 1.0
+        op["floor"] += count * gemms * floor
         op["t"] += count * (gemms * floor + max(flops / (peak * share) if flops > 0 else 0.0,
                                                 (weight + kv + act) / bandwidth))
 
@@ -590,7 +593,8 @@ def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: f
         t_memory += (op["weight"] + op["kv"] + op["act"]) / bandwidth if bandwidth else 0.0
     breakdown = {name: {"flops": ops[name]["flops"],
                         "bytes": ops[name]["weight"] + ops[name]["kv"] + ops[name]["act"] + ops[name]["sent"],
-                        "t": ops[name]["t"], "bound": _bound(name, ops[name], peak_linear, peak_attention, bandwidth)}
+                        "t": ops[name]["t"], "floor": ops[name]["floor"],
+                        "bound": _bound(name, ops[name], peak_linear, peak_attention, bandwidth)}
                  for name in OPS}
     return StepCost(
         flops=sum(op["flops"] for op in ops.values()),

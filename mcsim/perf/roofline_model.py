@@ -78,11 +78,11 @@ class RooflineStepModel(StepModel):
                                   prefill_context=prefill_context, verify_tokens=self.verify_tokens, **opts)
         # pp micro-batches pass every stage: per GPU, the step is pp times one micro-batch's stage
         ops = {name: {"t": pp * entry["t"], "flops": pp * entry["flops"], "bytes": pp * entry["bytes"],
-                      "bound": entry["bound"]} for name, entry in cost.breakdown.items()}
+                      "floor": pp * entry["floor"], "bound": entry["bound"]} for name, entry in cost.breakdown.items()}
         if decode_seqs > 0 and self.draft_tokens:
             nan = float("nan")
             ops["drafting"] = {"t": self.draft_tokens * self.draft_cost * self._plain_at(decode_seqs, decode_context),
-                               "flops": nan, "bytes": nan, "bound": "drafting"}
+                               "flops": nan, "bytes": nan, "floor": nan, "bound": "drafting"}
         parts = {name: op["t"] for name, op in ops.items()}
         return StepTime(sum(parts.values()), parts, ops)
 
