@@ -273,14 +273,32 @@ def allreduce_errors(cluster: str, preset: str):
     return np.abs(model - truth) / truth, measured.workers[inside], measured.nbytes[inside]
 
 
+def send_errors(cluster: str, preset: str):
+    """Per-row relative error of mcsim's point-to-point send against one cluster's measured NCCL send/recv
+    medians, inside a node and between two nodes: ``(relative error, across nodes)``."""
+    from mcsim.optrace.vidur import bundled_collectives, read_collectives
+    from mcsim.perf.collectives import send_time
+    from mcsim.scenario import catalog
+
+    measured = read_collectives(bundled_collectives(cluster, "send_recv"))
+    hw = catalog.hardware_preset(preset)
+    across = measured.devices_per_node == 1
+    model = np.array([send_time(float(s), hw, across_nodes=bool(a)) for s, a in zip(measured.nbytes, across)])
+    return np.abs(model - measured.median_s) / measured.median_s, across
+
+
 def collective_checks() -> list[Check]:
-    """mcsim.perf.collectives' all-reduce against measured NCCL times on DGX H100 and A100 (2-8 GPUs)."""
+    """mcsim.perf.collectives' all-reduce (2-8 GPUs) and send against measured NCCL times on DGX H100 and A100."""
     checks = []
     for cluster, preset, name in (("h100_dgx", "h100", "H100"), ("a100_dgx", "a100", "A100")):
         errors, _, _ = allreduce_errors(cluster, preset)
         checks.append(_check(f"NCCL all-reduce, DGX {name}, 2-8 GPUs, 2 KiB-64 MiB: MAPE", float(errors.mean()), 0.0,
                              ALLREDUCE_MAPE_TARGET, NCCL, "fraction",
                              "target: mean absolute percentage error <= 15 % over every size and group"))
+        errors, _ = send_errors(cluster, preset)
+        checks.append(_check(f"NCCL send/recv, DGX {name}, inside a node and between two, 2 KiB-64 MiB: MAPE",
+                             float(errors.mean()), 0.0, ALLREDUCE_MAPE_TARGET, NCCL.replace("all-reduce", "send/recv"),
+                             "fraction", "target: mean absolute percentage error <= 15 % over every size"))
     return checks
 
 

@@ -84,3 +84,12 @@ def test_the_linear_reader(tmp_path):
         read_linear(tmp_path / "mixed.csv")
     with pytest.raises(MeasurementError, match="no bundled per-layer"):
         bundled_linear("h100", "gpt-4")
+
+
+@pytest.mark.parametrize(("cluster", "preset"), [("h100_dgx", "h100"), ("a100_dgx", "a100")])
+def test_send_within_target_of_the_measurements(cluster, preset):
+    from mcsim.validate import send_errors
+
+    errors, across = send_errors(cluster, preset)
+    assert across.sum() == 994 and (~across).sum() == 994
+    assert errors[across].mean() <= 0.15 and errors[~across].mean() <= 0.15

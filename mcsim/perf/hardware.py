@@ -38,6 +38,9 @@ class Hardware:
     collective_base_us, collective_hop_us, allreduce_bus_gb_s : float
         Fitted NCCL figures inside a node: the fixed cost of one collective, the latency of one hop and the
         achieved all-reduce bandwidth per direction (0 where not measured).
+    send_base_us, send_gb_s, remote_send_base_us, remote_send_gb_s : float
+        Fitted NCCL point-to-point figures inside a node and between nodes: fixed cost and achieved bandwidth
+        (0 where not measured).
     gemm_flops_fraction, gemm_bandwidth_fraction, gemm_half_tokens, gemm_floor_us : float
         Fitted GEMM figures: the largest share of the matmul peak, the share of HBM bandwidth of weight streaming,
         the rows at which half the largest FLOP share is reached, and the fixed time of one GEMM kernel (0 where
@@ -59,6 +62,10 @@ class Hardware:
     collective_base_us: float = 0.0
     collective_hop_us: float = 0.0
     allreduce_bus_gb_s: float = 0.0
+    send_base_us: float = 0.0
+    send_gb_s: float = 0.0
+    remote_send_base_us: float = 0.0
+    remote_send_gb_s: float = 0.0
     gemm_flops_fraction: float = 0.0
     gemm_bandwidth_fraction: float = 0.0
     gemm_half_tokens: float = 0.0
@@ -108,6 +115,9 @@ def as_hardware(entry) -> Hardware:
         collective_base_us=float(values.get("collective_base_us", 0.0)),
         collective_hop_us=float(values.get("collective_hop_us", 0.0)),
         allreduce_bus_gb_s=float(values.get("allreduce_bus_gb_s", 0.0)),
+        send_base_us=float(values.get("send_base_us", 0.0)), send_gb_s=float(values.get("send_gb_s", 0.0)),
+        remote_send_base_us=float(values.get("remote_send_base_us", 0.0)),
+        remote_send_gb_s=float(values.get("remote_send_gb_s", 0.0)),
         gemm_flops_fraction=float(values.get("gemm_flops_fraction", 0.0)),
         gemm_bandwidth_fraction=float(values.get("gemm_bandwidth_fraction", 0.0)),
         gemm_half_tokens=float(values.get("gemm_half_tokens", 0.0)),

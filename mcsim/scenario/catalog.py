@@ -84,6 +84,14 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                                   "fitted to measured all-reduce times where the source says so, 0 where unknown"),
     "collective_hop_us": (float, "latency of one step (hop) of a collective inside a node, us; fitted like "
                                  "collective_base_us, 0 where unknown (then performance.collective_latency_s)"),
+    "send_base_us": (float, "fixed cost of one point-to-point send inside a node, us, fitted to measured NCCL "
+                            "send/recv times where the source says so; 0 where unknown"),
+    "send_gb_s": (float, "achieved point-to-point bandwidth inside a node, GB/s, fitted like send_base_us; 0 where "
+                         "unknown (then scale_up_gb_s x network_fraction)"),
+    "remote_send_base_us": (float, "fixed cost of one point-to-point send between nodes, us, fitted like "
+                                   "send_base_us; 0 where unknown"),
+    "remote_send_gb_s": (float, "achieved point-to-point bandwidth between nodes, GB/s, fitted like send_base_us; 0 "
+                                "where unknown (then scale_out_gb_s x network_fraction)"),
     "gemm_flops_fraction": (float, "largest share of the matmul peak a GEMM reaches, fitted to measured per-layer "
                                    "GEMM times where the source says so; 0 where unknown (then 0.6)"),
     "gemm_bandwidth_fraction": (float, "share of HBM bandwidth a weight-streaming GEMM reaches, fitted like "
