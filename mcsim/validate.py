@@ -308,16 +308,14 @@ def linear_errors(gpu: str, model_name: str):
     over both ops."""
     from mcsim.optrace.vidur import LINEAR_GROUPS, bundled_linear, read_linear
     from mcsim.perf import roofline
-    from mcsim.perf.hardware import as_hardware, performance_defaults
+    from mcsim.perf.hardware import as_hardware, gemm_figures
     from mcsim.scenario import catalog
 
     measured = read_linear(bundled_linear(gpu, model_name))
     model = dict(catalog.model_preset("llama-3-70b"), hidden_size=measured.hidden, attention_heads=measured.heads,
                  kv_heads=measured.kv_heads, head_dim=measured.hidden // measured.heads, dense_ffn=measured.ffn)
     hw = as_hardware(catalog.hardware_preset(gpu))
-    p = performance_defaults({f"hardware.{k}": v for k, v in catalog.hardware_preset(gpu).items()}
-                             | {key: 0.0 for key in ("performance.flops_fraction", "performance.bandwidth_fraction",
-                                                     "performance.gemm_half_tokens", "performance.gemm_floor_s")})
+    p = gemm_figures(hw)
     achievable = roofline.Achievable(
         flops_fraction=p["performance.flops_fraction"], bandwidth_fraction=p["performance.bandwidth_fraction"],
         gemm_half_tokens=p["performance.gemm_half_tokens"], gemm_floor_s=p["performance.gemm_floor_s"],

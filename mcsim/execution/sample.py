@@ -236,5 +236,4 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
 
 def _memory_batch(p: dict, requests) -> float:
     """Sequences per decode GPU whose KV fits, by the one memory projection (0 when none fits)."""
-    mem = perf.pool_memory(p, requests)
-    return mem.max_sequences / p["deployment.gpus_per_instance"] if mem.fits else 0.0
+    return perf.batch_limit_by_memory(perf.pool_memory(p, requests), p["deployment.gpus_per_instance"])

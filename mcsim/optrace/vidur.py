@@ -76,14 +76,18 @@ def bundled_collectives(cluster: str, collective: str) -> Path:
     return Path(str(root))
 
 
+def _open(path: Path):
+    """The measurement file opened for ``csv`` (a one-line :class:`MeasurementError` when it cannot be read)."""
+    try:
+        return path.open(newline="", encoding="utf-8")
+    except OSError as err:
+        raise MeasurementError(f"{path}: cannot read the file ({err.strerror})") from None
+
+
 def read_collectives(path) -> CollectiveTimes:
     """Read a Vidur ``all_reduce.csv`` or ``send_recv.csv`` (columns found by name)."""
     path = Path(path)
-    try:
-        handle = path.open(newline="", encoding="utf-8")
-    except OSError as err:
-        raise MeasurementError(f"{path}: cannot read the file ({err.strerror})") from None
-    with handle:
+    with _open(path) as handle:
         reader = csv.DictReader(handle)
         header = reader.fieldnames or []
         kinds = {name.split(".")[1] for name in header if name.startswith("time_stats.") and name.count(".") == 2}
@@ -150,13 +154,9 @@ def bundled_linear(gpu: str, model: str) -> Path:
 def read_linear(path) -> LinearTimes:
     """Read a Vidur ``mlp.csv``: per-layer GEMM times by tokens and TP (columns found by name)."""
     path = Path(path)
-    try:
-        handle = path.open(newline="", encoding="utf-8")
-    except OSError as err:
-        raise MeasurementError(f"{path}: cannot read the file ({err.strerror})") from None
     ops = [op for group in LINEAR_GROUPS.values() for op in group]
     shape_columns = ("n_embd", "n_head", "n_kv_head", "n_expanded_embd")
-    with handle:
+    with _open(path) as handle:
         reader = csv.DictReader(handle)
         header = reader.fieldnames or []
         needed = ["num_tokens", "num_tensor_parallel_workers", *shape_columns,

@@ -22,6 +22,7 @@ from mcsim.perf.roofline import (
     _layer_counts,
     step_cost,
 )
+from mcsim.perf.search import integer_boundary
 from mcsim.scenario import catalog
 
 # -- memory --------------------------------------------------------------------------------------------------
@@ -180,11 +181,5 @@ def operating_point(model: dict, hw: dict, *, context: float, tpot_target_s: flo
         return point(1, False, "TPOT target not met at batch 1", "")
     if meets(limit):
         return point(limit, True, "ok", limited_by)
-    good, bad = 1, limit
-    while bad - good > 1:
-        middle = (good + bad) // 2
-        if meets(middle):
-            good = middle
-        else:
-            bad = middle
+    good, _ = integer_boundary(meets, 1, limit, at_lo=True)
     return point(good, True, "ok", "tpot")

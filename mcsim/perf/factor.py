@@ -153,9 +153,6 @@ class StepTime:
     ----------
     total_s : float
         The step, s.
-    parts : dict
-        Name -> seconds; the parts add up to ``total_s`` (roofline: one entry per op and collective, exposed
-        communication only; factor: weight read, decode sequences, prefill tokens).
     ops : dict
         Name -> ``{"t", "flops", "bytes", "floor", "bound"}`` per GPU for the whole step (``floor``: the kernels'
         fixed time inside ``t``; NaN where the fidelity does not count them; ``bound`` is "compute", "memory", "network", "overhead" or, in factor
@@ -163,8 +160,13 @@ class StepTime:
     """
 
     total_s: float
-    parts: dict = field(default_factory=dict)
     ops: dict = field(default_factory=dict)
+
+    @property
+    def parts(self) -> dict:
+        """Name -> seconds of each op; they add up to ``total_s`` (roofline: one entry per op and collective,
+        exposed communication only; factor: weight read, decode sequences, prefill tokens)."""
+        return {name: op["t"] for name, op in self.ops.items()}
 
 
 class StepModel:
@@ -320,7 +322,7 @@ class FactorStepModel(StepModel):
         nan = float("nan")
         ops = {name: {"t": t, "flops": nan, "bytes": nan, "floor": nan, "bound": "factor"}
                for name, t in parts.items()}
-        return StepTime(sum(parts.values()), parts, ops)
+        return StepTime(sum(parts.values()), ops)
 
     def _plain(self, decode_seqs) -> float:
         return (decode_seqs / self.decode_gpus + self.b_half) / self.x_nospec
@@ -338,25 +340,6 @@ def infeasible_reason(model: StepModel) -> str:
     return "ok"
 
 
-def batch_limit_by_memory(model: StepModel) -> float:
-    """Sequences per decode GPU whose KV fits (0 when none does)."""
-    mem = model.decode_memory
-    return mem.max_sequences / model.decode_gpus if mem.fits else 0.0
-
-
-def largest(predicate, lo: float, hi: float) -> float:
-    """Largest b in [lo, hi] with predicate(b) true, for a predicate true below a threshold (bisection)."""
-    if predicate(hi):
-        return hi
-    if not predicate(lo):
-        return lo
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if predicate(mid):
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-9 * max(hi, 1.0):
-            break
-    return lo
-
+def batch_limit_by_memory(memory, gpus_per_instance: int) -> float:
+    """Sequences per decode GPU whose KV fits (0 when none does), from an instance's memory projection."""
+    return memory.max_sequences / gpus_per_instance if memory.fits else 0.0

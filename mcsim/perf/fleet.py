@@ -31,7 +31,8 @@ import math
 
 import numpy as np
 
-from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, largest, static_slot_utilization
+from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
+from mcsim.perf.search import integer_boundary, largest
 from mcsim.results.variables import QUANTILES
 
 #: Figures that describe a deployment that ran; NaN when it could not.
@@ -65,13 +66,7 @@ def smallest_fleet(meets, known_short: int, cap: int):
         if good >= cap:
             return None
         good = min(2 * good, cap)
-    while good - short > 1:
-        middle = (good + short) // 2
-        if meets(middle):
-            good = middle
-        else:
-            short = middle
-    return good
+    return integer_boundary(meets, short, good, at_lo=False)[1]
 
 
 def _whole(x: float) -> int:
@@ -138,7 +133,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     }
 
     # -- can it run at all: memory of both pools, the TPOT target at a batch of one --------------------------
-    b_mem = batch_limit_by_memory(model)
+    b_mem = batch_limit_by_memory(model.decode_memory, model.decode_gpus)
     reason = infeasible_reason(model)
     if reason == "ok" and model.pass_s(1.0) / tpp > p["deployment.tpot_target_s"]:
         reason = "TPOT target not met at batch 1"

@@ -138,12 +138,15 @@ def performance_defaults(p: dict) -> dict:
     keys = [k for k in GENERIC if p.get(k, None) == 0]
     if not keys:
         return p
-    hw = as_hardware(p)
+    figures = gemm_figures(as_hardware(p))
+    return {**p, **{key: figures[key] for key in keys}}
+
+
+def gemm_figures(hw: Hardware) -> dict:
+    """The roofline's GEMM inputs for ``hw`` (``performance.*`` keys): its fitted figures, :data:`GENERIC` where it
+    has none."""
     fitted = {"performance.flops_fraction": hw.gemm_flops_fraction,
               "performance.bandwidth_fraction": hw.gemm_bandwidth_fraction,
               "performance.gemm_half_tokens": hw.gemm_half_tokens,
               "performance.gemm_floor_s": hw.gemm_floor_us * 1e-6}
-    out = dict(p)
-    for key in keys:
-        out[key] = fitted[key] if fitted[key] > 0 else GENERIC[key]
-    return out
+    return {key: value if value > 0 else GENERIC[key] for key, value in fitted.items()}

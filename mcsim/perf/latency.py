@@ -142,8 +142,7 @@ class PoolSimulator:
         self.chunk = int(p["performance.chunk_tokens"]) * max(decode_layout, 1)
         self.d_edges = edges(self.max_seqs, 16)
         self.kv_slope = kv_slopes(model, self.d_edges)
-        self._prefill_cache: dict = {}
-        self._runs: dict = {}
+        self._runs: dict = {}  # simulations already run, by pool and instances
 
     def colocated(self, n_instances: int, max_steps: int = 0) -> dict:
         """Latencies when prefill chunks and decode passes share the steps of ``n_instances`` instances."""
@@ -165,7 +164,8 @@ class PoolSimulator:
 
     def prefill(self, n_instances: int) -> dict:
         """The prefill pool alone (disaggregated): per-request hand-off time to the decode pool."""
-        if n_instances not in self._prefill_cache:
+        key = ("prefill", n_instances)
+        if key not in self._runs:
             w = self.w
             budget = int(self.model.prefill_budget)
             p_edges = edges(budget, 10)
@@ -176,11 +176,11 @@ class PoolSimulator:
             chunk = int(self.p["performance.chunk_tokens"]) * groups
             pre, summary = _run(self.p, w, w.arrival, w.miss, np.ones(m, np.int64), np.zeros(m, np.int64), table,
                                 d_edges, p_edges, 1 << 20, 1 << 40, budget, chunk, n_instances, "continuous", 0)
-            self._prefill_cache[n_instances] = {
+            self._runs[key] = {
                 "handoff": pre["ttft_s"] + w.restore_s + w.transfer_s, "queue": pre["queue_s"],
                 "measured": pre["measured"], "saturated": bool(summary["saturated"]),
                 "busy_fraction": summary["busy_fraction"]}
-        return self._prefill_cache[n_instances]
+        return self._runs[key]
 
     def decode(self, n_instances: int, prefill: dict, max_steps: int = 0) -> dict:
         """The decode pool of ``n_instances`` instances fed by the prefill pool's hand-offs."""

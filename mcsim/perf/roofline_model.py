@@ -70,7 +70,7 @@ class RooflineStepModel(StepModel):
 
     def _step(self, decode_seqs, decode_context, prefill_tokens, prefill_context, prefill_pool) -> StepTime:
         if decode_seqs <= 0 and prefill_tokens <= 0:
-            return StepTime(0.0, {})
+            return StepTime(0.0)
         opts = self.prefill_options if prefill_pool else self.decode_options
         pp = opts["parallel"].pp
         cost = roofline.step_cost(self.model_entry, self.hardware_entry, decode_seqs=decode_seqs / pp,
@@ -83,8 +83,7 @@ class RooflineStepModel(StepModel):
             nan = float("nan")
             ops["drafting"] = {"t": self.draft_tokens * self.draft_cost * self._plain_at(decode_seqs, decode_context),
                                "flops": nan, "bytes": nan, "floor": nan, "bound": "drafting"}
-        parts = {name: op["t"] for name, op in ops.items()}
-        return StepTime(sum(parts.values()), parts, ops)
+        return StepTime(sum(op["t"] for op in ops.values()), ops)
 
     def _plain_at(self, decode_seqs, context) -> float:
         return self._cost(decode_seqs, context, 0.0, 0.0, 1, False)
