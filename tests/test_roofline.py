@@ -32,7 +32,7 @@ TINY_HW = {
     "scale_up_gb_s": 100.0, "scale_out_gb_s": 10.0, "host_link_gb_s": 10.0, "gpus_per_node": 8,
 }
 HALF = Achievable(flops_fraction=0.5, bandwidth_fraction=0.5, network_fraction=1.0, launch_overhead_s=0.0,
-                  step_overhead_s=0.0, fused=False)
+                  step_overhead_s=0.0, fused=False, elementwise_bandwidth_fraction=0.5)
 RATE = 0.5e12
 
 
@@ -53,9 +53,9 @@ def test_tiny_decode_tp1_by_hand():
     attn_params = 64 * 64 + 2 * 64 * 32 + 64 * 64  # 12288
     attn_flops = 2 * n * attn_params  # 73728
     attn_weights = (attn_params + 2 * 64) * 2  # 24832
-    # activations per token: qkv in 64 + out 64+32+32, o in 64 + out 64 = 320; unfused norm 2*64,
-    # residual 3*64, rope 2*(64+32) = 512
-    attn_act = n * (320 + 512) * 2  # 4992
+    # activations per token: qkv in 64 + out 64+32+32, o in 64 + out 64 = 320; the unfused element-wise kernels
+    # move norm 2*64, residual 3*64, rope 2*(64+32) = 512 of their own
+    attn_act = n * 320 * 2
     check_op(cost, "attention_proj", layers * attn_flops, layers * (attn_weights + attn_act))
     # attention_core: 4 * heads * head_dim * context per token; KV 2 * 2 heads * 16 * 2 B = 128 B per token
     core_flops = 4 * 4 * 16 * 10 * n  # 7680
@@ -65,13 +65,15 @@ def test_tiny_decode_tp1_by_hand():
     # dense FFN: 3 * 64 * 128 weights; act per token 64 + 2*128 (gate/up) + 128 + 64 (down) = 512,
     # unfused norm 128 + residual 192 + SwiGLU 3*128 = 704
     ffn_params = 3 * 64 * 128
-    check_op(cost, "dense_ffn", layers * 2 * n * ffn_params, layers * (ffn_params * 2 + n * (512 + 704) * 2))
+    check_op(cost, "dense_ffn", layers * 2 * n * ffn_params, layers * (ffn_params * 2 + n * 512 * 2))
+    elementwise = n * (512 + 704) * 2  # per layer: RMSNorm, RoPE, add; RMSNorm, SwiGLU, add (no kernel floor here)
+    check_op(cost, "elementwise", 0.0, layers * elementwise)
     # output head: 100 x 64, one row per decode token
     check_op(cost, "lm_head", 2 * n * 100 * 64, 100 * 64 * 2 + n * (64 + 100) * 2)
     for op in ("moe_ffn", "shared_expert", "router", "tp_allreduce", "ep_alltoall", "pp_send"):
         assert cost.breakdown[op]["t"] == 0.0
     expected = (layers * (roof(attn_flops, attn_weights + attn_act) + roof(core_flops, kv + core_act)
-                          + roof(2 * n * ffn_params, ffn_params * 2 + n * 1216 * 2))
+                          + roof(2 * n * ffn_params, ffn_params * 2 + n * 512 * 2) + roof(0, elementwise))
                 + roof(2 * n * 6400, 12800 + n * 164 * 2))
     assert cost.t_step == pytest.approx(expected, rel=1e-12)
     assert cost.kv_bytes == pytest.approx(layers * kv)
@@ -85,20 +87,22 @@ def test_tiny_decode_tp2_by_hand():
     n, layers = 3, 2
     # per GPU: 2 query heads (32 wide), 1 KV head (16 wide)
     attn_params = 64 * 32 + 2 * 64 * 16 + 32 * 64  # 6144
-    attn_act = n * ((64 + 32 + 32) + (32 + 64) + 5 * 64 + 2 * (32 + 16)) * 2
+    attn_act = n * ((64 + 32 + 32) + (32 + 64)) * 2
     check_op(cost, "attention_proj", layers * 2 * n * attn_params, layers * ((attn_params + 128) * 2 + attn_act))
     core_flops = 4 * 2 * 16 * 10 * n
     kv = (3 * 10 + 3) * (2 * 1 * 16 * 2)
     check_op(cost, "attention_core", layers * core_flops, layers * (kv + n * 2 * 32 * 2))
     ffn_params = 3 * 64 * 64  # 128 columns split over 2 GPUs
     check_op(cost, "dense_ffn", layers * 2 * n * ffn_params,
-             layers * (ffn_params * 2 + n * (2 * 64 + 3 * 64 + 5 * 64 + 3 * 64) * 2))
+             layers * (ffn_params * 2 + n * (2 * 64 + 3 * 64) * 2))
+    check_op(cost, "elementwise", 0.0, layers * n * (5 * 64 + 2 * (32 + 16) + 5 * 64 + 3 * 64) * 2)
     check_op(cost, "lm_head", 2 * n * 50 * 64, 50 * 64 * 2 + n * (64 + 50) * 2)
     # 2 ring all-reduces per layer of 3 tokens x 64 x 2 B = 384 B: 2*(2-1)/2 * 384 B at 100 GB/s + 2 hops
     one = 2 * 1 / 2 * 384 / 100e9 + 2 * 1 * latency
     assert cost.breakdown["tp_allreduce"]["t"] == pytest.approx(2 * layers * one, rel=1e-12)
     assert cost.comm_bytes == pytest.approx(2 * layers * 384)
-    compute = sum(cost.breakdown[op]["t"] for op in ("attention_proj", "attention_core", "dense_ffn", "lm_head"))
+    compute = sum(cost.breakdown[op]["t"] for op in ("attention_proj", "attention_core", "dense_ffn", "lm_head",
+                                                     "elementwise"))
     assert cost.t_step == pytest.approx(compute + 2 * layers * one, rel=1e-12)
 
 
@@ -108,10 +112,11 @@ def test_tiny_prefill_by_hand():
     n, layers = 8, 2
     attn_params = 12288
     check_op(cost, "attention_proj", layers * 2 * n * attn_params,
-             layers * ((attn_params + 128) * 2 + n * 832 * 2))
+             layers * ((attn_params + 128) * 2 + n * 320 * 2))
     # 8 tokens attending to 6 earlier tokens on average; the chunk reads 6 tokens of KV and writes 8
     check_op(cost, "attention_core", layers * 4 * 4 * 16 * 6 * n, layers * ((6 + 8) * 128 + n * 128 * 2))
-    check_op(cost, "dense_ffn", layers * 2 * n * 24576, layers * (24576 * 2 + n * 1216 * 2))
+    check_op(cost, "dense_ffn", layers * 2 * n * 24576, layers * (24576 * 2 + n * 512 * 2))
+    check_op(cost, "elementwise", 0.0, layers * n * (512 + 704) * 2)
     # only the prompt's last token needs logits
     check_op(cost, "lm_head", 2 * 1 * 100 * 64, 12800 + 1 * 164 * 2)
 
@@ -155,19 +160,21 @@ def test_tiny_moe_by_hand():
     # expected distinct experts of 3 tokens, top-2 of 4: 4 * (1 - (1 - 2/4)^3) = 3.5, half of them per rank
     distinct_per_rank = 4 * (1 - 0.5 ** 3) / 2
     expert = 3 * 64 * 32
-    check_op(cost, "moe_ffn", 2 * pairs * expert,
-             distinct_per_rank * expert * 2 + pairs * (2 * 64 + 3 * 32 + 3 * 32) * 2)
+    check_op(cost, "moe_ffn", 2 * pairs * expert, distinct_per_rank * expert * 2 + pairs * (2 * 64 + 3 * 32) * 2)
     # shared expert and router for each attention-DP group's 1.5 tokens
     n = 3 / 2
-    check_op(cost, "shared_expert", 2 * n * expert, expert * 2 + n * (2 * 64 + 3 * 32 + 3 * 32) * 2)
-    check_op(cost, "router", 2 * n * 4 * 64, 4 * 64 * 2 + n * (64 + 4 + 5 * 64) * 2)
+    check_op(cost, "shared_expert", 2 * n * expert, expert * 2 + n * (2 * 64 + 3 * 32) * 2)
+    check_op(cost, "router", 2 * n * 4 * 64, 4 * 64 * 2 + n * (64 + 4) * 2)
+    # element-wise kernels: attention RMSNorm + RoPE (2 x (64 + 32)) + add, FFN RMSNorm + add, SwiGLU of the shared
+    # expert (its 1.5 tokens) and of the hot rank's routed pairs
+    check_op(cost, "elementwise", 0.0, (n * (5 * 64 + 2 * (64 + 32)) + n * 5 * 64 + n * 3 * 32 + pairs * 3 * 32) * 2)
     # dispatch + combine: each GPU sends hot * 1.5 tokens x 2 copies x 128 B; half of it leaves the GPU
     data = hot * 1.5 * 2 * 64 * 2
     one = (2 - 1) / 2 * data / 100e9 + latency
     assert cost.breakdown["ep_alltoall"]["t"] == pytest.approx(2 * one, rel=1e-12)
     fixed = step_cost(TINY_MOE, TINY_HW, decode_seqs=3, decode_context=10, achievable=HALF, distinct_experts=4,
                       parallel=Parallelism(tp=1, attention_dp=2, ep=2))
-    assert fixed.breakdown["moe_ffn"]["bytes"] == pytest.approx(2 * expert * 2 + 3 * (2 * 64 + 3 * 32 + 3 * 32) * 2)
+    assert fixed.breakdown["moe_ffn"]["bytes"] == pytest.approx(2 * expert * 2 + 3 * (2 * 64 + 3 * 32) * 2)
 
 
 def test_kv_bytes_per_token_published():
@@ -201,14 +208,18 @@ def test_long_prefill_is_compute_bound():
     # matmul weights per layer: q and o 4096 x 4096, k and v 4096 x 1024, SwiGLU 3 x 4096 x 14336
     params = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     expected = 2 * params * tokens / (989.4e12 * 0.6)
-    assert cost.t_step - cost.t_overhead == pytest.approx(expected, rel=0.02)
+    # the unfused element-wise kernels stream their activations on their own: per token and layer 2 RMSNorms
+    # (2 x 2h), RoPE (2 x (4096 + 1024)), 2 residual adds (2 x 3h) and SwiGLU (3 x 14336), 2 bytes each
+    elementwise = 32 * tokens * (10 * 4096 + 2 * (4096 + 1024) + 3 * 14336) * 2 / (3.35e12 * 0.8)
+    assert cost.breakdown["elementwise"]["t"] == pytest.approx(elementwise, rel=1e-9)
+    assert cost.t_step - cost.t_overhead - elementwise == pytest.approx(expected, rel=0.02)
     assert cost.t_compute > 3 * cost.t_memory
     # attention core: 4 x 32 heads x 128 x context FLOPs per token and layer, now compute-bound
     with_context = step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=tokens,
                              prefill_context=4096)
     core = 32 * 4 * 32 * 128 * 4096 * tokens / (989.4e12 * 0.6)
     assert with_context.breakdown["attention_core"]["t"] == pytest.approx(core, rel=1e-9)
-    assert with_context.t_step - with_context.t_overhead == pytest.approx(expected + core, rel=0.02)
+    assert with_context.t_step - with_context.t_overhead == pytest.approx(expected + core + elementwise, rel=0.02)
 
 
 def test_ring_allreduce_formula():

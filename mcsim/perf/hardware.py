@@ -45,6 +45,9 @@ class Hardware:
         Fitted GEMM figures: the largest share of the matmul peak, the share of HBM bandwidth of weight streaming,
         the rows at which half the largest FLOP share is reached, and the fixed time of one GEMM kernel (0 where
         not measured; see :func:`performance_defaults`).
+    kernel_floor_us, elementwise_bandwidth_fraction : float
+        Fitted element-wise kernel figures: the fixed time of one kernel and the share of HBM bandwidth the
+        kernels reach (0 where not measured).
     tdp_w, idle_w : float
         Board power limit and idle power, W.
     price_usd, rental_usd_per_hour : float
@@ -70,6 +73,8 @@ class Hardware:
     gemm_bandwidth_fraction: float = 0.0
     gemm_half_tokens: float = 0.0
     gemm_floor_us: float = 0.0
+    kernel_floor_us: float = 0.0
+    elementwise_bandwidth_fraction: float = 0.0
     tdp_w: float = 0.0
     idle_w: float = 0.0
     price_usd: float = 0.0
@@ -122,31 +127,55 @@ def as_hardware(entry) -> Hardware:
         gemm_bandwidth_fraction=float(values.get("gemm_bandwidth_fraction", 0.0)),
         gemm_half_tokens=float(values.get("gemm_half_tokens", 0.0)),
         gemm_floor_us=float(values.get("gemm_floor_us", 0.0)),
+        kernel_floor_us=float(values.get("kernel_floor_us", 0.0)),
+        elementwise_bandwidth_fraction=float(values.get("elementwise_bandwidth_fraction", 0.0)),
         tdp_w=float(values.get("tdp_w", 0.0)), idle_w=float(values.get("idle_w", 0.0)),
         price_usd=float(values.get("price_usd", 0.0)),
         rental_usd_per_hour=float(values.get("rental_usd_per_hour", 0.0)))
 
 
-#: What the roofline assumes where neither the scenario nor the hardware catalog gives a figure.
+#: What the roofline assumes where neither the scenario nor the hardware catalog gives a figure. Kernel floors are
+#: 0 (not modelled) on hardware without measurements, as the catalog says.
 GENERIC = {"performance.flops_fraction": 0.6, "performance.bandwidth_fraction": 0.8,
-           "performance.gemm_half_tokens": 0.0, "performance.gemm_floor_s": 0.0}
+           "performance.gemm_half_tokens": 0.0, "performance.gemm_floor_s": 0.0,
+           "performance.kernel_floor_s": 0.0, "performance.elementwise_bandwidth_fraction": 0.8}
+#: Kernels of one attention call that pay the element-wise kernel floor (KV-cache write, attention, reshape); the
+#: attention floor defaults to that many kernel floors (no bundled measurement times attention itself).
+ATTENTION_CALL_KERNELS = 3
 
 
 def performance_defaults(p: dict) -> dict:
-    """A sample's parameters with every roofline GEMM input left at 0 ("the hardware's") filled in: the hardware
-    catalog's figures fitted to measured GEMM times where it has them, else :data:`GENERIC`."""
-    keys = [k for k in GENERIC if p.get(k, None) == 0]
+    """A sample's parameters with every roofline input left at 0 ("the hardware's") filled in.
+
+    Where each default comes from:
+
+    * ``performance.flops_fraction``, ``bandwidth_fraction``, ``gemm_half_tokens``, ``gemm_floor_s``: the hardware
+      catalog's GEMM figures (``gemm_*``), fitted by ``mcsim calibrate`` to measured per-layer GEMM times
+      (Vidur's profiling data, ``mcsim/data/measurements/vidur/``: Llama-2-7B and 70B, TP 1-8, 1-4096 tokens);
+    * ``performance.kernel_floor_s``, ``elementwise_bandwidth_fraction``: the catalog's ``kernel_floor_us`` and
+      ``elementwise_bandwidth_fraction``, fitted the same way to the measured RMSNorm, RoPE, SwiGLU and residual-add
+      kernels of those files;
+    * ``performance.attention_floor_s``: :data:`ATTENTION_CALL_KERNELS` kernel floors (an assumption: the bundled
+      data does not time the attention kernel; a whole-step calibration fits it);
+    * otherwise :data:`GENERIC`.
+    """
+    keys = [k for k in (*GENERIC, "performance.attention_floor_s") if p.get(k, None) == 0]
     if not keys:
         return p
     figures = gemm_figures(as_hardware(p))
+    if "performance.kernel_floor_s" not in keys and "performance.kernel_floor_s" in p:
+        figures["performance.kernel_floor_s"] = p["performance.kernel_floor_s"]
+    figures["performance.attention_floor_s"] = ATTENTION_CALL_KERNELS * figures["performance.kernel_floor_s"]
     return {**p, **{key: figures[key] for key in keys}}
 
 
 def gemm_figures(hw: Hardware) -> dict:
-    """The roofline's GEMM inputs for ``hw`` (``performance.*`` keys): its fitted figures, :data:`GENERIC` where it
-    has none."""
+    """The roofline's fitted kernel inputs for ``hw`` (``performance.*`` keys): its fitted figures,
+    :data:`GENERIC` where it has none."""
     fitted = {"performance.flops_fraction": hw.gemm_flops_fraction,
               "performance.bandwidth_fraction": hw.gemm_bandwidth_fraction,
               "performance.gemm_half_tokens": hw.gemm_half_tokens,
-              "performance.gemm_floor_s": hw.gemm_floor_us * 1e-6}
+              "performance.gemm_floor_s": hw.gemm_floor_us * 1e-6,
+              "performance.kernel_floor_s": hw.kernel_floor_us * 1e-6,
+              "performance.elementwise_bandwidth_fraction": hw.elementwise_bandwidth_fraction}
     return {key: value if value > 0 else GENERIC[key] for key, value in fitted.items()}

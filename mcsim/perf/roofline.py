@@ -52,17 +52,29 @@ divided by ``attention_dp``); ``h`` = hidden size; matmul FLOPs are 2 per weight
   ``hot_rank_factor x T k / ep`` of them and reads the weights of the distinct experts it holds,
   ``distinct_experts / ep`` (default: the expected distinct experts under uniform routing,
   ``E (1 - (1 - k/E)^T)``), each sharded over ``etp``.
-* Activations: every matmul reads its input and writes its output once; without fused kernels the
-  element-wise ops add their own round trips (RMSNorm 2h, residual add 3h, RoPE 2 x the rotated widths,
-  SwiGLU 3 x the intermediate width, per token).
+* Activations: every matmul reads its input and writes its output once.
+* elementwise: without fused kernels the element-wise ops run as kernels of their own (per layer two RMSNorms,
+  RoPE, the SwiGLU activation of each FFN and two residual adds) with their own round trips (RMSNorm 2h,
+  residual add 3h, RoPE 2 x the rotated widths, SwiGLU 3 x the intermediate width, per token); each kernel
+  costs ``kernel_floor_s`` plus its bytes at ``elementwise_bandwidth_fraction`` of HBM bandwidth. Fused
+  kernels fold them into the matmuls' epilogues (no kernels, no round trips).
 
 Communication: two TP all-reduces of ``n h`` activations per layer (after attention and after the FFN),
 a dispatch and a combine all-to-all per MoE layer (the hot rank receives ``hot_rank_factor`` times the
 mean), and one activation send per pipeline boundary; formulas in :mod:`mcsim.perf.collectives`. A fraction
 ``overlap`` of it hides behind compute.
 
-Overheads: ``kernels_per_layer x layers`` launches at ``launch_overhead_s`` each (a tenth with CUDA graphs,
-half the kernels with fused kernels), plus ``step_overhead_s`` of scheduling and sampling.
+Kernel floors and overheads. Every kernel has a minimum GPU time however small its work (launch latency on the
+GPU, ramp-up and tail of too few thread blocks): ``gemm_floor_s`` per GEMM, ``kernel_floor_s`` per element-wise
+kernel and ``attention_floor_s`` per attention call (its KV-cache write, the attention kernel and the output
+reshape). CUDA graphs do not remove these GPU-side floors; they remove most of the host's launch cost:
+``kernels_per_layer x layers`` launches at ``launch_overhead_s`` each (a tenth with CUDA graphs, half the
+kernels with fused kernels), plus ``step_overhead_s`` of host work per step (scheduling, sampling, input
+preparation). Defaults, and where they come from: :func:`mcsim.perf.hardware.performance_defaults`.
+
+Model error. Each measured op class has a multiplier on its modelled time (``Achievable.errors``, 1 = none):
+a calibration (``mcsim calibrate``) draws it per Monte Carlo sample from the fit's residuals, so the spread of
+the model against measurements reaches the result's bands.
 
 Pipeline parallelism: :func:`step_cost` costs one stage (the last, which also holds the output head) for
 the batch it is given. Serving keeps ``pp`` micro-batches in flight, so :func:`~mcsim.perf.capacity.operating_point` and
@@ -77,6 +89,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from mcsim.perf.collectives import allreduce_time, alltoall_time, send_time
 from mcsim.perf.hardware import Hardware, as_hardware
@@ -95,7 +109,7 @@ __all__ = [
 
 COMPUTE_DTYPES = ("fp32", "bf16", "fp8", "fp4")
 OPS = ("attention_proj", "attention_core", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head",
-       "tp_allreduce", "ep_alltoall", "pp_send", "overhead")
+       "elementwise", "tp_allreduce", "ep_alltoall", "pp_send", "overhead")
 COMM_OPS = ("tp_allreduce", "ep_alltoall", "pp_send")
 #: Routers stay in BF16 in low-precision deployments (DeepSeek-V3 keeps gating in high precision).
 ROUTER_WEIGHT_BYTES = 2.0
@@ -105,6 +119,9 @@ INDEXER_HEADS, INDEXER_HEAD_DIM, INDEXER_KEY_BYTES = 64, 128, 1.0
 GRAPH_LAUNCH_FRACTION = 0.1
 #: Kernels left per layer when element-wise ops are fused into the matmuls.
 FUSED_KERNEL_FRACTION = 0.5
+#: Op classes a calibration measures, and the ops whose time each class's error multiplier scales.
+ERROR_CLASSES = {"gemm": ("attention_proj", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head"),
+                 "elementwise": ("elementwise",), "allreduce": ("tp_allreduce",), "send": ("pp_send",)}
 
 
 @dataclass(frozen=True)
@@ -201,6 +218,16 @@ class Achievable:
         ``flops_fraction``): a few rows cannot fill the tensor cores.
     gemm_floor_s : float
         Fixed GPU time of one GEMM kernel, added to its roofline, s.
+    kernel_floor_s : float
+        Fixed GPU time of one element-wise kernel (RMSNorm, RoPE, activation, residual add), s.
+    elementwise_bandwidth_fraction : float
+        Achievable share of HBM bandwidth of the element-wise kernels.
+    attention_floor_s : float
+        Fixed GPU time of one attention call (per layer and step), s.
+    errors : dict
+        Op class of :data:`ERROR_CLASSES` -> multiplier on the modelled time of its ops (missing: 1).
+    step_error : float
+        Multiplier on the whole step (a calibration's residual against measured whole steps; 1 = none).
     """
 
     flops_fraction: float = 0.6
@@ -213,6 +240,40 @@ class Achievable:
     step_overhead_s: float = 2e-4
     gemm_half_tokens: float = 0.0
     gemm_floor_s: float = 0.0
+    kernel_floor_s: float = 0.0
+    elementwise_bandwidth_fraction: float = 0.8
+    attention_floor_s: float = 0.0
+    errors: dict = field(default_factory=dict, hash=False)
+    step_error: float = 1.0
+
+
+def gemm_seconds(flops, nbytes, peak, bandwidth, *, kernels=1, rows=None, half_tokens=0.0, floor_s=0.0):
+    """Time of ``kernels`` GEMM kernels that together do ``flops`` and move ``nbytes``, s (floats or arrays).
+
+    ``kernels x floor_s + max(flops / (peak x M / (M + half_tokens)), nbytes / bandwidth)`` with ``M = rows``
+    the GEMM's rows (tokens): the kernels' fixed time plus the roofline of their work, where a GEMM of few rows
+    reaches only ``M / (M + half_tokens)`` of the achievable FLOP/s. ``peak`` and ``bandwidth`` are the achievable
+    figures (peak x fraction). The step model and ``mcsim calibrate`` both price GEMMs with this function.
+
+    Examples
+    --------
+    >>> round(gemm_seconds(2e12, 1e9, 1e15, 1e12) * 1e3, 3)  # compute-bound: 2 ms of FLOPs, 1 ms of bytes
+    2.0
+    >>> round(gemm_seconds(2e9, 1e9, 1e15, 1e12, rows=1, half_tokens=100, floor_s=5e-6) * 1e6, 1)  # 5 us + 1 ms
+    1005.0
+    """
+    compute = flops / peak
+    if half_tokens > 0 and rows is not None:
+        compute = compute * (rows + half_tokens) / rows
+    memory = nbytes / bandwidth
+    return kernels * floor_s + (np.maximum(compute, memory) if isinstance(compute, np.ndarray)
+                                else max(compute, memory))
+
+
+def elementwise_seconds(nbytes, bandwidth, *, kernels, floor_s):
+    """Time of ``kernels`` element-wise kernels moving ``nbytes`` in all: ``kernels x floor_s + nbytes / bandwidth``
+    (``bandwidth`` the achievable HBM bandwidth), s; floats or arrays."""
+    return kernels * floor_s + nbytes / bandwidth
 
 
 @dataclass(frozen=True)
@@ -239,8 +300,9 @@ class StepCost:
     breakdown : dict
         op -> {"flops", "bytes", "t", "floor", "bound"} for each name in :data:`OPS`; communication ops give
         their bytes sent and their *exposed* time, so the ``t`` values add up to ``t_step``; ``floor`` is the part
-        of ``t`` that is the GEMM kernels' fixed time; ``bound`` says what sets the rest ("compute", "memory",
-        "network" or "overhead").
+        of ``t`` that is the kernels' fixed time (GEMM, element-wise and attention floors); ``bound`` says what
+        sets the time ("compute", "memory", "floor" when the fixed time is the larger part, "network" or
+        "overhead").
     """
 
     flops: float
@@ -465,29 +527,38 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     peak_linear = _peak_flops(hw, precision.compute) * achievable.flops_fraction
     peak_attention = hw.peak_flops("bf16") * achievable.flops_fraction
     bandwidth = hw.hbm_bytes_s * achievable.bandwidth_fraction
+    elementwise_bw = hw.hbm_bytes_s * achievable.elementwise_bandwidth_fraction
     n = tokens / adp  # tokens per attention-DP group: what every GPU of a TP group processes
     has_prefill = 1.0 if prefill_tokens > 0 else 0.0
     layers, dense_layers, moe_layers = _layer_counts(model, pp)
-
     half, floor = achievable.gemm_half_tokens, achievable.gemm_floor_s
 
     def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear, gemms=0, rows=0.0):
         """``count`` times an op; ``gemms`` GEMM kernels of ``rows`` rows each pay the size-dependent FLOP share
-        and the kernel floor."""
+        and the kernel floor (:func:`gemm_seconds`)."""
         op = ops[name]
         op["flops"] += count * flops
         op["weight"] += count * weight
         op["kv"] += count * kv
         op["act"] += count * act
-        share = rows / (rows + half) if gemms and half > 0 and rows > 0 else 1.0
         op["floor"] += count * gemms * floor
-        op["t"] += count * (gemms * floor + max(flops / (peak * share) if flops > 0 else 0.0,
-                                                (weight + kv + act) / bandwidth))
+        op["t"] += count * gemm_seconds(flops, weight + kv + act, peak, bandwidth, kernels=gemms,
+                                        rows=rows if gemms and rows > 0 else None, half_tokens=half, floor_s=floor)
+
+    def add_elementwise(count, kernels, act):
+        """``count`` times ``kernels`` element-wise kernels moving ``act`` bytes (nothing when fused)."""
+        if unfused:
+            op = ops["elementwise"]
+            op["act"] += count * act
+            op["floor"] += count * kernels * achievable.kernel_floor_s
+            op["t"] += count * elementwise_seconds(act, elementwise_bw, kernels=kernels,
+                                                   floor_s=achievable.kernel_floor_s)
 
     # attention projections and core, every layer
     shard = _attention_shard(model, tp)
     add("attention_proj", layers, 2 * n * shard["matmul"], weight=(shard["matmul"] + shard["norm"]) * wb,
-        act=n * a * (shard["io"] + unfused * (5 * h + 2 * shard["rope"])), gemms=2, rows=n)
+        act=n * a * shard["io"], gemms=2, rows=n)
+    add_elementwise(layers, 3, n * a * (5 * h + 2 * shard["rope"]))  # RMSNorm, RoPE, residual add
     full_d = min(decode_context, attention_window) if attention_window > 0 else decode_context
     full_p = min(prefill_context, attention_window) if attention_window > 0 else prefill_context
     ctx_d = min(full_d, sparse_topk) if sparse_topk > 0 else full_d
@@ -510,23 +581,27 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         core_flops += 2 * INDEXER_HEADS * INDEXER_HEAD_DIM * (decode_tokens * full_d + prefill_tokens * full_p)
         kv_traffic += (decode_seqs * full_d + has_prefill * full_p + tokens) * INDEXER_HEAD_DIM * INDEXER_KEY_BYTES
     add("attention_core", layers, core_flops / adp, kv=kv_traffic / adp, act=core_act / adp * a, peak=peak_attention)
+    ops["attention_core"]["t"] += layers * achievable.attention_floor_s
+    ops["attention_core"]["floor"] += layers * achievable.attention_floor_s
 
     # dense FFN layers
     if dense_layers > 0:
         f = model["dense_ffn"] / tp
-        add("dense_ffn", dense_layers, 2 * n * 3 * h * f, weight=3 * h * f * wb,
-            act=n * a * (2 * h + 3 * f + unfused * (5 * h + 3 * f)), gemms=2, rows=n)
+        add("dense_ffn", dense_layers, 2 * n * 3 * h * f, weight=3 * h * f * wb, act=n * a * (2 * h + 3 * f),
+            gemms=2, rows=n)
+        add_elementwise(dense_layers, 3, n * a * (5 * h + 3 * f))  # RMSNorm, SwiGLU, residual add
 
     # MoE layers: router, shared experts, routed experts on the slowest EP rank
     if moe_layers > 0:
         experts, top_k = model["experts"], model["active_experts"]
         add("router", moe_layers, 2 * n * experts * h, weight=experts * h * ROUTER_WEIGHT_BYTES,
-            act=n * a * (h + experts + unfused * 5 * h), peak=hw.peak_flops("bf16") * achievable.flops_fraction,
-            gemms=1, rows=n)
+            act=n * a * (h + experts), peak=hw.peak_flops("bf16") * achievable.flops_fraction, gemms=1, rows=n)
+        add_elementwise(moe_layers, 2, n * a * 5 * h)  # RMSNorm, residual add
         if model["shared_experts"] > 0:
             fs = model["shared_experts"] * model["expert_ffn"] / tp
-            add("shared_expert", moe_layers, 2 * n * 3 * h * fs, weight=3 * h * fs * wb,
-                act=n * a * (2 * h + 3 * fs + unfused * 3 * fs), gemms=2, rows=n)
+            add("shared_expert", moe_layers, 2 * n * 3 * h * fs, weight=3 * h * fs * wb, act=n * a * (2 * h + 3 * fs),
+                gemms=2, rows=n)
+            add_elementwise(moe_layers, 1, n * a * 3 * fs)  # SwiGLU
         etp = stage_gpus // ep
         fe = model["expert_ffn"] / etp
         pairs = hot_rank_factor * tokens * top_k / ep
@@ -534,8 +609,9 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
             else float(distinct_experts)
         distinct_on_rank = min(distinct, experts) / ep
         add("moe_ffn", moe_layers, 2 * pairs * 3 * h * fe, weight=distinct_on_rank * 3 * h * fe * wb,
-            act=pairs * a * (2 * h + 3 * fe + unfused * 3 * fe), gemms=2,  # grouped GEMMs: rows per expert
+            act=pairs * a * (2 * h + 3 * fe), gemms=2,  # grouped GEMMs: rows per expert
             rows=pairs / max(distinct_on_rank, 1.0))
+        add_elementwise(moe_layers, 1, pairs * a * 3 * fe)  # SwiGLU of the routed experts
 
     # output head, on the last stage: every decode token, one row per prefill chunk
     rows = (decode_tokens + has_prefill) / adp
@@ -562,15 +638,30 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     t_launch = launches * achievable.launch_overhead_s * (GRAPH_LAUNCH_FRACTION if achievable.cuda_graphs else 1.0)
     t_overhead = t_launch + achievable.step_overhead_s
     ops["overhead"]["t"] = t_overhead
+    for cls, names in ERROR_CLASSES.items():
+        factor = achievable.errors.get(cls, 1.0)
+        if factor != 1.0:
+            for name in names:
+                ops[name]["t"] *= factor
+                ops[name]["floor"] *= factor
+    if achievable.step_error != 1.0:
+        for op in ops.values():
+            op["t"] *= achievable.step_error
+            op["floor"] *= achievable.step_error
     return _assemble(ops, peak_linear, peak_attention, bandwidth, collectives.overlap)
 
 
 def _bound(name: str, op: dict, peak_linear: float, peak_attention: float, bandwidth: float) -> str:
-    """What sets an op's time: "compute", "memory", "network" (collectives) or "overhead" (launches, per step)."""
+    """What sets an op's time: "compute", "memory", "floor" (kernel fixed times are the larger part), "network"
+    (collectives) or "overhead" (launches, per step)."""
     if name in COMM_OPS:
         return "network"
     if name == "overhead":
         return "overhead"
+    if op["floor"] > 0 and op["floor"] >= op["t"] - op["floor"]:
+        return "floor"
+    if name == "elementwise":
+        return "memory"
     peak = peak_attention if name in ("attention_core", "router") else peak_linear
     compute = op["flops"] / peak if peak else 0.0
     memory = (op["weight"] + op["kv"] + op["act"]) / bandwidth if bandwidth else 0.0

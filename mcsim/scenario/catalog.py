@@ -99,6 +99,11 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
     "gemm_half_tokens": (float, "tokens (rows) at which a GEMM reaches half its largest FLOP share, fitted like "
                                 "gemm_flops_fraction; 0 where unknown (no size dependence)"),
     "gemm_floor_us": (float, "fixed GPU time of one GEMM kernel, us, fitted like gemm_flops_fraction; 0 where unknown"),
+    "kernel_floor_us": (float, "fixed GPU time of one element-wise kernel (RMSNorm, RoPE, activation, residual add), "
+                               "us, fitted to measured per-layer kernel times where the source says so; 0 where "
+                               "unknown"),
+    "elementwise_bandwidth_fraction": (float, "share of HBM bandwidth element-wise kernels reach, fitted like "
+                                              "kernel_floor_us; 0 where unknown (then 0.8)"),
     "allreduce_bus_gb_s": (float, "achieved all-reduce bandwidth per GPU and direction inside a node, GB/s, fitted "
                                   "like collective_base_us; 0 where unknown (then scale_up_gb_s x network_fraction)"),
     "tdp_w": (float, "board power limit, W"),

@@ -205,6 +205,22 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
                                    "(hardware.gemm_half_tokens), none where it has none.", 0, None),
         "gemm_floor_s": F(0.0, "Fixed GPU time of one GEMM kernel, s, added to its roofline; 0 = the hardware "
                                "catalog's (hardware.gemm_floor_us), none where it has none.", 0, None),
+        "kernel_floor_s": F(0.0, "Fixed GPU time of one element-wise kernel (RMSNorm, RoPE, activation, residual add), "
+                                 "s, which CUDA graphs do not remove; 0 = the hardware catalog's "
+                                 "(hardware.kernel_floor_us), none where it has none.", 0, None),
+        "elementwise_bandwidth_fraction": F(0.0, "Achievable fraction of HBM bandwidth of element-wise kernels; 0 = "
+                                                 "the hardware catalog's, else 0.8.", 0, 1),
+        "attention_floor_s": F(0.0, "Fixed GPU time of one attention call per layer and step (KV-cache write, "
+                                    "attention kernel, reshape), s; 0 = three element-wise kernel floors.", 0, None),
+        "gemm_error": F(1.0, "Multiplier on modelled GEMM times (the model's error against measurements; a "
+                             "calibration draws it per sample from its residuals).", 0, None, lo_open=True),
+        "elementwise_error": F(1.0, "Multiplier on modelled element-wise kernel times (as gemm_error).", 0, None,
+                               lo_open=True),
+        "allreduce_error": F(1.0, "Multiplier on modelled all-reduce times (as gemm_error).", 0, None, lo_open=True),
+        "send_error": F(1.0, "Multiplier on modelled point-to-point send times (as gemm_error).", 0, None,
+                        lo_open=True),
+        "step_error": F(1.0, "Multiplier on the whole modelled step (a calibration's residual against measured "
+                             "whole steps).", 0, None, lo_open=True),
         "network_fraction": F(0.7, "Achievable fraction of scale-up/scale-out bandwidth (roofline).", 0, 1,
                               lo_open=True),
         "allreduce": C("auto", "TP all-reduce algorithm; auto: the fastest for each message size and group (as NCCL's "
@@ -317,7 +333,10 @@ FIDELITY_ONLY: dict[str, str] = {
     "precision.decode_gain": "factor", "precision.prefill_gain": "factor", "moe.ffn_time_fraction": "factor",
     "speculative.verify_cost": "factor",
     **{f"performance.{k}": "roofline" for k in ("flops_fraction", "bandwidth_fraction", "network_fraction",
-                                                 "gemm_half_tokens", "gemm_floor_s",
+                                                 "gemm_half_tokens", "gemm_floor_s", "kernel_floor_s",
+                                                 "elementwise_bandwidth_fraction", "attention_floor_s",
+                                                 "gemm_error", "elementwise_error", "allreduce_error", "send_error",
+                                                 "step_error",
                                                  "allreduce", "alltoall", "collective_latency_s", "overlap_fraction",
                                                  "launch_overhead_s", "kernels_per_layer", "cuda_graphs",
                                                  "step_overhead_s", "attention_window", "sparse_topk")},
