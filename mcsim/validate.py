@@ -260,7 +260,7 @@ def batching_checks(quick: bool) -> list[Check]:
 def allreduce_errors(cluster: str, preset: str):
     """Per-row relative error of mcsim's all-reduce (default algorithm ``auto``, the catalog's fitted figures)
     against one DGX cluster's measured median NCCL times inside a node: ``(relative error, workers, bytes)``."""
-    from mcsim.optrace.vidur import bundled_collectives, read_collectives
+    from mcsim.calibration.vidur import bundled_collectives, read_collectives
     from mcsim.perf.collectives import allreduce_time
     from mcsim.scenario import catalog
 
@@ -276,7 +276,7 @@ def allreduce_errors(cluster: str, preset: str):
 def send_errors(cluster: str, preset: str):
     """Per-row relative error of mcsim's point-to-point send against one cluster's measured NCCL send/recv
     medians, inside a node and between two nodes: ``(relative error, across nodes)``."""
-    from mcsim.optrace.vidur import bundled_collectives, read_collectives
+    from mcsim.calibration.vidur import bundled_collectives, read_collectives
     from mcsim.perf.collectives import send_time
     from mcsim.scenario import catalog
 
@@ -306,7 +306,7 @@ def linear_errors(gpu: str, model_name: str):
     """Per-row relative error of mcsim's per-layer linear ops (the roofline's ``attention_proj`` and ``dense_ffn``
     with the hardware's default GEMM figures, BF16) against measured GEMM times: ``(relative error, tokens, tp)``
     over both ops."""
-    from mcsim.optrace.vidur import LINEAR_GROUPS, bundled_linear, read_linear
+    from mcsim.calibration.vidur import LINEAR_GROUPS, bundled_linear, read_linear
     from mcsim.perf import roofline
     from mcsim.perf.hardware import as_hardware, gemm_figures
     from mcsim.scenario import catalog
@@ -335,7 +335,7 @@ def linear_errors(gpu: str, model_name: str):
 
 def linear_checks() -> list[Check]:
     """mcsim.perf.roofline's per-layer linear ops against measured GEMM times on H100 and A100 (TP 1-8)."""
-    from mcsim.optrace.vidur import LINEAR_MODELS
+    from mcsim.calibration.vidur import LINEAR_MODELS
 
     checks = []
     for gpu, models in LINEAR_MODELS.items():

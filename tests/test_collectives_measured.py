@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mcsim.optrace.vidur import MeasurementError, bundled_collectives, read_collectives
+from mcsim.calibration.vidur import MeasurementError, bundled_collectives, read_collectives
 from mcsim.perf.collectives import allreduce_time
 from mcsim.scenario import catalog
 from mcsim.validate import ALLREDUCE_MAPE_TARGET, allreduce_errors
@@ -58,7 +58,7 @@ def test_the_reader_names_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("gpu", ["h100", "a100"])
 def test_linear_ops_within_target_of_the_measurements(gpu):
-    from mcsim.optrace.vidur import LINEAR_MODELS
+    from mcsim.calibration.vidur import LINEAR_MODELS
     from mcsim.validate import LINEAR_MAPE_TARGET, linear_errors
 
     for model in LINEAR_MODELS[gpu]:
@@ -70,7 +70,7 @@ def test_linear_ops_within_target_of_the_measurements(gpu):
 
 
 def test_the_linear_reader(tmp_path):
-    from mcsim.optrace.vidur import bundled_linear, read_linear
+    from mcsim.calibration.vidur import bundled_linear, read_linear
 
     times = read_linear(bundled_linear("h100", "Llama-2-70b-hf"))
     assert (times.hidden, times.heads, times.kv_heads, times.ffn) == (8192, 64, 8, 28672)
