@@ -44,8 +44,9 @@ def _common(f):
                      help="Use an existing dask.distributed scheduler, e.g. tcp://10.0.0.5:8786."),
         click.option("--chunk-size", type=click.IntRange(min=1), help="Samples per Dask task."),
         click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path),
-                     help="Scale achievable efficiencies by a calibration from `mcsim trace --save-calibration` "
-                          "(refused if measured in another regime)."),
+                     help="Draw the step-time parameters from a calibration (`mcsim calibrate`, `mcsim trace "
+                          "--save-calibration`) per sample; refused if measured in another regime. Sets "
+                          "performance.calibration."),
         click.option("--no-progress", is_flag=True, help="Hide the progress bar."),
     ]
     for option in reversed(options):
@@ -84,6 +85,8 @@ def _command_line() -> str:
             words.append(f"--{name.replace('_', '-')}" if name != "as_json" else "--json")
         elif name == "overrides":
             words += [f"--set {shlex.quote(v)}" for v in value]
+        elif name == "measurements":
+            words += [shlex.quote(str(v)) for v in value]
         else:
             words.append(f"--{name.replace('_', '-')} {shlex.quote(str(value))}")
     return " ".join(words)
@@ -97,15 +100,15 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
     from mcsim.scenario.distributions import DistributionError
     from mcsim.scenario import ScenarioError, load_scenario
     from mcsim.execution.executor import SweepInterrupted
-    from mcsim.optrace.calibration import CalibrationError
+    from mcsim.calibration.files import CalibrationError
     from mcsim.stages.requests_trace import TraceError
 
     if lhs:
         overrides = (*overrides, 'mc.sampling="lhs"')
+    if calibration is not None:
+        overrides = (*overrides, f"performance.calibration={json.dumps(str(calibration))}")
     try:
         scn = load_scenario(scenario, overrides=overrides)
-        if calibration is not None:
-            scn = runner.calibrate(scn, calibration)
         suffix = {"compare": "-compare", "sweep": "-sweep"}.get(kind, "")
         output = output or Path("outputs") / f"{scn.name}{suffix}{'-ablate' if ablate else ''}.nc"
         options = dict(samples=samples, requests=requests, seed=seed, workers=workers, output=output, force=force,
@@ -269,15 +272,18 @@ def report(results, out_dir):
 @click.option("--ollama-model", metavar="NAME", help="The Ollama model to measure (with --ollama).")
 @click.option("--ollama-runs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--ollama-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
+@click.option("--ollama-weights-gb", type=click.FloatRange(min=0, min_open=True),
+              help="Size of the Ollama model's weights, GB (as `ollama list` shows): makes the Ollama measurement a "
+                   "data point of the calibration's bandwidth fraction.")
 @click.option("--save-calibration", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a calibration for scenarios of this machine (hardware.preset = \"cpu-host\").")
+              help="Write a calibration (TOML) for scenarios of this machine (hardware.preset = \"cpu-host\").")
 def trace(model, prompt_tokens, decode_tokens, max_params, dtype, seed, out_dir, force, bench_seconds, ollama_url,
-          ollama_model, ollama_runs, ollama_timeout, save_calibration):
+          ollama_model, ollama_runs, ollama_timeout, ollama_weights_gb, save_calibration):
     """Run a real decoder in NumPy, record every op, price it on hardware profiles and calibrate.
 
     Wall times and this machine's peaks are measured here; every other latency is a synthetic estimate.
     """
-    from mcsim.optrace.calibration import CalibrationError
+    from mcsim.calibration.files import CalibrationError
     from mcsim.scenario.catalog import UnknownPresetError
     from mcsim.optrace.ollama import OllamaError
     from mcsim.optrace.command import trace_and_calibrate
@@ -290,7 +296,7 @@ def trace(model, prompt_tokens, decode_tokens, max_params, dtype, seed, out_dir,
             model=model, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens, max_params=max_params,
             dtype=dtype, seed=seed, out_dir=out_dir, overwrite=force, bench_seconds=bench_seconds,
             ollama_url=ollama_url, ollama_model=ollama_model, ollama_runs=ollama_runs,
-            ollama_timeout_s=ollama_timeout, save_calibration=save_calibration,
+            ollama_timeout_s=ollama_timeout, ollama_weights_gb=ollama_weights_gb, save_calibration=save_calibration,
             warn=lambda msg: click.echo(msg, err=True))
     except (UnknownPresetError, OllamaError, CalibrationError, FileExistsError) as err:
         raise UserError(str(err.args[0]) if err.args else str(err)) from None
@@ -305,6 +311,49 @@ def trace(model, prompt_tokens, decode_tokens, max_params, dtype, seed, out_dir,
                    "decode tokens/s")
     for name, path in result["paths"].items():
         click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.argument("measurements", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--hardware", metavar="NAME", help="Hardware preset measured (default: from the files' folders, e.g. "
+                                                 "h100_dgx, or the step CSV's hardware column).")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp8", "fp4"]), default="bf16", show_default=True,
+              help="Matmul format the measurements ran (Vidur's profiles: 16-bit).")
+@click.option("--stack", default="", help="Serving stack measured, e.g. vllm (recorded in the regime).")
+@click.option("--stack-version", default="", help="Its version (recorded in the regime).")
+@click.option("--replicates", type=click.IntRange(min=2, max=100_000), default=200, show_default=True,
+              help="Bootstrap replicates (resamples of the measured shapes).")
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True,
+              help="Seed of the bootstrap.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Calibration file to write (TOML).")
+@click.option("--force", is_flag=True, help="Replace an existing calibration file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
+def calibrate(measurements, hardware, dtype, stack, stack_version, replicates, seed, output, force, as_json):
+    """Fit the step model's free parameters to measured times, with bootstrap intervals.
+
+    MEASUREMENTS are Vidur profiling CSVs (mlp.csv, all_reduce.csv, send_recv.csv) and step CSVs (columns
+    hardware, model, tp, decode_seqs, mean_context, prefill_tokens, time_ms; see docs/CALIBRATION.md). Prints each
+    op class's fit and leave-one-shape-out cross-validated error, and writes the calibration a scenario uses with
+    `[performance] calibration = FILE` or `--calibration FILE`.
+    """
+    from mcsim.calibration.command import calibrate as fit_files, report
+    from mcsim.calibration.files import CalibrationError, save
+    from mcsim.calibration.vidur import MeasurementError
+
+    if output.exists() and not force:
+        raise UserError(f"{output}: exists; pass --force to replace it")
+    try:
+        cal, _ = fit_files(list(measurements), hardware=hardware, dtype=dtype, stack=stack,
+                           stack_version=stack_version, replicates=replicates, seed=seed, command=_command_line())
+        save(cal, output, overwrite=force)
+    except (MeasurementError, CalibrationError) as err:
+        raise UserError(str(err)) from None
+    if as_json:
+        click.echo(json.dumps(_finite(dict(cal.summary(), output=str(output))), indent=2, allow_nan=False))
+    else:
+        click.echo(report(cal))
+        click.echo(f"wrote {output}")
 
 
 @main.command()

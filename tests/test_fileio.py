@@ -39,7 +39,7 @@ def test_permissions(tmp_path):
 
 def test_every_mcsim_error_keeps_its_builtin_base():
     from mcsim.execution.executor import SweepInterrupted
-    from mcsim.optrace.calibration import CalibrationError
+    from mcsim.calibration.files import CalibrationError
     from mcsim.optrace.ollama import OllamaError, OllamaUnavailable
     from mcsim.scenario import ScenarioError
     from mcsim.scenario.catalog import UnknownPresetError

@@ -21,7 +21,7 @@ def invoke(*args):
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     folder = tmp_path_factory.mktemp("trace")
-    cal = folder / "cal.json"
+    cal = folder / "cal.toml"
     result = invoke(*TRACE, "-o", folder / "out", "--save-calibration", cal,
                     "--ollama", "http://127.0.0.1:9", "--ollama-model", "llama3")  # nothing listens on port 9
     return folder, cal, result
@@ -57,7 +57,7 @@ def test_a_calibration_from_another_regime_is_refused(traced, tmp_path):
     _, cal, _ = traced
     result = invoke("run", ROOT / "scenarios" / "factory.toml", "--samples", "1", "--calibration", cal,
                     "-o", tmp_path / "x.nc")
-    assert result.exit_code == 2 and "different regime" in result.stderr and "h800" in result.stderr
+    assert result.exit_code == 2 and "another regime" in result.stderr and "h800" in result.stderr
     assert not (tmp_path / "x.nc").exists()
 
 

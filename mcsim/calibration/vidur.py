@@ -33,6 +33,9 @@ COLLECTIVES = ("all_reduce", "send_recv")
 LINEAR_MODELS = {"h100": ("Llama-2-7b-hf", "Llama-2-70b-hf"), "a100": ("Llama-2-7b-hf", "Llama-2-70b-hf")}
 #: The measured GEMMs, grouped as mcsim's roofline prices them (one op per group and layer).
 LINEAR_GROUPS = {"attention_proj": ("attn_pre_proj", "attn_post_proj"), "dense_ffn": ("mlp_up_proj", "mlp_down_proj")}
+#: The measured element-wise kernels of one layer and how many times a layer runs each: mcsim's ``elementwise`` op
+#: (two RMSNorms, RoPE, SwiGLU and two residual adds; the profile times one residual add).
+ELEMENTWISE_OPS = {"input_layernorm": 1, "post_attention_layernorm": 1, "attn_rope": 1, "mlp_act": 1, "add": 2}
 
 
 class MeasurementError(McsimError, ValueError):
@@ -130,7 +133,11 @@ class LinearTimes:
         The model's shape.
     seconds : dict
         :data:`LINEAR_GROUPS` name -> float64[n], the summed median times of that group's GEMMs, s.
+    elementwise_s : float64[n]
+        The layer's element-wise kernels (:data:`ELEMENTWISE_OPS`, each as often as a layer runs it), s.
     source : str
+    model : str
+        The model's name: the folder the file is in (Vidur's layout ``<gpu>/<org>/<model>/mlp.csv``).
     """
 
     tokens: np.ndarray
@@ -140,7 +147,9 @@ class LinearTimes:
     kv_heads: int
     ffn: int
     seconds: dict
+    elementwise_s: np.ndarray
     source: str
+    model: str = ""
 
 
 def bundled_linear(gpu: str, model: str) -> Path:
@@ -154,7 +163,7 @@ def bundled_linear(gpu: str, model: str) -> Path:
 def read_linear(path) -> LinearTimes:
     """Read a Vidur ``mlp.csv``: per-layer GEMM times by tokens and TP (columns found by name)."""
     path = Path(path)
-    ops = [op for group in LINEAR_GROUPS.values() for op in group]
+    ops = [op for group in LINEAR_GROUPS.values() for op in group] + list(ELEMENTWISE_OPS)
     shape_columns = ("n_embd", "n_head", "n_kv_head", "n_expanded_embd")
     with _open(path) as handle:
         reader = csv.DictReader(handle)
@@ -186,6 +195,7 @@ def read_linear(path) -> LinearTimes:
     for name, group in LINEAR_GROUPS.items():
         seconds[name] = a[:, column:column + len(group)].sum(axis=1) / 1e3
         column += len(group)
+    elementwise = sum(count * a[:, column + i] for i, count in enumerate(ELEMENTWISE_OPS.values())) / 1e3
     hidden, heads, kv_heads, ffn = shape
     return LinearTimes(a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), hidden, heads, kv_heads, ffn, seconds,
-                       str(path))
+                       elementwise, str(path), path.parent.name)

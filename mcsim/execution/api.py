@@ -193,35 +193,11 @@ def step_time(scenario, *, decode_seqs: float = 1.0, context: float | None = Non
 
 
 def calibrate(scenario, path) -> Scenario:
-    """The scenario with a calibration (``mcsim trace --save-calibration``) attached.
+    """The scenario with a calibration file (``mcsim calibrate``, ``mcsim trace --save-calibration``) attached:
+    :func:`mcsim.scenario.loading.attach_calibration` (refused for another regime, naming every difference)."""
+    from mcsim.scenario.loading import attach_calibration
 
-    The calibration must describe the scenario's regime (matmul dtype, fidelity, model, hardware), or it is
-    refused with a message naming every mismatch. When it carries the peaks measured on its machine
-    (``measured.peak_flops``, ``measured.bandwidth_bytes_s``), they replace the hardware's FP32/BF16 peaks and
-    memory bandwidth, and every sample's achievable efficiencies are scaled by its factor
-    (:func:`mcsim.optrace.calibration.apply`). Checked against the scenario as written; the baseline of a comparison
-    uses the same machine's calibration.
-    """
-    from dataclasses import replace
-
-    from mcsim.optrace.calibration import CalibrationError, check_regime, load, regime_of
-
-    scn = _as_scenario(scenario, ())
-    cal = load(path)
-    try:
-        check_regime(cal, regime_of(scn.values))
-    except CalibrationError as err:
-        detail = str(err).split(": ", 1)[-1] if str(err).startswith(err.where) else str(err)
-        raise CalibrationError(str(path), f"{detail} (scenario {scn.source})", key=err.key) from None
-    measured = cal.measured or {}
-    peaks = {}
-    if measured.get("peak_flops"):
-        peaks["hardware.fp32_tflops"] = peaks["hardware.bf16_tflops"] = float(measured["peak_flops"]) / 1e12
-    if measured.get("bandwidth_bytes_s"):
-        peaks["hardware.hbm_tb_s"] = float(measured["bandwidth_bytes_s"]) / 1e12
-    if peaks:
-        scn = scn.with_values(peaks, origin="--calibration")
-    return replace(scn, calibration=cal)
+    return attach_calibration(_as_scenario(scenario, ()), path)
 
 
 def open_results(path):

@@ -91,7 +91,7 @@ class Plan:
             "axes": [[a.path, list(a.values)] for a in self.axes], "samples": self.samples,
             "requests": self.requests, "seed": self.seed, "chunk_size": self.chunk_size,
             "sampling": self.scn["mc.sampling"], "ablate": self.ablate,
-            "calibration": None if self.scn.calibration is None else self.scn.calibration.to_dict(),
+            "calibration": None if self.scn.calibration is None else self.scn.calibration.digest,
         }
         return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 

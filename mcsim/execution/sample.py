@@ -158,10 +158,6 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
         from mcsim.perf.hardware import performance_defaults
 
         p = performance_defaults(p)  # the hardware's fitted GEMM figures where the scenario leaves them at 0
-    if scn.calibration is not None:
-        from mcsim.optrace.calibration import apply
-
-        p = apply(scn.calibration, p)
     inputs = workload.Inputs.from_params(p)
     if "requests" not in shared:  # the workload is common to all variants
         shared["requests"] = sample_requests(scn, p, sample, seed, n_requests)

@@ -18,9 +18,11 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
                         max_params: float = 2e8, dtype: str = "float32", seed: int = 0, out_dir="outputs/trace",
                         overwrite: bool = False, bench_seconds: float = 1.0, ollama_url: str | None = None,
                         ollama_model: str | None = None, ollama_runs: int = 1, ollama_timeout_s: float = 30.0,
-                        save_calibration=None, warn=print) -> dict:
+                        ollama_weights_gb: float | None = None, save_calibration=None, replicates: int = 200,
+                        warn=print) -> dict:
     """Trace the decoder, write ``trace.jsonl``, ``summary.json``, ``report.md`` (and ``ollama.json``), and
-    optionally save a calibration for scenarios of this machine (``hardware.preset = "cpu-host"``).
+    optionally save a calibration for scenarios of this machine (``hardware.preset = "cpu-host"``; the format of
+    :mod:`mcsim.calibration.files`, see :func:`trace_calibration`).
 
     Returns a dict: ``paths``, ``this_machine`` (the measured profile), ``calibration`` (measured vs estimated
     decode tokens/s), ``ollama`` (the measurement, or None with ``ollama_skipped`` saying why).
@@ -53,18 +55,13 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
         paths["ollama_json"] = str(path)
 
     if save_calibration:
-        from mcsim.optrace.calibration import Calibration, save
+        from mcsim.calibration.files import save
 
-        measured = dict(cal["measured"])
-        if ollama is not None:
-            measured["ollama"] = ollama
-        calibration = Calibration(
-            regime={"dtype": DTYPE_NAMES.get(dtype, dtype), "backend": "roofline", "model": model,
-                    "hardware": HOST_PRESET},
-            factor=float(cal["calibration_factor"]), memory_bound_score=float(cal["memory_bound_score"]),
-            bottleneck=str(cal["bottleneck"]), measured=measured, estimated=dict(cal["estimated"]),
-            source=f"mcsim trace of {model} (scaled, {dtype}, numpy) on this machine; outputs in {out_dir}")
-        paths["calibration"] = str(save(calibration, save_calibration))
+        calibration = trace_calibration(trace, this, ollama=ollama, ollama_weights_gb=ollama_weights_gb,
+                                        dtype=dtype, replicates=replicates, seed=seed,
+                                        source=f"mcsim trace of {model} (scaled, {dtype}, numpy) on this machine; "
+                                               f"outputs in {out_dir}")
+        paths["calibration"] = str(save(calibration, save_calibration, overwrite=overwrite))
     return {"paths": paths, "this_machine": this, "calibration": cal, "ollama": ollama, "ollama_skipped": skipped}
 
 
@@ -80,3 +77,86 @@ def _append_ollama_section(report: Path, ollama: dict | None, skipped: str | Non
         lines += [f"Not measured ({why}). Every latency above other than this machine's own wall times is a "
                   "synthetic estimate."]
     atomic_write(report, report.read_text() + "\n".join(lines) + "\n", encoding=None)
+
+
+def trace_calibration(trace, this, *, ollama=None, ollama_weights_gb=None, dtype="float32", replicates=200, seed=0,
+                      source=""):
+    """A calibration of this machine (:mod:`mcsim.calibration.files`) from a decoder trace and, optionally, Ollama.
+
+    Parameters it carries (each replaces the scenario's value; nothing is multiplied):
+
+    * ``hardware.fp32_tflops``, ``hardware.bf16_tflops`` and ``hardware.hbm_tb_s``: this machine's measured GEMM
+      and memory-bandwidth peaks (the micro-benchmarks of :func:`mcsim.optrace.profiles.measure_this_machine`);
+    * ``performance.bandwidth_fraction`` and ``performance.flops_fraction``: the share of those peaks the decoder
+      reached. Each decode step is a data point: its measured time against its roofline estimate at 100 % of the
+      measured peaks gives ``factor = estimated / measured``, split between the two fractions by the share ``s`` of
+      the estimate that is memory-bound (``bandwidth = factor ** s``, ``flops = factor ** (1 - s)``, each at most 1).
+      With ``ollama`` and ``ollama_weights_gb`` (the served model's weights, as ``ollama list`` shows) the Ollama
+      measurement is one more data point of the bandwidth fraction: ``decode tok/s x weight bytes / measured
+      bandwidth`` (a memory-bound decode streams its weights once per token).
+
+    The replicates resample the data points (the decode steps, then the decoder and Ollama points) with
+    replacement. The regime is cpu-host, the decoder's matmul format and the roofline fidelity; the decoder shape
+    that actually ran is recorded in ``notes.measured_shape`` (a scaled stand-in, not the full model).
+    """
+    import numpy as np
+
+    from mcsim.calibration.files import Calibration
+    from mcsim.optrace.report import price
+    from mcsim import __version__
+    import datetime as dt
+
+    decode = [r for r in trace.records if r.phase == "decode"]
+    if not decode:
+        raise ValueError("a calibration needs a trace with decode steps")
+    priced = [price(r, this) for r in decode]
+    steps = sorted({r.step for r in decode})
+    estimate = np.array([sum(p["t_estimate"] for r, p in zip(decode, priced) if r.step == k) for k in steps])
+    memory = sum(p["t_estimate"] for p in priced if p["bound"] == "memory")
+    score = memory / sum(p["t_estimate"] for p in priced)
+    measured = np.asarray(trace.decode_step_wall_s, float)[:len(steps)]
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
+    n = len(steps)
+    factors = np.empty(replicates)
+    for b in range(replicates):
+        rows = rng.integers(n, size=n)
+        factors[b] = estimate[rows].sum() / measured[rows].sum()
+    factor = estimate.sum() / measured.sum()
+    bandwidth = np.minimum(factors ** score, 1.0)
+    flops = np.minimum(factors ** (1.0 - score), 1.0)
+    notes = {"measured_shape": {k: v for k, v in trace.shape.items() if k != "source"},
+             "measured_model": f"{trace.model_name} scaled to the shape that ran (see measured_shape)",
+             "decode_steps": n, "memory_bound_score": float(score), "decoder_factor": float(factor)}
+    if ollama is not None and ollama_weights_gb:
+        ollama_fraction = min(ollama["decode_tok_s"] * ollama_weights_gb * 1e9 / this.bandwidth_bytes_s, 1.0)
+        points = np.stack([bandwidth, np.full(replicates, ollama_fraction)], axis=1)
+        pick = rng.integers(2, size=(replicates, 2))
+        bandwidth = np.exp(np.log(np.take_along_axis(points, pick, axis=1)).mean(axis=1))
+        notes["ollama"] = {"model": ollama["model"], "decode_tok_s": ollama["decode_tok_s"],
+                           "weights_gb": ollama_weights_gb, "bandwidth_fraction": ollama_fraction}
+    elif ollama is not None:
+        notes["ollama"] = {"model": ollama["model"], "decode_tok_s": ollama["decode_tok_s"],
+                           "used": "no: its weight size is unknown (give --ollama-weights-gb)"}
+    peak_tflops, hbm_tb_s = this.peak_flops / 1e12, this.bandwidth_bytes_s / 1e12
+
+    def spec(cls, values, estimate_value):
+        values = np.asarray(values, float)
+        return {"class": cls, "estimate": float(estimate_value), "low": float(np.quantile(values, 0.05)),
+                "high": float(np.quantile(values, 0.95)), "replicates": [float(v) for v in values]}
+
+    parameters = {
+        "hardware.fp32_tflops": spec("peaks", np.full(replicates, peak_tflops), peak_tflops),
+        "hardware.bf16_tflops": spec("peaks", np.full(replicates, peak_tflops), peak_tflops),
+        "hardware.hbm_tb_s": spec("peaks", np.full(replicates, hbm_tb_s), hbm_tb_s),
+        "performance.bandwidth_fraction": spec("decoder", bandwidth, np.median(bandwidth)),
+        "performance.flops_fraction": spec("decoder", flops, min(factor ** (1.0 - score), 1.0)),
+    }
+    regime = {"hardware": HOST_PRESET, "dtype": DTYPE_NAMES.get(dtype, dtype).replace("fp16", "bf16"),
+              "fidelity": "roofline", "stack": "numpy", "stack_version": np.__version__}
+    classes = {"decoder": {"rows": n, "shapes": 1, "fit_mape": float(np.mean(np.abs(estimate / factor - measured)
+                                                                              / measured)),
+                           "cv_mape": float("nan"), "cv_scheme": "not cross-validated (one shape)",
+                           "sources": [source]}}
+    return Calibration(regime=regime, parameters=parameters, classes=classes, source=source,
+                       created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       mcsim_version=__version__, seed=seed, notes=notes)

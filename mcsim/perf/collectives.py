@@ -54,6 +54,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from mcsim.perf.hardware import as_hardware
 
 __all__ = [
@@ -134,21 +136,41 @@ def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "auto", la
         up = hw.allreduce_bus_gb_s * 1e9
         base = hw.collective_base_us * 1e-6
         hop = hw.collective_hop_us * 1e-6 if latency_s is None else latency_s
-    flat_bw = up if nodes == 1 else out
-    candidates = {}
-    ring = 2.0 * (p - 1) / p * nbytes
-    candidates["ring"] = (base + ring / flat_bw + 2 * (p - 1) * hop, ring)
-    candidates["one-shot"] = (base + (p - 1) * nbytes / flat_bw + hop, (p - 1) * nbytes)
-    candidates["two-shot"] = (base + ring / flat_bw + 2 * hop, ring)
-    candidates["tree"] = (base + 2.0 * nbytes / flat_bw + 2 * math.ceil(math.log2(p)) * hop, 2.0 * nbytes)
-    g, n = per_node, nodes
-    intra = 2.0 * (g - 1) / g * nbytes  # reduce-scatter then all-gather inside the node
-    inter = 2.0 * (n - 1) / n * nbytes / g  # ring all-reduce of this GPU's shard across nodes
-    steps = 2 * (g - 1) + 2 * (n - 1)
-    candidates["hierarchical"] = (base + intra / up + inter / out + steps * hop, intra + inter)
+    candidates = allreduce_candidates(nbytes, p, nodes, per_node, up, out, base, hop)
     if algorithm == "auto":
         return min(candidates.values())
     return candidates[algorithm]
+
+
+def allreduce_candidates(nbytes, p, nodes, per_node, up, out, base, hop) -> dict:
+    """Algorithm -> (time s, bytes sent per GPU) of one all-reduce (the table in the module docstring).
+
+    Floats or NumPy arrays of one shape (``nbytes`` and ``p`` per message; ``nodes``, ``per_node`` the group's
+    layout): ``mcsim calibrate`` fits the fixed cost ``base``, the hop latency ``hop`` and the bandwidth ``up``
+    (bytes/s) with these same formulas, vectorized over the measured messages.
+    """
+    flat_bw = np.where(nodes == 1, up, out) if isinstance(nodes, np.ndarray) else (up if nodes == 1 else out)
+    ring = 2.0 * (p - 1) / p * nbytes
+    g, n = per_node, nodes
+    intra = 2.0 * (g - 1) / g * nbytes  # reduce-scatter then all-gather inside the node
+    inter = 2.0 * (n - 1) / n * nbytes / g  # ring all-reduce of this GPU's shard across nodes
+    return {
+        "ring": (base + ring / flat_bw + 2 * (p - 1) * hop, ring),
+        "one-shot": (base + (p - 1) * nbytes / flat_bw + hop, (p - 1) * nbytes),
+        "two-shot": (base + ring / flat_bw + 2 * hop, ring),
+        "tree": (base + 2.0 * nbytes / flat_bw + 2 * np.ceil(np.log2(p)) * hop, 2.0 * nbytes),
+        "hierarchical": (base + intra / up + inter / out + (2 * (g - 1) + 2 * (n - 1)) * hop, intra + inter),
+    }
+
+
+def allreduce_auto_seconds(nbytes, p, base, hop, bandwidth):
+    """Time of the fastest all-reduce inside one node, vectorized: the ``auto`` choice of :func:`allreduce_time`
+    for messages ``nbytes`` over ``p`` GPUs with fixed cost ``base`` s, hop latency ``hop`` s and achieved
+    bandwidth ``bandwidth`` bytes/s."""
+    nbytes, p = np.asarray(nbytes, float), np.asarray(p, float)
+    ones = np.ones_like(p)
+    candidates = allreduce_candidates(nbytes, p, ones, p, bandwidth, bandwidth, base, hop)
+    return np.min([t for t, _ in candidates.values()], axis=0)
 
 
 def expected_other_nodes(experts: int, copies: int, nodes: int) -> float:

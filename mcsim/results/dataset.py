@@ -127,11 +127,11 @@ def provenance(scn, seed: int, samples: int, requests: int, command: str | None,
         attrs["workload"] = "generated (mcsim.stages.workload.generate)"
     if getattr(scn, "calibration", None) is not None:
         cal = scn.calibration
-        attrs["calibration"] = json.dumps(cal.to_dict(), sort_keys=True)
+        attrs["calibration"] = json.dumps(cal.summary(), sort_keys=True)
         attrs["measured_variables"] = (
-            "none directly; the achievable efficiencies (performance.flops_fraction, performance.bandwidth_fraction, "
-            "efficiency.base_*_tok_s_per_gpu) were scaled by a calibration measured on "
-            f"{cal.regime.get('hardware')} (factor {cal.factor:.3g}; see the calibration attribute)")
+            "none directly; the step-time parameters " + ", ".join(cal.parameters) + " were fitted to measurements on "
+            f"{cal.regime.get('hardware')} ({cal.source}) and are drawn per sample from the fit's bootstrap "
+            "replicates (see the calibration attribute)")
     attrs.update(extra or {})
     return attrs
 

@@ -5,6 +5,12 @@ A scenario number can be written as a plain value or as a table with a ``dist`` 
     acceptance = { dist = "beta", a = 17, b = 3 }
     price_usd = { dist = "triangular", low = 25e3, mode = 30e3, high = 40e3 }
     output_tokens = { dist = "lognormal", median = { dist = "uniform", low = 200, high = 400 }, sigma = 1.0 }
+    flops_fraction = { dist = "choice", values = [0.71, 0.74, 0.73], stream = "fit" }
+
+Uncertain inputs that name the same ``stream`` are drawn from the same uniform in every sample, so they move
+together: choices over equally many values then draw one *row* of a joint table (a calibration's bootstrap
+replicates keep the correlation between the parameters fitted together). Every other input has a stream of its
+own.
 
 The same :class:`Dist` serves two purposes that the scenario keeps apart:
 
@@ -58,11 +64,14 @@ class Dist:
         Parameter name -> float, list (``choice``) or a nested :class:`Dist` (an uncertain parameter).
     path : str
         Dotted scenario key, for error messages and output names.
+    stream : str
+        Name of the random stream its per-sample uniform comes from ("": its own, keyed by ``path``).
     """
 
     kind: str
     params: dict = field(hash=False)
     path: str = ""
+    stream: str = ""
 
     # -- structure -------------------------------------------------------------------------------------------
     def nested(self) -> dict[str, "Dist"]:
@@ -74,7 +83,7 @@ class Dist:
         if not self.nested():
             return self
         params = {k: (values[f"{self.path}.{k}"] if isinstance(v, Dist) else v) for k, v in self.params.items()}
-        return make(self.kind, params, self.path)
+        return make(self.kind, params, self.path, self.stream)
 
     @property
     def is_fixed(self) -> bool:
@@ -170,7 +179,7 @@ def fixed(value: float, path: str = "") -> Dist:
     return Dist("fixed", {"value": float(value)}, path)
 
 
-def make(kind: str, params: dict, path: str) -> Dist:
+def make(kind: str, params: dict, path: str, stream: str = "") -> Dist:
     """Build a Dist and check its parameters (numbers only; nested Dists are checked on their own)."""
     numbers = {k: v for k, v in params.items() if not isinstance(v, (Dist, list))}
 
@@ -227,7 +236,7 @@ def make(kind: str, params: dict, path: str) -> Dist:
                 check_number("weights", v)
                 need(v >= 0, "choice weights must be >= 0")
             need(sum(w) > 0, "choice weights must not all be 0")
-    return Dist(kind, dict(params), path)
+    return Dist(kind, dict(params), path, stream)
 
 
 def parse(value, path: str, *, allow_nested: bool) -> Dist:
@@ -259,8 +268,12 @@ def parse(value, path: str, *, allow_nested: bool) -> Dist:
                                 + ", ".join(KINDS))
     required, optional = KINDS[kind]
     params = {}
+    stream = value.get("stream", "")
+    if not isinstance(stream, str) or ("stream" in value and not stream.strip()):
+        raise DistributionError(f"{path}.stream", f"expected the name of a random stream (a non-empty string), "
+                                f"got {stream!r}")
     for key, v in value.items():
-        if key == "dist":
+        if key in ("dist", "stream"):
             continue
         if key not in required and key not in optional:
             import difflib
@@ -280,4 +293,4 @@ def parse(value, path: str, *, allow_nested: bool) -> Dist:
     missing = [k for k in required if k not in params]
     if missing:
         raise DistributionError(path, f"a {kind} distribution needs {', '.join(missing)}")
-    return make(kind, params, path)
+    return make(kind, params, path, stream)

@@ -76,7 +76,7 @@ class Scenario:
     base_dir: Path | None = None
     overrides: tuple = ()
     sweep: tuple = ()  # grid axes of the file's [sweep] table (mcsim.scenario.grid.Axis)
-    calibration: object = None  # a mcsim.optrace.calibration.Calibration applied to every sample (see runner.calibrate)
+    calibration: object = None  # the mcsim.calibration.files.Calibration whose parameters the values hold
 
     @property
     def name(self) -> str:
@@ -128,6 +128,10 @@ class Scenario:
             values[path] = _validate_path(path, raw, self.source, origin)
         scn = replace(self, values=values)
         _cross_checks(scn)  # the same checks as loading a file
+        if self.calibration is not None and not origin.startswith(("variant", "calibration")):
+            from mcsim.calibration.files import check_regime, regime_of
+
+            check_regime(self.calibration, regime_of(scn.values), f"{origin} of {self.source}")
         return scn
 
 
@@ -347,8 +351,35 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
         key, value = parse_override(item)
         _check_class(key, file_classes, source, "--set")
         _set_path(raw, key, value)
-    return validate(raw, source=source, text=text, base_dir=path.parent if path else None,
-                    overrides=tuple(overrides), file_hardware=file_hardware)
+    scn = validate(raw, source=source, text=text, base_dir=path.parent if path else None,
+                   overrides=tuple(overrides), file_hardware=file_hardware)
+    if scn.values.get("performance.calibration"):
+        cal_path = Path(scn.values["performance.calibration"]).expanduser()
+        if not cal_path.is_absolute() and path is not None and not any(
+                o.split("=", 1)[0].strip() == "performance.calibration" for o in overrides):
+            cal_path = path.parent / cal_path  # a file's own key is relative to the file; --set is relative to .
+        scn = attach_calibration(scn, cal_path)
+    return scn
+
+
+def attach_calibration(scn: Scenario, path) -> Scenario:
+    """The scenario with a calibration file's parameters as uncertain inputs (:mod:`mcsim.calibration.files`).
+
+    The calibration must describe the scenario's regime (hardware preset, matmul format, fidelity), or it is
+    refused with a message naming every difference; a parameter the scenario itself makes uncertain is replaced
+    all the same (the calibration is the measurement). Raises
+    :class:`~mcsim.calibration.files.CalibrationError`.
+    """
+    from mcsim.calibration.files import CalibrationError, check_regime, load, regime_of
+
+    cal = load(path)
+    check_regime(cal, regime_of(scn.values), f"scenario {scn.source}")
+    try:
+        calibrated = scn.with_values(cal.overrides(), origin=f"calibration {path}")
+    except ScenarioError as err:
+        raise CalibrationError(str(path), f"does not fit the scenario: {err}") from None
+    values = dict(calibrated.values, **{"performance.calibration": str(path)})
+    return replace(calibrated, values=values, calibration=cal)
 
 
 def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=None, overrides=(),
@@ -493,7 +524,7 @@ def draw_uncertain(scn: Scenario, samples, seed: int, n_samples: int | None = No
     """Values of every uncertain input for the given sample indices.
 
     Each input has its own stream keyed by (seed, sample, its path), so a value does not depend on which other
-    inputs are uncertain, on chunking or on workers. With ``sampling='lhs'`` the uniforms of each input are
+    inputs are uncertain, on chunking or on workers; inputs that name one ``stream`` share it (they move together). With ``sampling='lhs'`` the uniforms of each input are
     stratified over all ``n_samples`` samples (one random permutation per input), so the value of a sample still
     depends only on (seed, path, sample, n_samples).
     """
@@ -501,7 +532,7 @@ def draw_uncertain(scn: Scenario, samples, seed: int, n_samples: int | None = No
     sampling = sampling or scn["mc.sampling"]
     out = {}
     for path, dist in scn.uncertain(include_unused).items():
-        key = _path_key(path)
+        key = _path_key(dist.stream or path)  # inputs of one named stream share their uniforms
         if sampling == "lhs":
             if n_samples is None:
                 raise ValueError("Latin hypercube sampling needs the total number of samples")

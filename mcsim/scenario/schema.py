@@ -192,6 +192,10 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
     "performance": {
         "fidelity": C("factor", "factor: throughput as base x lever factors; roofline: step times from the model "
                       "and hardware (FLOPs, bytes, collectives, overheads).", "factor", "roofline"),
+        "calibration": S("", "A calibration file (mcsim calibrate, mcsim trace --save-calibration), relative to the "
+                             "scenario file: its fitted parameters replace the scenario's, drawn per sample from "
+                             "their bootstrap replicates; refused for another regime (hardware, matmul format, "
+                             "fidelity). --calibration FILE sets it."),
         "simulate_batching": B(False, "Run the continuous-batching simulator for latency under load (queueing, "
                                       "TTFT/TPOT/E2E quantiles) instead of service times."),
         "flops_fraction": F(0.0, "Largest achievable fraction of peak FLOP/s of a GEMM (and the fraction of attention "

@@ -1,0 +1,246 @@
+"""Fit the roofline's free parameters to measured operation times: point fit, bootstrap, cross-validation.
+
+Each *op class* is a set of measured times, the step model's formula for them (the same function the step model
+prices with) and the parameters it frees:
+
+==============  =====================================================  ===============================================
+class           measured                                               parameters
+==============  =====================================================  ===============================================
+gemm            per-layer QKV+O and gate/up+down GEMMs (Vidur mlp.csv)  performance.flops_fraction, bandwidth_fraction,
+                                                                       gemm_half_tokens, gemm_floor_s
+elementwise     RMSNorms, RoPE, SwiGLU, residual adds (mlp.csv)        performance.kernel_floor_s,
+                                                                       elementwise_bandwidth_fraction
+allreduce       NCCL all-reduce inside a node (all_reduce.csv)         hardware.collective_base_us, collective_hop_us,
+                                                                       allreduce_bus_gb_s
+send            NCCL send/recv (send_recv.csv)                         hardware.send_base_us, send_gb_s (inside a
+                                                                       node), remote_send_base_us, remote_send_gb_s
+step            whole step times (the plain step CSV, :mod:`.steps`)   performance.step_overhead_s (and
+                                                                       attention_floor_s when several models'
+                                                                       layer counts tell the two apart)
+==============  =====================================================  ===============================================
+
+The fit minimises the squared log ratio of modelled to measured time (relative error, scale-free) with
+``scipy.optimize.least_squares`` within physical bounds. Every class also gets a *model error*
+(``performance.<class>_error``): the ratio measured / modelled of one measurement drawn at random, so the spread
+of the model around the measurements, not only the uncertainty of its parameters, reaches the bands of a run.
+
+Uncertainty: a cluster bootstrap over *shapes* (all rows of one measured configuration are drawn together, so
+repeated measurements of a shape do not count as independent evidence): ``replicates`` resamples, each refitted,
+each with its error draw. The replicates are the calibration's joint distribution (a run draws one replicate per
+Monte Carlo sample, all parameters together). Cross-validation: leave one shape out, refit on the rest, predict
+the shape left out; its mean absolute percentage error is the figure to trust (the in-sample error is printed
+next to it). With more than ``max_folds`` shapes, shapes are left out in ``max_folds`` interleaved groups (each
+shape still predicted by a fit that has not seen it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from mcsim.perf.collectives import allreduce_auto_seconds
+from mcsim.perf.roofline import elementwise_seconds, gemm_seconds
+
+#: Parameters of each class: (key, SI units per key unit, lower, upper, start) in the key's own units.
+PARAMETERS = {
+    "gemm": (("performance.flops_fraction", 1.0, 0.05, 1.0, 0.7),
+             ("performance.bandwidth_fraction", 1.0, 0.05, 1.0, 0.85),
+             ("performance.gemm_half_tokens", 1.0, 0.0, 1e4, 100.0),
+             ("performance.gemm_floor_s", 1e-6, 0.0, 1e3, 5.0)),  # fitted in us, stored in s
+    "elementwise": (("performance.kernel_floor_s", 1e-6, 0.0, 1e3, 3.0),
+                    ("performance.elementwise_bandwidth_fraction", 1.0, 0.02, 1.0, 0.6)),
+    "allreduce": (("hardware.collective_base_us", 1e-6, 0.0, 1e4, 20.0),
+                  ("hardware.collective_hop_us", 1e-6, 0.0, 1e3, 3.0),
+                  ("hardware.allreduce_bus_gb_s", 1e9, 1.0, 1e4, 200.0)),
+    "send": (("hardware.send_base_us", 1e-6, 0.0, 1e4, 10.0),
+             ("hardware.send_gb_s", 1e9, 0.1, 1e4, 200.0),
+             ("hardware.remote_send_base_us", 1e-6, 0.0, 1e4, 20.0),
+             ("hardware.remote_send_gb_s", 1e9, 0.1, 1e4, 20.0)),
+    "step": (("performance.step_overhead_s", 1e-6, 0.0, 1e6, 200.0),
+             ("performance.attention_floor_s", 1e-6, 0.0, 1e4, 10.0)),
+}
+#: Key units stored in the calibration: a parameter in "s" is written in seconds, the others as named.
+ERROR_KEY = "performance.{cls}_error"
+
+
+@dataclass
+class Observations:
+    """Measured times of one op class and what the class's formula needs to model them.
+
+    Attributes
+    ----------
+    cls : str
+        One of :data:`PARAMETERS`.
+    measured_s : float64[n]
+    shape : int64[n]
+        Shape id of each row; rows of one shape are resampled and left out together.
+    data : dict
+        Arrays (length n) the class's predictor reads.
+    active : tuple of str
+        The class's parameters this data can tell apart (others keep their start values and are not written).
+    fixed : dict
+        Parameter values not fitted (key units), used by the predictor.
+    sources : list of str
+    """
+
+    cls: str
+    measured_s: np.ndarray
+    shape: np.ndarray
+    data: dict
+    active: tuple
+    fixed: dict = field(default_factory=dict)
+    sources: list = field(default_factory=list)
+
+    def __len__(self):
+        return len(self.measured_s)
+
+    def subset(self, rows) -> "Observations":
+        rows = np.asarray(rows)
+        return Observations(self.cls, self.measured_s[rows], self.shape[rows],
+                            {k: v[rows] for k, v in self.data.items()}, self.active, self.fixed, self.sources)
+
+
+def predict(obs: Observations, values: dict) -> np.ndarray:
+    """Modelled seconds of every row of ``obs`` with parameter ``values`` (key units; missing: fixed or start)."""
+    spec = {key: (unit, start) for key, unit, _, _, start in PARAMETERS[obs.cls]}
+
+    def si(key):
+        unit, start = spec[key]
+        return values.get(key, obs.fixed.get(key, start)) * unit
+
+    d = obs.data
+    if obs.cls == "gemm":
+        return gemm_seconds(d["flops"], d["bytes"], d["peak"] * si("performance.flops_fraction"),
+                            d["hbm"] * si("performance.bandwidth_fraction"), kernels=d["kernels"], rows=d["rows"],
+                            half_tokens=si("performance.gemm_half_tokens"), floor_s=si("performance.gemm_floor_s"))
+    if obs.cls == "elementwise":
+        return elementwise_seconds(d["bytes"], d["hbm"] * si("performance.elementwise_bandwidth_fraction"),
+                                   kernels=d["kernels"], floor_s=si("performance.kernel_floor_s"))
+    if obs.cls == "allreduce":
+        return allreduce_auto_seconds(d["bytes"], d["workers"], si("hardware.collective_base_us"),
+                                      si("hardware.collective_hop_us"), si("hardware.allreduce_bus_gb_s"))
+    if obs.cls == "send":
+        across = d["across"] > 0
+        inside = si("hardware.send_base_us") + d["bytes"] / si("hardware.send_gb_s")
+        remote = si("hardware.remote_send_base_us") + d["bytes"] / si("hardware.remote_send_gb_s")
+        return np.where(across, remote, inside)
+    if obs.cls == "step":
+        return (d["modelled_s"] + si("performance.step_overhead_s")
+                + d["attention_calls"] * si("performance.attention_floor_s"))
+    raise AssertionError(obs.cls)
+
+
+def _bounds(obs: Observations):
+    spec = {key: (lo, hi, start) for key, _, lo, hi, start in PARAMETERS[obs.cls]}
+    lo = np.array([spec[k][0] for k in obs.active])
+    hi = np.array([spec[k][1] for k in obs.active])
+    start = np.array([obs.fixed.get(k, spec[k][2]) for k in obs.active])
+    return lo, hi, np.clip(start, lo, hi)
+
+
+def fit_point(obs: Observations, start: np.ndarray | None = None) -> np.ndarray:
+    """Least-squares fit of the active parameters (key units), minimising the squared log ratio."""
+    lo, hi, x0 = _bounds(obs)
+    if start is not None:
+        x0 = np.clip(start, lo, hi)
+    log_measured = np.log(obs.measured_s)
+
+    def residual(x):
+        modelled = predict(obs, dict(zip(obs.active, x)))
+        return np.log(np.maximum(modelled, 1e-15)) - log_measured
+
+    result = least_squares(residual, x0, bounds=(lo, hi), x_scale="jac", method="trf")
+    return result.x
+
+
+@dataclass
+class ClassFit:
+    """The fit of one op class.
+
+    Attributes
+    ----------
+    cls : str
+    keys : tuple of str
+        Fitted parameters, then the class's error key.
+    estimate : dict
+        Point fit (key units); the error key's estimate is 1.
+    replicates : dict
+        Key -> float64[B], the bootstrap replicates (joint: index b of every key is one refit).
+    fit_mape, cv_mape : float
+        In-sample and cross-validated mean absolute percentage error of the point fit.
+    cv_scheme : str
+    rows, shapes : int
+    sources : list of str
+    """
+
+    cls: str
+    keys: tuple
+    estimate: dict
+    replicates: dict
+    fit_mape: float
+    cv_mape: float
+    cv_scheme: str
+    rows: int
+    shapes: int
+    sources: list
+
+    def band(self, obs: Observations, quantiles=(0.05, 0.95)) -> np.ndarray:
+        """The bootstrap band of modelled time of every row of ``obs``: one row per quantile (model error
+        included)."""
+        n = len(next(iter(self.replicates.values())))
+        error = self.replicates[ERROR_KEY.format(cls=self.cls)]
+        times = np.array([predict(obs, {k: self.replicates[k][b] for k in self.keys}) * error[b] for b in range(n)])
+        return np.quantile(times, quantiles, axis=0)
+
+
+def _mape(modelled, measured) -> float:
+    return float(np.mean(np.abs(modelled - measured) / measured))
+
+
+def cross_validate(obs: Observations, start: np.ndarray, max_folds: int = 40) -> tuple[float, str]:
+    """Mean absolute percentage error of predicting each shape from a fit without it."""
+    shapes = np.unique(obs.shape)
+    if len(shapes) < 2:
+        return float("nan"), "not cross-validated (one shape)"
+    folds = len(shapes) if len(shapes) <= max_folds else max_folds
+    group = {s: i % folds for i, s in enumerate(shapes)}
+    fold_of = np.array([group[s] for s in obs.shape])
+    predicted = np.empty(len(obs))
+    for k in range(folds):
+        held = fold_of == k
+        x = fit_point(obs.subset(np.flatnonzero(~held)), start)
+        predicted[held] = predict(obs.subset(np.flatnonzero(held)), dict(zip(obs.active, x)))
+    scheme = ("leave one shape out" if folds == len(shapes)
+              else f"leave one shape out, {folds} interleaved groups of the {len(shapes)} shapes")
+    return _mape(predicted, obs.measured_s), scheme
+
+
+def fit_class(obs: Observations, *, replicates: int = 200, seed: int = 0, max_folds: int = 40,
+              cross_validation: bool = True) -> ClassFit:
+    """Point fit, cluster bootstrap over shapes (with a model-error draw per replicate) and cross-validation."""
+    if len(obs) == 0:
+        raise ValueError(f"no measurements of class {obs.cls}")
+    x = fit_point(obs)
+    estimate = dict(zip(obs.active, x))
+    modelled = predict(obs, estimate)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(list(PARAMETERS).index(obs.cls),)))
+    shapes = np.unique(obs.shape)
+    rows_of = {s: np.flatnonzero(obs.shape == s) for s in shapes}
+    boot = np.empty((replicates, len(obs.active)))
+    error = np.empty(replicates)
+    for b in range(replicates):
+        drawn = rng.choice(shapes, size=len(shapes), replace=True)
+        rows = np.concatenate([rows_of[s] for s in drawn])
+        sample = obs.subset(rows)
+        boot[b] = fit_point(sample, x)
+        fitted = predict(sample, dict(zip(obs.active, boot[b])))
+        j = rng.integers(len(rows))
+        error[b] = sample.measured_s[j] / fitted[j]
+    cv, scheme = cross_validate(obs, x, max_folds) if cross_validation else (float("nan"), "not run")
+    error_key = ERROR_KEY.format(cls=obs.cls)
+    reps = {key: boot[:, i] for i, key in enumerate(obs.active)}
+    reps[error_key] = error
+    return ClassFit(obs.cls, (*obs.active, error_key), {**estimate, error_key: 1.0}, reps,
+                    _mape(modelled, obs.measured_s), cv, scheme, len(obs), len(shapes), list(obs.sources))

@@ -1,0 +1,222 @@
+"""`mcsim calibrate`: fits that recover known parameters, joint bootstrap draws, regime refusal, files, CLI."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+from click.testing import CliRunner
+
+from mcsim.calibration import fit, measurements
+from mcsim.calibration.command import calibrate
+from mcsim.calibration.files import CalibrationError, load, save
+from mcsim.calibration.vidur import MeasurementError, bundled_collectives, bundled_linear
+from mcsim.cli import main
+from mcsim.scenario import load_scenario
+from mcsim.scenario.distributions import DistributionError, parse
+from mcsim.scenario.loading import draw_uncertain
+
+ROOT = Path(__file__).resolve().parents[1]
+DENSE = ROOT / "scenarios" / "dense-node.toml"
+MLP = bundled_linear("h100", "Llama-2-70b-hf")
+ALLREDUCE = bundled_collectives("h100_dgx", "all_reduce")
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def hand_gemm(flops, nbytes, rows, peak, hbm, f, b, half, floor):
+    """Two GEMM kernels: their floors plus the larger of the size-dependent FLOP time and the byte time."""
+    out = []
+    for F, B, M in zip(flops, nbytes, rows):
+        out.append(2 * floor + max(F / (peak * f * M / (M + half)), B / (hbm * b)))
+    return np.array(out)
+
+
+def test_gemm_fit_recovers_known_parameters():
+    rng = np.random.default_rng(1)
+    rows = np.repeat([1, 4, 16, 64, 256, 1024, 4096], 6).astype(float)
+    flops = 2 * rows * rng.uniform(2e7, 3e8, rows.size)
+    nbytes = rng.uniform(4e7, 6e8, rows.size)
+    truth = (0.71, 0.88, 120.0, 7e-6)
+    measured = hand_gemm(flops, nbytes, rows, 1e15, 3e12, *truth) * np.exp(rng.normal(0, 0.01, rows.size))
+    obs = fit.Observations("gemm", measured, np.arange(rows.size), {
+        "flops": flops, "bytes": nbytes, "rows": rows, "kernels": np.full(rows.size, 2.0),
+        "peak": np.full(rows.size, 1e15), "hbm": np.full(rows.size, 3e12)},
+        ("performance.flops_fraction", "performance.bandwidth_fraction", "performance.gemm_half_tokens",
+         "performance.gemm_floor_s"))
+    f, b, half, floor_us = fit.fit_point(obs)
+    assert f == pytest.approx(0.71, rel=0.03) and b == pytest.approx(0.88, rel=0.03)
+    assert half == pytest.approx(120, rel=0.15) and floor_us == pytest.approx(7.0, rel=0.15)
+
+
+def hand_allreduce(size, p, base, hop, bw):
+    """The fastest of ring, one-shot, two-shot and tree inside a node, written out."""
+    ring = base + 2 * (p - 1) / p * size / bw + 2 * (p - 1) * hop
+    one_shot = base + (p - 1) * size / bw + hop
+    two_shot = base + 2 * (p - 1) / p * size / bw + 2 * hop
+    tree = base + 2 * size / bw + 2 * math.ceil(math.log2(p)) * hop
+    return min(ring, one_shot, two_shot, tree)
+
+
+def test_allreduce_fit_recovers_known_parameters():
+    sizes = np.repeat(2.0 ** np.arange(11, 27), 3)
+    workers = np.tile([2.0, 4.0, 8.0], 16)
+    measured = np.array([hand_allreduce(s, p, 25e-6, 2e-6, 300e9) for s, p in zip(sizes, workers)])
+    obs = fit.Observations("allreduce", measured, np.arange(sizes.size), {"bytes": sizes, "workers": workers},
+                           ("hardware.collective_base_us", "hardware.collective_hop_us",
+                            "hardware.allreduce_bus_gb_s"))
+    base, hop, bus = fit.fit_point(obs)
+    assert base == pytest.approx(25, rel=0.02) and hop == pytest.approx(2, rel=0.05)
+    assert bus == pytest.approx(300, rel=0.01)
+
+
+@pytest.fixture(scope="module")
+def h100(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cal")
+    path = folder / "h100.toml"
+    result = invoke("calibrate", MLP, ALLREDUCE, "--replicates", "30", "-o", path)
+    return path, result
+
+
+def test_calibrate_command_prints_cross_validated_errors_and_writes_intervals(h100):
+    path, result = h100
+    assert result.exit_code == 0, result.output
+    assert "cross-validated MAPE" in result.output and "leave one shape out" in result.output
+    cal = load(path)
+    assert cal.regime["hardware"] == "h100" and cal.regime["dtype"] == "bf16" and cal.replicates == 30
+    for cls in ("gemm", "elementwise", "allreduce"):
+        # the measured data: linear ops within 8 %, all-reduce within 15 % even left out
+        assert cal.classes[cls]["cv_mape"] < {"gemm": 0.08, "elementwise": 0.15, "allreduce": 0.15}[cls]
+    frac = cal.parameters["performance.flops_fraction"]
+    assert frac["low"] <= frac["estimate"] <= frac["high"] and frac["low"] < frac["high"]
+    assert 300 < cal.parameters["hardware.allreduce_bus_gb_s"]["estimate"] < 400  # GB/s, not bytes/s
+    assert 1e-6 < cal.parameters["performance.gemm_floor_s"]["estimate"] < 2e-5  # seconds
+    again = invoke("calibrate", MLP, "-o", path)
+    assert again.exit_code == 2 and "--force" in again.stderr
+
+
+def test_a_run_draws_one_joint_replicate_per_sample(h100, tmp_path):
+    path, _ = h100
+    cal = load(path)
+    scn = load_scenario(DENSE, overrides=["precision.enabled=false", f"performance.calibration={json.dumps(str(path))}"])
+    draws = draw_uncertain(scn, np.arange(12), 3)
+    keys = [k for k, spec in cal.parameters.items() if min(spec["replicates"]) < max(spec["replicates"])]
+    for s in range(12):
+        index = {cal.parameters[k]["replicates"].index(draws[k][s]) for k in keys}
+        assert len(index) == 1  # every parameter from the same bootstrap replicate
+    assert len({tuple(draws[k][s] for k in keys) for s in range(12)}) > 6
+    out = tmp_path / "run.nc"
+    result = invoke("run", DENSE, "--set", "precision.enabled=false", "--calibration", path, "--samples", "3",
+                    "--requests", "300", "-o", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        drawn = ds["performance.flops_fraction"].values.ravel()
+        # the calibrated value replaces the scenario's uniform(0.45, 0.7): no multiplication
+        assert set(drawn.tolist()) <= set(cal.parameters["performance.flops_fraction"]["replicates"])
+        assert json.loads(ds.attrs["calibration"])["regime"]["hardware"] == "h100"
+
+
+def test_another_regime_is_refused_naming_every_difference(h100, tmp_path):
+    path, _ = h100
+    result = invoke("run", DENSE, "--calibration", path, "-o", tmp_path / "x.nc")
+    assert result.exit_code == 2 and "dtype: calibrated for 'bf16'" in result.stderr and "'fp8'" in result.stderr
+    assert not (tmp_path / "x.nc").exists()
+    result = invoke("run", DENSE, "--set", "precision.enabled=false", "--set", 'hardware.preset="a100"',
+                    "--calibration", path, "-o", tmp_path / "x.nc")
+    assert result.exit_code == 2 and "hardware: calibrated for 'h100'" in result.stderr
+    result = invoke("run", ROOT / "scenarios" / "factory.toml", "--calibration", path, "-o", tmp_path / "x.nc")
+    assert result.exit_code == 2 and "fidelity" in result.stderr
+
+
+def test_held_out_half_within_its_band(tmp_path):
+    gemm, _ = measurements.linear_observations(MLP, measurements_hw())
+    shapes = np.unique(gemm.shape)
+    train = np.isin(gemm.shape, shapes[::2])
+    fitted = fit.fit_class(gemm.subset(np.flatnonzero(train)), replicates=40, cross_validation=False)
+    test = gemm.subset(np.flatnonzero(~train))
+    predicted = fit.predict(test, fitted.estimate)
+    assert np.mean(np.abs(predicted - test.measured_s) / test.measured_s) < 0.08
+    low, high = fitted.band(test)
+    coverage = np.mean((test.measured_s >= low) & (test.measured_s <= high))
+    assert coverage > 0.75  # a 90 % band of parameters and model error
+
+
+def measurements_hw():
+    from mcsim.scenario import catalog
+
+    return catalog.hardware_preset("h100")
+
+
+def test_step_csv_fit_recovers_an_injected_host_overhead(tmp_path):
+    rows = [("h100", "llama-3.1-8b", 1, s, c, q) for s, c, q in
+            ((1, 512, 0), (8, 1024, 0), (32, 2048, 0), (64, 512, 256), (4, 4096, 0), (16, 1000, 512))]
+    modelled = measurements.step_observations(_write_steps(tmp_path / "a.csv", rows, [1.0] * len(rows)), "bf16", {})
+    times_ms = modelled.data["modelled_s"] * 1e3 + 0.75  # 0.75 ms of host work per step
+    path = _write_steps(tmp_path / "b.csv", rows, times_ms)
+    cal, fits = calibrate([path], replicates=10)
+    assert cal.regime["hardware"] == "h100"
+    assert cal.parameters["performance.step_overhead_s"]["estimate"] == pytest.approx(0.75e-3, rel=1e-3)
+
+
+def _write_steps(path, rows, times_ms):
+    lines = ["# measured steps", ",".join(measurements.STEP_COLUMNS)]
+    lines += [",".join(str(x) for x in (*row, t)) for row, t in zip(rows, times_ms)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("text, words", [
+    ("hardware,model,tp\nh100,x,1\n", "not a measurement file"),
+    ("hardware,model,tp,decode_seqs,mean_context,prefill_tokens,time_ms\nh100,llama-3.1-8b,one,1,10,0,1\n",
+     ":2: expected integers"),
+    ("hardware,model,tp,decode_seqs,mean_context,prefill_tokens,time_ms\nh100,nope,1,1,10,0,1\n",
+     "unknown model preset 'nope'"),
+    ("hardware,model,tp,decode_seqs,mean_context,prefill_tokens,time_ms\nh100,llama-3.1-8b,1,1,10,0,-1\n",
+     ":2: tp >= 1"),
+])
+def test_bad_measurement_files_are_one_line_errors(tmp_path, text, words):
+    path = tmp_path / "m.csv"
+    path.write_text(text)
+    result = invoke("calibrate", path, "--hardware", "h100", "-o", tmp_path / "c.toml")
+    assert result.exit_code == 2 and words in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "c.toml").exists()
+
+
+def test_unknown_hardware_is_refused(tmp_path):
+    path = tmp_path / "all_reduce.csv"
+    path.write_text(Path(ALLREDUCE).read_text())
+    result = invoke("calibrate", path, "-o", tmp_path / "c.toml")
+    assert result.exit_code == 2 and "--hardware" in result.stderr
+
+
+def test_calibration_files_are_checked(h100, tmp_path):
+    path, _ = h100
+    text = path.read_text()
+    broken = tmp_path / "b.toml"
+    broken.write_text(text.replace("format = 2", "format = 1"))
+    with pytest.raises(CalibrationError, match="calibration.format"):
+        load(broken)
+    broken.write_text(text.replace('[parameters."performance.gemm_error"]', '[parameters."performance.nope"]'))
+    with pytest.raises(CalibrationError, match="performance.nope: not a numeric scenario key"):
+        load(broken)
+    broken.write_text(text.replace('hardware = "h100"', 'hardware = ""'))
+    with pytest.raises(CalibrationError, match="regime.hardware: missing"):
+        load(broken)
+    cal = load(path)
+    with pytest.raises(CalibrationError, match="exists"):
+        save(cal, path)
+
+
+def test_a_named_stream_is_shared_and_checked():
+    assert parse({"dist": "choice", "values": [1, 2], "stream": "s"}, "a.b", allow_nested=False).stream == "s"
+    with pytest.raises(DistributionError, match="a.b.stream"):
+        parse({"dist": "choice", "values": [1, 2], "stream": 3}, "a.b", allow_nested=False)
+
+
+def test_unreadable_vidur_file_is_a_measurement_error(tmp_path):
+    with pytest.raises(MeasurementError):
+        measurements.kind_of(tmp_path / "missing.csv")
