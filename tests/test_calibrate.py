@@ -220,3 +220,24 @@ def test_a_named_stream_is_shared_and_checked():
 def test_unreadable_vidur_file_is_a_measurement_error(tmp_path):
     with pytest.raises(MeasurementError):
         measurements.kind_of(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100"])
+def test_catalog_defaults_are_what_calibrate_fits_on_the_bundled_data(gpu):
+    from mcsim.calibration.vidur import LINEAR_MODELS
+    from mcsim.scenario import catalog
+
+    files = [bundled_linear(gpu, m) for m in LINEAR_MODELS[gpu]]
+    files += [bundled_collectives(f"{gpu}_dgx", c) for c in ("all_reduce", "send_recv")]
+    cal, _ = calibrate(files, hardware=gpu, replicates=2, cross_validation=False)
+    hw = catalog.hardware_preset(gpu)
+    catalog_units = {"performance.flops_fraction": ("gemm_flops_fraction", 1), "performance.bandwidth_fraction":
+                     ("gemm_bandwidth_fraction", 1), "performance.gemm_half_tokens": ("gemm_half_tokens", 1),
+                     "performance.gemm_floor_s": ("gemm_floor_us", 1e-6), "performance.kernel_floor_s":
+                     ("kernel_floor_us", 1e-6), "performance.elementwise_bandwidth_fraction":
+                     ("elementwise_bandwidth_fraction", 1)}
+    for key, spec in cal.parameters.items():
+        if key.endswith("_error"):
+            continue
+        name, unit = catalog_units.get(key, (key.split(".", 1)[1], 1))
+        assert hw[name] * unit == pytest.approx(spec["estimate"], rel=0.01, abs=0.05 * unit), key

@@ -20,8 +20,15 @@ def checks():
 
 
 def test_every_check_passes(checks):
-    failed = [f"{c.name}: mcsim {c.mcsim} vs {c.reference} ± {c.tolerance} ({c.source})" for c in checks if not c.passed]
+    failed = [f"{c.name}: mcsim {c.mcsim} vs {c.reference} ± {c.tolerance} ({c.source})" for c in checks
+              if not c.passed and not c.target]
     assert not failed, "\n".join(failed)
+
+
+def test_fidelity_targets_are_reported_not_enforced(checks, tmp_path):
+    targets = [c for c in checks if c.target]
+    assert len(targets) == 16 and {c.result for c in targets} <= {"met", "missed"}
+    assert all(c.result == ("met" if c.passed else "missed") for c in targets)
 
 
 def test_the_checks_cover_every_stage(checks):
