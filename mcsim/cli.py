@@ -181,21 +181,27 @@ def sweep(**kw):
               help="Which Monte Carlo sample's draws to use.")
 @click.option("--baseline", is_flag=True, help="The baseline variant (levers off) instead of the factory.")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE", help="Override a scenario value.")
+@click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path),
+              help="Draw the step-time parameters from a calibration file (sets performance.calibration).")
 @click.option("--json", "as_json", is_flag=True, help="Print the step as JSON.")
 def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool, sample, baseline, overrides,
-          as_json):
+          calibration, as_json):
     """One step of one instance of SCENARIO, op by op (time, FLOPs, bytes, what bounds it), and each pool's memory."""
     from mcsim.execution import api
     from mcsim.scenario import ScenarioError
     from mcsim.scenario.distributions import DistributionError
 
+    from mcsim.calibration.files import CalibrationError
+
     if prefill_tokens == 0 and decode_seqs == 0:
         raise UserError("a step needs --decode-seqs or --prefill-tokens above 0")
+    if calibration is not None:
+        overrides = (*overrides, f"performance.calibration={json.dumps(str(calibration))}")
     try:
         step = api.step_time(scenario, decode_seqs=decode_seqs, context=context, prefill_tokens=prefill_tokens,
                              prefill_context=prefill_context, pool=pool, sample=sample,
                              variant="baseline" if baseline else "factory", overrides=overrides)
-    except (ScenarioError, DistributionError) as err:
+    except (ScenarioError, DistributionError, CalibrationError) as err:
         raise UserError(str(err)) from None
     if as_json:
         click.echo(json.dumps(_finite(step), indent=2, allow_nan=False))

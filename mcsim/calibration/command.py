@@ -19,7 +19,7 @@ from mcsim.calibration.files import Calibration, CalibrationError, build
 from mcsim.calibration.vidur import MeasurementError
 
 #: Fitting order: the step class is fitted last, on top of the others' point fits.
-ORDER = ("gemm", "elementwise", "allreduce", "send", "step")
+ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "step")
 DTYPES = ("fp32", "bf16", "fp8", "fp4")
 
 
@@ -81,6 +81,9 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
             parts["elementwise"].append(elementwise)
         elif kind == "vidur-all_reduce":
             parts["allreduce"].append(measurements.allreduce_observations(path))
+            nodes = measurements.allreduce_node_observations(path, int(hw["gpus_per_node"]))
+            if nodes is not None:
+                parts["allreduce_nodes"].append(nodes)
         elif kind == "vidur-send_recv":
             parts["send"].append(measurements.send_observations(path))
     fits = []

@@ -12,6 +12,8 @@ elementwise     RMSNorms, RoPE, SwiGLU, residual adds (mlp.csv)        performan
                                                                        elementwise_bandwidth_fraction
 allreduce       NCCL all-reduce inside a node (all_reduce.csv)         hardware.collective_base_us, collective_hop_us,
                                                                        allreduce_bus_gb_s
+allreduce_nodes NCCL all-reduce over whole nodes (all_reduce.csv)      hardware.remote_allreduce_base_us,
+                                                                       remote_allreduce_bus_gb_s
 send            NCCL send/recv (send_recv.csv)                         hardware.send_base_us, send_gb_s (inside a
                                                                        node), remote_send_base_us, remote_send_gb_s
 step            whole step times (the plain step CSV, :mod:`.steps`)   performance.step_overhead_s (and
@@ -21,8 +23,9 @@ step            whole step times (the plain step CSV, :mod:`.steps`)   performan
 
 The fit minimises the squared log ratio of modelled to measured time (relative error, scale-free) with
 ``scipy.optimize.least_squares`` within physical bounds. Every class also gets a *model error*
-(``performance.<class>_error``): the ratio measured / modelled of one measurement drawn at random, so the spread
-of the model around the measurements, not only the uncertainty of its parameters, reaches the bands of a run.
+(``performance.<class>_error``): the ratio measured / modelled of one measurement drawn at random among those the
+replicate's fit has not seen (out of bag), so the spread of the model's *predictions* around the measurements, not
+only the uncertainty of its parameters, reaches the bands of a run.
 
 Uncertainty: a cluster bootstrap over *shapes* (all rows of one measured configuration are drawn together, so
 repeated measurements of a shape do not count as independent evidence): ``replicates`` resamples, each refitted,
@@ -35,6 +38,7 @@ shape still predicted by a fit that has not seen it).
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +58,8 @@ PARAMETERS = {
     "allreduce": (("hardware.collective_base_us", 1e-6, 0.0, 1e4, 20.0),
                   ("hardware.collective_hop_us", 1e-6, 0.0, 1e3, 3.0),
                   ("hardware.allreduce_bus_gb_s", 1e9, 1.0, 1e4, 200.0)),
+    "allreduce_nodes": (("hardware.remote_allreduce_base_us", 1e-6, 0.0, 1e5, 50.0),
+                        ("hardware.remote_allreduce_bus_gb_s", 1e9, 0.1, 1e4, 20.0)),
     "send": (("hardware.send_base_us", 1e-6, 0.0, 1e4, 10.0),
              ("hardware.send_gb_s", 1e9, 0.1, 1e4, 200.0),
              ("hardware.remote_send_base_us", 1e-6, 0.0, 1e4, 20.0),
@@ -121,6 +127,9 @@ def predict(obs: Observations, values: dict) -> np.ndarray:
     if obs.cls == "allreduce":
         return allreduce_auto_seconds(d["bytes"], d["workers"], si("hardware.collective_base_us"),
                                       si("hardware.collective_hop_us"), si("hardware.allreduce_bus_gb_s"))
+    if obs.cls == "allreduce_nodes":
+        ring = 2.0 * (d["workers"] - 1) / d["workers"] * d["bytes"]
+        return si("hardware.remote_allreduce_base_us") + ring / si("hardware.remote_allreduce_bus_gb_s")
     if obs.cls == "send":
         across = d["across"] > 0
         inside = si("hardware.send_base_us") + d["bytes"] / si("hardware.send_gb_s")
@@ -225,7 +234,7 @@ def fit_class(obs: Observations, *, replicates: int = 200, seed: int = 0, max_fo
     x = fit_point(obs)
     estimate = dict(zip(obs.active, x))
     modelled = predict(obs, estimate)
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(list(PARAMETERS).index(obs.cls),)))
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(zlib.crc32(obs.cls.encode()),)))
     shapes = np.unique(obs.shape)
     rows_of = {s: np.flatnonzero(obs.shape == s) for s in shapes}
     boot = np.empty((replicates, len(obs.active)))
@@ -233,11 +242,11 @@ def fit_class(obs: Observations, *, replicates: int = 200, seed: int = 0, max_fo
     for b in range(replicates):
         drawn = rng.choice(shapes, size=len(shapes), replace=True)
         rows = np.concatenate([rows_of[s] for s in drawn])
-        sample = obs.subset(rows)
-        boot[b] = fit_point(sample, x)
-        fitted = predict(sample, dict(zip(obs.active, boot[b])))
-        j = rng.integers(len(rows))
-        error[b] = sample.measured_s[j] / fitted[j]
+        boot[b] = fit_point(obs.subset(rows), x)
+        # the model error: a measurement this replicate's fit has not seen (out of bag), else any of them
+        unseen = np.flatnonzero(~np.isin(obs.shape, drawn))
+        j = rng.choice(unseen) if len(unseen) else rng.choice(rows)
+        error[b] = obs.measured_s[j] / predict(obs.subset([j]), dict(zip(obs.active, boot[b])))[0]
     cv, scheme = cross_validate(obs, x, max_folds) if cross_validation else (float("nan"), "not run")
     error_key = ERROR_KEY.format(cls=obs.cls)
     reps = {key: boot[:, i] for i, key in enumerate(obs.active)}

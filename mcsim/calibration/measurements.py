@@ -4,9 +4,9 @@ Files are recognised by their header:
 
 * Vidur's ``mlp.csv`` (``time_stats.attn_pre_proj.*`` ...): per-layer GEMMs (class ``gemm``) and element-wise
   kernels (class ``elementwise``) of one model on one GPU;
-* Vidur's ``all_reduce.csv`` / ``send_recv.csv``: NCCL collectives (classes ``allreduce`` and ``send``); only
-  all-reduces inside one node are fitted (the multi-node rows are read and left out: the hierarchical model is not
-  calibrated);
+* Vidur's ``all_reduce.csv`` / ``send_recv.csv``: NCCL collectives (classes ``allreduce`` inside one node,
+  ``allreduce_nodes`` over whole nodes, and ``send``); all-reduce rows of partly filled nodes (1-4 GPUs per node)
+  are left out: mcsim lays a group out on consecutive GPUs;
 * a plain step CSV (:data:`STEP_COLUMNS`): whole measured steps (class ``step``).
 
 The step CSV
@@ -133,6 +133,22 @@ def allreduce_observations(path) -> Observations:
     shape = np.array([ids[k] for k in zip(workers.tolist(), nbytes.tolist())], dtype=np.int64)
     return Observations("allreduce", times.median_s[inside], shape, {"bytes": nbytes, "workers": workers},
                         ("hardware.collective_base_us", "hardware.collective_hop_us", "hardware.allreduce_bus_gb_s"),
+                        sources=[str(path)])
+
+
+def allreduce_node_observations(path, gpus_per_node: int) -> Observations | None:
+    """All-reduces over whole nodes of ``gpus_per_node`` GPUs (the layout mcsim gives a group that spans nodes);
+    None when the file has none."""
+    times = read_collectives(path)
+    rows = (times.devices_per_node == gpus_per_node) & (times.workers > gpus_per_node)
+    if times.collective != "all_reduce" or not rows.any():
+        return None
+    nbytes, workers = times.nbytes[rows].astype(float), times.workers[rows].astype(float)
+    keys = sorted(set(zip(workers.tolist(), nbytes.tolist())))
+    ids = {k: i for i, k in enumerate(keys)}
+    shape = np.array([ids[k] for k in zip(workers.tolist(), nbytes.tolist())], dtype=np.int64)
+    return Observations("allreduce_nodes", times.median_s[rows], shape, {"bytes": nbytes, "workers": workers},
+                        ("hardware.remote_allreduce_base_us", "hardware.remote_allreduce_bus_gb_s"),
                         sources=[str(path)])
 
 

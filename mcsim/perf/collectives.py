@@ -37,6 +37,11 @@ which ``mcsim validate`` checks against the measurements. Where a figure is 0 (n
 applies: no fixed cost, ``latency_s`` per hop, ``scale_up_gb_s x network_fraction``. An explicit ``latency_s``
 replaces the hop latency.
 
+Across nodes, hardware with measured figures (``remote_allreduce_base_us``, ``remote_allreduce_bus_gb_s``; the A100
+entry, fitted to the measured all-reduces of 16 GPUs on two DGX A100 nodes) prices ``auto`` as that fixed cost plus
+the ring's ``2 (p-1)/p S`` at that bus bandwidth (NCCL's "busbw"); elsewhere the algorithms above run with the
+scale-out bandwidth between nodes.
+
 All-to-all (MoE dispatch or combine) of ``S = tokens x copies x token_bytes`` per GPU over ``p`` GPUs:
 
 * direct: every GPU sends ``(p-1)/p`` of its data straight to its destination, in one step. Within a node
@@ -136,6 +141,9 @@ def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "auto", la
         up = hw.allreduce_bus_gb_s * 1e9
         base = hw.collective_base_us * 1e-6
         hop = hw.collective_hop_us * 1e-6 if latency_s is None else latency_s
+    if nodes > 1 and hw.remote_allreduce_bus_gb_s > 0 and algorithm == "auto" and latency_s is None:
+        ring = 2.0 * (p - 1) / p * nbytes  # measured NCCL figures across whole nodes: its own algorithm choice
+        return hw.remote_allreduce_base_us * 1e-6 + ring / (hw.remote_allreduce_bus_gb_s * 1e9), ring
     candidates = allreduce_candidates(nbytes, p, nodes, per_node, up, out, base, hop)
     if algorithm == "auto":
         return min(candidates.values())

@@ -38,6 +38,9 @@ class Hardware:
     collective_base_us, collective_hop_us, allreduce_bus_gb_s : float
         Fitted NCCL figures inside a node: the fixed cost of one collective, the latency of one hop and the
         achieved all-reduce bandwidth per direction (0 where not measured).
+    remote_allreduce_base_us, remote_allreduce_bus_gb_s : float
+        Fitted NCCL all-reduce figures across nodes (groups of whole nodes): fixed cost and bus bandwidth per GPU
+        (0 where not measured).
     send_base_us, send_gb_s, remote_send_base_us, remote_send_gb_s : float
         Fitted NCCL point-to-point figures inside a node and between nodes: fixed cost and achieved bandwidth
         (0 where not measured).
@@ -65,6 +68,8 @@ class Hardware:
     collective_base_us: float = 0.0
     collective_hop_us: float = 0.0
     allreduce_bus_gb_s: float = 0.0
+    remote_allreduce_base_us: float = 0.0
+    remote_allreduce_bus_gb_s: float = 0.0
     send_base_us: float = 0.0
     send_gb_s: float = 0.0
     remote_send_base_us: float = 0.0
@@ -120,6 +125,8 @@ def as_hardware(entry) -> Hardware:
         collective_base_us=float(values.get("collective_base_us", 0.0)),
         collective_hop_us=float(values.get("collective_hop_us", 0.0)),
         allreduce_bus_gb_s=float(values.get("allreduce_bus_gb_s", 0.0)),
+        remote_allreduce_base_us=float(values.get("remote_allreduce_base_us", 0.0)),
+        remote_allreduce_bus_gb_s=float(values.get("remote_allreduce_bus_gb_s", 0.0)),
         send_base_us=float(values.get("send_base_us", 0.0)), send_gb_s=float(values.get("send_gb_s", 0.0)),
         remote_send_base_us=float(values.get("remote_send_base_us", 0.0)),
         remote_send_gb_s=float(values.get("remote_send_gb_s", 0.0)),

@@ -121,7 +121,8 @@ GRAPH_LAUNCH_FRACTION = 0.1
 FUSED_KERNEL_FRACTION = 0.5
 #: Op classes a calibration measures, and the ops whose time each class's error multiplier scales.
 ERROR_CLASSES = {"gemm": ("attention_proj", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head"),
-                 "elementwise": ("elementwise",), "allreduce": ("tp_allreduce",), "send": ("pp_send",)}
+                 "elementwise": ("elementwise",), "allreduce": ("tp_allreduce",), "send": ("pp_send",),
+                 "allreduce_nodes": ("tp_allreduce",)}
 
 
 @dataclass(frozen=True)
@@ -638,7 +639,10 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     t_launch = launches * achievable.launch_overhead_s * (GRAPH_LAUNCH_FRACTION if achievable.cuda_graphs else 1.0)
     t_overhead = t_launch + achievable.step_overhead_s
     ops["overhead"]["t"] = t_overhead
+    spans_nodes = tp > hw.gpus_per_node  # the TP all-reduce's error is that of all-reduces across nodes
     for cls, names in ERROR_CLASSES.items():
+        if cls == ("allreduce" if spans_nodes else "allreduce_nodes"):
+            continue
         factor = achievable.errors.get(cls, 1.0)
         if factor != 1.0:
             for name in names:

@@ -106,6 +106,11 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                                               "kernel_floor_us; 0 where unknown (then 0.8)"),
     "allreduce_bus_gb_s": (float, "achieved all-reduce bandwidth per GPU and direction inside a node, GB/s, fitted "
                                   "like collective_base_us; 0 where unknown (then scale_up_gb_s x network_fraction)"),
+    "remote_allreduce_base_us": (float, "fixed cost of one NCCL all-reduce across whole nodes, us, fitted to "
+                                        "measured times where the source says so; 0 where unknown"),
+    "remote_allreduce_bus_gb_s": (float, "achieved all-reduce bus bandwidth per GPU across whole nodes (NCCL's "
+                                         "busbw: algorithm bandwidth x 2 (p-1)/p), GB/s, fitted like "
+                                         "remote_allreduce_base_us; 0 where unknown (then the hierarchical model)"),
     "tdp_w": (float, "board power limit, W"),
     "idle_w": (float, "power of a powered-on idle GPU, W (estimate)"),
     "price_usd": (float, "purchase price of one accelerator, USD (estimate)"),
