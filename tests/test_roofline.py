@@ -421,3 +421,15 @@ def test_hardware_is_a_typed_object():
     model = catalog.model_preset("llama-3.1-8b")
     a = step_cost(model, entry, decode_seqs=32, decode_context=1000).t_step
     assert step_cost(model, hw, decode_seqs=32, decode_context=1000).t_step == a
+
+
+def test_prefill_steps_use_their_own_allreduce_algorithm():
+    model, hw = catalog.model_preset("llama-3.1-70b"), catalog.hardware_preset("h100")
+    collectives = Collectives(allreduce="one-shot", prefill_allreduce="ring")
+    layers = model["layers"]
+    for decode, prefill, algorithm in ((8, 0, "one-shot"), (0, 2048, "ring"), (8, 512, "ring")):
+        cost = step_cost(model, hw, decode_seqs=decode, decode_context=100, prefill_tokens=prefill,
+                         parallel=Parallelism(tp=8), collectives=collectives)
+        one, _ = allreduce_time((decode + prefill) * model["hidden_size"] * 2.0, 8, hw, algorithm=algorithm,
+                                network_fraction=Achievable().network_fraction)
+        assert cost.breakdown["tp_allreduce"]["t"] == pytest.approx(2 * layers * one, rel=1e-12)

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import xarray as xr
 from click.testing import CliRunner
@@ -64,3 +65,41 @@ def test_a_calibration_from_another_regime_is_refused(traced, tmp_path):
 def test_ollama_options_go_together(tmp_path):
     result = invoke(*TRACE, "-o", tmp_path / "o", "--ollama", "http://127.0.0.1:9")
     assert result.exit_code == 2
+
+
+def test_a_calibrated_fraction_replaces_the_scenarios(traced, tmp_path):
+    from mcsim.calibration.files import load
+
+    _, cal_path, _ = traced
+    cal = load(cal_path)
+    assert cal.regime == {"hardware": "cpu-host", "dtype": "fp32", "fidelity": "roofline", "stack": "numpy",
+                          "stack_version": cal.regime["stack_version"]}
+    assert cal.notes["measured_shape"]["layers"] >= 1  # the scaled decoder that ran, not the full model
+    out = tmp_path / "c.nc"
+    result = invoke("run", THIS, "--samples", "3", "--requests", "300", "-o", out, "--no-progress",
+                    "--set", "performance.bandwidth_fraction=0.5", "--calibration", cal_path)
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        drawn = ds["performance.bandwidth_fraction"].values.ravel().tolist()
+    assert set(drawn) <= set(cal.parameters["performance.bandwidth_fraction"]["replicates"])  # not x 0.5
+
+
+def test_an_ollama_measurement_is_a_data_point():
+    from mcsim.optrace import decoder, profiles
+    from mcsim.optrace.command import trace_calibration
+
+    trace = decoder.run_trace("llama-3.1-8b", prompt_tokens=8, decode_tokens=4, max_params=2e6, seed=0)
+    this = profiles.measure_this_machine(seconds=0.05)
+    alone = trace_calibration(trace, this, replicates=50)
+    decoder_only = alone.parameters["performance.bandwidth_fraction"]["replicates"]
+    target = 0.5 * min(decoder_only)  # an Ollama point well below every decoder replicate
+    ollama = {"model": "tiny", "decode_tok_s": 1.0}
+    weights_gb = target * this.bandwidth_bytes_s / 1e9  # weight bytes streamed per token at 1 token/s
+    both = trace_calibration(trace, this, ollama=ollama, ollama_weights_gb=weights_gb, replicates=50)
+    assert both.notes["ollama"]["bandwidth_fraction"] == pytest.approx(target)
+    reps = both.parameters["performance.bandwidth_fraction"]["replicates"]
+    # replicates draw among the two data points: some take the Ollama point twice, all lie between the two
+    assert min(reps) == pytest.approx(target) and max(reps) <= max(decoder_only) * (1 + 1e-12)
+    assert np.median(reps) < np.median(decoder_only)
+    without_size = trace_calibration(trace, this, ollama=ollama, replicates=50)
+    assert "no" in without_size.notes["ollama"]["used"]

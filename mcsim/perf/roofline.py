@@ -183,6 +183,9 @@ class Collectives:
     ----------
     allreduce : {"auto", "ring", "one-shot", "two-shot", "tree", "hierarchical"}
         ``auto``: the fastest for each message (see :func:`mcsim.perf.collectives.allreduce_time`).
+    prefill_allreduce : str
+        The all-reduce algorithm of steps with prefill tokens ("": ``allreduce``): prefill messages are thousands of
+        tokens, decode messages a few, and engines may pick differently for the two.
     alltoall : {"direct", "hierarchical"}
     overlap : float
         Fraction of communication time hidden behind compute, in [0, 1].
@@ -194,6 +197,7 @@ class Collectives:
     alltoall: str = "direct"
     overlap: float = 0.0
     latency_s: float | None = None
+    prefill_allreduce: str = ""
 
 
 @dataclass(frozen=True)
@@ -623,7 +627,9 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     # communication
     net = {"latency_s": collectives.latency_s, "network_fraction": achievable.network_fraction}
     if tp > 1:
-        t, sent = allreduce_time(n * h * a, tp, hw, algorithm=collectives.allreduce, **net)
+        algorithm = collectives.prefill_allreduce if prefill_tokens > 0 and collectives.prefill_allreduce \
+            else collectives.allreduce
+        t, sent = allreduce_time(n * h * a, tp, hw, algorithm=algorithm, **net)
         ops["tp_allreduce"].update(t=2 * layers * t, sent=2 * layers * sent)
     if ep > 1 and moe_layers > 0:
         tokens_per_gpu = hot_rank_factor * tokens / stage_gpus

@@ -32,7 +32,8 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
         "collectives": roofline.Collectives(
             allreduce=p["performance.allreduce"], alltoall=p["performance.alltoall"],
             overlap=p["performance.overlap_fraction"] if p["efficiency.comm_overlap"] else 0.0,
-            latency_s=p["performance.collective_latency_s"] or None),
+            latency_s=p["performance.collective_latency_s"] or None,
+            prefill_allreduce="" if p["performance.prefill_allreduce"] == "same" else p["performance.prefill_allreduce"]),
         "achievable": roofline.Achievable(
             flops_fraction=p["performance.flops_fraction"], bandwidth_fraction=p["performance.bandwidth_fraction"],
             network_fraction=p["performance.network_fraction"], launch_overhead_s=p["performance.launch_overhead_s"],

@@ -233,6 +233,9 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
         "allreduce": C("auto", "TP all-reduce algorithm; auto: the fastest for each message size and group (as NCCL's "
                        "tuner and custom all-reduces pick).", "auto", "ring", "one-shot", "two-shot", "tree",
                        "hierarchical"),
+        "prefill_allreduce": C("same", "TP all-reduce algorithm of prefill steps (a disaggregated prefill pool, or "
+                               "every step with prefill tokens in a colocated one); same: performance.allreduce.",
+                               "same", "auto", "ring", "one-shot", "two-shot", "tree", "hierarchical"),
         "alltoall": C("hierarchical", "EP all-to-all algorithm.", "direct", "hierarchical"),
         "collective_latency_s": F(0.0, "Latency per collective step (hop), s; 0 = the hardware catalog's, fitted to "
                                        "measured NCCL times where it has one (hardware.collective_hop_us), else "
@@ -345,7 +348,8 @@ FIDELITY_ONLY: dict[str, str] = {
                                                  "gemm_error", "elementwise_error", "allreduce_error",
                                                  "allreduce_nodes_error", "send_error",
                                                  "step_error",
-                                                 "allreduce", "alltoall", "collective_latency_s", "overlap_fraction",
+                                                 "allreduce", "prefill_allreduce", "alltoall", "collective_latency_s",
+                                                 "overlap_fraction",
                                                  "launch_overhead_s", "kernels_per_layer", "cuda_graphs",
                                                  "step_overhead_s", "attention_window", "sparse_topk")},
     "precision.compute": "roofline", "precision.activation_bytes": "roofline",
