@@ -381,7 +381,7 @@ HELD_OUT_MAPE_TARGET = 0.05
 COVERAGE_TARGET = 0.85
 
 
-def held_out_errors(gpu: str):
+def held_out_errors(gpu: str, replicates: int = 200):
     """Calibrate each op class on half the measured shapes (every other one), predict the other half: op class ->
     (held-out MAPE, share of held-out shapes whose measured time lies in the 90 % bootstrap band)."""
     from mcsim.calibration import fit, measurements
@@ -398,7 +398,7 @@ def held_out_errors(gpu: str):
     for cls, obs in classes.items():
         shapes = np.unique(obs.shape)
         train = np.isin(obs.shape, shapes[::2])
-        fitted = fit.fit_class(obs.subset(np.flatnonzero(train)), replicates=200, cross_validation=False)
+        fitted = fit.fit_class(obs.subset(np.flatnonzero(train)), replicates=replicates, cross_validation=False)
         test = obs.subset(np.flatnonzero(~train))
         predicted = fit.predict(test, fitted.estimate)
         low, high = fitted.band(test)
@@ -424,7 +424,7 @@ def elementwise_errors(gpu: str) -> np.ndarray:
     return np.abs(modelled - obs.measured_s) / obs.measured_s
 
 
-def calibration_checks() -> list[Check]:
+def calibration_checks(quick: bool = False) -> list[Check]:
     """Element-wise kernels with the default floors, then each op class calibrated on half of the measured shapes
     and checked on the other half (error and band coverage, as fidelity targets)."""
     checks = []
@@ -434,7 +434,7 @@ def calibration_checks() -> list[Check]:
                              "Llama-2 7B and 70B, TP 1-8, 1-4096 tokens: MAPE", float(errors.mean()), 0.0, 0.15,
                              GEMMS.replace("GEMM", "kernel"), "fraction",
                              "mean absolute percentage error <= 15 % with the catalog's fitted kernel floor"))
-        for cls, (mape, coverage) in held_out_errors(gpu).items():
+        for cls, (mape, coverage) in held_out_errors(gpu, 40 if quick else 200).items():
             checks.append(_check(f"{cls} calibrated on half the {gpu.upper()} shapes: held-out MAPE",
                                  mape, 0.0, HELD_OUT_MAPE_TARGET, GEMMS if cls in ("gemm", "elementwise") else NCCL,
                                  "fraction", "target: <= 5 % on the shapes left out of the fit", target=True))
@@ -489,7 +489,7 @@ def run_validation(out_dir: str | os.PathLike | None = None, quick: bool = False
     """
     started = time.perf_counter()
     checks = (speculative_checks(quick) + expert_checks(quick) + kv_bytes_checks() + trace_checks()
-              + batching_checks(quick) + collective_checks() + linear_checks() + calibration_checks()
+              + batching_checks(quick) + collective_checks() + linear_checks() + calibration_checks(quick)
               + economics_checks())
     if out_dir is not None:
         write_reports(checks, out_dir, quick=quick, seconds=time.perf_counter() - started)
