@@ -241,3 +241,26 @@ def test_catalog_defaults_are_what_calibrate_fits_on_the_bundled_data(gpu):
             continue
         name, unit = catalog_units.get(key, (key.split(".", 1)[1], 1))
         assert hw[name] * unit == pytest.approx(spec["estimate"], rel=0.01, abs=0.05 * unit), key
+
+
+def test_a_scenario_names_its_calibration_relative_to_itself(h100, tmp_path):
+    import shutil
+
+    from mcsim.execution import api
+
+    path, _ = h100
+    folder = tmp_path / "study"
+    folder.mkdir()
+    shutil.copy(path, folder / "gpu.toml")
+    text = DENSE.read_text().replace('[performance]\n', '[performance]\ncalibration = "gpu.toml"\n')
+    text = text.replace("[precision]\nenabled = true", "[precision]\nenabled = false")
+    (folder / "s.toml").write_text(text)
+    scn = load_scenario(folder / "s.toml")
+    assert scn.calibration is not None and scn.calibration.digest == load(path).digest
+    # further overrides keep it; the Python API attaches one the way --calibration does
+    again = api._as_scenario(scn, ("mc.samples=2",))
+    assert again.calibration is not None and again["mc.samples"] == 2
+    plain = load_scenario(DENSE, overrides=["precision.enabled=false"])
+    assert api.calibrate(plain, path).calibration.digest == scn.calibration.digest
+    with pytest.raises(CalibrationError, match="another regime"):
+        scn.with_values({"hardware.preset": "a100"}, origin="--grid")

@@ -15,8 +15,6 @@ def _as_scenario(scenario, overrides) -> Scenario:
     if isinstance(scenario, Scenario):
         if not overrides:
             return scenario
-        if scenario.calibration is not None:
-            raise ValueError("give overrides before attaching a calibration (mcsim.execution.api.calibrate)")
         # Re-read the text with every override, so --set values get the same checks as the file's.
         return load_scenario(scenario.source, overrides=[*scenario.overrides, *overrides], text=scenario.text)
     return load_scenario(scenario, overrides=overrides)
@@ -193,11 +191,13 @@ def step_time(scenario, *, decode_seqs: float = 1.0, context: float | None = Non
 
 
 def calibrate(scenario, path) -> Scenario:
-    """The scenario with a calibration file (``mcsim calibrate``, ``mcsim trace --save-calibration``) attached:
-    :func:`mcsim.scenario.loading.attach_calibration` (refused for another regime, naming every difference)."""
-    from mcsim.scenario.loading import attach_calibration
+    """The scenario with a calibration file (``mcsim calibrate``, ``mcsim trace --save-calibration``) attached, as
+    ``--calibration`` does: ``performance.calibration`` set to ``path`` (relative to the working directory), so later
+    overrides keep it (:func:`mcsim.scenario.loading.attach_calibration`; refused for another regime, naming every
+    difference)."""
+    import json
 
-    return attach_calibration(_as_scenario(scenario, ()), path)
+    return _as_scenario(scenario, (f"performance.calibration={json.dumps(str(path))}",))
 
 
 def open_results(path):
