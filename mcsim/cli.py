@@ -1,7 +1,16 @@
 """The ``mcsim`` command line: a thin layer over :mod:`mcsim.execution.api`.
 
-Bad input (scenario, trace, override, existing output) is one or two lines on stderr and exit code 2; no
-traceback, and no output file is left behind.
+One error boundary (:class:`Mcsim`, the command group) serves every command:
+
+* an :class:`~mcsim.errors.McsimError` (bad scenario, trace, calibration, measurement, existing output...) or an
+  ``OSError`` (a read-only folder, a full disk, an output under a file) is one line on stderr,
+  ``error: <file>: <where>: <what>``, and exit code 2;
+* Ctrl-C is exit code 130 (a sweep says how to resume it);
+* anything else is a bug: one line naming the exception, a hint to rerun with ``--debug`` for the traceback,
+  and exit code 1.
+
+Text that came from outside (file contents, server replies) is printed with control characters escaped and cut
+to :data:`MAX_MESSAGE` characters.
 """
 
 from __future__ import annotations
@@ -16,13 +25,69 @@ import click
 from mcsim.errors import McsimError
 
 EXIT_USAGE = 2
+EXIT_BUG = 1
+EXIT_INTERRUPTED = 130
+#: Longest error line printed, characters (a server may send 100 kB of text).
+MAX_MESSAGE = 2000
+
+
+def one_line(text) -> str:
+    """``text`` as one printable line: control characters (ANSI escapes, newlines) escaped, cut to MAX_MESSAGE."""
+    text = str(text)
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= MAX_MESSAGE else out[:MAX_MESSAGE] + f"... ({len(out) - MAX_MESSAGE} more characters)"
+
+
+def _os_message(err: OSError) -> str:
+    where = err.filename if err.filename is not None else ""
+    what = err.strerror or str(err)
+    return f"{where}: {what}" if where else what
+
+
+class Mcsim(click.Group):
+    """The command group: every command runs inside one error boundary (see the module docstring)."""
+
+    def invoke(self, ctx):
+        debug = bool(ctx.params.get("debug"))
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            click.echo("\ninterrupted", err=True)
+            raise SystemExit(EXIT_INTERRUPTED) from None
+        except McsimError as err:
+            if debug:
+                raise
+            click.echo(f"error: {one_line(err)}", err=True)
+            raise SystemExit(EXIT_USAGE) from None
+        except OSError as err:
+            if debug:
+                raise
+            click.echo(f"error: {one_line(_os_message(err))}", err=True)
+            raise SystemExit(EXIT_USAGE) from None
+        except Exception as err:  # a bug: say so in one line
+            if debug:
+                raise
+            click.echo(f"error: internal error: {type(err).__name__}: {one_line(err)} (this is a bug in mcsim; run "
+                       "again with --debug for the traceback)", err=True)
+            raise SystemExit(EXIT_BUG) from None
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except KeyboardInterrupt:  # outside invoke (while click parses)
+            click.echo("\ninterrupted", err=True)
+            raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 class UserError(McsimError, click.ClickException):
     exit_code = EXIT_USAGE
 
     def show(self, file=None):
-        click.echo(f"error: {self.format_message()}", err=True)
+        click.echo(f"error: {one_line(self.format_message())}", err=True)
 
 
 def _common(f):
@@ -30,7 +95,7 @@ def _common(f):
         click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path)),
         click.option("--samples", type=click.IntRange(min=1), help="Monte Carlo samples (default: [mc] samples)."),
         click.option("--requests", type=click.IntRange(min=1), help="Requests per sample (default: [mc] requests)."),
-        click.option("--seed", type=click.IntRange(min=0), help="Root seed (default: [mc] seed)."),
+        click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), help="Root seed (default: [mc] seed)."),
         click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
                      help="Override a scenario value, e.g. --set speculative.draft_tokens=2 (repeatable)."),
         click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
@@ -54,9 +119,10 @@ def _common(f):
     return f
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Mcsim, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mcsim")
-def main():
+@click.option("--debug", is_flag=True, help="Show the traceback of an internal error instead of one line.")
+def main(debug):
     """mcsim: Monte Carlo economics of serving large language models.
 
     All figures it prints are modelled from the scenario's assumptions, not measured.

@@ -7,3 +7,8 @@ Each of them derives from :class:`McsimError` and keeps the built-in base it has
 
 class McsimError(Exception):
     """Base class of every exception mcsim defines."""
+
+
+class OutputError(McsimError, OSError):
+    """An output the run cannot write (a folder where the file should go, a path under a file, a folder that is
+    not writable); found before any work starts."""

@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from mcsim.errors import McsimError
+from mcsim.errors import McsimError, OutputError
 from mcsim.fileio import atomic_path
 from mcsim.results import dataset as results
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
 from mcsim.scenario.grid import Axis, points
 
-PART_FORMAT = 1
+PART_FORMAT = 2  # 2: parts carry a checksum of their values
 
 
 class SweepInterrupted(McsimError):
@@ -92,8 +92,65 @@ class Plan:
             "requests": self.requests, "seed": self.seed, "chunk_size": self.chunk_size,
             "sampling": self.scn["mc.sampling"], "ablate": self.ablate,
             "calibration": None if self.scn.calibration is None else self.scn.calibration.digest,
+            "files": {str(path): _file_digest(path) for path in self.input_files()},
         }
         return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
+
+    def input_files(self) -> list[Path]:
+        """Every file the run reads besides the scenario text: the traces of the scenario and of its grid points,
+        and the calibration (their content is part of the fingerprint)."""
+        from mcsim.stages.workload import resolve_trace_path
+
+        traces = {self.scn["workload.trace"]} | {str(v) for a in self.axes if a.path == "workload.trace"
+                                                  for v in a.values}
+        files = [resolve_trace_path(t, self.scn.base_dir) for t in sorted(traces) if t]
+        if self.scn.calibration is not None and self.scn.calibration.path:
+            files.append(Path(self.scn.calibration.path))
+        return files
+
+
+def _file_digest(path: Path) -> str:
+    """SHA-256 of a file's content ("missing" when it cannot be read: the run then fails on it by name)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return "missing"
+    return digest.hexdigest()
+
+
+def check_inputs(plan: "Plan") -> None:
+    """Read and check every trace the run will replay before any work starts (a bad one is a one-line error)."""
+    from mcsim.execution.sample import _read_trace
+    from mcsim.scenario.loading import ScenarioError
+    from mcsim.stages.workload import resolve_trace_path
+
+    traces = {plan.scn["workload.trace"]} | {str(v) for a in plan.axes if a.path == "workload.trace"
+                                             for v in a.values}
+    for trace in sorted(t for t in traces if t):
+        path = resolve_trace_path(trace, plan.scn.base_dir)
+        if not path.is_file():
+            raise ScenarioError(plan.scn.source, "workload.trace", f"no such trace file: {path}")
+        _read_trace(str(path), plan.scn["workload.trace_format"])
+
+
+def check_output(output: Path, force: bool) -> None:
+    """Refuse, before any work, an output the run could not write: an existing file (without ``force``), a
+    folder, a path under a file, a folder that is missing or not writable."""
+    if output.is_dir():
+        raise OutputError(f"{output}: is a folder; give a file name for the result")
+    if output.exists() and not force:
+        raise FileExistsError(f"{output} exists; use --force to overwrite it")
+    parent = output.parent if str(output.parent) else Path(".")
+    for folder in (parent, *parent.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise OutputError(f"{output}: {folder} is a file, not a folder")
+            if folder == parent and not os.access(folder, os.W_OK | os.X_OK):
+                raise OutputError(f"{output}: the folder {folder} is not writable")
+            break
 
 
 def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
@@ -122,25 +179,51 @@ def _part_path(parts_dir: Path, point: int, chunk: int) -> Path:
     return parts_dir / f"point{point:06d}-chunk{chunk:06d}.npz"
 
 
+def _checksum(table: dict) -> str:
+    """SHA-256 over a part's arrays (names, dtypes, shapes and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for name in sorted(table):
+        array = np.ascontiguousarray(table[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 def _write_part(path: Path, table: dict, plan: Plan, point: int, chunk: int, fingerprint: str):
-    """Save one task's table atomically (temporary name in the same folder, then rename)."""
+    """Save one task's table atomically (temporary name in the same folder, then rename); the parts folder is
+    created with its first part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     stamp = {"__fingerprint__": np.array(fingerprint), "__point__": np.array(point), "__chunk__": np.array(chunk),
-             "__sample__": plan.chunks[chunk], "__format__": np.array(PART_FORMAT)}
+             "__sample__": plan.chunks[chunk], "__format__": np.array(PART_FORMAT),
+             "__checksum__": np.array(_checksum(table))}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **table, **stamp)
 
 
 def _read_part(path: Path, plan: Plan, point: int, chunk: int, fingerprint: str) -> dict | None:
-    """The part's table if the file is whole and belongs to this run; None otherwise."""
+    """The part's table if the file is whole, belongs to this run and its values match their checksum; None
+    otherwise (it is then recomputed, never merged)."""
     try:
         with np.load(path, allow_pickle=False) as z:
             table = {k: z[k] for k in z.files}
     except Exception:  # damaged: any failure to read it means recompute
         return None
-    ok = (str(table.pop("__fingerprint__", "")) == fingerprint and int(table.pop("__point__", -1)) == point
-          and int(table.pop("__chunk__", -1)) == chunk and int(table.pop("__format__", -1)) == PART_FORMAT
-          and np.array_equal(table.pop("__sample__", None), plan.chunks[chunk]))
-    return table if ok else None
+    try:
+        ok = (str(table.pop("__fingerprint__", "")) == fingerprint and int(table.pop("__point__", -1)) == point
+              and int(table.pop("__chunk__", -1)) == chunk and int(table.pop("__format__", -1)) == PART_FORMAT
+              and np.array_equal(table.pop("__sample__", None), plan.chunks[chunk]))
+        checksum = str(table.pop("__checksum__", ""))
+    except (TypeError, ValueError):
+        return None
+    return table if ok and checksum == _checksum(table) else None
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, link or folder where a part should be."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _client(workers: int, processes: bool, scheduler: str | None):
@@ -235,34 +318,46 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
     reused = recomputed = 0
     if output is not None:
         output = Path(output)
-        if output.exists() and not force:
-            raise FileExistsError(f"{output} exists; use --force to overwrite it")
+        check_output(output, force)
         parts_dir = output.with_name(output.name + ".parts")
-        if parts_dir.exists():
-            if resume:
-                for p, c in tasks:
-                    path = _part_path(parts_dir, p, c)
-                    if not path.exists():
-                        continue
-                    part = _read_part(path, plan, p, c, fingerprint)
-                    if part is None:
-                        path.unlink()
-                        recomputed += 1
-                    else:
-                        parts[(p, c)] = part
-                        reused += 1
-                for leftover in parts_dir.glob(".*.tmp"):  # a write cut short by a crash
-                    leftover.unlink()
-            elif force:
-                shutil.rmtree(parts_dir)
-            else:
-                raise FileExistsError(f"{parts_dir} holds parts of an interrupted run; use --resume to finish it "
-                                      "or --force to start again")
-        parts_dir.mkdir(parents=True, exist_ok=True)
+        for stale in output.parent.glob(f".{output.name}.*.tmp"):  # a final write cut short by a kill
+            stale.unlink(missing_ok=True)
+        if parts_dir.exists() and not parts_dir.is_dir():
+            raise OutputError(f"{parts_dir}: expected the parts folder of an interrupted run, found a file")
+        held = parts_dir.is_dir() and any(parts_dir.iterdir())
+        if held and resume:
+            for p, c in tasks:
+                path = _part_path(parts_dir, p, c)
+                if not path.exists() and not path.is_symlink():
+                    continue
+                part = _read_part(path, plan, p, c, fingerprint) if path.is_file() else None
+                if part is None:
+                    _remove(path)
+                    recomputed += 1
+                else:
+                    parts[(p, c)] = part
+                    reused += 1
+            for leftover in parts_dir.glob(".*.tmp"):  # a write cut short by a crash
+                _remove(leftover)
+        elif held and force:
+            shutil.rmtree(parts_dir)
+        elif held:
+            raise FileExistsError(f"{parts_dir} holds parts of an interrupted run; use --resume to finish it "
+                                  "or --force to start again")
+        elif parts_dir.is_dir():
+            parts_dir.rmdir()  # empty: nothing to keep
     todo = [t for t in tasks if t not in parts]
     if todo:
-        _warm_up(plan)
-        _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress, len(tasks))
+        check_inputs(plan)
+        try:
+            _warm_up(plan)
+            _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress,
+                       len(tasks))
+        except BaseException:
+            # parts are kept for --resume; a folder that never received one is not left behind
+            if parts_dir is not None and parts_dir.is_dir() and not any(parts_dir.glob("*.npz")):
+                shutil.rmtree(parts_dir, ignore_errors=True)
+            raise
     attrs = results.provenance(plan.scn, plan.seed, plan.samples, plan.requests, command, {
         "variants": " ".join(plan.saved_variants),
         "grid_axes": " ".join(a.path for a in plan.axes),

@@ -259,6 +259,9 @@ def parse(value, path: str, *, allow_nested: bool) -> Dist:
     if "dist" not in value:
         raise DistributionError(path, "a distribution table needs a 'dist' key, one of " + ", ".join(KINDS))
     kind = value["dist"]
+    if not isinstance(kind, str):
+        raise DistributionError(f"{path}.dist", f"expected the name of a distribution (a string, one of "
+                                f"{', '.join(KINDS)}), got {kind!r}")
     if kind not in KINDS:
         import difflib
 

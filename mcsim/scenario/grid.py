@@ -36,6 +36,11 @@ if TYPE_CHECKING:  # annotations only: loading imports this module for a file's 
     from mcsim.scenario.loading import Scenario
 
 
+#: Values one axis may have, and grid points a sweep may have.
+MAX_AXIS_VALUES = 10_000
+MAX_GRID_POINTS = 100_000
+
+
 @dataclass(frozen=True)
 class Axis:
     """One grid axis: a dotted scenario path and its values (numbers or strings)."""
@@ -56,8 +61,8 @@ def _range(path: str, start, stop, num, log: bool, source: str) -> tuple:
         start, stop, num = float(start), float(stop), int(num)
     except (TypeError, ValueError):
         raise ScenarioError(source, path, "a range needs numbers start, stop and an integer num") from None
-    if num < 1:
-        raise ScenarioError(source, path, f"a range needs num >= 1, got {num}")
+    if num < 1 or num > MAX_AXIS_VALUES:
+        raise ScenarioError(source, path, f"a range needs 1 <= num <= {MAX_AXIS_VALUES:,}, got {num}")
     if log:
         if start <= 0 or stop <= 0:
             raise ScenarioError(source, path, "a log-spaced range needs start > 0 and stop > 0")
@@ -117,6 +122,16 @@ def validate_axes(scn: Scenario, axes: list[Axis]) -> list[Axis]:
     """
     by_path: dict[str, Axis] = {}
     for axis in axes:
+        if axis.path.startswith("mc."):
+            raise ScenarioError(scn.source, axis.path, "[mc] keys cannot be grid axes: every grid point shares the "
+                                "samples, requests and seed (set them in [mc] or with --samples, --requests, --seed)")
+        if len(axis.values) > MAX_AXIS_VALUES:
+            raise ScenarioError(scn.source, axis.path, f"{len(axis.values):,} values; a grid axis takes at most "
+                                f"{MAX_AXIS_VALUES:,}")
+        bad = [v for v in axis.values if isinstance(v, (dict, list, bool)) or v is None]
+        if bad:
+            raise ScenarioError(scn.source, axis.path, f"a grid value must be a number or a string, got {bad[0]!r} "
+                                "(a distribution cannot be a grid value: put it on the key itself)")
         spec = field_for(axis.path)
         if spec is None and not axis.path.endswith(".preset"):
             scn.with_values({axis.path: axis.values[0] if axis.values else 0}, origin="--grid")  # raises, names it
@@ -139,6 +154,10 @@ def validate_axes(scn: Scenario, axes: list[Axis]) -> list[Axis]:
         if len(kinds) > 1:
             raise ScenarioError(scn.source, axis.path, "a grid axis mixes strings and numbers")
         by_path[axis.path] = Axis(axis.path, tuple(values))
+    total = math.prod(len(a.values) for a in by_path.values())
+    if total > MAX_GRID_POINTS:
+        raise ScenarioError(scn.source, "sweep", f"the grid has {total:,} points; at most {MAX_GRID_POINTS:,} are "
+                            "run (split the study into several sweeps)")
     return list(by_path.values())
 
 

@@ -219,6 +219,9 @@ def _check_value(spec: Field, path: str, value, source: str):
         fail(f"expected {spec.describe()}, got {shown}")
     if kind == "perreq":
         return d
+    if spec.plain and not d.is_fixed:
+        fail(f"expected a plain value ({spec.describe()}), got a {d.kind} distribution: this key shapes the run "
+             "itself and cannot be uncertain")
     if d.is_fixed:
         v = d.params["value"]
         return int(v) if kind == "int" else float(v)
@@ -488,8 +491,12 @@ def _cross_checks(scn: Scenario):
     """Checks across keys, run on every scenario however it was made (file, --set, --grid, a variant)."""
     v = scn.values
     shares = [v[f"workload.classes.{c}.share"] for c in scn.classes]
-    if all(isinstance(s, float) for s in shares) and sum(shares) <= 0:
-        raise ScenarioError(scn.source, "workload.classes", "class shares must not all be 0")
+    # the largest share each class can draw: if they can all be 0 together, some sample has no traffic
+    highest = [_closed_support(s)[1] if isinstance(s, Dist) else float(s) for s in shares]
+    if sum(highest) <= 0:
+        raise ScenarioError(scn.source, "workload.classes", "class shares must not all be 0 (a share distribution "
+                            "whose support is only 0 counts as 0)")
+
     _check_expert_layout(scn, v)
     g, tp, pp = v["deployment.gpus_per_instance"], v["deployment.tp"], v["deployment.pp"]
     if all(isinstance(x, int) for x in (g, tp, pp)) and g % (tp * pp):

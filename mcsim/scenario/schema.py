@@ -17,7 +17,7 @@ Kinds
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mcsim.errors import McsimError
@@ -33,6 +33,7 @@ class Field:
     hi: float | None = None
     choices: tuple = ()
     lo_open: bool = False  # lo is exclusive
+    plain: bool = False  # a plain value only: the key shapes the run itself and cannot be uncertain
 
     def describe(self) -> str:
         if self.kind == "choice":
@@ -77,12 +78,13 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
         "description": S("", "What the scenario asks."),
     },
     "mc": {
-        "samples": I(32, "Monte Carlo samples (draws of the uncertain inputs).", 1, 1_000_000),
-        "requests": I(20_000, "Requests simulated per sample.", 1, 100_000_000),
-        "seed": I(0, "Root seed; every random stream is derived from it and the sample index.", 0, 2**63 - 1),
+        "samples": replace(I(32, "Monte Carlo samples (draws of the uncertain inputs).", 1, 1_000_000), plain=True),
+        "requests": replace(I(20_000, "Requests simulated per sample.", 1, 100_000_000), plain=True),
+        "seed": replace(I(0, "Root seed; every random stream is derived from it and the sample index.", 0,
+                          2**63 - 1), plain=True),
         "sampling": C("random", "How uncertain inputs are drawn.", "random", "lhs"),
-        "warmup_fraction": F(0.2, "Leading fraction of each sample's requests that only warms the caches and is "
-                                  "left out of every statistic.", 0, 0.9),
+        "warmup_fraction": replace(F(0.2, "Leading fraction of each sample's requests that only warms the caches and "
+                                          "is left out of every statistic.", 0, 0.9), plain=True),
     },
     "model": {
         "preset": S("deepseek-v3", "Model catalog entry (mcsim/data/models.toml); any field may be overridden."),
@@ -174,7 +176,7 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
         "window_steps": I(32, "Past steps whose loads decide the placement.", 1, 1_000_000),
         "eval_steps": I(32, "Fresh steps on which the placement is measured.", 1, 1_000_000),
         "tokens_per_step": I(0, "Tokens per MoE step across the EP group (0 = operating batch x EP ranks).",
-                             0, None),
+                             0, 1_000_000),
         "ffn_time_fraction": F(0.5, "Share of a decode step spent in the MoE FFN (the part the slowest rank "
                                     "slows down).", 0, 1),
     },
@@ -277,7 +279,8 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
         "comm_overlap": B(True, "Overlap of communication with compute (lever)."),
         "comm_overlap_gain": F(1.15, "Decode gain from communication overlap.", 0, None, lo_open=True),
         "colocated_interference": F(0.2, "Decode throughput lost to prefill interference when prefill and "
-                                         "decode share GPUs.", 0, 1),
+                                         "decode share GPUs (at most 0.95: a pool that loses all of it serves "
+                                         "nothing).", 0, 0.95),
         "kv_transfer_latency_s": F(0.002, "Fixed latency of a prefill -> decode KV transfer.", 0, None),
     },
     "economics": {
@@ -307,7 +310,9 @@ CLASS_FIELDS: dict[str, Field] = {
     "turns": F(1.0, "Mean turns per session (geometric); turn t carries the whole earlier conversation.", 1, None),
     "system_prompt_share": F(0.8, "Probability that a session starts with a shared system prompt.", 0, 1),
     "acceptance": R({"dist": "beta", "a": 17, "b": 3}, "Per-request draft acceptance rate.", 0, 1),
-    "expert_skew": F(1.0, "Zipf exponent of this class's expert popularity (0 = uniform routing).", 0, 10),
+    "expert_skew": F(1.0, "Zipf exponent of this class's expert popularity (0 = uniform routing; at most 3, beyond "
+                          "which nearly every token picks the same experts and the routing kernel's draws slow "
+                          "down).", 0, 3),
 }
 
 DEFAULT_CLASSES = {"chat": {}}
@@ -402,8 +407,20 @@ def field_for(path: str) -> Field | None:
     fields = {"model": catalog.MODEL_FIELDS, "hardware": catalog.HARDWARE_FIELDS}.get(section)
     if fields and key in fields:
         t = fields[key]
-        return Field({int: "int", float: "float", str: "str"}[t], None, "catalog field", 0 if t is not str else None)
+        if t is str:
+            return Field("str", None, "catalog field")
+        lo, lo_open = CATALOG_LOWER.get(path, (0, False))
+        return Field({int: "int", float: "float"}[t], None, "catalog field", lo, None, lo_open=lo_open)
     return None
+
+
+#: Catalog fields that must be above 0 (or at least 1) for a model or accelerator to make sense; every other
+#: numeric catalog field is >= 0 (0: absent or not measured).
+CATALOG_LOWER = {
+    **{f"hardware.{k}": (0, True) for k in ("hbm_gb", "hbm_tb_s", "bf16_tflops", "fp32_tflops")},
+    "hardware.gpus_per_node": (1, False),
+    **{f"model.{k}": (1, False) for k in ("layers", "hidden_size", "attention_heads", "vocab", "max_context")},
+}
 
 
 _mark_fidelity_only()

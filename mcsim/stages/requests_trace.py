@@ -75,6 +75,12 @@ _INT64_MAX = np.iinfo(np.int64).max
 _INT64_MIN = np.iinfo(np.int64).min
 
 
+#: The longest span of arrival times a trace may have, s (ten years): beyond it a timestamp is an error.
+MAX_SPAN_S = 10 * 365.25 * 86400.0
+#: Dates that nanosecond timestamps can hold (NumPy datetime64[ns]).
+NS_RANGE = (np.datetime64("1678-01-01", "us"), np.datetime64("2262-04-11", "us"))
+
+
 class TraceError(McsimError, ValueError):
     """A trace file that does not follow its format; the message names the file and the line."""
 
@@ -162,6 +168,13 @@ def read_trace(path: str | os.PathLike, format: str | None = None) -> Trace:
     (8819, None)
     """
     path = pathlib.Path(path)
+    try:
+        with path.open("rb") as head:
+            magic = head.read(4)
+    except OSError as err:
+        raise TraceError(f"{path}: cannot read the trace ({err.strerror or err})") from None
+    if magic[:2] == b"\x1f\x8b" or magic[:4] in (b"PK\x03\x04", b"\x28\xb5\x2f\xfd") or magic[:3] == b"BZh":
+        raise TraceError(f"{path}: a compressed file; decompress it first (traces are read as UTF-8 text)")
     if format is None:
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
@@ -169,23 +182,30 @@ def read_trace(path: str | os.PathLike, format: str | None = None) -> Trace:
         elif suffix == ".csv":
             format = "burstgpt" if _looks_like_burstgpt(path) else "azure"
         else:
-            raise ValueError(
+            raise TraceError(
                 f"{path}: cannot tell the trace format from the extension {path.suffix!r}; expected .jsonl "
-                "(mooncake) or .csv (azure, burstgpt), or pass format='mooncake', 'azure' or 'burstgpt'"
+                "(mooncake) or .csv (azure, burstgpt), or set workload.trace_format to mooncake, azure or burstgpt"
             )
-    if format == "mooncake":
-        return read_mooncake(path)
-    if format == "azure":
-        return read_azure(path)
-    if format == "burstgpt":
-        return read_burstgpt(path)
-    raise ValueError(f"unknown trace format {format!r}; expected one of {', '.join(FORMATS)}")
+    readers = {"mooncake": read_mooncake, "azure": read_azure, "burstgpt": read_burstgpt}
+    if format not in readers:
+        raise TraceError(f"unknown trace format {format!r}; expected one of {', '.join(FORMATS)}")
+    try:
+        return readers[format](path)
+    except UnicodeDecodeError as err:
+        raise TraceError(f"{path}: not UTF-8 text (byte {err.start}); traces are UTF-8 JSON lines or CSV") from None
+    except RecursionError:
+        raise TraceError(f"{path}: a JSON value nested too deeply; expected one flat JSON object per line") from None
+    except OSError as err:
+        raise TraceError(f"{path}: cannot read the trace ({err.strerror or err})") from None
 
 
 def _looks_like_burstgpt(path: pathlib.Path) -> bool:
     """Whether a CSV file's first line names BurstGPT's columns (read only that line)."""
-    with path.open(encoding="utf-8-sig") as lines:
-        header = lines.readline()
+    try:
+        with path.open(encoding="utf-8-sig") as lines:
+            header = lines.readline(1 << 16)
+    except UnicodeDecodeError as err:
+        raise TraceError(f"{path}: not UTF-8 text (byte {err.start}); traces are UTF-8 JSON lines or CSV") from None
     names = {name.strip() for name in header.split(",")}
     return {"Timestamp", "Request tokens", "Response tokens"} <= names
 
@@ -211,7 +231,8 @@ def bundled_trace_path(name: str) -> pathlib.Path:
     if name not in BUNDLED_TRACES:
         close = difflib.get_close_matches(name, BUNDLED_TRACES, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"no bundled trace {name!r}{hint}; expected one of {', '.join(BUNDLED_TRACES)}")
+        raise TraceError(f"bundled:{name}: no bundled trace {name!r}{hint}; expected one of "
+                         + ", ".join(f"bundled:{n}" for n in BUNDLED_TRACES))
     resource = importlib.resources.files("mcsim.data").joinpath("traces", BUNDLED_TRACES[name])
     return pathlib.Path(str(resource))
 
@@ -452,6 +473,16 @@ def _csv_fields(path: pathlib.Path, columns: tuple, require_exact: bool):
 
 def _parse_timestamps(path: pathlib.Path, column: np.ndarray, line_numbers: np.ndarray) -> np.ndarray:
     expectation = "expected a date and time like '2023-11-16 18:17:03.9799600'"
+    try:  # parsed at microseconds (a range of 290,000 years) so a date nanoseconds cannot hold is caught, not wrapped
+        wide = column.astype("datetime64[us]")
+    except ValueError:
+        wide = None
+    if wide is not None:
+        bad = np.flatnonzero(~np.isnat(wide) & ((wide < NS_RANGE[0]) | (wide > NS_RANGE[1])))
+        if bad.size:
+            row = bad[0]
+            raise TraceError(f"{path}:line {line_numbers[row]}: TIMESTAMP {str(column[row])!r} is outside "
+                             f"{NS_RANGE[0]} .. {NS_RANGE[1]}; {expectation}")
     try:
         timestamps = column.astype("datetime64[ns]")
     except ValueError:
@@ -589,6 +620,11 @@ def _parse_seconds(path: pathlib.Path, column: np.ndarray, line_numbers: np.ndar
 def _finish(path, format_name, arrival_s, prompt_tokens, output_tokens, block_ptr, block_hashes, block_tokens):
     """Raise zero outputs to one token, sort by arrival (stably) and build the Trace."""
     source = f"{path.name} ({format_name})"
+    span = float(np.max(arrival_s) - np.min(arrival_s)) if len(arrival_s) else 0.0
+    if not span <= MAX_SPAN_S:
+        raise TraceError(f"{path}: the requests span {span:.3g} s, more than {MAX_SPAN_S:.3g} s (ten years): a "
+                         f"timestamp far from the others (request {int(np.argmax(arrival_s)) + 1} in file order), or "
+                         "in other units than the format's")
     zero_outputs = int(np.count_nonzero(output_tokens == 0))
     if zero_outputs:
         output_tokens = np.maximum(output_tokens, 1)
