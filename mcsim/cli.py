@@ -10,7 +10,7 @@ One error boundary (:class:`Mcsim`, the command group) serves every command:
   and exit code 1.
 
 Text that came from outside (file contents, server replies) is printed with control characters escaped and cut
-to :data:`MAX_MESSAGE` characters.
+to :data:`mcsim.text.MAX_LINE` characters.
 """
 
 from __future__ import annotations
@@ -23,21 +23,11 @@ from pathlib import Path
 import click
 
 from mcsim.errors import McsimError
+from mcsim.text import one_line, safe_filename
 
 EXIT_USAGE = 2
 EXIT_BUG = 1
 EXIT_INTERRUPTED = 130
-#: Longest error line printed, characters (a server may send 100 kB of text).
-MAX_MESSAGE = 2000
-
-
-def one_line(text) -> str:
-    """``text`` as one printable line: control characters (ANSI escapes, newlines) escaped, cut to MAX_MESSAGE."""
-    text = str(text)
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return out if len(out) <= MAX_MESSAGE else out[:MAX_MESSAGE] + f"... ({len(out) - MAX_MESSAGE} more characters)"
-
-
 def _os_message(err: OSError) -> str:
     where = err.filename if err.filename is not None else ""
     what = err.strerror or str(err)
@@ -176,7 +166,7 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
     try:
         scn = load_scenario(scenario, overrides=overrides)
         suffix = {"compare": "-compare", "sweep": "-sweep"}.get(kind, "")
-        output = output or Path("outputs") / f"{scn.name}{suffix}{'-ablate' if ablate else ''}.nc"
+        output = output or Path("outputs") / f"{safe_filename(scn.name)}{suffix}{'-ablate' if ablate else ''}.nc"
         options = dict(samples=samples, requests=requests, seed=seed, workers=workers, output=output, force=force,
                        progress=not no_progress and not as_json, command=_command_line(), resume=resume,
                        processes=processes, scheduler=scheduler, chunk_size=chunk_size)
@@ -312,13 +302,16 @@ def _text_table(header, rows) -> str:
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the report (default: RESULTS without .nc, plus -report).")
-def report(results, out_dir):
+@click.option("--force", is_flag=True, help="Replace an existing report folder.")
+def report(results, out_dir, force):
     """Quantiles, sensitivities, figures and a Markdown summary of a result file."""
     from mcsim.results.report import write_report
 
     out_dir = out_dir or results.with_name(results.stem + "-report")
     try:
-        summary_path = write_report(results, out_dir)
+        summary_path = write_report(results, out_dir, overwrite=force)
+    except FileExistsError as err:
+        raise UserError(str(err)) from None
     except (OSError, ValueError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         if "did not find a match" in first or "Unknown file format" in first:

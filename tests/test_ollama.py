@@ -74,8 +74,37 @@ class FakeOllama(BaseHTTPRequestHandler):
             self._send(200, json.dumps({**SUCCESS, "eval_count": 32 * (i + 1), "eval_duration": 500_000_000,
                                         "prompt_eval_count": 31 if i == 0 else 1,
                                         "prompt_eval_duration": 62_000_000 if i == 0 else 2_000_000}).encode())
+        elif model == "huge":  # a 5 MB body
+            self._send(200, b"{" + b" " * 5_000_000 + b"}")
+        elif model == "endless":  # a chunked body that never ends (bounded here so the thread stops)
+            self._stream(lambda i: b"x" * 65536, chunks=400)
+        elif model == "drip":  # one byte every 0.05 s: each read is quick, the whole answer is not
+            self._stream(lambda i: b" ", chunks=60, pause=0.05)
+        elif model == "redirect":
+            self.send_response(307)
+            self.send_header("Location", "ftp://127.0.0.1:1/x")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif model == "ansi":
+            self._send(500, json.dumps({"error": "\x1b[31mred\x1b[0m " + "x" * 100_000}).encode())
         else:
             self._send(200, json.dumps({**SUCCESS, "model": model}).encode())
+
+    def _stream(self, chunk, chunks, pause=0.0):
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(chunks):
+                data = chunk(i)
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+                if pause:
+                    time.sleep(pause)
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
 
 
 @pytest.fixture
@@ -222,5 +251,41 @@ def test_connection_refused(closed_port):
 ])
 def test_bad_arguments(kwargs, match):
     args = {"url": "http://127.0.0.1:1", "model": "llama3.2:1b", **kwargs}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, OllamaError), match=match):
         measure_ollama(**args)
+
+
+def test_a_huge_body_is_refused_unread(ollama_url):
+    url, _ = ollama_url
+    with pytest.raises(OllamaError, match="at most"):
+        measure_ollama(url, "huge")
+
+
+def test_an_endless_body_is_cut_at_the_size_cap(ollama_url):
+    url, _ = ollama_url
+    start = time.perf_counter()
+    with pytest.raises(OllamaError, match="more than"):
+        measure_ollama(url, "endless", timeout_s=10.0)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_a_dripping_server_is_cut_off_at_the_deadline(ollama_url):
+    url, _ = ollama_url
+    start = time.perf_counter()
+    with pytest.raises(OllamaUnavailable, match="within 0.5 s"):
+        measure_ollama(url, "drip", timeout_s=0.5)
+    assert time.perf_counter() - start < 1.5  # the drip would take 3 s
+
+
+def test_redirects_are_not_followed(ollama_url):
+    url, server = ollama_url
+    with pytest.raises(OllamaError, match="redirects are not followed"):
+        measure_ollama(url, "redirect")
+    assert len(server.requests) == 1
+
+
+def test_server_text_is_cut_short(ollama_url):
+    url, _ = ollama_url
+    with pytest.raises(OllamaError) as info:
+        measure_ollama(url, "ansi")
+    assert len(str(info.value)) < 500

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from mcsim.fileio import atomic_write
+from mcsim.text import markdown_text
 
 DTYPE_NAMES = {"float32": "fp32", "float16": "fp16"}
 HOST_PRESET = "cpu-host"
@@ -30,14 +31,13 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
     from mcsim.optrace import decoder as optrace, report as optrace_report, profiles
 
     out_dir = Path(out_dir)
-    this = profiles.measure_this_machine(seconds=bench_seconds, dtype=dtype)
-    trace = optrace.run_trace(model, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
-                              max_params=max_params, seed=seed, dtype=dtype)
-    peak = "fp32" if dtype == "float32" else "bf16"
-    paths = optrace_report.write_trace_outputs(trace, profiles.default_profiles(this, peak=peak), out_dir,
-                                               overwrite=overwrite)
-    cal = optrace_report.calibration(trace, this)
-
+    # refuse what cannot be written before any work, and write nothing until every measurement has succeeded
+    existing = [str(out_dir / n) for n in ("trace.jsonl", "summary.json", "report.md", "ollama.json")
+                if (out_dir / n).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{', '.join(existing)} exist(s); pass --force to replace them")
+    if save_calibration and Path(save_calibration).exists() and not overwrite:
+        raise FileExistsError(f"{save_calibration} exists; pass --force to replace it")
     ollama, skipped = None, None
     if ollama_url:
         from mcsim.optrace.ollama import OllamaUnavailable, measure_ollama
@@ -48,32 +48,42 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
         except OllamaUnavailable as err:
             skipped = str(err)
             warn(f"warning: {skipped}")
+    this = profiles.measure_this_machine(seconds=bench_seconds, dtype=dtype)
+    trace = optrace.run_trace(model, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens,
+                              max_params=max_params, seed=seed, dtype=dtype)
+    peak = "fp32" if dtype == "float32" else "bf16"
+    calibration_file = None
+    if save_calibration:
+        calibration_file = trace_calibration(trace, this, ollama=ollama, ollama_weights_gb=ollama_weights_gb,
+                                             dtype=dtype, replicates=replicates, seed=seed,
+                                             source=f"mcsim trace of {model} (scaled, {dtype}, numpy) on this "
+                                                    f"machine; outputs in {out_dir}")
+    paths = optrace_report.write_trace_outputs(trace, profiles.default_profiles(this, peak=peak), out_dir,
+                                               overwrite=overwrite)
+    cal = optrace_report.calibration(trace, this)
     _append_ollama_section(Path(paths["report_md"]), ollama, skipped, ollama_url)
     if ollama is not None:
         path = out_dir / "ollama.json"
-        path.write_text(json.dumps(ollama, indent=2))
+        atomic_write(path, json.dumps(ollama, indent=2), mode=0o600)
         paths["ollama_json"] = str(path)
 
-    if save_calibration:
+    if calibration_file is not None:
         from mcsim.calibration.files import save
 
-        calibration = trace_calibration(trace, this, ollama=ollama, ollama_weights_gb=ollama_weights_gb,
-                                        dtype=dtype, replicates=replicates, seed=seed,
-                                        source=f"mcsim trace of {model} (scaled, {dtype}, numpy) on this machine; "
-                                               f"outputs in {out_dir}")
-        paths["calibration"] = str(save(calibration, save_calibration, overwrite=overwrite))
+        paths["calibration"] = str(save(calibration_file, save_calibration, overwrite=overwrite))
     return {"paths": paths, "this_machine": this, "calibration": cal, "ollama": ollama, "ollama_skipped": skipped}
 
 
 def _append_ollama_section(report: Path, ollama: dict | None, skipped: str | None, url: str | None):
     lines = ["", "## A real local model (Ollama)", ""]
     if ollama is not None:
-        lines += [f"MEASURED on this machine through Ollama's API at {ollama['url']}: model `{ollama['model']}`, "
+        lines += [f"MEASURED on this machine through Ollama's API at {markdown_text(ollama['url'])}: model "
+                  f"{markdown_text(ollama['model'])}, "
                   f"{ollama['decode_tok_s']:.3g} decode tokens/s over {ollama['eval_count']} generated tokens"
                   + (f", {ollama['prefill_tok_s']:.3g} prompt tokens/s" if ollama.get("prefill_tok_s") else "")
                   + " (from its eval counts and durations)."]
     else:
-        why = skipped or "no --ollama URL was given"
+        why = markdown_text(skipped or "no --ollama URL was given")
         lines += [f"Not measured ({why}). Every latency above other than this machine's own wall times is a "
                   "synthetic estimate."]
     atomic_write(report, report.read_text() + "\n".join(lines) + "\n", encoding=None)

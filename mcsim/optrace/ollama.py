@@ -3,6 +3,11 @@
 One non-streaming ``POST {url}/api/generate`` per run; Ollama reports how many tokens it evaluated and how long
 that took, so the speeds come from the server's own clocks, not from HTTP round trips. Standard library only.
 
+The client does not trust the server: only ``http`` and ``https`` URLs; no proxies; no redirects (a 3xx answer is
+an error, never followed); at most :data:`MAX_BODY_BYTES` of body (a larger or endless one is an error, never read
+whole); and one deadline for the whole call, connection to last byte (a server that drips its answer is cut off
+at ``timeout_s``, not waited on per byte). Server text in messages is cut to a short excerpt.
+
 Fields read from the response (Ollama API, "Usage": https://docs.ollama.com/api/usage; all durations are in
 nanoseconds): ``eval_count``, ``eval_duration`` (generated tokens), ``prompt_eval_count``,
 ``prompt_eval_duration`` (prompt tokens), ``total_duration``, ``load_duration``. Errors come back as HTTP status
@@ -25,10 +30,13 @@ Example
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
-import urllib.error
-import urllib.request
+import socket
+import threading
+import time
+import urllib.parse
 from http.client import HTTPException
 
 from mcsim.errors import McsimError
@@ -41,6 +49,8 @@ REQUIRED_FIELDS = ("eval_count", "eval_duration")
 OPTIONAL_FIELDS = ("prompt_eval_count", "prompt_eval_duration", "total_duration", "load_duration")
 
 _BODY_EXCERPT_CHARS = 200
+#: Largest response body read, bytes (a generate answer is a few kB).
+MAX_BODY_BYTES = 1 << 20
 
 
 class OllamaUnavailable(McsimError):
@@ -58,7 +68,14 @@ def _base_url(url: str) -> str:
         url = "http://" + url
     scheme = url.split("://", 1)[0].lower()
     if scheme not in ("http", "https"):
-        raise ValueError(f"Ollama URL {url!r}: expected an http:// or https:// address")
+        raise OllamaError(f"Ollama URL {url!r}: expected an http:// or https:// address")
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port
+    except ValueError:
+        raise OllamaError(f"Ollama URL {url!r}: the port is not a number in 0-65535") from None
+    if not parts.hostname:
+        raise OllamaError(f"Ollama URL {url!r}: no host")
     return url
 
 
@@ -67,56 +84,97 @@ def _excerpt(raw: bytes) -> str:
     return text if len(text) <= _BODY_EXCERPT_CHARS else text[:_BODY_EXCERPT_CHARS] + "..."
 
 
-def _http_error_message(err: urllib.error.HTTPError) -> str:
-    try:
-        raw = err.read()
-    except (OSError, HTTPException):
-        raw = b""
+def _error_message(status: int, raw: bytes) -> str:
     try:
         body = json.loads(raw)
     except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), str):
-        return body["error"]
-    return _excerpt(raw) or err.reason or "no message"
+        text = body["error"]
+        return text if len(text) <= _BODY_EXCERPT_CHARS else text[:_BODY_EXCERPT_CHARS] + "..."
+    return _excerpt(raw) or http.client.responses.get(status, "no message")
 
 
-def _generate_once(opener, endpoint: str, base: str, model: str, prompt: str, num_predict: int,
-                   timeout_s: float) -> dict:
+def _read_body(response, base: str) -> bytes:
+    """At most MAX_BODY_BYTES of the body; an error if the server sends more."""
+    declared = response.getheader("Content-Length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise OllamaError(f"Ollama at {base} announced a {int(declared):,}-byte answer; at most "
+                          f"{MAX_BODY_BYTES:,} bytes are read")
+    raw = response.read(MAX_BODY_BYTES + 1)
+    if len(raw) > MAX_BODY_BYTES:
+        raise OllamaError(f"Ollama at {base} sent more than {MAX_BODY_BYTES:,} bytes; the answer was not read")
+    return raw
+
+
+def _generate_once(base: str, model: str, prompt: str, num_predict: int, timeout_s: float) -> dict:
     payload = json.dumps({"model": model, "prompt": prompt, "stream": False,
                           "options": {"num_predict": num_predict}}).encode("utf-8")
-    request = urllib.request.Request(endpoint, data=payload, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    parts = urllib.parse.urlsplit(base)
+    kind = http.client.HTTPSConnection if parts.scheme.lower() == "https" else http.client.HTTPConnection
+    path = (parts.path.rstrip("/") or "") + "/api/generate"
     skipped = "; the Ollama measurement was skipped"
+    late = f"Ollama at {base} did not answer within {timeout_s:g} s{skipped}"
+    conn = kind(parts.hostname, parts.port, timeout=timeout_s)
+    expired = threading.Event()
+    held = {}  # the socket, kept: the connection lets go of it once a closing response starts
+
+    def cut_off():  # one deadline for the whole call: a server that drips bytes is not waited on per byte
+        expired.set()
+        sock = held.get("sock")
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    watchdog = threading.Timer(timeout_s, cut_off)
+    watchdog.daemon = True
+    started = time.monotonic()
+    watchdog.start()
     try:
-        # With "stream": false Ollama sends nothing until generation ends, so the per-operation socket timeout
-        # bounds the whole call.
-        with opener.open(request, timeout=timeout_s) as response:
-            raw = response.read()
-    except urllib.error.HTTPError as err:
-        raise OllamaError(f"Ollama at {base} answered HTTP {err.code} for model {model!r}: "
-                          f"{_http_error_message(err)}") from None
-    except urllib.error.URLError as err:
-        reason = err.reason
-        if isinstance(reason, TimeoutError):
-            raise OllamaUnavailable(f"Ollama at {base} did not answer within {timeout_s:g} s{skipped}") from None
+        conn.connect()
+        held["sock"] = conn.sock
+        conn.request("POST", path, body=payload, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        status = response.status
+        if 300 <= status < 400:
+            raise OllamaError(f"Ollama at {base} answered HTTP {status} (a redirect to "
+                              f"{_excerpt((response.getheader('Location') or '').encode())!r}); redirects are "
+                              "not followed")
+        raw = _read_body(response, base)
+        if expired.is_set() or time.monotonic() - started > timeout_s:
+            raise OllamaUnavailable(late)
+        if status >= 400:
+            raise OllamaError(f"Ollama at {base} answered HTTP {status} for model {model!r}: "
+                              f"{_error_message(status, raw)}")
+    except (OllamaError, OllamaUnavailable):
+        raise
+    except (TimeoutError, socket.timeout):
+        raise OllamaUnavailable(late) from None
+    except (HTTPException, OSError) as err:
+        if expired.is_set():
+            raise OllamaUnavailable(late) from None
+        if isinstance(err, HTTPException):
+            raise OllamaError(f"Ollama at {base} sent a malformed HTTP response ({type(err).__name__})") from None
+        reason = err.strerror or type(err).__name__
         raise OllamaUnavailable(f"Ollama at {base} is not reachable ({reason}){skipped}") from None
-    except TimeoutError:
-        raise OllamaUnavailable(f"Ollama at {base} did not answer within {timeout_s:g} s{skipped}") from None
-    except HTTPException as err:
-        raise OllamaError(f"Ollama at {base} sent a malformed HTTP response ({type(err).__name__}: {err})") from None
-    except OSError as err:  # reset or closed mid-answer
-        raise OllamaUnavailable(f"Ollama at {base} is not reachable ({err}){skipped}") from None
+    finally:
+        watchdog.cancel()
+        conn.close()
 
     try:
         body = json.loads(raw)
     except ValueError as err:
         raise OllamaError(f"Ollama at {base} returned a response that is not valid JSON ({err}): "
                           f"{_excerpt(raw)!r}") from None
+    except RecursionError:
+        raise OllamaError(f"Ollama at {base} returned JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise OllamaError(f"Ollama at {base} returned JSON that is not an object: {_excerpt(raw)!r}")
     if "error" in body:
-        raise OllamaError(f"Ollama at {base} reported an error for model {model!r}: {body['error']}")
+        raise OllamaError(f"Ollama at {base} reported an error for model {model!r}: "
+                          f"{_error_message(200, json.dumps({'error': str(body['error'])}).encode())}")
     return body
 
 
@@ -171,8 +229,10 @@ def measure_ollama(url: str, model: str, prompt: str = DEFAULT_PROMPT, num_predi
     OllamaError
         An HTTP error (with Ollama's ``error`` message, e.g. a model that is not pulled), a body that is not
         JSON, or a response without ``eval_count``/``eval_duration`` or with zero of either.
+    OllamaError
+        Also for a URL that is not http(s) or has no host, a redirect, or a body over MAX_BODY_BYTES.
     ValueError
-        Bad arguments (URL scheme, ``runs`` < 1, ``num_predict`` < 1, ``timeout_s`` <= 0).
+        Bad arguments (``runs`` < 1, ``num_predict`` < 1, ``timeout_s`` <= 0).
     """
     base = _base_url(url)
     if not model:
@@ -183,15 +243,13 @@ def measure_ollama(url: str, model: str, prompt: str = DEFAULT_PROMPT, num_predi
         raise ValueError(f"num_predict must be at least 1, got {num_predict}")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-    endpoint = base + "/api/generate"
-    # No ProxyHandler entries: an http_proxy variable must not send a local measurement through a proxy.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    # http.client connects directly: an http_proxy variable must not send a local measurement through a proxy.
 
     totals = dict.fromkeys(REQUIRED_FIELDS + OPTIONAL_FIELDS, 0)
     per_run = []
     served_model = model
     for _ in range(runs):
-        body = _generate_once(opener, endpoint, base, model, prompt, num_predict, timeout_s)
+        body = _generate_once(base, model, prompt, num_predict, timeout_s)
         counts = {name: _count(body, name, base, name in REQUIRED_FIELDS) for name in totals}
         if counts["eval_count"] == 0 or counts["eval_duration"] == 0:
             raise OllamaError(f"Ollama at {base} returned eval_count={counts['eval_count']}, "

@@ -27,6 +27,7 @@ from pathlib import Path
 from mcsim.fileio import atomic_write
 from mcsim.optrace.decoder import LANES, PHASES, Trace
 from mcsim.optrace.profiles import Profile, price
+from mcsim.text import markdown_text
 
 __all__ = ["aggregate_ops", "calibration", "render_markdown", "summarize", "write_trace_outputs"]
 
@@ -218,7 +219,7 @@ def render_markdown(trace: Trace, profiles: list[Profile], summary: dict | None 
     ops = aggregate_ops(trace, profiles, priced)
     keys = [f"P{j + 1}" for j in range(len(profiles))]
     s = trace.shape
-    out = [f"# Op trace: {trace.model_name} (scaled), {trace.dtype}", "",
+    out = [f"# Op trace: {markdown_text(trace.model_name)} (scaled), {trace.dtype}", "",
            f"- **Measured**: {MEASURED_NOTE}",
            f"- **Synthetic estimate**: {ESTIMATE_NOTE}", "",
            (f"Decoder run: {s['layers']} layers, hidden {s['hidden_size']}, {s['attention_heads']} query heads / "

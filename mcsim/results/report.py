@@ -21,6 +21,9 @@ import csv
 import itertools
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +31,7 @@ import xarray as xr
 
 from mcsim.results import sensitivity
 from mcsim.results.dataset import MODEL_STATEMENT
+from mcsim.text import markdown_text
 from mcsim.results.layout import (  # quantiles, waterfall_steps and LEVELS are part of this module's API
     LEVELS,
     Series,
@@ -50,7 +54,7 @@ MAX_TABLE_ROWS = 30
 BOOTSTRAP = 200
 
 
-def write_report(results, out_dir, metrics=None) -> Path:
+def write_report(results, out_dir, metrics=None, overwrite: bool = False) -> Path:
     """Write the report of a result Dataset into ``out_dir``.
 
     Parameters
@@ -58,7 +62,11 @@ def write_report(results, out_dir, metrics=None) -> Path:
     results : str, os.PathLike or xarray.Dataset
         A result file (NetCDF, as ``mcsim run`` / ``compare`` write it) or the Dataset itself.
     out_dir : str or os.PathLike
-        Folder for the report; created if needed. Files of an earlier report there are replaced.
+        Folder for the report. The report is written into a temporary folder beside it and renamed into place
+        when whole, so a failed report leaves nothing behind; an existing folder is replaced only with
+        ``overwrite``.
+    overwrite : bool
+        Replace an existing report folder.
     metrics : sequence of str, optional
         Variables to report instead of the headline ones (quantiles, distributions and sensitivity). A variable
         with a ``quantile`` dim is reported at the per-request quantiles 0.5 and 0.99.
@@ -75,9 +83,28 @@ def write_report(results, out_dir, metrics=None) -> Path:
     PosixPath('outputs/factory-report/summary.md')
     """
     ds = _load(results)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out_dir)
+    if final.exists() and not final.is_dir():
+        raise FileExistsError(f"{final} exists and is not a folder")
+    if final.is_dir() and any(final.iterdir()) and not overwrite:
+        raise FileExistsError(f"{final} exists; use --force to replace it")
+    if not any("sample" in v.dims for v in ds.data_vars.values()):
+        raise ValueError("no variable over the 'sample' dimension: nothing to report")
     layout = _Layout(ds)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        _write_report_files(ds, layout, metrics, out)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(out, final)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return final / "summary.md"
+
+
+def _write_report_files(ds, layout, metrics, out: Path) -> None:
     if metrics is None:
         quantity_names = [n for n in HEADLINE if n in ds] + [n for n in ("ttft_s", "tpot_s") if n in ds]
         sensitivity_names = [n for n in SENSITIVITY_OUTPUTS if n in ds]
@@ -102,9 +129,7 @@ def write_report(results, out_dir, metrics=None) -> Path:
     from mcsim.results.figures import draw_figures
 
     figures = draw_figures(ds, layout, quantities, outputs, focus_sens, out)
-    path = out / "summary.md"
-    path.write_text(_summary(ds, layout, quantities, quantile_rows, outputs, focus_sens, figures))
-    return path
+    (out / "summary.md").write_text(_summary(ds, layout, quantities, quantile_rows, outputs, focus_sens, figures))
 
 
 # -- reading the Dataset -----------------------------------------------------------------------------------------
@@ -241,7 +266,7 @@ def _table(header: list, rows: list) -> list[str]:
 
 def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens, figures) -> str:
     attrs = ds.attrs
-    name = attrs.get("scenario_name", "unnamed scenario")
+    name = markdown_text(attrs.get("scenario_name", "unnamed scenario"))
     lines = [f"# mcsim report: {name}", "", f"> {MODEL_STATEMENT}", ""]
     measured = str(attrs.get("measured_variables", "")).strip()
     lines += [f"Measured on the user's machine: {measured}." if measured else
