@@ -226,11 +226,74 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+#: Seconds to wait for a dask.distributed scheduler to answer.
+SCHEDULER_TIMEOUT_S = 10.0
+
+
+class SchedulerError(McsimError, ValueError):
+    """A scheduler address that is malformed or does not answer."""
+
+
+def check_scheduler(address: str) -> str:
+    """``address`` if dask.distributed can read it as a scheduler address (``tcp://host:port``, ``host:port``,
+    ``tls://...``, ``inproc://...``); a :class:`SchedulerError` naming it otherwise."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    text = address.strip()
+    try:
+        scheme, location = parse_address(text if "://" in text else f"tcp://{text}")
+        if scheme not in ("tcp", "tls", "ws", "wss", "ucx", "inproc"):
+            raise ValueError(scheme)
+        if scheme in ("tcp", "tls"):
+            host, port = parse_host_port(location, 8786)
+            if not host or any(c.isspace() for c in host) or not 0 < int(port) < 65536:
+                raise ValueError(location)
+    except (ValueError, TypeError):
+        raise SchedulerError(f"--scheduler {address!r}: expected an address like tcp://10.0.0.5:8786") from None
+    return text
+
+
+#: Memory one simulated request holds while its sample runs, bytes: the peak growth of one sample of 1,000,000
+#: requests with every stage on is about 1.4 GiB (``mcsim bench``), 1.5 kB a request; 2 kB leaves room for
+#: longer prompts (more KV blocks per request).
+BYTES_PER_REQUEST = 2048
+
+
+class MemoryLimitError(McsimError, ValueError):
+    """A run whose samples cannot fit in this machine's memory."""
+
+
+def check_memory(plan: "Plan", concurrent: int) -> None:
+    """Refuse, with the numbers, a run whose concurrently running samples would need more than this machine's
+    memory (``concurrent`` samples of ``requests`` requests at :data:`BYTES_PER_REQUEST` each)."""
+    try:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    except Exception:  # no way to tell: do not refuse
+        return
+    one = plan.requests * BYTES_PER_REQUEST
+    at_once = max(1, min(concurrent, plan.samples))
+    if one * at_once <= total:
+        return
+    head = (f"{plan.requests:,} requests per sample need about {one / 2**30:.1f} GiB of memory each; this machine "
+            f"has {total / 2**30:.1f} GiB")
+    if one > total:
+        raise MemoryLimitError(f"{head}. Use fewer requests (--requests or mc.requests)")
+    raise MemoryLimitError(f"{head}, and {at_once} samples would run at once ({one * at_once / 2**30:.1f} GiB). "
+                           f"Use --workers {total // one} or fewer requests")
+
+
 def _client(workers: int, processes: bool, scheduler: str | None):
     from dask.distributed import Client, LocalCluster
 
     if scheduler:
-        return Client(scheduler), None
+        address = check_scheduler(scheduler)
+        try:
+            return Client(address, timeout=SCHEDULER_TIMEOUT_S), None
+        except (OSError, TimeoutError) as err:
+            raise SchedulerError(f"--scheduler {address}: no dask.distributed scheduler answered within "
+                                 f"{SCHEDULER_TIMEOUT_S:g} s ({type(err).__name__})") from None
     if processes:
         # Compiled kernels are loaded from the on-disk cache the parent has just written (see _warm_up), so the
         # workers do not race to compile.
@@ -311,6 +374,12 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
         On Ctrl-C; finished parts are kept.
     """
     workers = int(workers or os.cpu_count() or 1)
+    check_memory(plan, 1 if scheduler else workers)
+    if scheduler is not None:
+        if processes:
+            raise SchedulerError("--processes and --scheduler exclude each other: the scheduler's workers run "
+                                 "the tasks")
+        check_scheduler(scheduler)
     fingerprint = plan.fingerprint()
     tasks = [(p, c) for p in range(len(plan.grid)) for c in range(len(plan.chunks))]
     parts: dict = {}
@@ -369,9 +438,13 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
     for path, key in (("performance.fidelity", "fidelity"), ("deployment.fleet", "fleet")):
         if any(axis.path == path for axis in plan.axes):
             attrs[key] = f"swept: see the {path} coordinate"
-    ds = _assemble(plan, parts, attrs)
+    try:
+        ds = _assemble(plan, parts, attrs)
+        if output is not None:
+            results.write_netcdf(ds, output, force=force)
+    except KeyboardInterrupt:  # every part is saved: the rerun with --resume only assembles them
+        raise SweepInterrupted(len(tasks), len(tasks), parts_dir if output is not None else None) from None
     if output is not None:
-        results.write_netcdf(ds, output, force=force)
         shutil.rmtree(parts_dir, ignore_errors=True)
     return ds
 
