@@ -65,12 +65,21 @@ class Mcsim(click.Group):
                        "again with --debug for the traceback)", err=True)
             raise SystemExit(EXIT_BUG) from None
 
-    def main(self, *args, **kwargs):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
-            return super().main(*args, **kwargs)
-        except KeyboardInterrupt:  # outside invoke (while click parses)
+            value = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as err:  # usage errors too: one line, with where to read more
+            where = ""
+            if isinstance(err, click.UsageError) and err.ctx is not None:
+                where = f" (see {err.ctx.command_path} --help)"
+            click.echo(f"error: {one_line(err.format_message())}{where}", err=True)
+            raise SystemExit(err.exit_code) from None
+        except (click.exceptions.Abort, KeyboardInterrupt):  # outside invoke (while click parses)
             click.echo("\ninterrupted", err=True)
             raise SystemExit(EXIT_INTERRUPTED) from None
+        raise SystemExit(value if isinstance(value, int) else 0)
 
 
 class UserError(McsimError, click.ClickException):

@@ -49,6 +49,14 @@ def _save(fig, path: Path) -> str:
 
 
 def draw_figures(ds, layout, quantities, outputs, focus_sens, out: Path) -> dict:
+    import matplotlib
+
+    # labels carry scenario text (grid values, names): a "$" in them is text, never mathtext
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _draw_figures(ds, layout, quantities, outputs, focus_sens, out)
+
+
+def _draw_figures(ds, layout, quantities, outputs, focus_sens, out: Path) -> dict:
     figures = {"distributions": [], "tornado": [], "heatmap": [], "waterfall": []}
     for s in quantities:
         figures["distributions"].append(_distribution(ds, layout, s, out))

@@ -271,9 +271,11 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
     measured = str(attrs.get("measured_variables", "")).strip()
     lines += [f"Measured on the user's machine: {measured}." if measured else
               "Every figure in this report is modelled; none is measured.", ""]
-    grid = "; ".join(f"`{d}` = {', '.join(_text(v) for v in layout.coords[d])}" for d in layout.axes) or "none"
+    grid = "; ".join(f"`{d}` = {', '.join(markdown_text(_text(v)) for v in layout.coords[d])}"
+                     for d in layout.axes) or "none"
     inputs = _inputs(ds, layout)
-    run = [("scenario", f"{name}" + (f" (`{attrs['scenario_file']}`)" if attrs.get("scenario_file") else "")),
+    run = [("scenario", f"{name}" + (f" ({markdown_text(attrs['scenario_file'])})" if attrs.get("scenario_file")
+                                     else "")),
            ("samples", f"{layout.samples} Monte Carlo samples" + (f" x {attrs['requests_per_sample']} requests"
                                                                   if "requests_per_sample" in attrs else "")),
            ("seed", f"{attrs.get('seed', 'n/a')}" + (f" ({attrs['sampling']} sampling)" if "sampling" in attrs
@@ -281,7 +283,7 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
            ("grid axes", grid), ("variants", ", ".join(layout.variants) or "one (as written)"),
            ("uncertain inputs", f"{len(inputs)}" + (f": {', '.join(f'`{n}`' for n in inputs)}" if inputs else "")),
            ("mcsim", f"{attrs.get('mcsim_version', '?')}, created {attrs.get('created', '?')}"),
-           ("overrides", attrs.get("overrides") or "none")]
+           ("overrides", markdown_text(attrs.get("overrides")) if attrs.get("overrides") else "none")]
     lines += ["## Run", ""] + _table(["", ""], run) + [""]
 
     lines += ["## Headline metrics (modelled)", "",

@@ -52,7 +52,7 @@ class Axis:
 def _number_or_string(text: str):
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return text
 
 
@@ -128,7 +128,7 @@ def validate_axes(scn: Scenario, axes: list[Axis]) -> list[Axis]:
         if len(axis.values) > MAX_AXIS_VALUES:
             raise ScenarioError(scn.source, axis.path, f"{len(axis.values):,} values; a grid axis takes at most "
                                 f"{MAX_AXIS_VALUES:,}")
-        bad = [v for v in axis.values if isinstance(v, (dict, list, bool)) or v is None]
+        bad = [v for v in axis.values if isinstance(v, (dict, list)) or v is None]
         if bad:
             raise ScenarioError(scn.source, axis.path, f"a grid value must be a number or a string, got {bad[0]!r} "
                                 "(a distribution cannot be a grid value: put it on the key itself)")

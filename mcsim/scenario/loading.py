@@ -295,6 +295,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         parsed = value
+    except RecursionError:
+        raise ScenarioError("--set", path, "the value is nested too deeply") from None
     return path, parsed
 
 
@@ -345,6 +347,8 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ScenarioError(source, "", f"not valid TOML: {err}") from None
+    except RecursionError:
+        raise ScenarioError(source, "", "not valid TOML for mcsim: arrays or tables nested too deeply") from None
     # the classes the overrides may refer to (a malformed [workload.classes] is reported by validate)
     file_classes = raw.get("workload", {}).get("classes") if isinstance(raw.get("workload"), dict) else None
     file_classes = tuple(file_classes) if isinstance(file_classes, dict) and file_classes else tuple(DEFAULT_CLASSES)

@@ -42,12 +42,25 @@ class Inputs:
         if tokens <= 0:
             tokens = int(max(1, min(p["deployment.max_batch_per_gpu"], batch_per_gpu))) * ep
         shares = np.array([p[f"workload.classes.{c}.share"] for c in classes], dtype=float)
+        steps = int(p["moe.window_steps"]) + int(p["moe.eval_steps"])
+        work = steps * int(tokens) * int(p["model.active_experts"])
+        if p["model.experts"] > 0 and work > MAX_ASSIGNMENTS:
+            from mcsim.scenario.schema import ScenarioError
+
+            raise ScenarioError("", "moe.window_steps", f"({p['moe.window_steps']} + {p['moe.eval_steps']} "
+                                f"eval steps) x {int(tokens):,} tokens x {p['model.active_experts']} experts = "
+                                f"{work:.3g} token-expert assignments per sample; at most {MAX_ASSIGNMENTS:.0e} "
+                                "(about 20 s of routing) are drawn: use fewer steps or moe.tokens_per_step")
         return cls(int(p["model.experts"]), int(p["model.active_experts"]), tuple(shares / shares.sum()),
                    tuple(float(p[f"workload.classes.{c}.expert_skew"]) for c in classes), int(tokens), int(ep),
                    int(p["moe.redundant_experts"]), int(p["moe.window_steps"]), int(p["moe.eval_steps"]),
                    int(p["moe.groups"]), int(p["moe.nodes"]))
 
 __all__ = ["zipf_popularity", "class_popularity", "expert_efficiency"]
+
+#: Token-expert assignments one sample may route (window + eval steps x tokens x top-k): ~20 s at the kernel's
+#: ~100 M assignments/s/core.
+MAX_ASSIGNMENTS = 2e9
 
 #: Steps routed per kernel call; bounds the per-step count buffer to ``CHUNK_STEPS x E`` int64.
 CHUNK_STEPS = 256
