@@ -342,3 +342,36 @@ def test_control_characters_from_inputs_are_escaped(tmp_path):
     line = one_line_error(invoke("run", FACTORY, *SMALL, "--set", f'workload.trace="{trace}"', "-o",
                                  tmp_path / "o.nc"))
     assert "\x1b" not in line
+
+
+# -- every accepted value runs or is refused ----------------------------------------------------------------------
+
+def _range_edges():
+    """Each numeric key's lowest and highest accepted value (a moderate one where the range is open)."""
+    cases = []
+    fields = [(f"{s}.{k}", f) for s, table in SECTIONS.items() if s != "mc" for k, f in table.items()]
+    fields += [(f"workload.classes.chat.{k}", f) for k, f in CLASS_FIELDS.items()]
+    for path, f in fields:
+        if f.kind not in ("int", "float"):
+            continue
+        lo = -10 if f.lo is None else f.lo + ((1e-3 if f.kind == "float" else 1) if f.lo_open else 0)
+        hi = lo * 10 + 10 if f.hi is None else f.hi
+        for value in (lo, hi):
+            cases.append((path, int(value) if f.kind == "int" else float(value)))
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path, value", _range_edges())
+def test_every_accepted_value_runs_or_is_refused_in_one_line(path, value, tmp_path):
+    import time
+
+    start = time.perf_counter()
+    result = invoke("run", DENSE, "--samples", "1", "--requests", "150", "--no-progress", "--json",
+                    "--set", f"{path}={value}", "-o", tmp_path / "x.nc")
+    assert time.perf_counter() - start < 30.0  # no accepted value hangs
+    if result.exit_code == 0:
+        assert (tmp_path / "x.nc").exists()
+    else:
+        one_line_error(result)
+        assert listing(tmp_path) == set()
