@@ -23,8 +23,12 @@ from mcsim.perf.batching import simulate_batching
 
 #: The simulated requests are at least this many times one instance's largest concurrency ...
 MIN_TURNOVER = 30
-#: ... but no more than this many (the simulator runs at about a million requests a second).
+#: ... but no more than this many (the simulator runs at about a million requests a second) ...
 MAX_REQUESTS = 600_000
+#: ... nor more KV blocks in all than this (the simulator's work grows with the blocks its sequences fill: 40 M
+#: blocks of DeepSeek-V3's decode pool take about 8 s), so a small ``cache.block_tokens`` shortens the replay
+#: instead of running for minutes.
+MAX_BLOCKS = 40_000_000
 
 
 def edges(top: float, n: int) -> np.ndarray:
@@ -73,12 +77,15 @@ def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per
 
     A queue reaches its steady state only after many times its concurrency has passed through: when the sample's
     requests are too few for one instance's largest concurrency, the trace is replayed back to back (same
-    requests, later arrivals) and the first third of the time is left out as warm-up.
+    requests, later arrivals) and the first third of the time is left out as warm-up. The replay is capped at
+    :data:`MAX_REQUESTS` requests and :data:`MAX_BLOCKS` KV blocks, whichever comes first.
     """
     limit = p["performance.batching_requests"]
     n = requests.n if limit <= 0 else min(limit, requests.n)
+    blocks = float(np.sum(np.ceil((requests.prompt_tokens[:n] + requests.output_tokens[:n])
+                              / max(int(requests.block_tokens), 1))))
     reps = int(min(max(1, math.ceil(MIN_TURNOVER * max(max_seqs_per_instance, 1.0) / n)),
-                   max(1, MAX_REQUESTS // n)))
+                   max(1, MAX_REQUESTS // n), max(1, int(MAX_BLOCKS // max(blocks, 1.0)))))
     arrival0 = (requests.arrival_s[:n] - requests.arrival_s[0]).astype(float)
     period = float(arrival0[-1]) * n / max(n - 1, 1) if n > 1 else 1.0
     arrival = np.concatenate([arrival0 + c * period for c in range(reps)])
