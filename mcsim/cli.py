@@ -43,20 +43,11 @@ class Mcsim(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
-        except KeyboardInterrupt:
+        except (McsimError, OSError) as err:
             if debug:
                 raise
-            click.echo("\ninterrupted", err=True)
-            raise SystemExit(EXIT_INTERRUPTED) from None
-        except McsimError as err:
-            if debug:
-                raise
-            click.echo(f"error: {one_line(err)}", err=True)
-            raise SystemExit(EXIT_USAGE) from None
-        except OSError as err:
-            if debug:
-                raise
-            click.echo(f"error: {one_line(_os_message(err))}", err=True)
+            message = err if isinstance(err, McsimError) else _os_message(err)
+            click.echo(f"error: {one_line(message)}", err=True)
             raise SystemExit(EXIT_USAGE) from None
         except Exception as err:  # a bug: say so in one line
             if debug:
@@ -76,17 +67,16 @@ class Mcsim(click.Group):
                 where = f" (see {err.ctx.command_path} --help)"
             click.echo(f"error: {one_line(err.format_message())}{where}", err=True)
             raise SystemExit(err.exit_code) from None
-        except (click.exceptions.Abort, KeyboardInterrupt):  # outside invoke (while click parses)
+        except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
             click.echo("\ninterrupted", err=True)
             raise SystemExit(EXIT_INTERRUPTED) from None
         raise SystemExit(value if isinstance(value, int) else 0)
 
 
 class UserError(McsimError, click.ClickException):
-    exit_code = EXIT_USAGE
+    """Bad use of a command; printed as one line by :class:`Mcsim`."""
 
-    def show(self, file=None):
-        click.echo(f"error: {one_line(self.format_message())}", err=True)
+    exit_code = EXIT_USAGE
 
 
 def _common(f):
@@ -162,11 +152,8 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
              compare=False):
     from mcsim.execution import api as runner
     from mcsim.results import summary
-    from mcsim.scenario.distributions import DistributionError
-    from mcsim.scenario import ScenarioError, load_scenario
+    from mcsim.scenario import load_scenario
     from mcsim.execution.executor import SweepInterrupted
-    from mcsim.calibration.files import CalibrationError
-    from mcsim.stages.requests_trace import TraceError
 
     if lhs:
         overrides = (*overrides, 'mc.sampling="lhs"')
@@ -186,9 +173,7 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
             ds = runner.compare(scn, ablate=ablate, **options)
         else:
             ds = runner.run(scn, **options)
-    except (ScenarioError, DistributionError, TraceError, FileExistsError, CalibrationError) as err:
-        raise UserError(str(err)) from None
-    except SweepInterrupted as err:
+    except SweepInterrupted as err:  # every other error is the command group's (one line, exit 2)
         click.echo(f"\n{err}", err=True)
         raise SystemExit(130) from None
     if as_json:
@@ -253,21 +238,14 @@ def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool,
           calibration, as_json):
     """One step of one instance of SCENARIO, op by op (time, FLOPs, bytes, what bounds it), and each pool's memory."""
     from mcsim.execution import api
-    from mcsim.scenario import ScenarioError
-    from mcsim.scenario.distributions import DistributionError
-
-    from mcsim.calibration.files import CalibrationError
 
     if prefill_tokens == 0 and decode_seqs == 0:
         raise UserError("a step needs --decode-seqs or --prefill-tokens above 0")
     if calibration is not None:
         overrides = (*overrides, f"performance.calibration={json.dumps(str(calibration))}")
-    try:
-        step = api.step_time(scenario, decode_seqs=decode_seqs, context=context, prefill_tokens=prefill_tokens,
-                             prefill_context=prefill_context, pool=pool, sample=sample,
-                             variant="baseline" if baseline else "factory", overrides=overrides)
-    except (ScenarioError, DistributionError, CalibrationError) as err:
-        raise UserError(str(err)) from None
+    step = api.step_time(scenario, decode_seqs=decode_seqs, context=context, prefill_tokens=prefill_tokens,
+                         prefill_context=prefill_context, pool=pool, sample=sample,
+                         variant="baseline" if baseline else "factory", overrides=overrides)
     if as_json:
         click.echo(json.dumps(_finite(step), indent=2, allow_nan=False))
         return
@@ -319,8 +297,8 @@ def report(results, out_dir, force):
     out_dir = out_dir or results.with_name(results.stem + "-report")
     try:
         summary_path = write_report(results, out_dir, overwrite=force)
-    except FileExistsError as err:
-        raise UserError(str(err)) from None
+    except FileExistsError:
+        raise  # the command group's one line
     except (OSError, ValueError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         if "did not find a match" in first or "Unknown file format" in first:
@@ -357,23 +335,17 @@ def trace(model, prompt_tokens, decode_tokens, max_params, dtype, seed, out_dir,
 
     Wall times and this machine's peaks are measured here; every other latency is a synthetic estimate.
     """
-    from mcsim.calibration.files import CalibrationError
-    from mcsim.scenario.catalog import UnknownPresetError
-    from mcsim.optrace.ollama import OllamaError
     from mcsim.optrace.command import trace_and_calibrate
 
     if bool(ollama_url) != bool(ollama_model):
         raise click.BadParameter("--ollama and --ollama-model go together", param_hint="--ollama-model")
     out_dir = out_dir or Path("outputs") / f"trace-{model}"
-    try:
-        result = trace_and_calibrate(
-            model=model, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens, max_params=max_params,
-            dtype=dtype, seed=seed, out_dir=out_dir, overwrite=force, bench_seconds=bench_seconds,
-            ollama_url=ollama_url, ollama_model=ollama_model, ollama_runs=ollama_runs,
-            ollama_timeout_s=ollama_timeout, ollama_weights_gb=ollama_weights_gb, save_calibration=save_calibration,
-            warn=lambda msg: click.echo(msg, err=True))
-    except (UnknownPresetError, OllamaError, CalibrationError, FileExistsError) as err:
-        raise UserError(str(err.args[0]) if err.args else str(err)) from None
+    result = trace_and_calibrate(
+        model=model, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens, max_params=max_params,
+        dtype=dtype, seed=seed, out_dir=out_dir, overwrite=force, bench_seconds=bench_seconds,
+        ollama_url=ollama_url, ollama_model=ollama_model, ollama_runs=ollama_runs,
+        ollama_timeout_s=ollama_timeout, ollama_weights_gb=ollama_weights_gb, save_calibration=save_calibration,
+        warn=lambda msg: click.echo(msg, err=True))
     cal, this = result["calibration"], result["this_machine"]
     click.echo(f"this machine (measured): {this.peak_flops / 1e9:,.0f} GFLOP/s GEMM, "
                f"{this.bandwidth_bytes_s / 1e9:,.1f} GB/s memory")
@@ -412,17 +384,13 @@ def calibrate(measurements, hardware, dtype, stack, stack_version, replicates, s
     `[performance] calibration = FILE` or `--calibration FILE`.
     """
     from mcsim.calibration.command import calibrate as fit_files, report
-    from mcsim.calibration.files import CalibrationError, save
-    from mcsim.calibration.vidur import MeasurementError
+    from mcsim.calibration.files import save
 
     if output.exists() and not force:
         raise UserError(f"{output}: exists; pass --force to replace it")
-    try:
-        cal, _ = fit_files(list(measurements), hardware=hardware, dtype=dtype, stack=stack,
-                           stack_version=stack_version, replicates=replicates, seed=seed, command=_command_line())
-        save(cal, output, overwrite=force)
-    except (MeasurementError, CalibrationError) as err:
-        raise UserError(str(err)) from None
+    cal, _ = fit_files(list(measurements), hardware=hardware, dtype=dtype, stack=stack,
+                       stack_version=stack_version, replicates=replicates, seed=seed, command=_command_line())
+    save(cal, output, overwrite=force)
     if as_json:
         click.echo(json.dumps(_finite(dict(cal.summary(), output=str(output))), indent=2, allow_nan=False))
     else:

@@ -337,31 +337,22 @@ def linear_errors(gpu: str, model_name: str):
     """Per-row relative error of mcsim's per-layer linear ops (the roofline's ``attention_proj`` and ``dense_ffn``
     with the hardware's default GEMM figures, BF16) against measured GEMM times: ``(relative error, tokens, tp)``
     over both ops."""
-    from mcsim.calibration.vidur import LINEAR_GROUPS, bundled_linear, read_linear
-    from mcsim.perf import roofline
+    from mcsim.calibration import fit, measurements
+    from mcsim.calibration.vidur import bundled_linear
     from mcsim.perf.hardware import as_hardware, gemm_figures
     from mcsim.scenario import catalog
 
-    measured = read_linear(bundled_linear(gpu, model_name))
-    model = dict(catalog.model_preset("llama-3-70b"), hidden_size=measured.hidden, attention_heads=measured.heads,
-                 kv_heads=measured.kv_heads, head_dim=measured.hidden // measured.heads, dense_ffn=measured.ffn)
-    hw = as_hardware(catalog.hardware_preset(gpu))
-    p = gemm_figures(hw)
-    achievable = roofline.Achievable(
-        flops_fraction=p["performance.flops_fraction"], bandwidth_fraction=p["performance.bandwidth_fraction"],
-        gemm_half_tokens=p["performance.gemm_half_tokens"], gemm_floor_s=p["performance.gemm_floor_s"],
-        launch_overhead_s=0.0, step_overhead_s=0.0)  # the measurements are kernel times
-    model_times, tokens, tps = [], [], []
-    for t, tp in zip(measured.tokens, measured.tp):
-        cost = roofline.step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=int(t),
-                                  parallel=roofline.Parallelism(tp=int(tp)), achievable=achievable)
-        for name in LINEAR_GROUPS:
-            model_times.append(cost.breakdown[name]["t"] / model["layers"])
-            tokens.append(t)
-            tps.append(tp)
-    model_s = np.array(model_times).reshape(-1, len(LINEAR_GROUPS))
-    truth = np.stack([measured.seconds[name] for name in LINEAR_GROUPS], axis=1)
-    return (np.abs(model_s - truth) / truth).ravel(), np.array(tokens), np.array(tps)
+    hw = catalog.hardware_preset(gpu)
+    gemm, _ = measurements.linear_observations(bundled_linear(gpu, model_name), hw)
+    modelled = fit.predict(gemm, _fitted_units(gemm_figures(as_hardware(hw))))
+    return np.abs(modelled - gemm.measured_s) / gemm.measured_s, gemm.data["rows"], gemm.data["tp"]
+
+
+def _fitted_units(figures: dict) -> dict:
+    """Scenario values (``gemm_figures``) in the units :func:`mcsim.calibration.fit.predict` takes."""
+    from mcsim.calibration.fit import scenario_scale
+
+    return {key: value / scenario_scale(key) for key, value in figures.items()}
 
 
 def linear_checks() -> list[Check]:
@@ -418,9 +409,7 @@ def elementwise_errors(gpu: str) -> np.ndarray:
     figures = gemm_figures(as_hardware(hw))
     obs = measurements.concat([measurements.linear_observations(bundled_linear(gpu, m), hw)[1]
                                for m in LINEAR_MODELS[gpu]])
-    modelled = fit.predict(obs, {"performance.kernel_floor_s": figures["performance.kernel_floor_s"] * 1e6,
-                                 "performance.elementwise_bandwidth_fraction":
-                                     figures["performance.elementwise_bandwidth_fraction"]})
+    modelled = fit.predict(obs, _fitted_units(figures))
     return np.abs(modelled - obs.measured_s) / obs.measured_s
 
 

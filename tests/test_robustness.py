@@ -41,14 +41,17 @@ def listing(folder: Path) -> set:
 
 # -- bad scenario values ----------------------------------------------------------------------------------------
 
+def _numeric_fields(skip_sections=()):
+    """(dotted path, Field) of every numeric scenario key, the class fields under ``workload.classes.chat``."""
+    fields = [(f"{s}.{k}", f) for s, table in SECTIONS.items() if s not in skip_sections for k, f in table.items()]
+    fields += [(f"workload.classes.chat.{k}", f) for k, f in CLASS_FIELDS.items()]
+    return [(path, f) for path, f in fields if f.kind in ("int", "float")]
+
+
 def _out_of_range():
     """For every numeric key with a bound: a value just beyond it (the schema says what it accepts)."""
     cases = []
-    fields = [(f"{s}.{k}", f) for s, table in SECTIONS.items() for k, f in table.items()]
-    fields += [(f"workload.classes.chat.{k}", f) for k, f in CLASS_FIELDS.items()]
-    for path, f in fields:
-        if f.kind not in ("int", "float"):
-            continue
+    for path, f in _numeric_fields():
         if f.lo is not None:
             cases.append((path, f.lo if f.lo_open else f.lo - 1))
         if f.hi is not None:
@@ -349,11 +352,7 @@ def test_control_characters_from_inputs_are_escaped(tmp_path):
 def _range_edges():
     """Each numeric key's lowest and highest accepted value (a moderate one where the range is open)."""
     cases = []
-    fields = [(f"{s}.{k}", f) for s, table in SECTIONS.items() if s != "mc" for k, f in table.items()]
-    fields += [(f"workload.classes.chat.{k}", f) for k, f in CLASS_FIELDS.items()]
-    for path, f in fields:
-        if f.kind not in ("int", "float"):
-            continue
+    for path, f in _numeric_fields(skip_sections=("mc",)):
         lo = -10 if f.lo is None else f.lo + ((1e-3 if f.kind == "float" else 1) if f.lo_open else 0)
         hi = lo * 10 + 10 if f.hi is None else f.hi
         for value in (lo, hi):

@@ -104,14 +104,8 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
 
 def _point_values(fits) -> dict:
     """The point fits as scenario values (SI units for ``performance.*`` keys, the catalog's for ``hardware.*``)."""
-    units = {key: unit for specs in fitting.PARAMETERS.values() for key, unit, *_ in specs}
-    out = {}
-    for f in fits:
-        for key in f.keys:
-            if key.endswith("_error"):
-                continue
-            out[key] = f.estimate[key] * (units[key] if key.startswith("performance.") else 1.0)
-    return out
+    return {key: f.estimate[key] * fitting.scenario_scale(key) for f in fits for key in f.keys
+            if not key.endswith("_error")}
 
 
 def report(cal: Calibration) -> str:

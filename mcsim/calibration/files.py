@@ -293,24 +293,32 @@ def check_regime(cal: Calibration, scenario_regime: dict, scenario: str = "the s
                                "measured in.", key=differences[0].split(":", 1)[0])
 
 
-def build(fits, regime: dict, *, source: str, seed: int, notes: dict | None = None) -> Calibration:
-    """A calibration from :class:`~mcsim.calibration.fit.ClassFit` objects (all with the same replicate count)."""
-    from mcsim import __version__
-    from mcsim.calibration.fit import PARAMETERS
+def parameter(cls: str, replicates, estimate: float) -> dict:
+    """One parameter of a calibration: its class, point estimate, 5 % / 95 % of its replicates, the replicates."""
+    reps = np.asarray(replicates, float)
+    return {"class": cls, "estimate": float(estimate), "low": float(np.quantile(reps, 0.05)),
+            "high": float(np.quantile(reps, 0.95)), "replicates": [float(v) for v in reps]}
 
-    units = {key: unit for specs in PARAMETERS.values() for key, unit, *_ in specs}
-    parameters, classes = {}, {}
-    for f in fits:
-        for key in f.keys:
-            # performance.* keys are stored in SI units (their floors are fitted in us); hardware.* keys are fitted
-            # and stored in the catalog's own units (us, GB/s)
-            scale = units.get(key, 1.0) if key.startswith("performance.") else 1.0
-            reps = np.asarray(f.replicates[key], float) * scale
-            parameters[key] = {"class": f.cls, "estimate": float(f.estimate[key] * scale),
-                               "low": float(np.quantile(reps, 0.05)), "high": float(np.quantile(reps, 0.95)),
-                               "replicates": [float(v) for v in reps]}
-        classes[f.cls] = {"rows": f.rows, "shapes": f.shapes, "fit_mape": f.fit_mape, "cv_mape": f.cv_mape,
-                          "cv_scheme": f.cv_scheme, "sources": f.sources}
+
+def new_calibration(regime: dict, parameters: dict, classes: dict, *, source: str, seed: int,
+                    notes: dict | None = None) -> Calibration:
+    """A calibration stamped with this mcsim's version and the time."""
+    from mcsim import __version__
+
     return Calibration(regime={k: regime.get(k, "") for k in REGIME_KEYS}, parameters=parameters, classes=classes,
                        source=source, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                        mcsim_version=__version__, seed=seed, notes=notes or {})
+
+
+def build(fits, regime: dict, *, source: str, seed: int, notes: dict | None = None) -> Calibration:
+    """A calibration from :class:`~mcsim.calibration.fit.ClassFit` objects (all with the same replicate count)."""
+    from mcsim.calibration.fit import scenario_scale
+
+    parameters, classes = {}, {}
+    for f in fits:
+        for key in f.keys:
+            scale = scenario_scale(key)
+            parameters[key] = parameter(f.cls, np.asarray(f.replicates[key], float) * scale, f.estimate[key] * scale)
+        classes[f.cls] = {"rows": f.rows, "shapes": f.shapes, "fit_mape": f.fit_mape, "cv_mape": f.cv_mape,
+                          "cv_scheme": f.cv_scheme, "sources": f.sources}
+    return new_calibration(regime, parameters, classes, source=source, seed=seed, notes=notes)

@@ -67,8 +67,16 @@ PARAMETERS = {
     "step": (("performance.step_overhead_s", 1e-6, 0.0, 1e6, 200.0),
              ("performance.attention_floor_s", 1e-6, 0.0, 1e4, 10.0)),
 }
-#: Key units stored in the calibration: a parameter in "s" is written in seconds, the others as named.
+#: A class's model-error parameter (measured / modelled time of one measurement).
 ERROR_KEY = "performance.{cls}_error"
+
+
+def scenario_scale(key: str) -> float:
+    """Factor from a fitted value to the scenario's units: ``performance.*`` keys are SI (their floors are fitted
+    in us), ``hardware.*`` keys keep the catalog's units (us, GB/s), in which they are fitted."""
+    if not key.startswith("performance."):
+        return 1.0
+    return next((unit for specs in PARAMETERS.values() for name, unit, *_ in specs if name == key), 1.0)
 
 
 @dataclass

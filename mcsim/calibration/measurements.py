@@ -40,6 +40,12 @@ STEP_COLUMNS = ("hardware", "model", "tp", "decode_seqs", "mean_context", "prefi
 KINDS = ("vidur-mlp", "vidur-all_reduce", "vidur-send_recv", "steps")
 
 
+def shape_ids(*columns) -> np.ndarray:
+    """One id per row: rows with equal values in every column (one measured configuration) share it."""
+    _, ids = np.unique(np.stack([np.asarray(c, float) for c in columns], axis=1), axis=0, return_inverse=True)
+    return ids.ravel().astype(np.int64)
+
+
 def kind_of(path) -> str:
     """Which of :data:`KINDS` a measurement file is, from its header (a :class:`MeasurementError` otherwise)."""
     path = Path(path)
@@ -84,9 +90,8 @@ def linear_observations(path, hw, dtype: str = "bf16") -> tuple[Observations, Ob
     unit = roofline.Achievable(flops_fraction=1.0, bandwidth_fraction=1.0, gemm_floor_s=1.0, kernel_floor_s=1.0,
                                launch_overhead_s=0.0, step_overhead_s=0.0)  # floor / 1 s = the kernel count
     precision = roofline.Precision(weight_bytes=2.0, kv_bytes=2.0, compute=dtype, activation_bytes=2.0)
-    keys = sorted(set(zip(measured.tokens.tolist(), measured.tp.tolist())))
-    shape_id = {k: i for i, k in enumerate(keys)}
-    gemm = {k: [] for k in ("flops", "bytes", "rows", "kernels", "measured", "shape")}
+    shape = shape_ids(measured.tokens, measured.tp)
+    gemm = {k: [] for k in ("flops", "bytes", "rows", "kernels", "tp", "measured", "shape")}
     elem = {k: [] for k in ("bytes", "kernels", "measured", "shape")}
     for i, (t, tp) in enumerate(zip(measured.tokens.tolist(), measured.tp.tolist())):
         cost = roofline.step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=t,
@@ -97,13 +102,14 @@ def linear_observations(path, hw, dtype: str = "bf16") -> tuple[Observations, Ob
             gemm["bytes"].append(op["bytes"])
             gemm["rows"].append(float(t))
             gemm["kernels"].append(op["floor"])
+            gemm["tp"].append(float(tp))
             gemm["measured"].append(measured.seconds[name][i])
-            gemm["shape"].append(shape_id[(t, tp)])
+            gemm["shape"].append(shape[i])
         op = cost.breakdown["elementwise"]
         elem["bytes"].append(op["bytes"])
         elem["kernels"].append(op["floor"])
         elem["measured"].append(measured.elementwise_s[i])
-        elem["shape"].append(shape_id[(t, tp)])
+        elem["shape"].append(shape[i])
     peak, hbm = hw.peak_flops(dtype), hw.hbm_bytes_s
     g = {k: np.asarray(v, float) for k, v in gemm.items()}
     e = {k: np.asarray(v, float) for k, v in elem.items()}
@@ -128,9 +134,7 @@ def allreduce_observations(path) -> Observations:
     if not inside.any():
         raise MeasurementError(f"{path}: no all-reduce inside one node to fit")
     nbytes, workers = times.nbytes[inside].astype(float), times.workers[inside].astype(float)
-    keys = sorted(set(zip(workers.tolist(), nbytes.tolist())))
-    ids = {k: i for i, k in enumerate(keys)}
-    shape = np.array([ids[k] for k in zip(workers.tolist(), nbytes.tolist())], dtype=np.int64)
+    shape = shape_ids(workers, nbytes)
     return Observations("allreduce", times.median_s[inside], shape, {"bytes": nbytes, "workers": workers},
                         ("hardware.collective_base_us", "hardware.collective_hop_us", "hardware.allreduce_bus_gb_s"),
                         sources=[str(path)])
@@ -144,9 +148,7 @@ def allreduce_node_observations(path, gpus_per_node: int) -> Observations | None
     if times.collective != "all_reduce" or not rows.any():
         return None
     nbytes, workers = times.nbytes[rows].astype(float), times.workers[rows].astype(float)
-    keys = sorted(set(zip(workers.tolist(), nbytes.tolist())))
-    ids = {k: i for i, k in enumerate(keys)}
-    shape = np.array([ids[k] for k in zip(workers.tolist(), nbytes.tolist())], dtype=np.int64)
+    shape = shape_ids(workers, nbytes)
     return Observations("allreduce_nodes", times.median_s[rows], shape, {"bytes": nbytes, "workers": workers},
                         ("hardware.remote_allreduce_base_us", "hardware.remote_allreduce_bus_gb_s"),
                         sources=[str(path)])
@@ -159,9 +161,7 @@ def send_observations(path) -> Observations:
         raise MeasurementError(f"{path}:1: expected send_recv times, got {times.collective}")
     across = (times.devices_per_node == 1).astype(float)
     nbytes = times.nbytes.astype(float)
-    keys = sorted(set(zip(across.tolist(), nbytes.tolist())))
-    ids = {k: i for i, k in enumerate(keys)}
-    shape = np.array([ids[k] for k in zip(across.tolist(), nbytes.tolist())], dtype=np.int64)
+    shape = shape_ids(across, nbytes)
     active = []
     if (across == 0).any():
         active += ["hardware.send_base_us", "hardware.send_gb_s"]

@@ -96,14 +96,18 @@ class Plan:
         }
         return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 
-    def input_files(self) -> list[Path]:
-        """Every file the run reads besides the scenario text: the traces of the scenario and of its grid points,
-        and the calibration (their content is part of the fingerprint)."""
+    def trace_paths(self) -> list[Path]:
+        """The traces the run replays: the scenario's and its grid points' ``workload.trace``."""
         from mcsim.stages.workload import resolve_trace_path
 
         traces = {self.scn["workload.trace"]} | {str(v) for a in self.axes if a.path == "workload.trace"
                                                   for v in a.values}
-        files = [resolve_trace_path(t, self.scn.base_dir) for t in sorted(traces) if t]
+        return [resolve_trace_path(t, self.scn.base_dir) for t in sorted(traces) if t]
+
+    def input_files(self) -> list[Path]:
+        """Every file the run reads besides the scenario text: its traces and its calibration (their content is
+        part of the fingerprint)."""
+        files = self.trace_paths()
         if self.scn.calibration is not None and self.scn.calibration.path:
             files.append(Path(self.scn.calibration.path))
         return files
@@ -124,13 +128,8 @@ def _file_digest(path: Path) -> str:
 def check_inputs(plan: "Plan") -> None:
     """Read and check every trace the run will replay before any work starts (a bad one is a one-line error)."""
     from mcsim.execution.sample import _read_trace
-    from mcsim.scenario.loading import ScenarioError
-    from mcsim.stages.workload import resolve_trace_path
 
-    traces = {plan.scn["workload.trace"]} | {str(v) for a in plan.axes if a.path == "workload.trace"
-                                             for v in a.values}
-    for trace in sorted(t for t in traces if t):
-        path = resolve_trace_path(trace, plan.scn.base_dir)
+    for path in plan.trace_paths():
         if not path.is_file():
             raise ScenarioError(plan.scn.source, "workload.trace", f"no such trace file: {path}")
         _read_trace(str(path), plan.scn["workload.trace_format"])

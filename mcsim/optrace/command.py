@@ -11,7 +11,8 @@ from pathlib import Path
 from mcsim.fileio import atomic_write
 from mcsim.text import markdown_text
 
-DTYPE_NAMES = {"float32": "fp32", "float16": "fp16"}
+#: The decoder's NumPy dtype -> the matmul format of a calibration's regime (a 16-bit matmul counts as bf16).
+DTYPE_NAMES = {"float32": "fp32", "float16": "bf16"}
 HOST_PRESET = "cpu-host"
 
 
@@ -111,29 +112,26 @@ def trace_calibration(trace, this, *, ollama=None, ollama_weights_gb=None, dtype
     """
     import numpy as np
 
-    from mcsim.calibration.files import Calibration
+    from mcsim.calibration.files import new_calibration, parameter
     from mcsim.optrace.report import price
-    from mcsim import __version__
-    import datetime as dt
 
     decode = [r for r in trace.records if r.phase == "decode"]
     if not decode:
         raise ValueError("a calibration needs a trace with decode steps")
     priced = [price(r, this) for r in decode]
-    steps = sorted({r.step for r in decode})
-    estimate = np.array([sum(p["t_estimate"] for r, p in zip(decode, priced) if r.step == k) for k in steps])
+    steps, step_of = np.unique([r.step for r in decode], return_inverse=True)
+    estimate = np.bincount(step_of, weights=[p["t_estimate"] for p in priced])  # estimated time of each step
     memory = sum(p["t_estimate"] for p in priced if p["bound"] == "memory")
     score = memory / sum(p["t_estimate"] for p in priced)
     measured = np.asarray(trace.decode_step_wall_s, float)[:len(steps)]
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
     n = len(steps)
-    factors = np.empty(replicates)
-    for b in range(replicates):
-        rows = rng.integers(n, size=n)
-        factors[b] = estimate[rows].sum() / measured[rows].sum()
+    rows = rng.integers(n, size=(replicates, n))  # each replicate resamples the decode steps
+    factors = estimate[rows].sum(axis=1) / measured[rows].sum(axis=1)
     factor = estimate.sum() / measured.sum()
     bandwidth = np.minimum(factors ** score, 1.0)
     flops = np.minimum(factors ** (1.0 - score), 1.0)
+    bandwidth_point = min(factor ** score, 1.0)
     notes = {"measured_shape": {k: v for k, v in trace.shape.items() if k != "source"},
              "measured_model": f"{trace.model_name} scaled to the shape that ran (see measured_shape)",
              "decode_steps": n, "memory_bound_score": float(score), "decoder_factor": float(factor)}
@@ -142,6 +140,7 @@ def trace_calibration(trace, this, *, ollama=None, ollama_weights_gb=None, dtype
         points = np.stack([bandwidth, np.full(replicates, ollama_fraction)], axis=1)
         pick = rng.integers(2, size=(replicates, 2))
         bandwidth = np.exp(np.log(np.take_along_axis(points, pick, axis=1)).mean(axis=1))
+        bandwidth_point = float(np.sqrt(bandwidth_point * ollama_fraction))  # both data points, as each replicate
         notes["ollama"] = {"model": ollama["model"], "decode_tok_s": ollama["decode_tok_s"],
                            "weights_gb": ollama_weights_gb, "bandwidth_fraction": ollama_fraction}
     elif ollama is not None:
@@ -149,24 +148,18 @@ def trace_calibration(trace, this, *, ollama=None, ollama_weights_gb=None, dtype
                            "used": "no: its weight size is unknown (give --ollama-weights-gb)"}
     peak_tflops, hbm_tb_s = this.peak_flops / 1e12, this.bandwidth_bytes_s / 1e12
 
-    def spec(cls, values, estimate_value):
-        values = np.asarray(values, float)
-        return {"class": cls, "estimate": float(estimate_value), "low": float(np.quantile(values, 0.05)),
-                "high": float(np.quantile(values, 0.95)), "replicates": [float(v) for v in values]}
-
+    constant = np.ones(replicates)
     parameters = {
-        "hardware.fp32_tflops": spec("peaks", np.full(replicates, peak_tflops), peak_tflops),
-        "hardware.bf16_tflops": spec("peaks", np.full(replicates, peak_tflops), peak_tflops),
-        "hardware.hbm_tb_s": spec("peaks", np.full(replicates, hbm_tb_s), hbm_tb_s),
-        "performance.bandwidth_fraction": spec("decoder", bandwidth, np.median(bandwidth)),
-        "performance.flops_fraction": spec("decoder", flops, min(factor ** (1.0 - score), 1.0)),
+        "hardware.fp32_tflops": parameter("peaks", constant * peak_tflops, peak_tflops),
+        "hardware.bf16_tflops": parameter("peaks", constant * peak_tflops, peak_tflops),
+        "hardware.hbm_tb_s": parameter("peaks", constant * hbm_tb_s, hbm_tb_s),
+        "performance.bandwidth_fraction": parameter("decoder", bandwidth, bandwidth_point),
+        "performance.flops_fraction": parameter("decoder", flops, min(factor ** (1.0 - score), 1.0)),
     }
-    regime = {"hardware": HOST_PRESET, "dtype": DTYPE_NAMES.get(dtype, dtype).replace("fp16", "bf16"),
+    regime = {"hardware": HOST_PRESET, "dtype": DTYPE_NAMES.get(dtype, dtype),
               "fidelity": "roofline", "stack": "numpy", "stack_version": np.__version__}
     classes = {"decoder": {"rows": n, "shapes": 1, "fit_mape": float(np.mean(np.abs(estimate / factor - measured)
                                                                               / measured)),
                            "cv_mape": float("nan"), "cv_scheme": "not cross-validated (one shape)",
                            "sources": [source]}}
-    return Calibration(regime=regime, parameters=parameters, classes=classes, source=source,
-                       created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                       mcsim_version=__version__, seed=seed, notes=notes)
+    return new_calibration(regime, parameters, classes, source=source, seed=seed, notes=notes)

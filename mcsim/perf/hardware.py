@@ -14,7 +14,7 @@ Examples
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 #: Number formats from the narrowest up; a format the hardware lacks falls back to the next wider one.
 FORMATS = ("fp4", "fp8", "bf16", "fp32")
@@ -115,30 +115,11 @@ def as_hardware(entry) -> Hardware:
     entry = dict(entry)
     if any(k.startswith("hardware.") for k in entry):  # a sample's parameters: keep the hardware section
         entry = {k.split(".", 1)[1]: v for k, v in entry.items() if k.startswith("hardware.")}
-    values = entry
-    return Hardware(
-        name=str(values.get("name", values.get("preset", ""))),
-        tflops={dtype: float(values.get(f"{dtype}_tflops", 0.0)) for dtype in FORMATS},
-        hbm_gb=float(values.get("hbm_gb", 0.0)), hbm_tb_s=float(values.get("hbm_tb_s", 0.0)),
-        scale_up_gb_s=float(values.get("scale_up_gb_s", 0.0)), scale_out_gb_s=float(values.get("scale_out_gb_s", 0.0)),
-        host_link_gb_s=float(values.get("host_link_gb_s", 0.0)), gpus_per_node=int(values.get("gpus_per_node", 1)),
-        collective_base_us=float(values.get("collective_base_us", 0.0)),
-        collective_hop_us=float(values.get("collective_hop_us", 0.0)),
-        allreduce_bus_gb_s=float(values.get("allreduce_bus_gb_s", 0.0)),
-        remote_allreduce_base_us=float(values.get("remote_allreduce_base_us", 0.0)),
-        remote_allreduce_bus_gb_s=float(values.get("remote_allreduce_bus_gb_s", 0.0)),
-        send_base_us=float(values.get("send_base_us", 0.0)), send_gb_s=float(values.get("send_gb_s", 0.0)),
-        remote_send_base_us=float(values.get("remote_send_base_us", 0.0)),
-        remote_send_gb_s=float(values.get("remote_send_gb_s", 0.0)),
-        gemm_flops_fraction=float(values.get("gemm_flops_fraction", 0.0)),
-        gemm_bandwidth_fraction=float(values.get("gemm_bandwidth_fraction", 0.0)),
-        gemm_half_tokens=float(values.get("gemm_half_tokens", 0.0)),
-        gemm_floor_us=float(values.get("gemm_floor_us", 0.0)),
-        kernel_floor_us=float(values.get("kernel_floor_us", 0.0)),
-        elementwise_bandwidth_fraction=float(values.get("elementwise_bandwidth_fraction", 0.0)),
-        tdp_w=float(values.get("tdp_w", 0.0)), idle_w=float(values.get("idle_w", 0.0)),
-        price_usd=float(values.get("price_usd", 0.0)),
-        rental_usd_per_hour=float(values.get("rental_usd_per_hour", 0.0)))
+    numbers = {f.name: float(entry.get(f.name, 0.0))  # every other field is a figure, 0 where not given
+               for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node")}
+    return Hardware(name=str(entry.get("name", entry.get("preset", ""))),
+                    tflops={dtype: float(entry.get(f"{dtype}_tflops", 0.0)) for dtype in FORMATS},
+                    gpus_per_node=int(entry.get("gpus_per_node", 1)), **numbers)
 
 
 #: What the roofline assumes where neither the scenario nor the hardware catalog gives a figure. Kernel floors are
@@ -166,14 +147,14 @@ def performance_defaults(p: dict) -> dict:
       data does not time the attention kernel; a whole-step calibration fits it);
     * otherwise :data:`GENERIC`.
     """
-    keys = [k for k in (*GENERIC, "performance.attention_floor_s") if p.get(k, None) == 0]
-    if not keys:
+    keys = [k for k in GENERIC if p.get(k, None) == 0]
+    attention = p.get("performance.attention_floor_s", None) == 0
+    if not keys and not attention:
         return p
-    figures = gemm_figures(as_hardware(p))
-    if "performance.kernel_floor_s" not in keys and "performance.kernel_floor_s" in p:
-        figures["performance.kernel_floor_s"] = p["performance.kernel_floor_s"]
-    figures["performance.attention_floor_s"] = ATTENTION_CALL_KERNELS * figures["performance.kernel_floor_s"]
-    return {**p, **{key: figures[key] for key in keys}}
+    out = {**p, **{key: value for key, value in gemm_figures(as_hardware(p)).items() if key in keys}}
+    if attention:  # from the kernel floor in force, the scenario's own or the hardware's
+        out["performance.attention_floor_s"] = ATTENTION_CALL_KERNELS * out.get("performance.kernel_floor_s", 0.0)
+    return out
 
 
 def gemm_figures(hw: Hardware) -> dict:
