@@ -426,10 +426,14 @@ def test_hardware_is_a_typed_object():
 def test_prefill_steps_use_their_own_allreduce_algorithm():
     model, hw = catalog.model_preset("llama-3.1-70b"), catalog.hardware_preset("h100")
     collectives = Collectives(allreduce="one-shot", prefill_allreduce="ring")
-    layers = model["layers"]
+    base, hop, bus = hw["collective_base_us"] * 1e-6, hw["collective_hop_us"] * 1e-6, hw["allreduce_bus_gb_s"] * 1e9
+    p = 8
+    # the closed forms inside a node with the measured fixed cost, hop latency and bus bandwidth
+    closed = {"one-shot": lambda s: base + (p - 1) * s / bus + hop,
+              "ring": lambda s: base + 2 * (p - 1) / p * s / bus + 2 * (p - 1) * hop}
     for decode, prefill, algorithm in ((8, 0, "one-shot"), (0, 2048, "ring"), (8, 512, "ring")):
         cost = step_cost(model, hw, decode_seqs=decode, decode_context=100, prefill_tokens=prefill,
-                         parallel=Parallelism(tp=8), collectives=collectives)
-        one, _ = allreduce_time((decode + prefill) * model["hidden_size"] * 2.0, 8, hw, algorithm=algorithm,
-                                network_fraction=Achievable().network_fraction)
-        assert cost.breakdown["tp_allreduce"]["t"] == pytest.approx(2 * layers * one, rel=1e-12)
+                         parallel=Parallelism(tp=p), collectives=collectives)
+        message = (decode + prefill) * model["hidden_size"] * 2.0  # BF16 activations of the step's tokens
+        assert cost.breakdown["tp_allreduce"]["t"] == pytest.approx(2 * model["layers"] * closed[algorithm](message),
+                                                                   rel=1e-12)
