@@ -25,9 +25,8 @@ from mcsim.perf.batching import simulate_batching
 MIN_TURNOVER = 30
 #: ... but no more than this many (the simulator runs at about a million requests a second) ...
 MAX_REQUESTS = 600_000
-#: ... nor more KV blocks in all than this (the simulator's work grows with the blocks its sequences fill: 40 M
-#: blocks of DeepSeek-V3's decode pool take about 8 s), so a small ``cache.block_tokens`` shortens the replay
-#: instead of running for minutes.
+#: ... nor more KV blocks in all than this (the simulator's work grows with the blocks its sequences fill), so a
+#: small ``cache.block_tokens`` shortens the replay instead of running for minutes.
 MAX_BLOCKS = 40_000_000
 
 
