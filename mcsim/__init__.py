@@ -5,7 +5,8 @@ Importing the package compiles nothing; the Python API is loaded on first use:
 - :func:`mcsim.run` — run a scenario, return the result :class:`xarray.Dataset`;
 - :func:`mcsim.compare` — baseline vs factory on identical draws (a ``variant`` dim);
 - :func:`mcsim.step_time` — one step of one instance, op by op, and the memory of each pool;
-- :func:`mcsim.load_scenario` — read and validate a scenario file.
+- :func:`mcsim.load_scenario` — read and validate a scenario file;
+- :func:`mcsim.sel` — select a result by dotted scenario paths (``mcsim.sel(ds, "hardware.preset", "h200")``).
 """
 
 __version__ = "0.1.0"
@@ -18,6 +19,8 @@ _LAZY = {
     "step_log": ("mcsim.execution.api", "step_log"),
     "step_time": ("mcsim.execution.api", "step_time"),
     "load_scenario": ("mcsim.scenario", "load_scenario"),
+    "sel": ("mcsim.results.names", "sel"),
+    "dataset_name": ("mcsim.results.names", "dataset_name"),
     "ScenarioError": ("mcsim.scenario", "ScenarioError"),
 }
 

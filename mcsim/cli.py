@@ -142,6 +142,8 @@ def _command_line() -> str:
             words += [f"--set {shlex.quote(v)}" for v in value]
         elif name == "measurements":
             words += [shlex.quote(str(v)) for v in value]
+        elif isinstance(value, (tuple, list)):  # a repeatable option: once per value
+            words += [f"--{name.replace('_', '-')} {shlex.quote(str(v))}" for v in value]
         else:
             words.append(f"--{name.replace('_', '-')} {shlex.quote(str(value))}")
     return " ".join(words)

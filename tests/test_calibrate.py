@@ -114,7 +114,7 @@ def test_a_run_draws_one_joint_replicate_per_sample(h100, tmp_path):
                     "--requests", "300", "-o", out, "--no-progress")
     assert result.exit_code == 0, result.output
     with xr.open_dataset(out) as ds:
-        drawn = ds["performance.flops_fraction"].values.ravel()
+        drawn = ds["performance_flops_fraction"].values.ravel()
         # the calibrated value replaces the scenario's uniform(0.45, 0.7): no multiplication
         assert set(drawn.tolist()) <= set(cal.parameters["performance.flops_fraction"]["replicates"])
         assert json.loads(ds.attrs["calibration"])["regime"]["hardware"] == "h100"

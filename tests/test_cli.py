@@ -130,8 +130,8 @@ def test_output_reopens_with_the_contract_variables(replaced):
         assert ds.attrs["samples"] == 2 and ds.attrs["requests_per_sample"] == 300
         assert ds.attrs["scenario_text"] == FACTORY.read_text()
         # uncertain inputs are stored as inputs
-        assert ds["workload.rate_rps"].attrs["role"] == "input"
-        assert ((ds["workload.rate_rps"] >= 550) & (ds["workload.rate_rps"] <= 750)).all()
+        assert ds["workload_rate_rps"].attrs["role"] == "input"
+        assert ((ds["workload_rate_rps"] >= 550) & (ds["workload_rate_rps"] <= 750)).all()
 
 
 def test_text_summary_lists_headline_metrics(replaced):
@@ -206,7 +206,7 @@ def test_sweep_and_report_commands(tmp_path):
     assert result.exit_code == 0, result.output
     assert "one row per grid point" in result.stdout
     with xr.open_dataset(out) as ds:
-        assert ds.gross_margin.dims == ("speculative.draft_tokens", "hardware.preset", "sample")
+        assert ds.gross_margin.dims == ("speculative_draft_tokens", "hardware_preset", "sample")
     assert not (tmp_path / "s.nc.parts").exists()
     report_dir = tmp_path / "rep"
     result = invoke("report", out, "-o", report_dir)

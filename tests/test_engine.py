@@ -108,9 +108,9 @@ def test_dataset_contract(compared, tmp_path):
     assert ds.cache_hit_rate_by_tier.dims == ("variant", "sample", "tier")
     # tiers add up to the total
     np.testing.assert_allclose(ds.cache_hit_rate_by_tier.sum("tier"), ds.cache_hit_rate)
-    inputs = [v for v in ds.data_vars if ds[v].attrs.get("role") == "input"]
-    assert "efficiency.base_decode_tok_s_per_gpu" in inputs
-    assert "workload.classes.chat.output_tokens.median" in inputs
+    inputs = {ds[v].attrs["path"]: v for v in ds.data_vars if ds[v].attrs.get("role") == "input"}
+    assert inputs["efficiency.base_decode_tok_s_per_gpu"] == "efficiency_base_decode_tok_s_per_gpu"
+    assert inputs["workload.classes.chat.output_tokens.median"] == "workload_classes_chat_output_tokens_median"
     assert "scenario_text" in ds.attrs and "seed" in ds.attrs and "modelled" in ds.attrs["modelled_vs_measured"]
     ds.close()
     with pytest.raises(FileExistsError):

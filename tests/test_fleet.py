@@ -87,7 +87,7 @@ def test_a_fixed_fleet_breaks_its_slo_as_the_rate_grows(fixed_sweep):
     saturated = ds.saturated.values
     assert np.all(saturated[0] == 0) and np.all(saturated[-1] == 1)
     # once saturated, the queue grows without bound: the median wait is minutes, not milliseconds
-    assert np.all(ds.queue_wait_s.sel(quantile=0.5).values[-1] > 30)
+    assert np.all(ds.queue_wait_s.sel(request_quantile=0.5).values[-1] > 30)
 
 
 def test_the_charged_batch_is_the_simulated_batch():
@@ -97,7 +97,7 @@ def test_the_charged_batch_is_the_simulated_batch():
     np.testing.assert_allclose(ds.operating_batch_per_gpu.values, ds.mean_concurrency_per_gpu.values, rtol=0.2)
     # and the charged fleet is that whole fleet: rental x GPUs x 24 h (dense-node rents its GPUs)
     np.testing.assert_allclose(ds.cost_usd_per_day.values,
-                               ds["economics.rental_usd_per_gpu_hour"].values * ds.gpus.values * 24, rtol=1e-12)
+                               ds["economics_rental_usd_per_gpu_hour"].values * ds.gpus.values * 24, rtol=1e-12)
     assert np.all(ds.gpus.values % 8 == 0)  # whole 8-GPU instances
 
 
@@ -137,7 +137,7 @@ def test_the_prefill_pool_must_hold_the_model():
     ds = mcsim.run(DEEPSEEK, samples=1, requests=800, workers=1,
                    overrides=["deployment.prefill_gpus_per_instance=1", "cache.enabled=false"])
     reasons = ds.infeasible_reason.attrs["flag_meanings"].split()
-    assert reasons[int(ds.infeasible_reason.values[0])] == "prefill_pool:_weights_do_not_fit_in_HBM"
+    assert reasons[int(ds.infeasible_reason.values[0])] == "prefill_pool_weights_do_not_fit_in_HBM"
     assert np.isnan(ds.cost_usd_per_mtok.values[0])
 
 
@@ -177,7 +177,7 @@ def test_inputs_the_fidelity_does_not_read_are_not_drawn():
     assert "performance.flops_fraction" not in factor.uncertain()
     assert "efficiency.batch_half_saturation" in factor.uncertain()
     ds = mcsim.run(roof, samples=1, requests=400, workers=1)
-    assert "efficiency.batch_half_saturation" not in ds and "performance.flops_fraction" in ds
+    assert "efficiency_batch_half_saturation" not in ds and "performance_flops_fraction" in ds
 
 
 def test_closed_loop_think_times_come_from_the_sample_stream():

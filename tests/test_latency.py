@@ -29,7 +29,7 @@ def test_latency_quantiles_are_ordered_and_consistent(dense):
     for name in ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s"):
         q = dense[name].values
         assert np.all(np.diff(q, axis=-1) >= 0), name
-    assert np.all(dense.e2e_s.sel(quantile=0.5) > dense.ttft_s.sel(quantile=0.5))
+    assert np.all(dense.e2e_s.sel(request_quantile=0.5) > dense.ttft_s.sel(request_quantile=0.5))
     assert np.all((dense.slo_attainment >= 0) & (dense.slo_attainment <= 1))
 
 
@@ -38,7 +38,7 @@ def test_overload_is_flagged_as_saturated():
     ds = mcsim.run(DENSE, samples=1, requests=3000, workers=1,
                    overrides=["deployment.fleet=fixed", "deployment.instances=1", "workload.rate_rps=60"])
     assert int(ds.saturated.values[0]) == 1
-    assert float(ds.queue_wait_s.sel(quantile=0.5)[0]) > 10.0
+    assert float(ds.queue_wait_s.sel(request_quantile=0.5)[0]) > 10.0
 
 
 def test_batch_cap_trades_latency_for_throughput():
@@ -46,7 +46,7 @@ def test_batch_cap_trades_latency_for_throughput():
     ds = mcsim.sweep(DENSE, ["deployment.max_batch_per_gpu=2,8,32"], samples=2, requests=2000,
                      overrides=["performance.simulate_batching=false", "workload.rate_rps=200"])
     tput = ds.decode_tok_s_per_gpu.median("sample").values
-    tpot = ds.tpot_s.sel(quantile=0.5).median("sample").values
+    tpot = ds.tpot_s.sel(request_quantile=0.5).median("sample").values
     assert np.all(np.diff(tput) > 0) and np.all(np.diff(tpot) > 0)
 
 
@@ -54,10 +54,10 @@ def test_infeasible_layout_stays_in_a_sweep():
     # TP1 x 8 data-parallel replicas of a 70B model: 70 GB of FP8 weights per 80 GB GPU leave no room for KV.
     ds = mcsim.sweep(DENSE, ["deployment.tp=1,8"], samples=1, requests=1000,
                      overrides=["performance.simulate_batching=false"])
-    assert ds.feasible.sel({"deployment.tp": 1}).values.tolist() == [0]
-    assert ds.feasible.sel({"deployment.tp": 8}).values.tolist() == [1]
+    assert ds.feasible.sel({"deployment_tp": 1}).values.tolist() == [0]
+    assert ds.feasible.sel({"deployment_tp": 8}).values.tolist() == [1]
     reasons = ds.infeasible_reason.attrs["flag_meanings"].split()
-    assert reasons[int(ds.infeasible_reason.sel({"deployment.tp": 1}).values[0])] == "weights_do_not_fit_in_HBM"
+    assert reasons[int(ds.infeasible_reason.sel({"deployment_tp": 1}).values[0])] == "weights_do_not_fit_in_HBM"
 
 
 def test_roofline_pass_against_the_roofline_directly():

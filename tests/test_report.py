@@ -10,7 +10,8 @@ import pytest
 import scipy.stats
 import xarray as xr
 
-from mcsim.results.dataset import MODEL_STATEMENT
+from mcsim.results.dataset import MODEL_STATEMENT, grid_axis_attrs, input_variable
+from mcsim.results.names import dataset_name
 from mcsim.results.report import LEVELS, quantiles, waterfall_steps, write_report
 from mcsim.results.variables import QUANTILES, REGISTRY, TIERS, attrs_for
 
@@ -23,11 +24,12 @@ def make_result(grid=None, variants=None, n=80, seed=0, shapley_levers=None, wit
     ``gross_margin`` and ``cost_usd_per_mtok`` follow ``efficiency.fused_kernel_gain`` strongly and
     ``speculative.draft_cost`` weakly; ``payback_months`` has infinite samples and ``cost_usd_per_day`` NaN ones.
     """
-    grid = grid or {}
+    paths = list(grid or {})
+    grid = {dataset_name(p): v for p, v in (grid or {}).items()}  # dims are named as mcsim names them
     rng = np.random.default_rng(seed)
     dims = list(grid) + (["variant"] if variants else [])
     shape = [len(v) for v in grid.values()] + ([len(variants)] if variants else [])
-    coords = {**grid, "sample": np.arange(n), "tier": list(TIERS), "quantile": list(QUANTILES)}
+    coords = {**grid, "sample": np.arange(n), "tier": list(TIERS), "request_quantile": list(QUANTILES)}
     if variants:
         coords["variant"] = list(variants)
     draws = {"efficiency.fused_kernel_gain": rng.uniform(1.0, 1.5, n), "speculative.draft_cost": rng.uniform(0, 0.1, n),
@@ -50,7 +52,8 @@ def make_result(grid=None, variants=None, n=80, seed=0, shapley_levers=None, wit
                              attrs_for("feasible"))
     if with_inputs:
         for path, values in draws.items():
-            data_vars[path] = (("sample",), values, {"role": "input", "long_name": f"uncertain input {path}"})
+            name, variable = input_variable(path, values)
+            data_vars[name] = variable
     if shapley_levers:
         grid_shape = [len(v) for v in grid.values()]
         for metric in ("cost_usd_per_mtok", "gross_margin"):
@@ -61,7 +64,10 @@ def make_result(grid=None, variants=None, n=80, seed=0, shapley_levers=None, wit
         coords["lever"] = list(shapley_levers)
     attrs = {"scenario_name": name, "seed": 42, "samples": n, "requests_per_sample": 100, "sampling": "random",
              "mcsim_version": "test", "modelled_vs_measured": MODEL_STATEMENT, "measured_variables": ""}
-    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+    ds = xr.Dataset(data_vars, coords=coords, attrs=attrs)
+    for path in paths:
+        ds[dataset_name(path)].attrs.update(grid_axis_attrs(path))
+    return ds
 
 
 def read_csv(path):
@@ -92,7 +98,7 @@ def check_report(ds, out, summary, expect_figures=()):
     for row in rows:
         da = ds[row["variable"]]
         if row["request_quantile"]:
-            da = da.sel(quantile=float(row["request_quantile"]))
+            da = da.sel(request_quantile=float(row["request_quantile"]))
         if "tier=" in row["selection"]:
             da = da.sel(tier=row["selection"].split("tier=")[1])
         for dim in grid + (["variant"] if "variant" in ds.dims else []):
@@ -124,7 +130,7 @@ def test_run_without_grid_or_variant(tmp_path):
     margin = {r["input"]: r for r in sens if r["output"] == "gross_margin"}
     assert set(margin) == set(INPUTS)
     gain = margin["efficiency.fused_kernel_gain"]
-    expected = scipy.stats.spearmanr(ds["efficiency.fused_kernel_gain"], ds["gross_margin"]).statistic
+    expected = scipy.stats.spearmanr(ds["efficiency_fused_kernel_gain"], ds["gross_margin"]).statistic
     assert float(gain["spearman"]) == pytest.approx(expected, abs=1e-12)
     assert float(gain["prcc"]) > 0.9 and float(gain["sobol_first_order"]) > 0.8
     assert float(gain["prcc_low"]) <= float(gain["prcc"]) <= float(gain["prcc_high"])
@@ -145,11 +151,11 @@ def test_one_numeric_axis_with_variants(tmp_path):
     # n = 40 < 64: no Sobol index, and the note says why
     assert all(r["sobol_first_order"] == "" and "64" in r["note"] for r in sens)
     # intervals only at the plotted point (first grid value, factory)
-    with_ci = {(r["speculative.draft_tokens"], r["variant"]) for r in sens if r["prcc_low"]}
+    with_ci = {(r["speculative_draft_tokens"], r["variant"]) for r in sens if r["prcc_low"]}
     assert with_ci == {("0", "factory")}
     start, steps, end, how = waterfall_steps(ds, "cost_usd_per_mtok")
     assert steps == [] and "no lever" in how
-    first = ds["cost_usd_per_mtok"].isel({"speculative.draft_tokens": 0})
+    first = ds["cost_usd_per_mtok"].isel({"speculative_draft_tokens": 0})
     assert start == pytest.approx(float(np.median(first.sel(variant="baseline"))))
     assert end == pytest.approx(float(np.median(first.sel(variant="factory"))))
 
@@ -182,7 +188,7 @@ def test_shapley_waterfall(tmp_path):
     check_report(ds, tmp_path, summary, expect_figures=("waterfall_cost_usd_per_mtok", "waterfall_gross_margin"))
     _, steps, _, how = waterfall_steps(ds, "cost_usd_per_mtok")
     assert "Shapley" in how and [s[0] for s in steps] == levers
-    phi = ds["shapley_cost_usd_per_mtok"].isel({"speculative.draft_tokens": 0}).values
+    phi = ds["shapley_cost_usd_per_mtok"].isel({"speculative_draft_tokens": 0}).values
     np.testing.assert_allclose([s[1] for s in steps], np.median(phi, axis=1))
 
 

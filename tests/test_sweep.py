@@ -14,6 +14,7 @@ import xarray as xr
 
 import mcsim
 import mcsim.execution.api
+import mcsim.results.names
 from mcsim.results import attribution
 from mcsim.scenario import grid
 from mcsim.scenario import ScenarioError, load_scenario
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["deployment.gpus_per_instance=32", "deployment.prefill_gpus_per_instance=32", "moe.nodes=4",
          "workload.rate_rps=150"]
 GRID = ["speculative.draft_tokens=0,1,2", "hardware.preset=h800,h200"]
-VOLATILE = {"created", "command_line", "parts_reused", "parts_recomputed", "chunk_size", "fingerprint"}
+VOLATILE = {"created", "history", "command_line", "parts_reused", "parts_recomputed", "chunk_size", "fingerprint"}
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +78,17 @@ def swept(scn):
 
 
 def test_axes_become_dims_named_by_path(swept):
-    assert swept.gross_margin.dims == ("speculative.draft_tokens", "hardware.preset", "sample")
-    assert list(swept["hardware.preset"].values) == ["h800", "h200"]  # the user's order, not sorted
-    assert list(swept["speculative.draft_tokens"].values) == [0, 1, 2]
+    assert swept.gross_margin.dims == ("speculative_draft_tokens", "hardware_preset", "sample")
+    assert list(swept["hardware_preset"].values) == ["h800", "h200"]  # the user's order, not sorted
+    assert list(swept["speculative_draft_tokens"].values) == [0, 1, 2]
     assert swept.attrs["grid_axes"] == "speculative.draft_tokens hardware.preset"
+    assert swept["hardware_preset"].attrs["path"] == "hardware.preset"
+    # selection by dotted path, as a user names the axes in the scenario
+    by_path = mcsim.sel(swept, {"speculative.draft_tokens": 2, "hardware.preset": "h200"})
+    np.testing.assert_array_equal(by_path.gross_margin.values,
+                                  swept.gross_margin.isel(speculative_draft_tokens=2, hardware_preset=1).values)
+    with pytest.raises(mcsim.results.names.PathError, match="speculative.draft_tokens"):
+        mcsim.sel(swept, "speculative.draft", 2)
 
 
 def test_grid_points_share_sample_streams(swept):
@@ -89,16 +97,16 @@ def test_grid_points_share_sample_streams(swept):
     for name in ("mean_input_tokens", "mean_output_tokens", "trace_duration_s"):
         values = swept[name].values
         assert np.all(values == values[:1, :1]), name
-    hits = swept.cache_hit_rate.sel({"hardware.preset": "h800"}).values
+    hits = swept.cache_hit_rate.sel({"hardware_preset": "h800"}).values
     assert np.all(hits == hits[:1])
-    gains = swept.spec_tokens_per_pass.sel({"hardware.preset": "h800"}).values
+    gains = swept.spec_tokens_per_pass.sel({"hardware_preset": "h800"}).values
     assert np.all(gains[0] == 1) and np.all(gains[2] > gains[1])
 
 
 def test_a_grid_point_equals_the_same_run_alone(scn, swept):
     alone = mcsim.run(scn, samples=4, requests=1200, workers=1,
                       overrides=["speculative.draft_tokens=2", 'hardware.preset="h200"'])
-    point = swept.sel({"speculative.draft_tokens": 2, "hardware.preset": "h200"})
+    point = swept.sel({"speculative_draft_tokens": 2, "hardware_preset": "h200"})
     for name in ("decode_tok_s_per_gpu", "cost_usd_per_mtok", "ttft_s", "cache_hit_rate_by_tier"):
         np.testing.assert_array_equal(point[name].values, alone[name].values, err_msg=name)
 
@@ -117,7 +125,7 @@ def test_latin_hypercube_option(scn):
     ds = mcsim.sweep(scn, ["speculative.draft_tokens=1"], samples=8, requests=600, overrides=['mc.sampling="lhs"'])
     u_strata = []
     dist = scn.uncertain()["efficiency.comm_overlap_gain"]  # uniform(1.1, 1.3)
-    u = (ds["efficiency.comm_overlap_gain"].values - dist.params["low"]) / (dist.params["high"] - dist.params["low"])
+    u = (ds["efficiency_comm_overlap_gain"].values - dist.params["low"]) / (dist.params["high"] - dist.params["low"])
     u_strata = np.sort(np.floor(u * 8).astype(int))
     assert list(u_strata) == list(range(8))  # one draw per stratum
 

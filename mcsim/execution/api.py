@@ -11,6 +11,23 @@ from mcsim.scenario import grid
 from mcsim.scenario import Scenario, load_scenario
 
 
+def _call(function: str, scenario, *args, **kwargs) -> str:
+    """The Python statement that runs again what ``function`` was asked: the ``command_line`` attribute of a result
+    made from Python (arguments at their defaults, and Dask options, which change no number, are left out)."""
+    scn_overrides = list(scenario.overrides) if isinstance(scenario, Scenario) else []
+    source = scenario.source if isinstance(scenario, Scenario) else str(scenario)
+    if scn_overrides:
+        kwargs["overrides"] = [*scn_overrides, *kwargs.get("overrides", ())]
+    words = [repr(source), *(repr(a) for a in args)]
+    for name, value in kwargs.items():
+        if value is None or value is False or value == () or value == []:
+            continue
+        if isinstance(value, tuple):
+            value = list(value)
+        words.append(f"{name}={value!r}")
+    return f"import mcsim; mcsim.{function}({', '.join(words)})"
+
+
 def _as_scenario(scenario, overrides) -> Scenario:
     if isinstance(scenario, Scenario):
         if not overrides:
@@ -34,7 +51,7 @@ def run(scenario, *, samples=None, requests=None, seed=None, overrides=(), worke
         output=None, force=False, command=None, **dask_options):
     """Run a scenario (file path or :class:`~mcsim.scenario.Scenario`) as written.
 
-    Returns the result :class:`xarray.Dataset` (dims ``sample``, ``tier``, ``quantile``); writes it to ``output``
+    Returns the result :class:`xarray.Dataset` (dims ``sample``, ``tier``, ``request_quantile``); writes it to ``output``
     as NetCDF when given.
 
     Examples
@@ -43,6 +60,8 @@ def run(scenario, *, samples=None, requests=None, seed=None, overrides=(), worke
     >>> ds = mcsim.run("scenarios/factory.toml", samples=8, requests=2000)  # doctest: +SKIP
     >>> ds.gross_margin.quantile([0.05, 0.5, 0.95], dim="sample")  # doctest: +SKIP
     """
+    command = command or _call("run", scenario, samples=samples, requests=requests, seed=seed, overrides=overrides,
+                               output=None if output is None else str(output), force=force)
     scn = _as_scenario(scenario, overrides)
     return run_variants(scn, ("factory",), samples, requests, seed, workers, progress=progress, command=command,
                         output=output, force=force, **dask_options)
@@ -55,6 +74,9 @@ def compare(scenario, *, samples=None, requests=None, seed=None, overrides=(), w
     With ``ablate=True`` it also runs each lever switched off alone (``without:<lever>``) and on alone
     (``only:<lever>``), and stores every lever's Shapley share of the factory/baseline gain.
     """
+    command = command or _call("compare", scenario, samples=samples, requests=requests, seed=seed,
+                               overrides=overrides, output=None if output is None else str(output), force=force,
+                               ablate=ablate)
     scn = _as_scenario(scenario, overrides)
     return run_variants(scn, ("baseline", "factory"), samples, requests, seed, workers, progress=progress,
                         command=command, output=output, force=force, ablate=ablate, **dask_options)
@@ -64,7 +86,8 @@ def sweep(scenario, grid_axes=(), *, variants=("factory",), samples=None, reques
           workers=None, progress=False, output=None, force=False, resume=False, command=None, ablate=False,
           **dask_options):
     """Run a grid: the scenario's ``[sweep]`` axes plus ``grid_axes`` (``"path=v1,v2"`` strings or
-    :class:`~mcsim.scenario.grid.Axis`). Each axis becomes a dim whose coordinate is named by its dotted path.
+    :class:`~mcsim.scenario.grid.Axis`). Each axis becomes a dim named by its dotted path without dots
+    (``speculative.draft_tokens`` -> ``speculative_draft_tokens``; ``mcsim.sel`` selects by path).
 
     Examples
     --------
@@ -72,6 +95,11 @@ def sweep(scenario, grid_axes=(), *, variants=("factory",), samples=None, reques
     >>> ds = mcsim.sweep("scenarios/sweep.toml", ["speculative.draft_tokens=0,1,2"], samples=8)  # doctest: +SKIP
     >>> ds.cost_usd_per_mtok.median("sample")  # doctest: +SKIP
     """
+    command = command or _call(
+        "sweep", scenario, [a if isinstance(a, str) else f"{a.path}={','.join(map(str, a.values))}" for a in grid_axes],
+        variants=None if tuple(variants) == ("factory",) else tuple(variants), samples=samples, requests=requests,
+        seed=seed, overrides=overrides, output=None if output is None else str(output), force=force, resume=resume,
+        ablate=ablate)
     scn = _as_scenario(scenario, overrides)
     axes = list(scn.sweep) + [a if isinstance(a, grid.Axis) else grid.parse_grid_option(a) for a in grid_axes]
     axes = grid.validate_axes(scn, axes)

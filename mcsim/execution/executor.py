@@ -320,6 +320,7 @@ def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
         for point in range(len(plan.grid))
     ]
     paths = [a.path for a in plan.axes]
+    names = [results.dataset_name(p) for p in paths]  # dims without dots (CF names, xarray identifiers)
     if not paths:
         out = per_point[0]
     else:
@@ -327,23 +328,51 @@ def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
                             combine_attrs="override")
         grid = plan.grid
         if len(paths) == 1:
-            out = stacked.rename({"__point__": paths[0]}).assign_coords({paths[0]: [g[paths[0]] for g in grid]})
+            out = stacked.rename({"__point__": names[0]}).assign_coords({names[0]: [g[paths[0]] for g in grid]})
         else:
-            stacked = stacked.assign_coords({p: ("__point__", [g[p] for g in grid]) for p in paths})
-            out = stacked.set_index(__point__=paths).unstack("__point__")
-            out = out.reindex({a.path: list(a.values) for a in plan.axes})  # unstack sorts; keep the user's order
-        out = out.transpose(*paths, ...)
-        for axis in plan.axes:
-            out[axis.path].attrs.update({"long_name": f"grid axis {axis.path}", "role": "grid"})
+            stacked = stacked.assign_coords({n: ("__point__", [g[p] for g in grid]) for n, p in zip(names, paths)})
+            out = stacked.set_index(__point__=names).unstack("__point__")
+            # unstack sorts; keep the user's order
+            out = out.reindex({n: list(a.values) for n, a in zip(names, plan.axes)})
+        out = out.transpose(*names, ...)
+        for name, path in zip(names, paths):
+            out[name].attrs.update(results.grid_axis_attrs(path))
     swept = set(paths)
     draws = draw_uncertain(plan.scn, np.arange(plan.samples), plan.seed, n_samples=plan.samples,
                            include_unused=_fidelity_swept(plan))
     for path, values in draws.items():
         if path in swept:
             continue
-        out[path] = results.input_variable(path, values)
+        name, variable = results.input_variable(path, values)
+        out[name] = variable
     out.attrs = attrs
     return out
+
+
+def _workload_over_grid(plan: Plan, description: str, most: int = 24) -> str:
+    """The ``workload`` attribute: the scenario's, or each grid point's where workload axes make them differ."""
+    import itertools
+
+    from mcsim.scenario.schema import workload_reads
+
+    def describe(values: dict) -> str:
+        return results.workload_description(plan.scn.with_values(values, origin="--grid"))
+
+    axes = [a for a in plan.axes if workload_reads(a.path)]
+    first = {a.path: a.values[0] for a in axes}
+    # only the axes that change the description (a trace keeps its own rate, so workload.rate_rps does not)
+    axes = [a for a in axes if len({describe({**first, a.path: v}) for v in a.values[:most]}) > 1]
+    if not axes:
+        return description
+    combos = list(itertools.islice(itertools.product(*(a.values for a in axes)), most + 1))
+    texts = []
+    for combo in combos[:most]:
+        values = dict(zip((a.path for a in axes), combo))
+        texts.append((", ".join(f"{p}={v}" for p, v in values.items()), describe(values)))
+    if len({t for _, t in texts}) == 1:
+        return texts[0][1]
+    more = "; ..." if len(combos) > most else ""
+    return "varies over the grid: " + "; ".join(f"{where}: {text}" for where, text in texts) + more
 
 
 def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = False, workers: int | None = None,
@@ -434,9 +463,10 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
         "parts_reused": reused,
         "parts_recomputed": recomputed,
     })
+    attrs["workload"] = _workload_over_grid(plan, attrs["workload"])
     for path, key in (("performance.fidelity", "fidelity"), ("deployment.fleet", "fleet")):
         if any(axis.path == path for axis in plan.axes):
-            attrs[key] = f"swept: see the {path} coordinate"
+            attrs[key] = f"swept: see the {results.dataset_name(path)} coordinate"
     try:
         ds = _assemble(plan, parts, attrs)
         if output is not None:

@@ -112,14 +112,16 @@ def reduce_row(plan, row: dict) -> dict:
         phi = shapley(values, names)
         total = values[everything] - values[frozenset()]
         share = phi / total if abs(total) > 1e-12 else np.full(len(names), math.nan)
-        unit = "log of the ratio" if scale == "log" else "1"
+        # a log-scale contribution is a natural log of a ratio: dimensionless, shown as such
+        unit = {"units": "1", "display_units": "ln(factory/baseline)" if scale == "log" else "1",
+                "scale": scale, "cell_methods": "sample: point"}
         extra[f"shapley_{metric}"] = (("lever",), phi, {
-            "units": unit, "long_name": f"Shapley contribution to {metric}",
+            **unit, "long_name": f"Shapley contribution to {metric}",
             "description": f"Average marginal contribution of each lever to {'log ' if scale == 'log' else ''}"
                            f"{metric} over all orders of switching levers on; sums to factory - baseline.",
             "source": "modelled"})
         extra[f"shapley_share_{metric}"] = (("lever",), share, {
-            "units": "1", "long_name": f"Shapley share of the {metric} gain",
+            "units": "1", "display_units": "1", "cell_methods": "sample: point", "long_name": f"Shapley share of the {metric} gain",
             "description": "Each lever's Shapley contribution / the total factory - baseline change; sums to 1.",
             "source": "modelled"})
     out["__extra__"] = extra

@@ -1,13 +1,16 @@
 """Result Datasets: built through the variable registry, saved as compressed NetCDF atomically.
 
-A result reopens with plain ``xarray.open_dataset(path)``; every variable carries ``units``, ``long_name``,
-``description`` and whether it is ``modelled`` or ``measured``; uncertain inputs are stored as variables named by
-their dotted path with ``role = "input"``; Dataset attrs carry provenance.
+A result reopens with plain ``xarray.open_dataset(path)`` and follows the CF conventions (``cfchecks`` passes):
+every variable carries CF ``units`` (and the ``display_units`` people read), ``long_name``, ``description``,
+``cell_methods`` and whether it is ``modelled`` or ``measured``; uncertain inputs are stored with ``role = "input"``,
+named like grid axes by their scenario path without dots (``workload.rate_rps`` -> ``workload_rate_rps``, the path in
+``attrs["path"]``, see :mod:`mcsim.results.names`); Dataset attrs carry provenance (:func:`provenance`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -15,7 +18,9 @@ import numpy as np
 import xarray as xr
 
 from mcsim.fileio import atomic_path
-from mcsim.results.variables import FEASIBLE_REASONS, QUANTILES, REGISTRY, TIERS, attrs_for
+from mcsim.results.names import dataset_name
+from mcsim.results.units import input_units
+from mcsim.results.variables import FEASIBLE_REASONS, QUANTILES, REGISTRY, REQUEST_QUANTILE, TIERS, attrs_for
 
 MODEL_STATEMENT = (
     "All output variables are modelled: they follow from the scenario's assumptions through mcsim's comparative "
@@ -23,6 +28,12 @@ MODEL_STATEMENT = (
     "is model- and traffic-specific; prefix reuse needs exact prefixes; NVMe is restoration, not per-step reads; a "
     "provider's margin cannot be inferred from hardware throughput alone."
 )
+
+
+def flag_meaning(reason: str) -> str:
+    """A reason as one CF ``flag_meanings`` word: letters, digits and ``_-.+@`` only
+    (``"prefill pool: weights do not fit in HBM"`` -> ``"prefill_pool_weights_do_not_fit_in_HBM"``)."""
+    return re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_.+@-]", "_", reason)).strip("_")
 
 
 def rows_to_table(rows: list[dict], variants: tuple) -> dict[str, np.ndarray]:
@@ -55,16 +66,39 @@ def concat_tables(tables: list[dict]) -> dict[str, np.ndarray]:
     return out
 
 
-def input_variable(path: str, values) -> tuple:
-    """An uncertain input as a Dataset variable: its draws along ``sample``, marked ``role = "input"``."""
-    return (("sample",), np.asarray(values, dtype=float),
-            {"role": "input", "long_name": f"uncertain input {path}",
-             "description": "drawn once per Monte Carlo sample"})
+def input_variable(path: str, values) -> tuple[str, tuple]:
+    """An uncertain input as a Dataset variable: its name and its draws along ``sample``, marked
+    ``role = "input"``, with its scenario ``path`` and units."""
+    return dataset_name(path), (("sample",), np.asarray(values, dtype=float), {
+        "role": "input", "path": path, "long_name": f"uncertain input {path}", **input_units(path),
+        "description": "drawn once per Monte Carlo sample", "cell_methods": "sample: point"})
+
+
+def grid_axis_attrs(path: str) -> dict:
+    """Attributes of the coordinate of a grid axis."""
+    return {"role": "grid", "path": path, "long_name": f"grid axis {path}", **input_units(path)}
+
+
+def describe_coordinates(ds: xr.Dataset) -> xr.Dataset:
+    """CF attributes of the fixed coordinates (in place; returns ``ds``)."""
+    fixed = {
+        "sample": {"long_name": "Monte Carlo sample", "units": "1",
+                   "description": "index of the draw of the uncertain inputs and of the random streams"},
+        "tier": {"long_name": "KV cache tier", "units": "1"},
+        REQUEST_QUANTILE: {"long_name": "quantile over the requests of a sample", "units": "1"},
+        "variant": {"long_name": "scenario variant", "units": "1",
+                    "description": "baseline: the levers off; factory: as written; without:/only: one lever off/on"},
+        "lever": {"long_name": "optimization lever", "units": "1"},
+    }
+    for name, attrs in fixed.items():
+        if name in ds.coords:
+            ds[name].attrs.update(attrs)
+    return ds
 
 
 def dataset_from_table(table: dict, variants: tuple, samples, draws: dict[str, np.ndarray], attrs: dict) -> xr.Dataset:
     """The result Dataset of a table (see :func:`rows_to_table`); ``draws`` are the uncertain inputs."""
-    coords = {"sample": np.asarray(samples, dtype=np.int64), "tier": list(TIERS), "quantile": list(QUANTILES)}
+    coords = {"sample": np.asarray(samples, dtype=np.int64), "tier": list(TIERS), REQUEST_QUANTILE: list(QUANTILES)}
     with_variant = len(variants) > 1
     if with_variant:
         coords["variant"] = list(variants)
@@ -81,26 +115,84 @@ def dataset_from_table(table: dict, variants: tuple, samples, draws: dict[str, n
     data_vars["infeasible_reason"] = (*layout(table["infeasible_reason"], ()), {
         "long_name": "why a recipe is infeasible", "units": "1",
         "flag_values": np.arange(len(FEASIBLE_REASONS), dtype=np.int8),
-        "flag_meanings": " ".join(r.replace(" ", "_") for r in FEASIBLE_REASONS), "source": "modelled"})
+        "flag_meanings": " ".join(flag_meaning(r) for r in FEASIBLE_REASONS), "cell_methods": "sample: point",
+        "source": "modelled"})
     for name, values in table.items():
         if name.startswith("extra:"):
             meta = json.loads(str(table["extra_meta:" + name.removeprefix("extra:")]))
             data_vars[name.removeprefix("extra:")] = (tuple(meta["dims"]) + ("sample",), np.moveaxis(values, 0, -1),
                                                       meta["attrs"])
     for path, values in draws.items():
-        data_vars[path] = input_variable(path, values)
-    ds = xr.Dataset(data_vars, coords=coords, attrs=attrs)
-    ds["tier"].attrs["long_name"] = "KV cache tier"
-    ds["quantile"].attrs["long_name"] = "quantile over requests"
-    return ds
+        name, variable = input_variable(path, values)
+        data_vars[name] = variable
+    return describe_coordinates(xr.Dataset(data_vars, coords=coords, attrs=attrs))
+
+
+#: Where a reader finds what the variables mean and where the model's figures come from.
+REFERENCES = ("mcsim README.md (the model, how to read the outputs, its boundaries); docs/CALIBRATION.md and "
+              "docs/VALIDATION.md (step times against measured GPU operation and NCCL times)")
+
+#: Packages whose versions a result records (they can change its numbers or its file).
+DEPENDENCIES = ("numpy", "numba", "scipy", "xarray", "dask", "distributed", "netCDF4", "click")
+
+
+def dependency_versions() -> str:
+    """``name version`` of every package in :data:`DEPENDENCIES`, ``; ``-separated."""
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return "; ".join(f"{name} {version(name)}" for name in DEPENDENCIES)
+
+
+def git_describe() -> str:
+    """``git describe --always --dirty`` of the mcsim source tree, or "" when it is not a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return ""
+    try:
+        done = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty", "--tags"],
+                              capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def workload_description(scn) -> str:
+    """What requests a scenario's samples serve: a replayed trace (and how) or the generator."""
+    trace = scn["workload.trace"]
+    if not trace:
+        return "generated (mcsim.stages.workload.generate)"
+    fmt = scn["workload.trace_format"]
+    has_prefixes = fmt == "mooncake" or (fmt == "auto" and str(trace).lower().endswith((".jsonl", "mooncake")))
+    return (f"replayed trace {trace} (time scale {scn['workload.trace_time_scale']:g}, from "
+            f"{scn['workload.trace_start_s']:g} s)" + (
+                "" if has_prefixes else "; no prefix information: cache figures are not meaningful"))
 
 
 def provenance(scn, seed: int, samples: int, requests: int, command: str | None, extra: dict | None = None) -> dict:
+    """CF and mcsim attributes of a result: what produced it, from what, and how to run it again."""
     from mcsim import __version__
 
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    described = git_describe()
     attrs = {
+        "Conventions": "CF-1.8",
         "title": f"mcsim results: {scn.name}",
+        "source": f"mcsim {__version__}" + (f" ({described})" if described else "") +
+                  ": Monte Carlo model of the cost of serving a large language model (modelled, not measured)",
+        "history": f"{created}: {command or '(no command recorded)'}",
+        "references": REFERENCES,
+        "comment": MODEL_STATEMENT,
         "mcsim_version": __version__,
+        "mcsim_git_describe": described,
+        "dependencies": dependency_versions(),
         "scenario_name": scn.name,
         "scenario_file": scn.source,
         "scenario_text": scn.text,
@@ -112,19 +204,11 @@ def provenance(scn, seed: int, samples: int, requests: int, command: str | None,
         "fidelity": str(scn["performance.fidelity"]),
         "fleet": str(scn["deployment.fleet"]),
         "command_line": command or "",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": created,
         "modelled_vs_measured": MODEL_STATEMENT,
         "measured_variables": "",
+        "workload": workload_description(scn),
     }
-    trace = scn["workload.trace"]
-    if trace:
-        fmt = scn["workload.trace_format"]
-        has_prefixes = fmt == "mooncake" or (fmt == "auto" and str(trace).lower().endswith((".jsonl", "mooncake")))
-        attrs["workload"] = (f"replayed trace {trace} (time scale {scn['workload.trace_time_scale']:g}, from "
-                             f"{scn['workload.trace_start_s']:g} s)" + (
-                                 "" if has_prefixes else "; no prefix information: cache figures are not meaningful"))
-    else:
-        attrs["workload"] = "generated (mcsim.stages.workload.generate)"
     if getattr(scn, "calibration", None) is not None:
         cal = scn.calibration
         attrs["calibration"] = json.dumps(cal.summary(), sort_keys=True)
@@ -149,6 +233,9 @@ def write_netcdf(ds: xr.Dataset, path, force: bool = False) -> Path:
         raise FileExistsError(f"{path} exists; use --force to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)
     encoding = {name: {"zlib": True, "complevel": 4} for name, v in ds.data_vars.items() if v.dtype.kind in "fiu"}
+    # Text as fixed-width character arrays: CF (and its checker) know no variable-length strings, and xarray reads
+    # them back as the same string labels, so ``.sel(variant="factory")`` works on the reopened file.
+    encoding.update({name: {"dtype": "S1"} for name, v in ds.variables.items() if v.dtype.kind in "OUS"})
     with atomic_path(path) as tmp:  # with the usual permissions of a new file
         ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding)
     return path

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from mcsim.results.variables import HEADLINE, REGISTRY
+from mcsim.results.names import path_of
+from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
 
 #: Quantiles over Monte Carlo samples written to quantiles.csv.
 LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
 #: Dims that are never grid axes.
-FIXED_DIMS = ("variant", "sample", "tier", "quantile", "lever")
+FIXED_DIMS = ("variant", "sample", "tier", REQUEST_QUANTILE, "lever")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class _Layout:
         reference = next((ds[n] for n in HEADLINE if n in ds),
                          next(v for v in ds.data_vars.values() if "sample" in v.dims))
         self.axes = [str(d) for d in reference.dims if d not in FIXED_DIMS]
+        #: dim -> the dotted scenario path it stands for (how the user names it)
+        self.paths = {d: path_of(ds, d) for d in self.axes}
         self.variants = [str(v) for v in ds["variant"].values] if "variant" in ds.dims else []
         self.dims = self.axes + (["variant"] if self.variants else [])
         self.coords = {d: [_plain(v) for v in ds[d].values] for d in self.dims}
@@ -49,7 +52,7 @@ class _Layout:
         return {d: self.coords[d][i] for d, i in zip(self.dims, index)}
 
     def name(self, index) -> str:
-        parts = [f"{d}={_text(v)}" for d, v in self.values(index).items() if d != "variant"]
+        parts = [f"{self.paths[d]}={_text(v)}" for d, v in self.values(index).items() if d != "variant"]
         if self.variants:
             parts.append(self.coords["variant"][index[-1]])
         return ", ".join(parts) or "all samples"

@@ -2,7 +2,7 @@
 
 :func:`write_report` is what ``mcsim report RESULTS.nc -o DIR`` calls; notebooks can call it too. It reads any result
 Dataset mcsim writes: zero or more grid axes (dimension and coordinate named by a dotted scenario path), an optional
-``variant`` dim, the ``sample`` dim, vector metrics over ``tier`` or ``quantile``, uncertain inputs (``role =
+``variant`` dim, the ``sample`` dim, vector metrics over ``tier`` or ``request_quantile``, uncertain inputs (``role =
 "input"``, dims ``("sample",)``) and, for ablations, ``shapley_<metric>`` variables over a ``lever`` dim.
 
 Files written into the output folder:
@@ -44,9 +44,11 @@ from mcsim.results.layout import (  # quantiles, waterfall_steps and LEVELS are 
     quantiles,
     waterfall_steps,
 )
-from mcsim.results.variables import HEADLINE
+from mcsim.results.names import path_of
+from mcsim.results.summary import simulated_requests
+from mcsim.results.variables import HEADLINE, REQUEST_QUANTILE
 
-#: Per-request quantiles reported for latency metrics that carry a ``quantile`` dim.
+#: Per-request quantiles reported for latency metrics that carry a ``request_quantile`` dim.
 REQUEST_QUANTILES = (0.5, 0.99)
 #: Outputs whose sensitivity to the uncertain inputs is reported (those present).
 SENSITIVITY_OUTPUTS = ("gross_margin", "cost_usd_per_mtok", "decode_tok_s_per_gpu", "ttft_s", "tpot_s")
@@ -69,7 +71,7 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False) -> Pat
         Replace an existing report folder.
     metrics : sequence of str, optional
         Variables to report instead of the headline ones (quantiles, distributions and sensitivity). A variable
-        with a ``quantile`` dim is reported at the per-request quantiles 0.5 and 0.99.
+        with a ``request_quantile`` dim is reported at the per-request quantiles 0.5 and 0.99.
 
     Returns
     -------
@@ -149,18 +151,18 @@ def _load(results) -> xr.Dataset:
 def _series(ds: xr.Dataset, names) -> list[Series]:
     out = []
     for name in names:
-        extra = [d for d in ds[name].dims if d in ("tier", "quantile", "lever")]
+        extra = [d for d in ds[name].dims if d in ("tier", REQUEST_QUANTILE, "lever")]
         if not extra:
             out.append(Series(name, name))
             continue
         choices = []
         for d in extra:
             values = [_plain(v) for v in ds[d].values]
-            if d == "quantile":
+            if d == REQUEST_QUANTILE:
                 values = [q for q in values if any(math.isclose(q, r) for r in REQUEST_QUANTILES)] or values
             choices.append([(d, v) for v in values])
         for combo in itertools.product(*choices):
-            tags = [f"p{100 * v:g}" if d == "quantile" else str(v) for d, v in combo]
+            tags = [f"p{100 * v:g}" if d == REQUEST_QUANTILE else str(v) for d, v in combo]
             out.append(Series(" ".join([name, *tags]), name, tuple(combo)))
     return out
 
@@ -180,7 +182,7 @@ def _quantile_rows(ds, layout: _Layout, quantities: list[Series]) -> list[dict]:
     for s in quantities:
         data = _array(ds, layout, layout.dims, s.name, s.select)
         units = _meta(ds, s.name)[1]
-        request_q = dict(s.select).get("quantile", "")
+        request_q = dict(s.select).get(REQUEST_QUANTILE, "")
         for index in layout.points:
             v = data[index]
             finite_or_inf = v[~np.isnan(v)]
@@ -205,6 +207,7 @@ def _sensitivity_rows(ds, layout: _Layout, outputs: list[Series]):
     if not inputs:
         return rows, focus
     X_all = np.stack([_array(ds, layout, layout.dims, n) for n in inputs], axis=-1)  # (*point, sample, input)
+    inputs = [path_of(ds, n) for n in inputs]  # shown by scenario path
     try:  # the run's seed, so the bootstrap intervals of a result are reproducible
         seed = abs(int(ds.attrs.get("seed", 0)))
     except (TypeError, ValueError):
@@ -271,17 +274,18 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
     measured = str(attrs.get("measured_variables", "")).strip()
     lines += [f"Measured on the user's machine: {measured}." if measured else
               "Every figure in this report is modelled; none is measured.", ""]
-    grid = "; ".join(f"`{d}` = {', '.join(markdown_text(_text(v)) for v in layout.coords[d])}"
+    grid = "; ".join(f"`{layout.paths[d]}` = {', '.join(markdown_text(_text(v)) for v in layout.coords[d])}"
                      for d in layout.axes) or "none"
     inputs = _inputs(ds, layout)
     run = [("scenario", f"{name}" + (f" ({markdown_text(attrs['scenario_file'])})" if attrs.get("scenario_file")
                                      else "")),
-           ("samples", f"{layout.samples} Monte Carlo samples" + (f" x {attrs['requests_per_sample']} requests"
-                                                                  if "requests_per_sample" in attrs else "")),
+           ("samples", f"{layout.samples} Monte Carlo samples x {simulated_requests(ds)}"),
            ("seed", f"{attrs.get('seed', 'n/a')}" + (f" ({attrs['sampling']} sampling)" if "sampling" in attrs
                                                      else "")),
            ("grid axes", grid), ("variants", ", ".join(layout.variants) or "one (as written)"),
-           ("uncertain inputs", f"{len(inputs)}" + (f": {', '.join(f'`{n}`' for n in inputs)}" if inputs else "")),
+           ("uncertain inputs", f"{len(inputs)}" + (f": {', '.join(f'`{path_of(ds, n)}`' for n in inputs)}"
+                                                     if inputs else "")),
+           ("workload", markdown_text(attrs.get("workload", "?"))),
            ("mcsim", f"{attrs.get('mcsim_version', '?')}, created {attrs.get('created', '?')}"),
            ("overrides", markdown_text(attrs.get("overrides")) if attrs.get("overrides") else "none")]
     lines += ["## Run", ""] + _table(["", ""], run) + [""]

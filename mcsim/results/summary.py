@@ -7,7 +7,8 @@ import math
 import numpy as np
 import xarray as xr
 
-from mcsim.results.variables import HEADLINE, REGISTRY
+from mcsim.results.names import path_of
+from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
 
 #: Metrics compared as factory - baseline (a ratio of margins or of a rate that may be 0 says nothing).
 DIFFERENCE = {"gross_margin", "cost_profit_margin", "cache_hit_rate"}
@@ -27,7 +28,7 @@ ROWS.insert(ROWS.index(("slo_attainment", "slo_attainment", None)) + 1, ("satura
 def _values(ds: xr.Dataset, name: str, q) -> xr.DataArray:
     da = ds[name]
     if q is not None:
-        da = da.sel(quantile=q)
+        da = da.sel({REQUEST_QUANTILE: q})
     return da.astype(float)
 
 
@@ -40,7 +41,7 @@ def band(values: np.ndarray) -> dict:
     return {"median": float(med), "p5": float(p5), "p95": float(p95)}
 
 
-NON_GRID = ("variant", "sample", "tier", "quantile", "lever")
+NON_GRID = ("variant", "sample", "tier", REQUEST_QUANTILE, "lever")
 
 #: Columns of the per-grid-point table of a sweep.
 GRID_COLUMNS = [("decode tok/s/GPU", "decode_tok_s_per_gpu", None), ("GPUs", "gpus", None),
@@ -90,7 +91,8 @@ def summarize(ds: xr.Dataset) -> dict:
 
     ``{variants: {variant: {label: {median, p5, p95, units}}}, feasible_fraction, ratio, shapley_share}``, where
     ``ratio`` is factory/baseline per sample (paired, on the same draws), or factory - baseline for the metrics in
-    :data:`DIFFERENCE` (marked ``"difference": true``). A sweep gives ``{"grid": [{"point": {...}, ...}, ...]}``.
+    :data:`DIFFERENCE` (marked ``"difference": true``). A sweep gives ``{"grid_axes": [path, ...], "grid":
+    [{"point": {path: value}, ...}, ...]}``, grid axes named by their dotted scenario paths.
     """
     dims = grid_dims(ds)
     if not dims:
@@ -99,9 +101,24 @@ def summarize(ds: xr.Dataset) -> dict:
     points = []
     for i in range(stacked.sizes["__point__"]):
         sub = stacked.isel(__point__=i)
-        point = {d: _plain(sub[d].values) for d in dims}
+        point = {path_of(ds, d): _plain(sub[d].values) for d in dims}  # by scenario path
         points.append({"point": point, **_point_summary(sub.drop_vars(["__point__", *dims]))})
-    return {"grid_axes": dims, "grid": points}
+    return {"grid_axes": [path_of(ds, d) for d in dims], "grid": points}
+
+
+def simulated_requests(ds: xr.Dataset) -> str:
+    """How many requests a sample served, from the result itself (a replayed trace may hold fewer than asked for):
+    ``"3993 requests"``, or the range over samples, grid points and variants when it varies."""
+    if "requests" not in ds:
+        return f"{ds.attrs.get('requests_per_sample', '?')} requests"
+    counts = np.asarray(ds["requests"].values, dtype=float).ravel()
+    counts = counts[np.isfinite(counts)]
+    if counts.size == 0:
+        return "no requests"
+    low, high = int(counts.min()), int(counts.max())
+    asked = ds.attrs.get("requests_per_sample")
+    note = f" (of {int(asked)} asked for)" if asked is not None and int(asked) != high else ""
+    return (f"{low} requests" if low == high else f"{low}-{high} requests (they vary by sample or grid point)") + note
 
 
 def _plain(value):
@@ -150,7 +167,7 @@ def format_table(ds: xr.Dataset, max_points: int = 60) -> str:
         feas = ", ".join(f"{v}: {k} of {n}" for v, k in s["infeasible_samples"].items()
                          if v in ("baseline", "factory"))
         foot.append(f"infeasible samples (NaN, left out of every band): {feas}.")
-    foot.append(f"{n} samples x {ds.attrs.get('requests_per_sample', '?')} requests; cells are median [5 %, 95 %] "
+    foot.append(f"{n} samples x {simulated_requests(ds)}; cells are median [5 %, 95 %] "
                 "over samples; every figure is modelled.")
     if "ratio" in s or ("grid" in s and s["grid"] and "ratio" in s["grid"][0]):
         foot.append("factory vs baseline: 'x' is the per-sample ratio factory/baseline, '+' the difference "

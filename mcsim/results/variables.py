@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TIERS = ("hbm", "dram", "nvme")
+#: Per-request quantiles of the latency variables, along the ``request_quantile`` dim (not ``quantile``, which
+#: xarray's own ``.quantile()`` over samples creates).
 QUANTILES = (0.5, 0.9, 0.99)
+REQUEST_QUANTILE = "request_quantile"
 
 
 @dataclass(frozen=True)
@@ -59,15 +62,15 @@ _VARS = [
              "Prefix KV bytes brought back to HBM from each tier, per request (HBM hits move nothing)."),
     Variable("kv_bytes_per_token", (), "bytes/token", "KV cache bytes per token",
              "GQA: 2 x layers x kv_heads x head_dim x bytes; MLA: (kv_lora_rank + rope_dim) x layers x bytes."),
-    Variable("ttft_s", ("quantile",), "s", "time to first token",
+    Variable("ttft_s", ("request_quantile",), "s", "time to first token",
              "Per-request quantiles of queueing + prefill + KV restore + KV transfer (+ the first decode pass "
              "without the batching simulator, which then gives service times only)."),
-    Variable("tpot_s", ("quantile",), "s", "time per output token",
+    Variable("tpot_s", ("request_quantile",), "s", "time per output token",
              "Per-request quantiles of (end-to-end - TTFT) / (output tokens - 1); service time at the operating "
              "batch unless performance.simulate_batching."),
-    Variable("e2e_s", ("quantile",), "s", "end-to-end latency",
+    Variable("e2e_s", ("request_quantile",), "s", "end-to-end latency",
              "Per-request quantiles of arrival to last token, including host costs."),
-    Variable("queue_wait_s", ("quantile",), "s", "queue wait",
+    Variable("queue_wait_s", ("request_quantile",), "s", "queue wait",
              "Per-request quantiles of the time spent waiting for admission (0 without the batching simulator)."),
     Variable("slo_attainment", (), "1", "share of requests within the SLOs",
              "Fraction of requests whose TTFT <= deployment.ttft_target_s (when set) and whose TPOT <= "
@@ -131,6 +134,13 @@ FEASIBLE_REASONS = ("ok", "weights do not fit in HBM", "KV for one sequence does
 
 
 def attrs_for(name: str, kind: str = "modelled") -> dict:
-    """NetCDF attributes of a registered variable."""
+    """NetCDF (CF) attributes of a registered variable: CF ``units`` and the ``display_units`` people read (see
+    :mod:`mcsim.results.units`), ``long_name``, ``description``, ``cell_methods`` and whether it is modelled."""
+    from mcsim.results.units import variable_units
+
     v = REGISTRY[name]
-    return {"units": v.units, "long_name": v.long_name, "description": v.description, "source": kind}
+    methods = "sample: point"
+    if REQUEST_QUANTILE in v.dims:
+        methods += f" {REQUEST_QUANTILE}: point (comment: quantiles over the measured requests of each sample)"
+    return {**variable_units(v.units), "long_name": v.long_name, "description": v.description,
+            "cell_methods": methods, "source": kind}
