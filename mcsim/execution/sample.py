@@ -232,19 +232,24 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
                         step_log=step_log)
         m.update(experts)
         m.update(money(p, m))
-        m.update(steady_outputs(shared["cache_steady_state"], m.pop("_batching_steady_state", None)))
+        m.update(steady_outputs(shared["cache_steady_state"], m.pop("_batching_steady_state", None),
+                               shared["requests"].n))
         results[variant] = m
     return results
 
 
-def steady_outputs(cache, batching) -> dict:
+def steady_outputs(cache, batching, n_requests: int) -> dict:
     """The steady-state outputs of one variant from the cache's check and the batching simulator's (or None).
 
-    A sample is steady when every check that ran is; the requests it would need is the larger of the checks'
-    estimates (infinite when the simulated queue is saturated: no run length settles it).
+    A sample is steady when every check that ran is; it then needs its own ``n_requests``. Otherwise it needs the
+    larger estimate of the checks that failed (infinite when the simulated queue is saturated: no run length
+    settles it). The simulator replays the measured requests back to back up to a length of its own, and that
+    length grows with ``mc.requests`` once it exceeds the replay's floor, so its estimate is read as requests per
+    sample too.
     """
-    steady = cache.steady and (batching is None or batching.steady)
-    needed = cache.requests_needed if batching is None else max(cache.requests_needed, batching.requests_needed)
+    checks = [c for c in (cache, batching) if c is not None]
+    steady = all(c.steady for c in checks)
+    needed = float(n_requests) if steady else max(c.requests_needed for c in checks if not c.steady)
     return {"steady_state": int(steady), "cache_hit_rate_drift": cache.drift,
             "queue_wait_drift": math.nan if batching is None else batching.drift,
             "requests_for_steady_state": needed}
