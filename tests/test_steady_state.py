@@ -17,7 +17,7 @@ from mcsim.results.summary import format_table
 from mcsim.stages import kvcache
 from mcsim.stages.steady_state import extrapolate
 
-from conftest import SCENARIOS
+SCENARIOS = __import__("pathlib").Path(__file__).resolve().parents[1] / "scenarios"
 
 
 def reference_quarter_hit_rates(hits, prompt, warmup_fraction):
