@@ -143,7 +143,8 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
 
     ``shared`` carries the sample's requests and memoised stage results from one variant to the next (pass the
     same dict for every variant of a sample). Returns ``(params, measured requests, cached tokens, passes,
-    experts, step model)``.
+    experts, step model)``; ``shared["cache_steady_state"]`` then holds the cache's steady-state check of this
+    variant (:func:`mcsim.stages.kvcache.steady_state`).
     """
     shared = {} if shared is None else shared
     memo = shared.setdefault("memo", {})
@@ -168,10 +169,15 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
                             "sample share their requests, so sweep it with --grid instead")
     requests = shared["requests"]
     # The caches see every request; statistics leave out the warm-up requests that filled them.
-    warm = min(int(p["mc.warmup_fraction"] * requests.n), requests.n - 1)
+    warm = kvcache.warmup_requests(requests.n, p["mc.warmup_fraction"])
     measured = requests.tail(warm)
     cache_in = kvcache.Inputs.from_params(p, requests.block_tokens, perf.kv_bytes(p))
-    cached = once(cache_in, lambda: cache_stage(cache_in, requests, rng_for(seed, sample, STREAM_ROUTING))[warm:])
+    every = once(cache_in, lambda: cache_stage(cache_in, requests, rng_for(seed, sample, STREAM_ROUTING)))
+    cached = every[warm:]
+    shared["cache_steady_state"] = once(
+        ("steady", cache_in, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"]),
+        lambda: kvcache.steady_state(every, requests.prompt_tokens, p["mc.warmup_fraction"],
+                                     p["mc.steady_state_tolerance"]))
     spec_in = SpeculativeInputs.from_params(p)
     passes = once(spec_in, lambda: speculative_stage(spec_in, measured, rng_for(seed, sample, STREAM_SPECULATIVE)))
     expert_in = None
@@ -226,8 +232,27 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
                         step_log=step_log)
         m.update(experts)
         m.update(money(p, m))
+        m.update(steady_outputs(shared["cache_steady_state"], m.pop("_batching_steady_state", None),
+                               shared["requests"].n))
         results[variant] = m
     return results
+
+
+def steady_outputs(cache, batching, n_requests: int) -> dict:
+    """The steady-state outputs of one variant from the cache's check and the batching simulator's (or None).
+
+    A sample is steady when every check that ran is; it then needs its own ``n_requests``. Otherwise it needs the
+    larger estimate of the checks that failed (infinite when the simulated queue is saturated: no run length
+    settles it). The simulator replays the measured requests back to back up to a length of its own, and that
+    length grows with ``mc.requests`` once it exceeds the replay's floor, so its estimate is read as requests per
+    sample too.
+    """
+    checks = [c for c in (cache, batching) if c is not None]
+    steady = all(c.steady for c in checks)
+    needed = float(n_requests) if steady else max(c.requests_needed for c in checks if not c.steady)
+    return {"steady_state": int(steady), "cache_hit_rate_drift": cache.drift,
+            "queue_wait_drift": math.nan if batching is None else batching.drift,
+            "requests_for_steady_state": needed}
 
 
 def _memory_batch(p: dict, requests) -> float:

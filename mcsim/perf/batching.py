@@ -11,9 +11,16 @@ completions is ~1 for a stable instance and ~offered/capacity for an overloaded 
 flagged ``saturated`` when that ratio exceeds ``SATURATION_RATIO`` *and* the requests still waiting
 when the last one arrives exceed ``SATURATION_BACKLOG`` of the requests that arrived in the window (the
 second condition keeps Poisson noise in a short stable run from tripping the flag).
+
+Steady state. A queue that is still settling (or growing) shows as a mean queue wait that changes across the
+measured window: the mean wait of the requests arriving in the window's last quarter (by time) minus the third
+quarter's, as a share of the mean time in system, is ``queue_steady_state.drift`` (see
+:mod:`mcsim.stages.steady_state`, which also estimates the requests a settled run would need).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -53,6 +60,7 @@ def simulate_batching(
     think_s=None,
     warmup_s: float = 0.0,
     max_steps: int = 0,
+    steady_tolerance: float = 0.1,
 ) -> dict:
     """Simulate one serving instance and summarise latency, throughput and queueing.
 
@@ -103,6 +111,8 @@ def simulate_batching(
         Requests arriving earlier are simulated but excluded from the statistics, s.
     max_steps : int
         Record the first ``max_steps`` steps in ``step_log`` (0: no log).
+    steady_tolerance : float
+        Largest queue-wait drift (share of the mean time in system) that counts as steady.
 
     Returns
     -------
@@ -115,7 +125,9 @@ def simulate_batching(
         of window); ``arrival_rate_per_s``; ``mean_in_system`` (time average of waiting + running);
         ``mean_time_in_system_s``; ``little_law_ratio`` (mean_in_system / (arrival rate x mean time in
         system); ~1); ``completion_ratio`` (arrivals / completions over the window's second half);
-        ``waiting_at_window_end``; ``saturated``; ``mean_decode_batch``; ``mean_step_s``; ``busy_fraction`` (summed
+        ``waiting_at_window_end``; ``saturated``; ``queue_steady_state`` (a
+        :class:`~mcsim.stages.steady_state.SteadyState`: queue-wait drift, verdict, requests needed);
+        ``mean_decode_batch``; ``mean_step_s``; ``busy_fraction`` (summed
         step time over the window / the window: the share of time the instance computes); ``steps``;
         ``preemptions``.
         ``step_log``: dict of per-step arrays ``start_s``, ``decode_seqs``, ``prefill_tokens``, ``step_s``,
@@ -200,8 +212,39 @@ def simulate_batching(
     steps = int(stats[kernel.STAT_STEPS])
     step_log = None if max_steps == 0 else {key: value[: min(steps, max_steps)] for key, value in log.items()}
     per_request = _per_request(arrival_out, first_token, finish, queue, output, warmup_s)
-    return {"per_request": per_request, "summary": _summary(per_request, output, warmup_s, stats, kernel),
-            "step_log": step_log}
+    summary = _summary(per_request, output, warmup_s, stats, kernel)
+    summary["queue_steady_state"] = queue_steady_state(per_request, summary, float(steady_tolerance))
+    return {"per_request": per_request, "summary": summary, "step_log": step_log}
+
+
+def queue_steady_state(per: dict, summary: dict, tolerance: float):
+    """Queue-wait drift between the third and last quarter (by arrival time) of the measured window.
+
+    The drift is normalised by the window's mean time in system, so it is a share (a growing queue gives a drift
+    of the order of the window's length over the time in system). The run's first half, taken as a run of its
+    own (the same warm-up share of its span), gives the second scale of the estimate of the requests needed; a
+    saturated run needs an infinite number.
+    """
+    from mcsim.stages import steady_state as steady
+
+    order = np.argsort(per["arrival_s"], kind="stable")
+    arrival, queue = per["arrival_s"][order], per["queue_s"][order]
+    n = len(arrival)
+    start, end = summary["window_s"]
+    scale = summary["mean_time_in_system_s"]
+    if not (end > start and scale > 0) or summary["measured_requests"] < steady.MIN_MEASURED:
+        return steady.not_checked(n)
+    first = float(arrival[0])
+    half_end = first + 0.5 * (end - first)
+    half_start = first + (start - first) / (end - first) * (half_end - first)
+    windows = []
+    for lo, hi in ((start, end), (half_start, half_end)):
+        edges = np.searchsorted(arrival, [lo + 0.5 * (hi - lo), lo + 0.75 * (hi - lo), hi], side="right")
+        windows += [(int(edges[0]), int(edges[1])), (int(edges[1]), int(edges[2]))]
+    result = steady.check(queue / scale, np.ones(n), windows, tolerance)
+    if summary["saturated"]:
+        return steady.SteadyState(result.drift, result.half_drift, False, math.inf)
+    return result
 
 
 def _per_request(arrival, first_token, finish, queue, output, warmup_s):

@@ -298,6 +298,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         "busy_fraction": busy,
         "_served_fraction": served,
         "_step_log": steps_kept,
+        "_batching_steady_state": lat["steady_state"] if simulate else None,
     }
 
 

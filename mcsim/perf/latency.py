@@ -114,7 +114,8 @@ def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges
         max_seqs=seqs, kv_blocks=blocks, block_tokens=w.block, chunk_tokens=chunk, policy=policy,
         preempt=bool(p["performance.preempt"]), closed_users=w.users,
         think_s=None if w.think is None else w.think[order] * n_instances,
-        warmup_s=float(np.quantile(scaled, 1 / 3)), max_steps=max_steps)
+        warmup_s=float(np.quantile(scaled, 1 / 3)), max_steps=max_steps,
+        steady_tolerance=p["mc.queue_steady_state_tolerance"])
     back = np.empty_like(order)
     back[order] = np.arange(len(order))
     per = {k: (v[back] if isinstance(v, np.ndarray) and v.shape == order.shape else v)
@@ -185,7 +186,7 @@ class PoolSimulator:
             self._runs[key] = {
                 "handoff": pre["ttft_s"] + w.restore_s + w.transfer_s, "queue": pre["queue_s"],
                 "measured": pre["measured"], "saturated": bool(summary["saturated"]),
-                "busy_fraction": summary["busy_fraction"]}
+                "busy_fraction": summary["busy_fraction"], "steady_state": summary["queue_steady_state"]}
         return self._runs[key]
 
     def decode(self, n_instances: int, prefill: dict, max_steps: int = 0) -> dict:
@@ -203,6 +204,9 @@ class PoolSimulator:
         out = self._result(handoff, handoff + dec["e2e_s"], prefill["queue"] + dec["queue_s"], measured, summary,
                            prefill["saturated"] or summary["saturated"])
         out["prefill_busy_fraction"] = prefill["busy_fraction"]
+        # The verdict of the pool further from steady state.
+        out["steady_state"] = min((prefill["steady_state"], out["steady_state"]),
+                                  key=lambda s: (s.steady, -s.requests_needed))
         return out
 
     def disaggregated(self, n_decode: int, n_prefill: int, max_steps: int = 0) -> dict:
@@ -219,4 +223,5 @@ class PoolSimulator:
                 "saturated": int(bool(saturated)), "little_law_ratio": float(summary["little_law_ratio"]),
                 "mean_decode_batch": float(summary["mean_decode_batch"]),
                 "busy_fraction": float(summary["busy_fraction"]),
-                "throughput_tok_s": float(summary["throughput_tok_s"]), "step_log": summary["step_log"]}
+                "throughput_tok_s": float(summary["throughput_tok_s"]), "step_log": summary["step_log"],
+                "steady_state": summary["queue_steady_state"]}

@@ -45,7 +45,7 @@ from mcsim.results.layout import (  # quantiles, waterfall_steps and LEVELS are 
     waterfall_steps,
 )
 from mcsim.results.names import path_of
-from mcsim.results.summary import simulated_requests
+from mcsim.results.summary import simulated_requests, steady_state_facts
 from mcsim.results.variables import HEADLINE, REQUEST_QUANTILE
 
 #: Per-request quantiles reported for latency metrics that carry a ``request_quantile`` dim.
@@ -294,6 +294,7 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
               ("Cells are median [5 %, 95 %] over Monte Carlo samples. All five quantiles (5/25/50/75/95 %) for "
                "every grid point and variant: [quantiles.csv](quantiles.csv), [quantiles.json](quantiles.json)."), ""]
     lines += _headline_table(ds, layout, quantities, quantile_rows) + [""]
+    lines += _steady_state_section(ds)
 
     lines += ["## Sensitivity to the uncertain inputs", ""]
     if not inputs:
@@ -337,6 +338,28 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
             lines += [f"### {title}", ""]
             lines += [f"![{Path(f).stem}]({f})" for f in figures[key]] + [""]
     return "\n".join(lines)
+
+
+def _steady_state_section(ds) -> list[str]:
+    """A section that says which samples have not reached steady state (nothing when all have)."""
+    facts = steady_state_facts(ds)
+    if facts is None:
+        return []
+    lines = ["## Steady state", "",
+             f"**{facts['count']} of {facts['runs']} sample runs have not reached steady state**: their cache hit rate "
+             "(or the batching simulator's queue wait) still drifts between the third and the last quarter of their "
+             "requests (`steady_state`, `cache_hit_rate_drift`, `queue_wait_drift`), so their figures still depend on "
+             "the number of requests per sample."]
+    if facts["points"]:
+        lines += ["", "Grid points: " + "; ".join(markdown_text(p) for p in facts["points"][:MAX_TABLE_ROWS])
+                  + (f" and {len(facts['points']) - MAX_TABLE_ROWS} more." if len(facts["points"]) > MAX_TABLE_ROWS
+                     else ".")]
+    if facts["requests"] is not None:
+        lines += ["", f"Estimated requests per sample for steady state: `--set mc.requests={facts['requests']}` "
+                  "(`requests_for_steady_state`, an extrapolation from how the drift shrinks; re-run to check)."]
+    if facts["saturated"]:
+        lines += ["", f"{facts['saturated']} of them saturate the simulated queue: no request count settles it."]
+    return lines + [""]
 
 
 def _headline_table(ds, layout: _Layout, quantities, quantile_rows) -> list[str]:

@@ -167,6 +167,7 @@ def format_table(ds: xr.Dataset, max_points: int = 60) -> str:
         feas = ", ".join(f"{v}: {k} of {n}" for v, k in s["infeasible_samples"].items()
                          if v in ("baseline", "factory"))
         foot.append(f"infeasible samples (NaN, left out of every band): {feas}.")
+    foot += steady_state_note(ds)
     foot.append(f"{n} samples x {simulated_requests(ds)}; cells are median [5 %, 95 %] "
                 "over samples; every figure is modelled.")
     if "ratio" in s or ("grid" in s and s["grid"] and "ratio" in s["grid"][0]):
@@ -215,3 +216,45 @@ def _label(name, q):
 
 def _fmt_coord(value) -> str:
     return _fmt(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def steady_state_facts(ds: xr.Dataset) -> dict | None:
+    """Which sample runs have not reached steady state: ``{count, runs, points, requests, saturated}`` (grid points
+    as ``"axis=value, ..."`` strings, the largest finite estimate of requests per sample or None, the runs whose
+    simulated queue saturates); None when every run is steady or the Dataset predates the check."""
+    if "steady_state" not in ds or "requests_for_steady_state" not in ds:
+        return None
+    unsteady = ds["steady_state"] == 0
+    count = int(unsteady.sum())
+    if count == 0:
+        return None
+    points = []
+    dims = grid_dims(ds)
+    if dims:
+        per_point = unsteady.any([d for d in unsteady.dims if d not in dims]).stack(__point__=dims)
+        points = [", ".join(f"{path_of(ds, d)}={_fmt_coord(per_point[d].values[i])}" for d in dims)
+                  for i in np.flatnonzero(per_point.values)]
+    needed = ds["requests_for_steady_state"].where(unsteady).values.astype(float)
+    finite = needed[np.isfinite(needed)]
+    return {"count": count, "runs": int(unsteady.size), "points": points,
+            "requests": int(finite.max()) if finite.size else None, "saturated": int(np.isinf(needed).sum())}
+
+
+def steady_state_note(ds: xr.Dataset, max_points: int = 5) -> list[str]:
+    """Lines of the summary that say which samples have not reached steady state and the requests per sample
+    they would need (none when every sample is steady)."""
+    facts = steady_state_facts(ds)
+    if facts is None:
+        return []
+    points = facts["points"]
+    where = ("; at " + "; ".join(points[:max_points])
+             + (f" and {len(points) - max_points} more grid points" if len(points) > max_points else "")) if points else ""
+    lines = [f"NOT AT STEADY STATE: {facts['count']} of {facts['runs']} sample runs (cache hit rate, or the batching "
+             f"simulator's queue wait, still drifting between the last two quarters of the requests){where}; their "
+             "figures still depend on mc.requests (see steady_state, cache_hit_rate_drift, queue_wait_drift)."]
+    if facts["requests"] is not None:
+        lines.append(f"  estimated requests per sample for steady state: --set mc.requests={facts['requests']} "
+                     "(requests_for_steady_state, an extrapolation: re-run to check).")
+    if facts["saturated"]:
+        lines.append(f"  {facts['saturated']} of them saturate the simulated queue: no request count settles it.")
+    return lines

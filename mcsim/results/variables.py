@@ -85,6 +85,24 @@ _VARS = [
     Variable("little_law_ratio", (), "1", "Little's-law check of the simulator",
              "Time-averaged requests in the system / (arrival rate x mean time in system); 1 for a consistent, "
              "stable simulation (NaN without the batching simulator)."),
+    # steady state (mcsim.stages.steady_state)
+    Variable("steady_state", (), "1", "sample reached steady state",
+             "1 when the cache hit rate of the last quarter of the measured requests is within "
+             "mc.steady_state_tolerance of the third quarter's and, when the batching simulator runs, its mean queue "
+             "wait moved by at most mc.queue_steady_state_tolerance of the mean time in system between the same "
+             "quarters of its window; 0: the figures still depend on mc.requests.", dtype="int8"),
+    Variable("cache_hit_rate_drift", (), "1", "cache hit rate drift",
+             "Token hit rate of the last quarter of the measured requests minus that of the third quarter; ~0 once "
+             "the cache is warm."),
+    Variable("queue_wait_drift", (), "1", "queue wait drift of the batching simulator",
+             "Mean queue wait of the requests arriving in the last quarter of the simulator's measured window minus "
+             "the third quarter's, / the mean time in system; ~0 for a settled queue, large for a growing one (NaN "
+             "without the simulator)."),
+    Variable("requests_for_steady_state", (), "requests", "requests per sample for steady state (estimate)",
+             "Requests per sample at which the drifts would fall to their tolerances (mc.requests when steady): the "
+             "drift of the run and of its first half (as a run of its own) fitted by a power law in the run length, "
+             "exponent bounded to [0.5, 4] (0.5, the rate of sampling noise, when the drift did not shrink). An "
+             "estimate from one sample; inf when the simulated queue is saturated."),
     # fleet and economics
     Variable("gpus", (), "GPUs", "GPUs deployed", "GPUs of the whole instances deployed (decode + prefill), "
              "sized as deployment.fleet says; the fleet that is simulated is the fleet that is charged.", True),

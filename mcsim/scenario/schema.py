@@ -85,6 +85,14 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
         "sampling": C("random", "How uncertain inputs are drawn.", "random", "lhs"),
         "warmup_fraction": replace(F(0.2, "Leading fraction of each sample's requests that only warms the caches and "
                                           "is left out of every statistic.", 0, 0.9), plain=True),
+        "steady_state_tolerance": replace(F(0.02, "Largest absolute difference between the cache hit rate of the "
+                                                  "last and the third quarter of a sample's measured requests for "
+                                                  "the sample to count as steady (output steady_state).", 1e-4, 0.5),
+                                          plain=True),
+        "queue_steady_state_tolerance": replace(F(0.1, "Largest change of the batching simulator's mean queue wait "
+                                                       "from the third to the last quarter of its measured window, as "
+                                                       "a share of the mean time in system, for the sample to count as "
+                                                       "steady.", 1e-3, 10), plain=True),
     },
     "model": {
         "preset": S("deepseek-v3", "Model catalog entry (mcsim/data/models.toml); any field may be overridden."),

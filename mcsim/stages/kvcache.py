@@ -176,3 +176,42 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
         cached[:, tier] -= take
         excess -= take
     return CacheResult(cached_tokens=cached, instance=instance, capacity_blocks=capacity)
+
+
+def warmup_requests(n: int, warmup_fraction: float) -> int:
+    """Leading requests of a run of ``n`` that only warm the caches (at least one request is measured)."""
+    return min(int(warmup_fraction * n), n - 1)
+
+
+def steady_state(cached_tokens: np.ndarray, prompt_tokens: np.ndarray, warmup_fraction: float, tolerance: float):
+    """Has the cache reached steady state? Token hit rate of the last quarter of measured requests vs the third.
+
+    Parameters
+    ----------
+    cached_tokens : int64[n, 3] or int64[n]
+        Cached prompt tokens of *every* request of the sample, warm-up included (per tier or summed).
+    prompt_tokens : int64[n]
+    warmup_fraction : float
+        ``mc.warmup_fraction``: the leading share of requests left out of the statistics.
+    tolerance : float
+        ``mc.steady_state_tolerance``: largest absolute hit-rate drift that counts as steady.
+
+    Returns
+    -------
+    mcsim.stages.steady_state.SteadyState
+        ``drift`` is the last-quarter minus third-quarter hit rate; ``requests_needed`` the requests per sample
+        at which the drift would fall to the tolerance (see :mod:`mcsim.stages.steady_state` for the estimate).
+    """
+    from mcsim.stages import steady_state as steady
+
+    cached = np.asarray(cached_tokens)
+    cached = cached.sum(axis=1) if cached.ndim == 2 else cached
+    n = len(prompt_tokens)
+    half = n // 2
+    warm, warm_half = warmup_requests(n, warmup_fraction), warmup_requests(max(half, 1), warmup_fraction)
+    if n - warm < steady.MIN_MEASURED:
+        return steady.not_checked(n)
+    windows = [*steady.quarter_bounds(n, warm)]
+    # A run half as long: the same requests (the cache's state after request i depends on requests 0..i only).
+    windows += [*steady.quarter_bounds(half, warm_half)] if half - warm_half >= steady.MIN_MEASURED else [(0, 0)] * 2
+    return steady.check(cached.astype(np.float64), np.asarray(prompt_tokens, dtype=np.float64), windows, tolerance)
