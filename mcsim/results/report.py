@@ -284,6 +284,8 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
            ("uncertain inputs", f"{len(inputs)}" + (f": {', '.join(f'`{n}`' for n in inputs)}" if inputs else "")),
            ("mcsim", f"{attrs.get('mcsim_version', '?')}, created {attrs.get('created', '?')}"),
            ("overrides", markdown_text(attrs.get("overrides")) if attrs.get("overrides") else "none")]
+    if attrs.get("pricing_note"):
+        run.append(("pricing", markdown_text(attrs["pricing_note"])))
     lines += ["## Run", ""] + _table(["", ""], run) + [""]
 
     lines += ["## Headline metrics (modelled)", "",
