@@ -17,7 +17,9 @@ In a scenario file::
     "workload.rate_rps" = { start = 10, stop = 1000, num = 5, log = true }
     "hardware.preset" = ["h800", "h200"]
 
-Every value is validated like the scenario's own (type, range, choices, presets) before anything runs.
+Every value is validated like the scenario's own (type, range, choices, presets) before anything runs. A preset
+axis keeps the catalog values the scenario sets itself (see :meth:`Scenario.with_values`); a ``hardware.preset``
+axis charges each GPU its own price unless ``economics.pin_price`` pins one (:func:`pricing_note`).
 """
 
 from __future__ import annotations
