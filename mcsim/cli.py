@@ -181,6 +181,8 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
     if as_json:
         report = summary.summarize(ds)
         report["output"] = str(output)
+        if ds.attrs.get("pricing_note"):
+            report["pricing_note"] = ds.attrs["pricing_note"]
         click.echo(json.dumps(_finite(report), indent=2, allow_nan=False))
     else:
         click.echo(summary.format_table(ds))

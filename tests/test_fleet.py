@@ -95,9 +95,10 @@ def test_the_charged_batch_is_the_simulated_batch():
     # which must agree with Little's law on the same fleet (arrival rate x decode time per request / GPUs).
     ds = mcsim.run(DENSE, samples=2, requests=3000, workers=1)
     np.testing.assert_allclose(ds.operating_batch_per_gpu.values, ds.mean_concurrency_per_gpu.values, rtol=0.2)
-    # and the charged fleet is that whole fleet: rental x GPUs x 24 h (dense-node rents its GPUs)
+    # and the charged fleet is that whole fleet: rental x GPUs x 24 h (dense-node rents its H100s at the catalog's
+    # $2.5 per GPU-hour times its uncertain price factor)
     np.testing.assert_allclose(ds.cost_usd_per_day.values,
-                               ds["economics_rental_usd_per_gpu_hour"].values * ds.gpus.values * 24, rtol=1e-12)
+                               2.5 * ds["economics_gpu_price_factor"].values * ds.gpus.values * 24, rtol=1e-12)
     assert np.all(ds.gpus.values % 8 == 0)  # whole 8-GPU instances
 
 

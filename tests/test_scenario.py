@@ -78,7 +78,8 @@ def test_factory_loads(factory):
     assert factory["mc.seed"] == 20250301
     assert factory["deployment.routing"] == "pooled"
     assert factory["workload.classes.code.share"] == 0.25
-    assert factory["economics.rental_usd_per_gpu_hour"] == 2.0
+    # DeepSeek's $2 per H800 GPU-hour is the catalog's own rental price, so a hardware sweep charges each its own
+    assert factory["economics.rental_usd_per_gpu_hour"] == 0.0 and factory["hardware.rental_usd_per_hour"] == 2.0
     # catalog fields come from the named presets
     h800 = catalog.hardware_preset("h800")
     assert factory["hardware.hbm_gb"] == h800["hbm_gb"]
@@ -437,13 +438,14 @@ def test_baseline_may_fix_an_uncertain_input_or_repeat_it():
     assert base["precision.decode_gain"] == 1.0
 
 
-def test_baseline_on_other_hardware_takes_its_catalog_figures():
+def test_baseline_on_other_hardware_takes_its_catalog_figures_but_the_files_own():
+    # a value the file sets itself holds on whatever preset, as with --set hardware.preset=...
     scn = load('[hardware]\npreset = "h800"\nhbm_gb = 96\n[baseline]\nhardware.preset = "a100"\n')
     base = scn.variant("baseline")
     a100 = catalog.hardware_preset("a100")
     assert base["hardware.preset"] == "a100"
-    assert base["hardware.hbm_gb"] == a100["hbm_gb"] and base["hardware.tdp_w"] == a100["tdp_w"]
-    assert scn["hardware.hbm_gb"] == 96.0
+    assert base["hardware.tdp_w"] == a100["tdp_w"] and base["hardware.bf16_tflops"] == a100["bf16_tflops"]
+    assert base["hardware.hbm_gb"] == scn["hardware.hbm_gb"] == 96.0
 
 
 # -- drawing uncertain inputs ------------------------------------------------------------------------------

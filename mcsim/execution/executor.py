@@ -37,7 +37,7 @@ from mcsim.errors import McsimError, OutputError
 from mcsim.fileio import atomic_path
 from mcsim.results import dataset as results
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
-from mcsim.scenario.grid import Axis, points
+from mcsim.scenario.grid import Axis, points, pricing_note
 
 PART_FORMAT = 2  # 2: parts carry a checksum of their values
 
@@ -466,7 +466,14 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
     attrs["workload"] = _workload_over_grid(plan, attrs["workload"])
     for path, key in (("performance.fidelity", "fidelity"), ("deployment.fleet", "fleet")):
         if any(axis.path == path for axis in plan.axes):
+<<<<<<< HEAD
             attrs[key] = f"swept: see the {results.dataset_name(path)} coordinate"
+=======
+            attrs[key] = f"swept: see the {path} coordinate"
+    note = pricing_note(plan.scn, list(plan.axes))
+    if note:
+        attrs["pricing_note"] = note
+>>>>>>> prices
     try:
         ds = _assemble(plan, parts, attrs)
         if output is not None:

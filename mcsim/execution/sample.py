@@ -97,8 +97,11 @@ def money(p: dict, m: dict) -> dict:
         return {name: math.nan for name in MONEY_OUTPUTS}
     per_day = 86400.0 / m["trace_duration_s"] * m["_served_fraction"]
     pricing = p["economics.pricing"]
-    price = p["economics.price_usd"] or p["hardware.price_usd"]
-    rental = p["economics.rental_usd_per_gpu_hour"] or p["hardware.rental_usd_per_hour"]
+    # An economics price is one price for whatever GPU runs, charged as written (a hardware sweep must pin it
+    # explicitly, see mcsim.scenario.grid.pricing_note); otherwise each GPU pays its own hardware price x factor.
+    factor = p["economics.gpu_price_factor"]
+    price = p["economics.price_usd"] or p["hardware.price_usd"] * factor
+    rental = p["economics.rental_usd_per_gpu_hour"] or p["hardware.rental_usd_per_hour"] * factor
     e = economics.daily(
         m["gpus"], m["busy_fraction"],
         hit_tokens_per_day=m["_hit_tokens"] * per_day, miss_tokens_per_day=m["_miss_tokens"] * per_day,

@@ -288,6 +288,8 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
            ("workload", markdown_text(attrs.get("workload", "?"))),
            ("mcsim", f"{attrs.get('mcsim_version', '?')}, created {attrs.get('created', '?')}"),
            ("overrides", markdown_text(attrs.get("overrides")) if attrs.get("overrides") else "none")]
+    if attrs.get("pricing_note"):
+        run.append(("pricing", markdown_text(attrs["pricing_note"])))
     lines += ["## Run", ""] + _table(["", ""], run) + [""]
 
     lines += ["## Headline metrics (modelled)", "",

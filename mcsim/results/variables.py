@@ -132,7 +132,7 @@ _VARS = [
              "(revenue - cost) / cost, the form DeepSeek published.", True),
     Variable("payback_months", (), "months", "payback of one GPU",
              "GPU price / (monthly revenue - electricity per GPU); an inference-unit indicator, not an "
-             "accounting forecast (inf when it never pays back).", True),
+             "accounting forecast (inf when it never pays back; NaN under rental pricing: nothing was bought).", True),
     Variable("feasible", (), "1", "recipe feasible",
              "1 when weights and KV fit in both pools, the TPOT target is met at a batch of at least one and (fleet "
              "= 'slo') a fleet meets the SLOs; every performance and money figure of an infeasible sample is NaN.",

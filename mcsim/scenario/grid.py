@@ -17,7 +17,9 @@ In a scenario file::
     "workload.rate_rps" = { start = 10, stop = 1000, num = 5, log = true }
     "hardware.preset" = ["h800", "h200"]
 
-Every value is validated like the scenario's own (type, range, choices, presets) before anything runs.
+Every value is validated like the scenario's own (type, range, choices, presets) before anything runs. A preset
+axis keeps the catalog values the scenario sets itself (see :meth:`Scenario.with_values`); a ``hardware.preset``
+axis charges each GPU its own price unless ``economics.pin_price`` pins one (:func:`pricing_note`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mcsim.scenario.distributions import Dist
 from mcsim.scenario.schema import ScenarioError, field_for
 
 if TYPE_CHECKING:  # annotations only: loading imports this module for a file's [sweep] table
@@ -158,7 +161,65 @@ def validate_axes(scn: Scenario, axes: list[Axis]) -> list[Axis]:
     if total > MAX_GRID_POINTS:
         raise ScenarioError(scn.source, "sweep", f"the grid has {total:,} points; at most {MAX_GRID_POINTS:,} are "
                             "run (split the study into several sweeps)")
+    pricing_note(scn, list(by_path.values()))  # refuses a price pinned for every GPU without economics.pin_price
     return list(by_path.values())
+
+
+#: Pricing mode -> the keys that, set in a scenario, charge one price to whatever GPU it runs on (the first wins).
+PINNED_PRICE_KEYS = {"rental": ("economics.rental_usd_per_gpu_hour", "hardware.rental_usd_per_hour"),
+                     "purchase": ("economics.price_usd", "hardware.price_usd")}
+
+
+def pricing_note(scn: Scenario, axes: list[Axis]) -> str:
+    """The note a result carries when a hardware sweep charges one price to every GPU ("" when none).
+
+    A sweep over ``hardware.preset`` charges each GPU its own catalog price (times ``economics.gpu_price_factor``)
+    unless the scenario itself sets a price: ``economics.rental_usd_per_gpu_hour`` / ``price_usd``, or its own
+    ``hardware.rental_usd_per_hour`` / ``hardware.price_usd``, which hold on whatever preset. That pins one price
+    for all the GPUs, which only ``economics.pin_price = true`` may do. A price that is itself a grid axis is not
+    pinned by the scenario: its coordinate shows it.
+
+    Raises
+    ------
+    ScenarioError
+        For a price pinned without ``economics.pin_price``.
+    """
+    hardware = next((a for a in axes if a.path == "hardware.preset"), None)
+    if hardware is None:
+        return ""
+    swept = {a.path: a.values for a in axes}
+    pins = []
+    for mode in dict.fromkeys(swept.get("economics.pricing", (scn["economics.pricing"],))):
+        economics_key, hardware_key = PINNED_PRICE_KEYS[mode]
+        value = scn[economics_key]
+        if economics_key not in swept and (isinstance(value, Dist) or value != 0):
+            pins.append((mode, economics_key))
+        elif economics_key not in swept and hardware_key not in swept and hardware_key in scn.catalog_overrides:
+            pins.append((mode, hardware_key))
+    if not pins:
+        return ""
+    gpus = ", ".join(str(v) for v in hardware.values)
+    if not scn["economics.pin_price"]:
+        mode, key = pins[0]
+        raise ScenarioError(scn.source, key, f"set in the scenario, it charges one {mode} price to every GPU of the "
+                            f"hardware.preset sweep ({gpus}); leave it out to charge each GPU its own catalog price "
+                            "(economics.gpu_price_factor scales it), or set economics.pin_price = true to charge this "
+                            "one price to all")
+    units = {"rental": "USD/GPU-hour", "purchase": "USD per GPU"}
+    factor = scn["economics.gpu_price_factor"]
+    scaled = "" if factor == 1 else f" x economics.gpu_price_factor = {_shown(factor)}"
+    pinned = "; ".join(f"{key} = {_shown(scn[key])} {units[mode]}{scaled if key.startswith('hardware.') else ''} "
+                       f"under {mode} pricing" for mode, key in pins)
+    return (f"one price pinned for every GPU of the hardware.preset sweep ({gpus}) by economics.pin_price: "
+            f"{pinned}; the catalog's own prices are not used")
+
+
+def _shown(value) -> str:
+    """A scenario number or distribution, as a note shows it."""
+    if not isinstance(value, Dist):
+        return f"{value:g}"
+    params = ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in value.params.items())
+    return f"{value.kind}({params})"
 
 
 def points(axes: list[Axis]) -> list[dict]:

@@ -76,6 +76,9 @@ class Scenario:
     base_dir: Path | None = None
     overrides: tuple = ()
     sweep: tuple = ()  # grid axes of the file's [sweep] table (mcsim.scenario.grid.Axis)
+    # model.* / hardware.* paths the scenario sets itself (file, --set, a later with_values): they hold whatever
+    # preset a grid point or variant swaps in
+    catalog_overrides: tuple = ()
     calibration: object = None  # the mcsim.calibration.files.Calibration whose parameters the values hold
 
     @property
@@ -114,19 +117,25 @@ class Scenario:
     def with_values(self, flat: dict[str, Any], origin: str = "--set") -> "Scenario":
         """A copy with some dotted paths replaced (values are validated like the file's)."""
         values = dict(self.values)
-        # A new preset replaces every catalog field of its section (the old preset's figures, and the file's
-        # overrides of them, describe other hardware); explicit catalog paths in ``flat`` then apply on top.
+        # A new preset replaces every catalog field of its section with the new preset's figures, except those the
+        # scenario sets itself: an explicit value (or distribution) means that value on whatever preset, as it
+        # does with --set, so it holds at every point of a preset sweep and its draws are what each point uses.
+        # Explicit catalog paths in ``flat`` then apply on top.
         for section in ("model", "hardware"):
             if f"{section}.preset" in flat:
                 preset = _check_value(SECTIONS[section]["preset"], f"{section}.preset", flat[f"{section}.preset"],
                                       self.source)
                 values = {k: v for k, v in values.items() if not k.startswith(f"{section}.")}
                 values.update(_catalog_section(section, {}, preset, self.source))
+                values.update({path: self.values[path] for path in self.catalog_overrides
+                               if path.startswith(f"{section}.")})
                 values[f"{section}.preset"] = preset
         for path, raw in flat.items():
             _check_class(path, self.classes, self.source, origin)
             values[path] = _validate_path(path, raw, self.source, origin)
-        scn = replace(self, values=values)
+        explicit = set(self.catalog_overrides) | {path for path in flat if path.split(".")[0] in ("model", "hardware")
+                                                  and path.split(".")[-1] != "preset"}
+        scn = replace(self, values=values, catalog_overrides=tuple(sorted(explicit)))
         _cross_checks(scn)  # the same checks as loading a file
         if self.calibration is not None and not origin.startswith(("variant", "calibration")):
             from mcsim.calibration.files import check_regime, regime_of
@@ -401,6 +410,7 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
             raise ScenarioError(source, section, "expected a table")
 
     values: dict[str, Any] = {}
+    catalog_overrides: list[str] = []
     for section, fields in SECTIONS.items():
         body = dict(raw.get(section, {}))
         classes_raw = body.pop("classes", None) if section == "workload" else None
@@ -408,6 +418,7 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
             values[f"{section}.{key}"] = _check_value(spec, f"{section}.{key}", body.pop(key, spec.default), source)
         if section in ("model", "hardware"):
             values.update(_catalog_section(section, body, values[f"{section}.preset"], source))
+            catalog_overrides += [f"{section}.{key}" for key in body]
             body = {}
         for key in body:
             raise ScenarioError(source, f"{section}.{key}", f"unknown key{_nearest(key, fields)}")
@@ -432,7 +443,7 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
         check_variant_key(path, source, "[baseline]")
         baseline[path] = v
     scn = Scenario(values=values, classes=classes, baseline=baseline, source=source, text=text,
-                   base_dir=base_dir, overrides=tuple(overrides))
+                   base_dir=base_dir, overrides=tuple(overrides), catalog_overrides=tuple(sorted(catalog_overrides)))
     _cross_checks(scn)
     _check_expert_layout(scn, scn.variant("baseline").values)
     # Both variants use one set of draws (common random numbers), drawn from the scenario's own distributions:

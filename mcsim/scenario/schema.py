@@ -293,10 +293,23 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
     },
     "economics": {
         "target_utilization": F(0.7, "Mean utilization the fleet is sized for.", 0, 1, lo_open=True),
-        "pricing": C("purchase", "Cost basis.", "purchase", "rental"),
-        "rental_usd_per_gpu_hour": F(0.0, "Rental price (0 = the hardware catalog's).", 0, None),
-        "price_usd": F(0.0, "Purchase price per GPU, accelerator only (0 = the hardware catalog's).",
-                       0, None),
+        "pricing": C("purchase", "Cost basis: purchase (depreciation + electricity) or rental (an hourly price that "
+                     "includes power).", "purchase", "rental"),
+        "rental_usd_per_gpu_hour": F(0.0, "One rental price for whatever GPU the scenario runs on (0 = each GPU's "
+                                          "own, hardware.rental_usd_per_hour). A hardware.preset sweep that sets it "
+                                          "must also set pin_price = true.", 0, None),
+        "price_usd": F(0.0, "One purchase price per GPU, accelerator only, for whatever GPU the scenario runs on (0 = "
+                            "each GPU's own, hardware.price_usd). A hardware.preset sweep that sets it must also set "
+                            "pin_price = true.", 0, None),
+        "gpu_price_factor": F(1.0, "Multiplier on each GPU's own price (hardware.rental_usd_per_hour under rental "
+                                   "pricing, hardware.price_usd under purchase); make it uncertain for prices around "
+                                   "the catalog's estimate, e.g. uniform 0.8-1.4, and in a hardware.preset sweep it "
+                                   "scales every GPU's own price. A price set in [economics] is charged as written.",
+                              0, None, lo_open=True),
+        "pin_price": B(False, "Charge one price to every GPU of a hardware.preset sweep: the scenario's "
+                              "economics.rental_usd_per_gpu_hour / price_usd, or its own hardware.rental_usd_per_hour "
+                              "/ hardware.price_usd. Without it such a sweep is refused; the result's pricing_note "
+                              "says when a price was pinned."),
         "lifetime_years": F(4.0, "Depreciation period.", 0, None, lo_open=True),
         "electricity_usd_per_kwh": F(0.08, "Electricity price.", 0, None),
         "pue": F(1.3, "Power usage effectiveness of the data centre.", 1, None),

@@ -6,7 +6,8 @@ tokens (56.3 % cache hits) and 168 B output tokens at $0.14 / $0.55 / $2.19 per 
 cost-profit margin of 545 %.
 
 Boundaries: cost counts accelerator depreciation and electricity (or a rental price) only — not networking,
-storage, CPUs, staff, tax, R&D or financing. Payback is an inference-unit indicator, not an accounting forecast.
+storage, CPUs, staff, tax, R&D or financing. Payback is an inference-unit indicator, not an accounting forecast,
+and exists under purchase pricing only (NaN under rental: nothing was bought).
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def daily(gpus: float, busy_fraction: float, *, hit_tokens_per_day: float, miss_
     pricing : {'purchase', 'rental'}
         Purchase: depreciation ``price_usd / lifetime_years`` plus electricity (power x PUE). Rental: the hourly
         price, which includes power.
+
+    Returns
+    -------
+    Economics
+        ``payback_months`` is the GPU's purchase price over its monthly net revenue (revenue less electricity);
+        under rental pricing there is no purchase to pay back and it is NaN.
     """
     watts = gpu_power_w(tdp_w, idle_w, busy_fraction) * pue
     energy_j_per_day = gpus * watts * 86400.0
@@ -78,5 +85,8 @@ def daily(gpus: float, busy_fraction: float, *, hit_tokens_per_day: float, miss_
     per_mtok = cost / output_tokens_per_day * 1e6 if output_tokens_per_day > 0 else math.inf
     energy_per_token = energy_j_per_day / output_tokens_per_day if output_tokens_per_day > 0 else math.inf
     monthly_net_per_gpu = (revenue / gpus - electricity_per_gpu_day_paid) * DAYS_PER_MONTH if gpus > 0 else 0.0
-    payback = price_usd / monthly_net_per_gpu if monthly_net_per_gpu > 0 else math.inf
+    if pricing == "rental":
+        payback = math.nan  # nothing was bought; a rental's "payback" would mix two cost bases
+    else:
+        payback = price_usd / monthly_net_per_gpu if monthly_net_per_gpu > 0 else math.inf
     return Economics(cost, revenue, margin, cost_profit, per_mtok, energy_per_token, payback)
