@@ -466,14 +466,10 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
     attrs["workload"] = _workload_over_grid(plan, attrs["workload"])
     for path, key in (("performance.fidelity", "fidelity"), ("deployment.fleet", "fleet")):
         if any(axis.path == path for axis in plan.axes):
-<<<<<<< HEAD
             attrs[key] = f"swept: see the {results.dataset_name(path)} coordinate"
-=======
-            attrs[key] = f"swept: see the {path} coordinate"
     note = pricing_note(plan.scn, list(plan.axes))
     if note:
         attrs["pricing_note"] = note
->>>>>>> prices
     try:
         ds = _assemble(plan, parts, attrs)
         if output is not None:

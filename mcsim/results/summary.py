@@ -167,14 +167,10 @@ def format_table(ds: xr.Dataset, max_points: int = 60) -> str:
         feas = ", ".join(f"{v}: {k} of {n}" for v, k in s["infeasible_samples"].items()
                          if v in ("baseline", "factory"))
         foot.append(f"infeasible samples (NaN, left out of every band): {feas}.")
-<<<<<<< HEAD
     foot += steady_state_note(ds)
-    foot.append(f"{n} samples x {simulated_requests(ds)}; cells are median [5 %, 95 %] "
-=======
     if ds.attrs.get("pricing_note"):
         foot.append(f"pricing: {ds.attrs['pricing_note']}.")
-    foot.append(f"{n} samples x {ds.attrs.get('requests_per_sample', '?')} requests; cells are median [5 %, 95 %] "
->>>>>>> prices
+    foot.append(f"{n} samples x {simulated_requests(ds)}; cells are median [5 %, 95 %] "
                 "over samples; every figure is modelled.")
     if "ratio" in s or ("grid" in s and s["grid"] and "ratio" in s["grid"][0]):
         foot.append("factory vs baseline: 'x' is the per-sample ratio factory/baseline, '+' the difference "
