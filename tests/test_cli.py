@@ -204,7 +204,7 @@ def test_sweep_and_report_commands(tmp_path):
     result = invoke("sweep", FACTORY, *SMALL, "--grid", "speculative.draft_tokens=0,1", "--grid",
                     "hardware.preset=h800,h200", "-o", out)
     assert result.exit_code == 0, result.output
-    assert "one row per grid point" in result.stdout
+    assert "per grid point" in result.stdout
     with xr.open_dataset(out) as ds:
         assert ds.gross_margin.dims == ("speculative.draft_tokens", "hardware.preset", "sample")
     assert not (tmp_path / "s.nc.parts").exists()
