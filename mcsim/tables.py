@@ -67,11 +67,12 @@ def table(rows, *, header: int = 1, width: int | None = None, keep: int = 1, wra
         return []
     n = len(rows[0])
     natural = [max(len(row[i]) for row in rows) for i in range(n)]
+    words = [max((len(w) for row in rows for w in row[i].split()), default=0) for i in range(n)]
     if _span(natural) <= width or n == 1:
-        return _render(rows, header, list(range(n)), _shrink(natural, width, keep))
+        return _render(rows, header, list(range(n)), _shrink(natural, width, keep, words))
     keep = min(keep, n - 1)
     if wrap:
-        widths = _shrink(natural, width, keep)
+        widths = _shrink(natural, width, keep, words)
         if _span(widths) <= width:
             return _render(rows, header, list(range(n)), widths)
         # too many columns to wrap into the width even one character wide: split them after all
@@ -88,7 +89,8 @@ def table(rows, *, header: int = 1, width: int | None = None, keep: int = 1, wra
         columns = labels + block
         if lines:
             lines.append("")
-        lines += _render(rows, header, columns, _shrink([natural[j] for j in columns], width, keep))
+        lines += _render(rows, header, columns, _shrink([natural[j] for j in columns], width, keep,
+                                                        [words[j] for j in columns]))
     return lines
 
 
@@ -96,17 +98,22 @@ def _span(widths) -> int:
     return sum(widths) + GAP * max(0, len(widths) - 1)
 
 
-def _shrink(widths: list[int], width: int, keep: int) -> list[int]:
-    """Column widths that fit ``width``: the widest columns lose a character at a time, the first ``keep`` columns
-    only once every other column is down to :data:`MIN_COLUMN`."""
+def _shrink(widths: list[int], width: int, keep: int, words: list[int] | None = None) -> list[int]:
+    """Column widths that fit ``width``. The widest column loses a character at a time: first down to its longest
+    word (so that cells wrap between words), the first ``keep`` columns last; then words are broken, down to
+    :data:`MIN_COLUMN` characters, and at last down to one character."""
     widths = list(widths)
-    while _span(widths) > width:
-        others = [i for i in range(keep, len(widths)) if widths[i] > MIN_COLUMN]
-        candidates = others or [i for i in range(len(widths)) if widths[i] > 1]
-        if not candidates:
-            break
-        widest = max(candidates, key=lambda i: widths[i])
-        widths[widest] -= 1
+    words = words or [1] * len(widths)
+    floors = [[min(w, max(words[i], 1)) for i, w in enumerate(widths)],
+              [min(w, max(words[i], 1)) if i < keep else min(w, MIN_COLUMN) for i, w in enumerate(widths)],
+              [min(w, MIN_COLUMN) for w in widths], [1] * len(widths)]
+    order = [range(keep, len(widths)), range(len(widths)), range(len(widths)), range(len(widths))]
+    for floor, columns in zip(floors, order):
+        while _span(widths) > width:
+            candidates = [i for i in columns if widths[i] > floor[i]]
+            if not candidates:
+                break
+            widths[max(candidates, key=lambda i: widths[i])] -= 1
     return widths
 
 
