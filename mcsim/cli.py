@@ -490,7 +490,8 @@ def schema(as_json, output, force):
 
 
 @main.command()
-@click.option("--quick", is_flag=True, help="A short run (well under a minute).")
+@click.option("--quick", is_flag=True, help="Small inputs and single repeats: about a minute on an idle "
+                                           "2-core machine, longer when other work shares the cores.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for bench.json and scaling.png (default: outputs/bench).")
