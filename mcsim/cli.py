@@ -79,7 +79,20 @@ class UserError(McsimError, click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def _common(f):
+#: What each command writes when -o is not given (``<name>``: the scenario's meta.name as a safe file name).
+DEFAULT_OUTPUT = {
+    "run": "outputs/<name>.nc; outputs/<name>-sweep.nc with --grid",
+    "compare": "outputs/<name>-compare.nc; outputs/<name>-compare-ablate.nc with --ablate",
+    "sweep": "outputs/<name>-sweep.nc; outputs/<name>-sweep-ablate.nc with --ablate",
+}
+
+
+def _common(command: str):
+    """The options that run, compare and sweep share; ``command`` names the default output in -o's help."""
+    return lambda f: _common_options(f, DEFAULT_OUTPUT[command])
+
+
+def _common_options(f, default_output: str):
     options = [
         click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path)),
         click.option("--samples", type=click.IntRange(min=1), help="Monte Carlo samples (default: [mc] samples)."),
@@ -88,20 +101,22 @@ def _common(f):
         click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
                      help="Override a scenario value, e.g. --set speculative.draft_tokens=2 (repeatable)."),
         click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-                     help="NetCDF file to write (default: outputs/<name>.nc)."),
+                     help=f"NetCDF file to write (default: {default_output})."),
         click.option("--force", is_flag=True, help="Overwrite an existing output file and discard leftover parts."),
         click.option("--resume", is_flag=True, help="Finish an interrupted run from its saved parts."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON."),
         click.option("--workers", type=click.IntRange(min=1), help="Dask threads or processes (default: all cores)."),
         click.option("--processes", is_flag=True, help="Run a local cluster of processes instead of threads."),
         click.option("--scheduler", metavar="ADDRESS",
-                     help="Use an existing dask.distributed scheduler, e.g. tcp://10.0.0.5:8786."),
+                     help="Use an existing dask.distributed scheduler, e.g. tcp://127.0.0.1:8786; one that does not "
+                          "answer within a few seconds is an error."),
         click.option("--chunk-size", type=click.IntRange(min=1), help="Samples per Dask task."),
         click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path),
                      help="Draw the step-time parameters from a calibration (`mcsim calibrate`, `mcsim trace "
                           "--save-calibration`) per sample; refused if measured in another regime. Sets "
                           "performance.calibration."),
-        click.option("--no-progress", is_flag=True, help="Hide the progress bar."),
+        click.option("--no-progress", is_flag=True, help="Hide the progress bar (it is shown only on a terminal, "
+                                                          "for runs longer than two seconds)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -193,7 +208,7 @@ GRID_HELP = "A grid axis: PATH=v1,v2,... or PATH=START:STOP:NUM[:log] (repeatabl
 
 
 @main.command()
-@_common
+@_common("run")
 @click.option("--grid", multiple=True, metavar="PATH=VALUES", help=GRID_HELP + " Makes the run a sweep.")
 def run(**kw):
     """Run SCENARIO as written: prints median and 5-95 % band of each headline metric, writes NetCDF."""
@@ -201,16 +216,16 @@ def run(**kw):
 
 
 @main.command()
-@_common
+@_common("compare")
 @click.option("--ablate", is_flag=True,
               help="Also switch each lever off (and on) alone, and attribute the gain to levers (Shapley).")
 def compare(**kw):
-    """Run the baseline (levers off) and the factory on identical requests and draws, side by side."""
+    """Run SCENARIO's baseline (levers off) and factory on identical requests and draws, side by side."""
     _execute("compare", **kw)
 
 
 @main.command()
-@_common
+@_common("sweep")
 @click.option("--grid", multiple=True, metavar="PATH=VALUES", help=GRID_HELP)
 @click.option("--compare", is_flag=True, help="Run baseline and factory at every grid point.")
 @click.option("--ablate", is_flag=True, help="Compare with lever ablations and Shapley shares at every grid point.")
@@ -230,7 +245,8 @@ def sweep(**kw):
               help="Prompt tokens computed in the same step.")
 @click.option("--prefill-context", type=click.FloatRange(min=0),
               help="Mean earlier tokens a prefill token attends to (default: the sample's mean).")
-@click.option("--pool", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True)
+@click.option("--pool", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True,
+              help="The pool whose instance runs the step (prefill: a disaggregated prefill instance).")
 @click.option("--sample", type=click.IntRange(min=0), default=0, show_default=True,
               help="Which Monte Carlo sample's draws to use.")
 @click.option("--baseline", is_flag=True, help="The baseline variant (levers off) instead of the factory.")
@@ -253,11 +269,15 @@ def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool,
     if as_json:
         click.echo(json.dumps(_finite(step), indent=2, allow_nan=False))
         return
-    click.echo(f"{step['scenario']}, sample {step['sample']}, {step['variant']}, {step['fidelity']} fidelity, "
-               f"{step['pool']} pool ({step['gpus_per_instance']} GPUs per instance); every figure is modelled.")
-    click.echo(f"step: {step['decode_seqs']:g} decoding sequences x {step['verify_tokens']} tokens at "
-               f"{step['decode_context']:,.0f} tokens of context, {step['prefill_tokens']:g} prefill tokens "
-               f"-> {1e3 * step['step_s']:.4g} ms")
+    from mcsim.tables import paragraph
+
+    click.echo("\n".join(paragraph(
+        f"{step['scenario']}, sample {step['sample']}, {step['variant']}, {step['fidelity']} fidelity, "
+        f"{step['pool']} pool ({step['gpus_per_instance']} GPUs per instance); every figure is modelled.")))
+    click.echo("\n".join(paragraph(
+        f"step: {step['decode_seqs']:g} decoding sequences x {step['verify_tokens']} tokens at "
+        f"{step['decode_context']:,.0f} tokens of context, {step['prefill_tokens']:g} prefill tokens "
+        f"-> {1e3 * step['step_s']:.4g} ms")))
     rows = [[name, f"{1e3 * op['t_s']:.4g}", f"{100 * op['share']:.1f} %",
              f"{1e3 * op['floor_s']:.4g}" if math.isfinite(op["floor_s"]) else "-", _quantity(op["flops"], "FLOP"),
              _quantity(op["bytes"], "B"), op["bound"]]
@@ -282,11 +302,9 @@ def _quantity(value: float, unit: str) -> str:
 
 
 def _text_table(header, rows) -> str:
-    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in rows]
-    return "\n".join(lines)
+    from mcsim.tables import table
+
+    return "\n".join(table([header, *rows]))
 
 
 @main.command()
@@ -295,7 +313,8 @@ def _text_table(header, rows) -> str:
               help="Folder for the report (default: RESULTS without .nc, plus -report).")
 @click.option("--force", is_flag=True, help="Replace an existing report folder.")
 def report(results, out_dir, force):
-    """Quantiles, sensitivities, figures and a Markdown summary of a result file."""
+    """Quantiles, sensitivities, figures and a Markdown summary of RESULTS (a NetCDF file of run, compare or
+    sweep)."""
     from mcsim.results.report import write_report
 
     out_dir = out_dir or results.with_name(results.stem + "-report")
@@ -313,12 +332,17 @@ def report(results, out_dir, force):
 
 @main.command()
 @click.option("--model", default="llama-3.1-8b", show_default=True, help="Model catalog entry (scaled to fit).")
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--decode-tokens", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Prompt length of the traced request (seeded random token ids), one prefill pass.")
+@click.option("--decode-tokens", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Decode steps traced after the prefill, one token each.")
 @click.option("--max-params", type=click.FloatRange(min=1e4), default=2e8, show_default=True,
               help="Parameter budget of the scaled decoder.")
-@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
+              help="NumPy dtype of the decoder's weights and matmuls (float16 is calibrated as a 16-bit, bf16, "
+                   "regime; NumPy's float16 matmuls do not use BLAS).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the weights, the prompt, the sampled tokens and the calibration's bootstrap.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for trace.jsonl, summary.json and report.md (default: outputs/trace-<model>).")
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
@@ -326,8 +350,11 @@ def report(results, out_dir, force):
               help="Time for the micro-benchmarks of this machine's GEMM FLOP/s and memory bandwidth.")
 @click.option("--ollama", "ollama_url", metavar="URL", help="Also measure a local model served by Ollama.")
 @click.option("--ollama-model", metavar="NAME", help="The Ollama model to measure (with --ollama).")
-@click.option("--ollama-runs", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--ollama-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
+@click.option("--ollama-runs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Generate calls to Ollama; its speeds are token-weighted means over them.")
+@click.option("--ollama-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds one Ollama call may take in all (connection, generation, reply); a server that does "
+                   "not answer in time skips the Ollama measurement with a warning.")
 @click.option("--ollama-weights-gb", type=click.FloatRange(min=0, min_open=True),
               help="Size of the Ollama model's weights, GB (as `ollama list` shows): makes the Ollama measurement a "
                    "data point of the calibration's bandwidth fraction.")
@@ -402,8 +429,73 @@ def calibrate(measurements, hardware, dtype, stack, stack_version, replicates, s
         click.echo(f"wrote {output}")
 
 
+@main.command("list")
+@click.argument("what", type=click.Choice(["presets", "models", "hardware", "keys"]))
+@click.argument("section", required=False)
+@click.option("--describe", is_flag=True, help="With keys: each key's description under its facts.")
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON (every catalog field; every fact of a "
+                                                      "key).")
+def list_(what, section, describe, as_json):
+    """List the catalog presets, the bundled scenarios or the scenario keys.
+
+    \b
+    WHAT is one of
+      models    every model preset: parameters, layers, attention, experts, context
+      hardware  every accelerator preset: HBM, bandwidth, peak FLOP/s, power, prices
+      presets   both, and the bundled scenarios (scenarios/*.toml)
+      keys      every scenario key, or those of SECTION (e.g. cache): type, default,
+                allowed values, whether it takes a distribution, the fidelity that reads it
+    """
+    from mcsim import listing
+    from mcsim.tables import paragraph
+
+    if section is not None and what != "keys":
+        raise click.BadParameter(f"only 'keys' takes a SECTION, got {section!r}", param_hint="SECTION")
+    if what == "keys":
+        rows = listing.keys(section)
+        if as_json:
+            return click.echo(json.dumps(_finite(rows), indent=2, allow_nan=False))
+        return click.echo("\n".join(listing.format_keys(rows, describe=describe)))
+    found = {"models": listing.models, "hardware": listing.hardware}
+    if as_json:
+        out = {w: f() for w, f in found.items()} if what == "presets" else found[what]()
+        if what == "presets":
+            out["scenarios"] = listing.scenarios()
+        return click.echo(json.dumps(_finite(out), indent=2, allow_nan=False))
+    blocks = {"models": listing.format_models, "hardware": listing.format_hardware}
+    lines = blocks[what]() if what != "presets" else [
+        *blocks["models"](), "", *blocks["hardware"](), "", *listing.format_scenarios()]
+    lines += [""] + paragraph("Datasheet and published figures; prices and rental rates are estimates (the sources "
+                              "are in mcsim/data/*.toml, or --json).") if what != "models" else []
+    click.echo("\n".join(lines))
+
+
 @main.command()
-@click.option("--quick", is_flag=True, help="A short run (well under a minute).")
+@click.option("--json", "as_json", is_flag=True, help="JSON (the only format; the flag is accepted for scripts).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the schema to this file instead of printing it.")
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
+def schema(as_json, output, force):
+    """The JSON Schema (draft 2020-12) of scenario files, generated from mcsim's schema.
+
+    Editors and tools can check scenario files (TOML read as JSON) against it. Rules across keys (tp x pp divides
+    gpus_per_instance, EPLB's layout) are checked only when mcsim loads a scenario.
+    """
+    from mcsim.fileio import atomic_write
+    from mcsim.scenario.json_schema import scenario_schema
+
+    text = json.dumps(scenario_schema(), indent=2) + "\n"
+    if output is None:
+        return click.echo(text, nl=False)
+    if output.exists() and not force:
+        raise UserError(f"{output}: exists; pass --force to replace it")
+    atomic_write(output, text)
+    click.echo(f"wrote {output}")
+
+
+@main.command()
+@click.option("--quick", is_flag=True, help="Small inputs and single repeats: about a minute on an idle "
+                                           "2-core machine, longer when other work shares the cores.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for bench.json and scaling.png (default: outputs/bench).")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -204,7 +205,7 @@ def test_sweep_and_report_commands(tmp_path):
     result = invoke("sweep", FACTORY, *SMALL, "--grid", "speculative.draft_tokens=0,1", "--grid",
                     "hardware.preset=h800,h200", "-o", out)
     assert result.exit_code == 0, result.output
-    assert "one row per grid point" in result.stdout
+    assert "per grid point" in result.stdout
     with xr.open_dataset(out) as ds:
         assert ds.gross_margin.dims == ("speculative_draft_tokens", "hardware_preset", "sample")
     assert not (tmp_path / "s.nc.parts").exists()
@@ -225,3 +226,29 @@ def test_compare_ablate_prints_shapley_shares(tmp_path):
     result = invoke("compare", FACTORY, *SMALL, "--ablate", "-o", tmp_path / "a.nc")
     assert result.exit_code == 0, result.output
     assert "Shapley share" in result.stdout and "kv_cache" in result.stdout
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal_only():
+    from mcsim.execution.executor import _progress_bar
+
+    assert _progress_bar(10, 0, io.StringIO()) is None  # a log file or a pipe
+    bar = _progress_bar(10, 3, _Terminal())
+    try:
+        assert bar is not None and bar.total == 10 and bar.n == 3
+    finally:
+        bar.close()
+
+
+def test_a_run_logged_to_a_file_has_no_progress_frames(tmp_path, monkeypatch):
+    import tqdm
+
+    made = []
+    monkeypatch.setattr(tqdm, "tqdm", lambda *a, **k: made.append(k) or pytest.fail("a bar on a non-terminal"))
+    result = invoke("run", FACTORY, "--samples", "2", "--requests", "300", "-o", tmp_path / "x.nc")  # no --no-progress
+    assert result.exit_code == 0, result.output
+    assert made == [] and "\r" not in result.stderr

@@ -374,3 +374,38 @@ def test_every_accepted_value_runs_or_is_refused_in_one_line(path, value, tmp_pa
     else:
         one_line_error(result)
         assert listing(tmp_path) == set()
+
+
+def _closed_loopback_port() -> int:
+    """A loopback port that nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_closed_scheduler_port_fails_within_seconds_in_one_line(tmp_path):
+    import time
+
+    address = f"tcp://127.0.0.1:{_closed_loopback_port()}"
+    started = time.monotonic()
+    result = invoke("run", FACTORY, *SMALL, "--scheduler", address, "-o", tmp_path / "x.nc")
+    assert time.monotonic() - started < 5
+    message = one_line_error(result)
+    assert address in message and "connection refused" in message
+    assert listing(tmp_path) == set()
+
+
+def test_a_scheduler_name_that_does_not_resolve_fails_in_one_line(tmp_path, monkeypatch):
+    import socket
+
+    def no_such_name(*args, **kwargs):  # the resolver's answer for an unknown name, without asking any server
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    result = invoke("run", FACTORY, *SMALL, "--scheduler", f"tcp://localhost:{_closed_loopback_port()}", "-o",
+                    tmp_path / "x.nc")
+    message = one_line_error(result)
+    assert "cannot resolve the host name 'localhost'" in message
+    assert "Name or service not known" in message

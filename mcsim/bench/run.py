@@ -5,7 +5,7 @@
 Every kernel is timed against its pure-Python reference (and a NumPy-vectorized one where it exists) in the
 same run, and reported as throughput and ratios, next to the project's performance targets (benchmarks/README.md); then the cost of a
 sample against its requests, of a sweep against its grid points and workers, Dask's cost per task, and Numba's
-compile time. ``--quick`` uses small inputs and single repeats (well under a minute on two cores); the full
+compile time. ``--quick`` uses small inputs and single repeats (about a minute on an idle 2-core machine); the full
 suite takes a few minutes.
 
 Python use::
@@ -131,7 +131,8 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
     Parameters
     ----------
     quick : bool
-        Small inputs and single repeats (well under a minute on two cores) instead of the full suite.
+        Small inputs and single repeats (about a minute on an idle 2-core machine) instead of the full
+        suite.
     out_dir : path, optional
         Folder for the outputs (created); default ``outputs/bench``.
     size : {"full", "quick", "tiny"}, optional
@@ -302,7 +303,8 @@ def main(argv=None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small inputs, single repeats (under a minute)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small inputs, single repeats (about a minute on 2 idle cores)")
     parser.add_argument("--json", dest="as_json", action="store_true", help="print the results as JSON")
     parser.add_argument("-o", "--output", dest="out_dir", default=None, help="folder (default outputs/bench)")
     parser.add_argument("--only", default="", help=f"comma-separated parts: {', '.join(PARTS)}")

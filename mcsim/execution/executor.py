@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -225,8 +226,10 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-#: Seconds to wait for a dask.distributed scheduler to answer.
-SCHEDULER_TIMEOUT_S = 10.0
+#: Seconds to wait for a dask.distributed scheduler to answer once its port accepts connections.
+SCHEDULER_TIMEOUT_S = 5.0
+#: Seconds to resolve a scheduler's host name, and then to open a TCP connection to its port.
+SCHEDULER_CONNECT_TIMEOUT_S = 3.0
 
 
 class SchedulerError(McsimError, ValueError):
@@ -250,6 +253,55 @@ def check_scheduler(address: str) -> str:
     except (ValueError, TypeError):
         raise SchedulerError(f"--scheduler {address!r}: expected an address like tcp://10.0.0.5:8786") from None
     return text
+
+
+def reach_scheduler(address: str) -> None:
+    """Fail fast, in one line, when nothing can answer at a ``tcp://`` or ``tls://`` scheduler address: a host name
+    that does not resolve, or a port that refuses the connection or does not accept it within
+    :data:`SCHEDULER_CONNECT_TIMEOUT_S` (dask.distributed itself would retry for its whole timeout). Other
+    schemes are left to dask.distributed. Raises :class:`SchedulerError`."""
+    import socket
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    text = check_scheduler(address)
+    scheme, location = parse_address(text if "://" in text else f"tcp://{text}")
+    if scheme not in ("tcp", "tls"):
+        return
+    host, port = parse_host_port(location, 8786)
+    found: dict = {}
+
+    def resolve():
+        try:
+            found["addresses"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as err:
+            found["error"] = err
+
+    # getaddrinfo has no timeout of its own: wait for it in a daemon thread, and no longer than the deadline
+    resolver = threading.Thread(target=resolve, daemon=True)
+    resolver.start()
+    resolver.join(SCHEDULER_CONNECT_TIMEOUT_S)
+    if resolver.is_alive():
+        raise SchedulerError(f"--scheduler {address}: the host name {host!r} did not resolve within "
+                             f"{SCHEDULER_CONNECT_TIMEOUT_S:g} s")
+    if "error" in found:
+        err = found["error"]
+        raise SchedulerError(f"--scheduler {address}: cannot resolve the host name {host!r} "
+                             f"({getattr(err, 'strerror', None) or err})")
+    failure = "no address"
+    for family, kind, proto, _, sockaddr in found["addresses"]:
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(SCHEDULER_CONNECT_TIMEOUT_S)
+            try:
+                sock.connect(sockaddr)
+                return
+            except ConnectionRefusedError:
+                failure = "connection refused: is a scheduler running there (dask scheduler)?"
+            except (TimeoutError, socket.timeout):
+                failure = f"no answer within {SCHEDULER_CONNECT_TIMEOUT_S:g} s"
+            except OSError as err:
+                failure = err.strerror or type(err).__name__
+    raise SchedulerError(f"--scheduler {address}: {failure}")
 
 
 #: Memory one simulated request holds while its sample runs, bytes: the peak growth of one sample of 1,000,000
@@ -407,7 +459,7 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
         if processes:
             raise SchedulerError("--processes and --scheduler exclude each other: the scheduler's workers run "
                                  "the tasks")
-        check_scheduler(scheduler)
+        reach_scheduler(scheduler)
     fingerprint = plan.fingerprint()
     tasks = [(p, c) for p in range(len(plan.grid)) for c in range(len(plan.chunks))]
     parts: dict = {}
@@ -491,10 +543,7 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
         plan_future = client.scatter(plan, broadcast=True, hash=False)
         futures = [client.submit(run_task, plan_future, p, c, pure=False, retries=2,
                                  key=f"mcsim-{fingerprint[:12]}-{p}-{c}") for p, c in todo]
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, initial=total - len(todo), unit="task", desc="mcsim", delay=2.0, leave=False)
+        bar = _progress_bar(total, total - len(todo)) if progress else None
         # Ctrl-C only sets a flag, checked between results, so a part file is never cut half-written and the
         # client shuts down cleanly.
         with _stop_on_sigint() as stop:
@@ -525,6 +574,18 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _progress_bar(total: int, done: int, stream=None):
+    """A progress bar on ``stream`` (default: stderr) when it is a terminal, else None: a log file or a pipe gets
+    no progress frames mixed with the table. It appears once a run has taken two seconds."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    if not (callable(isatty) and isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, unit="task", desc="mcsim", delay=2.0, leave=False, file=stream)
 
 
 @contextlib.contextmanager

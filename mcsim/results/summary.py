@@ -9,6 +9,7 @@ import xarray as xr
 
 from mcsim.results.names import path_of
 from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
+from mcsim.tables import paragraph, table, terminal_width
 
 #: Metrics compared as factory - baseline (a ratio of margins or of a rate that may be 0 says nothing).
 DIFFERENCE = {"gross_margin", "cost_profit_margin", "cache_hit_rate"}
@@ -143,27 +144,31 @@ def _cell(b: dict) -> str:
     return f"{_fmt(b['median'])} [{_fmt(b['p5'])}, {_fmt(b['p95'])}]"
 
 
-def _table(header: list, rows: list) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return [fmt.format(*header), fmt.format(*["-" * w for w in widths])] + [fmt.format(*r) for r in rows]
+def _table(header: list, rows: list, width: int, keep: int = 1) -> list[str]:
+    return table([header, *rows], width=width, keep=keep)
 
 
-def format_table(ds: xr.Dataset, max_points: int = 60) -> str:
-    """A plain-text table; every cell is 'median [5 %, 95 %]' over Monte Carlo samples."""
+def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None) -> str:
+    """A plain-text table; every cell is 'median [5 %, 95 %]' over Monte Carlo samples.
+
+    No line is longer than ``width`` (default: the terminal's, 80 when unknown): a wider table is printed in
+    blocks of columns, and a sweep of few grid points with metrics as rows and grid points as columns.
+    """
+    width = width or terminal_width()
     s = summarize(ds)
     n = ds.sizes["sample"]
     foot = [""]
     if "grid" in s:
-        text = _grid_table(ds, s, max_points)
+        text = _grid_table(ds, s, max_points, width)
     else:
-        text = _point_table(s)
+        text = _point_table(s, width)
         if "shapley_share" in s:
-            text += ["", "Shapley share of the factory vs baseline change (log scale for throughput and cost):"]
+            text += ["", *paragraph("Shapley share of the factory vs baseline change (log scale for throughput "
+                                    "and cost):", width)]
             metrics = list(s["shapley_share"])
             levers = list(s["shapley_share"][metrics[0]])
             text += _table(["lever"] + metrics, [[lever] + [_cell(s["shapley_share"][m][lever]) for m in metrics]
-                                                 for lever in levers])
+                                                 for lever in levers], width)
         feas = ", ".join(f"{v}: {k} of {n}" for v, k in s["infeasible_samples"].items()
                          if v in ("baseline", "factory"))
         foot.append(f"infeasible samples (NaN, left out of every band): {feas}.")
@@ -175,10 +180,10 @@ def format_table(ds: xr.Dataset, max_points: int = 60) -> str:
     if "ratio" in s or ("grid" in s and s["grid"] and "ratio" in s["grid"][0]):
         foot.append("factory vs baseline: 'x' is the per-sample ratio factory/baseline, '+' the difference "
                     "factory - baseline, both on identical requests and draws.")
-    return "\n".join(text + foot)
+    return "\n".join(text + [line for note in foot for line in paragraph(note, width)])
 
 
-def _point_table(s: dict) -> list[str]:
+def _point_table(s: dict, width: int) -> list[str]:
     variants = [v for v in s["variants"] if v in ("baseline", "factory")] or list(s["variants"])
     header = ["metric (modelled)", "units"] + variants + (["factory vs baseline"] if "ratio" in s else [])
     rows = []
@@ -188,10 +193,13 @@ def _point_table(s: dict) -> list[str]:
             r = s["ratio"][label]
             row.append(("+ " if r["difference"] else "x ") + _cell(r))
         rows.append(row)
-    return _table(header, rows)
+    lines = _table(header, rows, width, keep=2)
+    if len(lines) > len(rows) + 2:  # split: units last, so that the variants stay side by side with the metrics
+        lines = _table([header[0], *header[2:], header[1]], [[r[0], *r[2:], r[1]] for r in rows], width)
+    return lines
 
 
-def _grid_table(ds: xr.Dataset, s: dict, max_points: int) -> list[str]:
+def _grid_table(ds: xr.Dataset, s: dict, max_points: int, width: int) -> list[str]:
     dims = s["grid_axes"]
     variant = "factory"
     header = list(dims) + [c[0] for c in GRID_COLUMNS] + ["saturated", "infeasible"]
@@ -203,7 +211,15 @@ def _grid_table(ds: xr.Dataset, s: dict, max_points: int) -> list[str]:
                     + [_cell(v[_label(name, q)]) for _, name, q in GRID_COLUMNS]
                     + [f"{entry['saturated_samples'][shown]}/{ds.sizes['sample']}",
                        f"{entry['infeasible_samples'][shown]}/{ds.sizes['sample']}"])
-    text = [f"variant: {variant}; one row per grid point"] + _table(header, rows)
+    by_point = table([header, *rows], width=width, keep=len(dims))
+    # Metrics as rows, one column per grid point (the axes' values head each column): whichever layout is
+    # shorter, so a sweep of few points reads as one or two blocks instead of one block per metric.
+    columns = [[header[i], *(row[i] for row in rows)] for i in range(len(header))]
+    by_metric = table(columns, header=len(dims), width=width, keep=1)
+    if len(by_metric) < len(by_point):
+        text = [f"variant: {variant}; one column per grid point"] + by_metric
+    else:
+        text = [f"variant: {variant}; one row per grid point"] + by_point
     if len(s["grid"]) > max_points:
         text.append(f"... {len(s['grid']) - max_points} more grid points in the file")
     return text

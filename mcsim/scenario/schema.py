@@ -34,6 +34,12 @@ class Field:
     choices: tuple = ()
     lo_open: bool = False  # lo is exclusive
     plain: bool = False  # a plain value only: the key shapes the run itself and cannot be uncertain
+    fidelity: str = ""  # the one performance.fidelity that reads the key ("": both read it)
+
+    @property
+    def takes_distribution(self) -> bool:
+        """Whether the key may be written as a distribution table (uncertainty or per-request variability)."""
+        return self.kind in ("float", "int", "perreq") and not self.plain
 
     def describe(self) -> str:
         if self.kind == "choice":
@@ -48,31 +54,34 @@ class Field:
         return noun + rng
 
 
-def F(default, doc, lo=None, hi=None, lo_open=False):
-    return Field("float", default, doc, lo, hi, lo_open=lo_open)
+def F(default, doc, lo=None, hi=None, lo_open=False, fidelity=""):
+    return Field("float", default, doc, lo, hi, lo_open=lo_open, fidelity=fidelity)
 
 
-def I(default, doc, lo=None, hi=None):  # noqa: E743 - a short constructor name keeps the table readable
-    return Field("int", default, doc, lo, hi)
+def I(default, doc, lo=None, hi=None, fidelity=""):  # noqa: E743 - a short constructor name keeps the table readable
+    return Field("int", default, doc, lo, hi, fidelity=fidelity)
 
 
-def B(default, doc):
-    return Field("bool", default, doc)
+def B(default, doc, fidelity=""):
+    return Field("bool", default, doc, fidelity=fidelity)
 
 
-def S(default, doc):
-    return Field("str", default, doc)
+def S(default, doc, fidelity=""):
+    return Field("str", default, doc, fidelity=fidelity)
 
 
-def C(default, doc, *choices):
-    return Field("choice", default, doc, choices=choices)
+def C(default, doc, *choices, fidelity=""):
+    return Field("choice", default, doc, choices=choices, fidelity=fidelity)
 
 
 def R(default, doc, lo=None, hi=None):
     return Field("perreq", default, doc, lo, hi)
 
 
-SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are listed in FIDELITY_ONLY
+#: The values of performance.fidelity; a Field whose ``fidelity`` names one of them is read by that one only.
+FIDELITIES = ("factor", "roofline")
+
+SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only names it (fidelity=...)
     "meta": {
         "name": S("scenario", "Short name; default output file is outputs/<name>.nc."),
         "description": S("", "What the scenario asks."),
@@ -173,7 +182,7 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
         "acceptance_decay": F(1.0, "Acceptance of draft position i is alpha * decay**i.", 0, 1, lo_open=True),
         "draft_cost": F(0.02, "Cost of drafting one token, as a fraction of a decode step.", 0, None),
         "verify_cost": F(0.02, "Extra cost of verifying one more token per sequence, fraction of a decode step.",
-                         0, None),
+                         0, None, fidelity="factor"),
     },
     "moe": {
         "redundant_experts": I(32, "Redundant expert slots replicated from a past window's hottest experts "
@@ -186,18 +195,19 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
         "tokens_per_step": I(0, "Tokens per MoE step across the EP group (0 = operating batch x EP ranks).",
                              0, 1_000_000),
         "ffn_time_fraction": F(0.5, "Share of a decode step spent in the MoE FFN (the part the slowest rank "
-                                    "slows down).", 0, 1),
+                                    "slows down).", 0, 1, fidelity="factor"),
     },
     "precision": {
         "enabled": B(True, "Low-precision weights and KV (lever)."),
         "weight_bytes": F(1.0, "Bytes per weight when enabled (baseline: 2, BF16).", 0, None, lo_open=True),
         "kv_bytes": F(1.0, "Bytes per KV element when enabled (baseline: 2, BF16). MLA latent caches are "
                            "commonly kept at 2.", 0, None, lo_open=True),
-        "decode_gain": F(1.3, "Decode throughput gain from low precision.", 0, None, lo_open=True),
-        "prefill_gain": F(1.5, "Prefill throughput gain from low precision.", 0, None, lo_open=True),
+        "decode_gain": F(1.3, "Decode throughput gain from low precision.", 0, None, lo_open=True, fidelity="factor"),
+        "prefill_gain": F(1.5, "Prefill throughput gain from low precision.", 0, None, lo_open=True, fidelity="factor"),
         "compute": C("fp8", "Matmul precision when enabled (roofline; falls back to a wider format the hardware "
-                            "has).", "fp32", "bf16", "fp8", "fp4"),
-        "activation_bytes": F(2.0, "Bytes per activation element (roofline).", 0, None, lo_open=True),
+                            "has).", "fp32", "bf16", "fp8", "fp4", fidelity="roofline"),
+        "activation_bytes": F(2.0, "Bytes per activation element (roofline).", 0, None, lo_open=True,
+                              fidelity="roofline"),
     },
     "performance": {
         "fidelity": C("factor", "factor: throughput as base x lever factors; roofline: step times from the model "
@@ -210,54 +220,62 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
                                       "TTFT/TPOT/E2E quantiles) instead of service times."),
         "flops_fraction": F(0.0, "Largest achievable fraction of peak FLOP/s of a GEMM (and the fraction of attention "
                                  "and routers); 0 = the hardware catalog's, fitted to measured GEMM times where it "
-                                 "has one (hardware.gemm_flops_fraction), else 0.6.", 0, 1),
+                                 "has one (hardware.gemm_flops_fraction), else 0.6.", 0, 1, fidelity="roofline"),
         "bandwidth_fraction": F(0.0, "Achievable fraction of HBM bandwidth; 0 = the hardware catalog's, fitted to "
                                      "measured GEMM times where it has one (hardware.gemm_bandwidth_fraction), else "
-                                     "0.8.", 0, 1),
+                                     "0.8.", 0, 1, fidelity="roofline"),
         "gemm_half_tokens": F(0.0, "Rows (tokens) at which a GEMM reaches half its largest FLOP share: small GEMMs "
                                    "cannot fill the tensor cores; 0 = the hardware catalog's "
-                                   "(hardware.gemm_half_tokens), none where it has none.", 0, None),
+                                   "(hardware.gemm_half_tokens), none where it has none.", 0, None,
+                                   fidelity="roofline"),
         "gemm_floor_s": F(0.0, "Fixed GPU time of one GEMM kernel, s, added to its roofline; 0 = the hardware "
-                               "catalog's (hardware.gemm_floor_us), none where it has none.", 0, None),
+                               "catalog's (hardware.gemm_floor_us), none where it has none.", 0, None,
+                               fidelity="roofline"),
         "kernel_floor_s": F(0.0, "Fixed GPU time of one element-wise kernel (RMSNorm, RoPE, activation, residual add), "
                                  "s, which CUDA graphs do not remove; 0 = the hardware catalog's "
-                                 "(hardware.kernel_floor_us), none where it has none.", 0, None),
+                                 "(hardware.kernel_floor_us), none where it has none.", 0, None, fidelity="roofline"),
         "elementwise_bandwidth_fraction": F(0.0, "Achievable fraction of HBM bandwidth of element-wise kernels; 0 = "
-                                                 "the hardware catalog's, else 0.8.", 0, 1),
+                                                 "the hardware catalog's, else 0.8.", 0, 1, fidelity="roofline"),
         "attention_floor_s": F(0.0, "Fixed GPU time of one attention call per layer and step (KV-cache write, "
-                                    "attention kernel, reshape), s; 0 = three element-wise kernel floors.", 0, None),
+                                    "attention kernel, reshape), s; 0 = three element-wise kernel floors.", 0, None,
+                                    fidelity="roofline"),
         "gemm_error": F(1.0, "Multiplier on modelled GEMM times (the model's error against measurements; a "
-                             "calibration draws it per sample from its residuals).", 0, None, lo_open=True),
+                             "calibration draws it per sample from its residuals).", 0, None, lo_open=True,
+                             fidelity="roofline"),
         "elementwise_error": F(1.0, "Multiplier on modelled element-wise kernel times (as gemm_error).", 0, None,
-                               lo_open=True),
+                               lo_open=True, fidelity="roofline"),
         "allreduce_error": F(1.0, "Multiplier on modelled all-reduce times inside a node (as gemm_error).", 0, None,
-                             lo_open=True),
+                             lo_open=True, fidelity="roofline"),
         "allreduce_nodes_error": F(1.0, "Multiplier on modelled all-reduce times across nodes (as gemm_error).", 0,
-                                   None, lo_open=True),
+                                   None, lo_open=True, fidelity="roofline"),
         "send_error": F(1.0, "Multiplier on modelled point-to-point send times (as gemm_error).", 0, None,
-                        lo_open=True),
+                        lo_open=True, fidelity="roofline"),
         "step_error": F(1.0, "Multiplier on the whole modelled step (a calibration's residual against measured "
-                             "whole steps).", 0, None, lo_open=True),
+                             "whole steps).", 0, None, lo_open=True, fidelity="roofline"),
         "network_fraction": F(0.7, "Achievable fraction of scale-up/scale-out bandwidth (roofline).", 0, 1,
-                              lo_open=True),
+                              lo_open=True, fidelity="roofline"),
         "allreduce": C("auto", "TP all-reduce algorithm; auto: the fastest for each message size and group (as NCCL's "
                        "tuner and custom all-reduces pick).", "auto", "ring", "one-shot", "two-shot", "tree",
-                       "hierarchical"),
+                       "hierarchical", fidelity="roofline"),
         "prefill_allreduce": C("same", "TP all-reduce algorithm of prefill steps (a disaggregated prefill pool, or "
                                "every step with prefill tokens in a colocated one); same: performance.allreduce.",
-                               "same", "auto", "ring", "one-shot", "two-shot", "tree", "hierarchical"),
-        "alltoall": C("hierarchical", "EP all-to-all algorithm.", "direct", "hierarchical"),
+                               "same", "auto", "ring", "one-shot", "two-shot", "tree", "hierarchical",
+                               fidelity="roofline"),
+        "alltoall": C("hierarchical", "EP all-to-all algorithm.", "direct", "hierarchical", fidelity="roofline"),
         "collective_latency_s": F(0.0, "Latency per collective step (hop), s; 0 = the hardware catalog's, fitted to "
                                        "measured NCCL times where it has one (hardware.collective_hop_us), else "
-                                       "5 us.", 0, None),
+                                       "5 us.", 0, None, fidelity="roofline"),
         "overlap_fraction": F(0.7, "Share of communication hidden behind compute when the comm_overlap lever is "
-                                   "on (0 when off).", 0, 1),
-        "launch_overhead_s": F(1e-5, "Per kernel launch.", 0, None),
-        "kernels_per_layer": I(12, "Kernel launches per layer (halved by fused kernels).", 1, 1000),
-        "cuda_graphs": B(True, "Replay steps as CUDA graphs (launches ~10x cheaper)."),
-        "step_overhead_s": F(2e-4, "Scheduling and sampling per step.", 0, None),
-        "attention_window": I(0, "Sliding-window attention span, tokens (0 = full attention).", 0, None),
-        "sparse_topk": I(0, "Sparse top-k attention: tokens attended per query (0 = dense).", 0, None),
+                                   "on (0 when off).", 0, 1, fidelity="roofline"),
+        "launch_overhead_s": F(1e-5, "Per kernel launch.", 0, None, fidelity="roofline"),
+        "kernels_per_layer": I(12, "Kernel launches per layer (halved by fused kernels).", 1, 1000,
+                               fidelity="roofline"),
+        "cuda_graphs": B(True, "Replay steps as CUDA graphs (launches ~10x cheaper).", fidelity="roofline"),
+        "step_overhead_s": F(2e-4, "Scheduling and sampling per step.", 0, None, fidelity="roofline"),
+        "attention_window": I(0, "Sliding-window attention span, tokens (0 = full attention).", 0, None,
+                              fidelity="roofline"),
+        "sparse_topk": I(0, "Sparse top-k attention: tokens attended per query (0 = dense).", 0, None,
+                         fidelity="roofline"),
         "token_budget": I(8192, "Tokens per scheduler step (batching simulator).", 1, None),
         "chunk_tokens": I(2048, "Largest prefill chunk of one request per step (0 = no chunking).", 0, None),
         "preempt": B(True, "Allocate KV as sequences grow and preempt (recompute) when the pool runs out; false: "
@@ -274,21 +292,23 @@ SECTIONS: dict[str, dict[str, Field]] = {  # keys read by one fidelity only are 
     },
     "efficiency": {
         "base_decode_tok_s_per_gpu": F(1500.0, "Saturated decode tok/s per GPU at BF16 with no optimization "
-                                               "(the batch -> infinity asymptote).", 0, None, lo_open=True),
+                                               "(the batch -> infinity asymptote).", 0, None, lo_open=True,
+                                               fidelity="factor"),
         "base_prefill_tok_s_per_gpu": F(5000.0, "Prefill tok/s per GPU at BF16 with no optimization.",
-                                        0, None, lo_open=True),
+                                        0, None, lo_open=True, fidelity="factor"),
         "base_hardware": S("", "Hardware preset the two base throughputs were estimated on (default: the scenario's "
                                "[hardware] preset). On other hardware, e.g. in a sweep, decode scales with HBM "
-                               "bandwidth and prefill with dense BF16 FLOP/s."),
+                               "bandwidth and prefill with dense BF16 FLOP/s.", fidelity="factor"),
         "batch_half_saturation": F(16.0, "Per-GPU batch at which decode reaches half its saturated throughput "
-                                         "(weight-read time / per-sequence time).", 0, None),
+                                         "(weight-read time / per-sequence time).", 0, None, fidelity="factor"),
         "fused_kernels": B(True, "Fused kernels (lever)."),
-        "fused_kernel_gain": F(1.1, "Decode gain from fused kernels.", 0, None, lo_open=True),
+        "fused_kernel_gain": F(1.1, "Decode gain from fused kernels.", 0, None, lo_open=True, fidelity="factor"),
         "comm_overlap": B(True, "Overlap of communication with compute (lever)."),
-        "comm_overlap_gain": F(1.15, "Decode gain from communication overlap.", 0, None, lo_open=True),
+        "comm_overlap_gain": F(1.15, "Decode gain from communication overlap.", 0, None, lo_open=True,
+                               fidelity="factor"),
         "colocated_interference": F(0.2, "Decode throughput lost to prefill interference when prefill and "
                                          "decode share GPUs (at most 0.95: a pool that loses all of it serves "
-                                         "nothing).", 0, 0.95),
+                                         "nothing).", 0, 0.95, fidelity="factor"),
         "kv_transfer_latency_s": F(0.002, "Fixed latency of a prefill -> decode KV transfer.", 0, None),
     },
     "economics": {
@@ -339,14 +359,6 @@ CLASS_FIELDS: dict[str, Field] = {
 DEFAULT_CLASSES = {"chat": {}}
 
 
-def _mark_fidelity_only():
-    """Every doc of a one-fidelity key says which fidelity reads it."""
-    for path, fidelity in FIDELITY_ONLY.items():
-        section, key = path.split(".")
-        spec = SECTIONS[section][key]
-        SECTIONS[section][key] = Field(spec.kind, spec.default, f"{spec.doc} Read by the {fidelity} fidelity only.",
-                                       spec.lo, spec.hi, spec.choices, spec.lo_open)
-
 #: What ``compare`` switches off for its baseline (before the scenario's own ``[baseline]`` overrides).
 LEVERS: dict[str, dict[str, Any]] = {
     "continuous_batching": {"deployment.batching": "static"},
@@ -360,26 +372,11 @@ LEVERS: dict[str, dict[str, Any]] = {
 }
 
 
-#: Keys that only one fidelity reads (every other key is read by both). An uncertain input that the scenario's
-#: fidelity does not read is not drawn, so it neither fills the result nor enters the sensitivity analysis.
-FIDELITY_ONLY: dict[str, str] = {
-    **{f"efficiency.{k}": "factor" for k in ("base_decode_tok_s_per_gpu", "base_prefill_tok_s_per_gpu",
-                                              "base_hardware", "batch_half_saturation", "fused_kernel_gain",
-                                              "comm_overlap_gain", "colocated_interference")},
-    "precision.decode_gain": "factor", "precision.prefill_gain": "factor", "moe.ffn_time_fraction": "factor",
-    "speculative.verify_cost": "factor",
-    **{f"performance.{k}": "roofline" for k in ("flops_fraction", "bandwidth_fraction", "network_fraction",
-                                                 "gemm_half_tokens", "gemm_floor_s", "kernel_floor_s",
-                                                 "elementwise_bandwidth_fraction", "attention_floor_s",
-                                                 "gemm_error", "elementwise_error", "allreduce_error",
-                                                 "allreduce_nodes_error", "send_error",
-                                                 "step_error",
-                                                 "allreduce", "prefill_allreduce", "alltoall", "collective_latency_s",
-                                                 "overlap_fraction",
-                                                 "launch_overhead_s", "kernels_per_layer", "cuda_graphs",
-                                                 "step_overhead_s", "attention_window", "sparse_topk")},
-    "precision.compute": "roofline", "precision.activation_bytes": "roofline",
-}
+#: Keys that only one fidelity reads, ``path -> fidelity``, gathered from the fields' own ``fidelity`` (every other key
+#: is read by both). An uncertain input that the scenario's fidelity does not read is not drawn, so it neither fills
+#: the result nor enters the sensitivity analysis.
+FIDELITY_ONLY: dict[str, str] = {f"{section}.{key}": spec.fidelity for section, fields in SECTIONS.items()
+                                 for key, spec in fields.items() if spec.fidelity}
 
 
 #: Keys outside ``[workload]`` that shape the requests (the workload stage reads them too).
@@ -443,5 +440,3 @@ CATALOG_LOWER = {
     **{f"model.{k}": (1, False) for k in ("layers", "hidden_size", "attention_heads", "vocab", "max_context")},
 }
 
-
-_mark_fidelity_only()
