@@ -112,7 +112,7 @@ def test_a_pinned_price_is_charged_to_every_gpu_and_the_result_says_so(tmp_path)
         np.testing.assert_allclose(point.cost_usd_per_day.values, point.gpus.values * 24 * 3.0, rtol=1e-12)
     note = ds.attrs["pricing_note"]
     assert "h100, h200, mi300x" in note and "economics.rental_usd_per_gpu_hour = 3 USD/GPU-hour" in note
-    assert f"pricing: {note}." in format_table(ds)
+    assert f"pricing: {note}." in " ".join(format_table(ds).split())  # footnotes wrap to the terminal
     summary = write_report(ds, tmp_path / "report", metrics=["cost_usd_per_mtok"]).read_text()
     assert "| pricing | one price pinned for every GPU of the hardware.preset sweep" in summary.replace("\\", "")
 

@@ -108,8 +108,9 @@ def summarize(ds: xr.Dataset) -> dict:
 
 
 def simulated_requests(ds: xr.Dataset) -> str:
-    """How many requests a sample served, from the result itself (a replayed trace may hold fewer than asked for):
-    ``"3993 requests"``, or the range over samples, grid points and variants when it varies."""
+    """How many requests each sample measured, from the result itself (a replayed trace may hold fewer than asked
+    for): ``"450 measured requests"``, or their range over samples, grid points and variants when it varies, and a
+    note when the trace held fewer than ``mc.requests`` (less the warm-up)."""
     if "requests" not in ds:
         return f"{ds.attrs.get('requests_per_sample', '?')} requests"
     counts = np.asarray(ds["requests"].values, dtype=float).ravel()
@@ -117,9 +118,15 @@ def simulated_requests(ds: xr.Dataset) -> str:
     if counts.size == 0:
         return "no requests"
     low, high = int(counts.min()), int(counts.max())
-    asked = ds.attrs.get("requests_per_sample")
-    note = f" (of {int(asked)} asked for)" if asked is not None and int(asked) != high else ""
-    return (f"{low} requests" if low == high else f"{low}-{high} requests (they vary by sample or grid point)") + note
+    text = f"{low} measured requests" if low == high else f"{low}-{high} measured requests (by sample or grid point)"
+    asked, warmup = ds.attrs.get("requests_per_sample"), ds.attrs.get("warmup_fraction")
+    if asked is not None and warmup is not None:
+        from mcsim.stages.kvcache import warmup_requests
+
+        expected = int(asked) - warmup_requests(int(asked), float(warmup))
+        if low < expected:
+            text += f" (the trace held fewer than the {int(asked)} asked for, {expected} measured)"
+    return text
 
 
 def _plain(value):

@@ -138,7 +138,8 @@ _VARS = [
              "= 'slo') a fleet meets the SLOs; every performance and money figure of an infeasible sample is NaN.",
              True, "int8"),
     # trace facts
-    Variable("requests", (), "requests", "requests simulated", "Requests in the sample's trace.", dtype="int64"),
+    Variable("requests", (), "requests", "requests simulated", "Measured requests of the sample: its trace less the leading mc.warmup_fraction that only warms "
+             "the caches.", dtype="int64"),
     Variable("mean_input_tokens", (), "tokens", "mean input tokens", "Mean prompt length of the trace."),
     Variable("mean_output_tokens", (), "tokens", "mean output tokens", "Mean output length of the trace."),
     Variable("trace_duration_s", (), "s", "trace duration", "Span of the simulated arrivals."),
