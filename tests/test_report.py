@@ -52,8 +52,8 @@ def make_result(grid=None, variants=None, n=80, seed=0, shapley_levers=None, wit
                              attrs_for("feasible"))
     if with_inputs:
         for path, values in draws.items():
-            name, variable = input_variable(path, values)
-            data_vars[name] = variable
+            input_name, variable = input_variable(path, values)
+            data_vars[input_name] = variable
     if shapley_levers:
         grid_shape = [len(v) for v in grid.values()]
         for metric in ("cost_usd_per_mtok", "gross_margin"):
