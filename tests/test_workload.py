@@ -200,3 +200,19 @@ def test_engine_replays_the_scenario_window():
     req = engine.sample_requests(scn, resolve(scn, {}), 0, 0, 50)
     assert req.n == 50 and req.arrival_s[0] == 0.0
     assert "replayed at 2x" in req.source and req.source.endswith(workload.NO_PREFIX_NOTE)
+
+
+@pytest.mark.parametrize("n", [2000, 8000])
+def test_the_window_opens_and_closes_on_the_steady_mix_of_turns(n):
+    # Chat sessions (3 turns on average) bring 70 % of the requests, single-turn code ones 30 %: in a stationary
+    # stream every stretch of requests has that mix. With think times far longer than the window (15 s x 650
+    # requests/s against n requests), a window of sessions that all start inside it would open on first turns
+    # (too few chat requests) and, once its sessions run out, close on later turns only (chat alone).
+    text = TOML.replace("rate_rps = 10.0", "rate_rps = 650.0").replace("think_time_s = 5.0", "think_time_s = 15.0")
+    scn = load_scenario("t.toml", text=text)
+    p = resolve(scn, {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 3).items()})
+    req = workload.generate(p, scn.classes, n, np.random.default_rng(3), 1_000_000)
+    chat = req.class_id == req.class_names.index("chat")
+    for quarter in np.array_split(chat, 4):
+        share = quarter.mean()
+        assert abs(share - 0.7) < 4 * np.sqrt(0.7 * 0.3 / quarter.size), share

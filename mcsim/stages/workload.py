@@ -15,7 +15,9 @@ token ids; a replayed Mooncake trace brings its own chain hashes.
 
 Arrivals form an exact renewal process (Poisson, or gamma with squared coefficient of variation
 ``burstiness``). Sessions start in time and their turns follow after exponential think times; the resulting order
-decides which request gets which arrival, so every session's turns arrive in order.
+decides which request gets which arrival, so every session's turns arrive in order. Sessions also start before the
+sample's window (five mean session lengths, :data:`LEAD_IN_SESSION_LENGTHS`), so that its first requests carry
+the steady share of later turns rather than a ramp of first turns whose length grows with think time x rate.
 """
 
 from __future__ import annotations
@@ -147,6 +149,24 @@ def zipf_probabilities(n: int, exponent: float) -> np.ndarray:
     return w / w.sum()
 
 
+#: Sessions started before a sample's window span this many mean session lengths of its longest class, adding at
+#: most :data:`LEAD_IN_MAX_ROWS` (or 4 per requested one, if more) turns; beyond that the window opens on a partial
+#: ramp, which the steady-state check reports.
+LEAD_IN_SESSION_LENGTHS = 5.0
+LEAD_IN_MAX_ROWS = 500_000
+
+
+def _lead_in_s(think_time_s: float, longest_mean_turns: float, rate_rps: float, n: int) -> float:
+    """How long before a window sessions start: five mean session lengths ((turns - 1) x think time) of the class
+    with the longest sessions, so that the window's first requests already carry the steady share of later turns;
+    0 for single-turn sessions."""
+    span = max(longest_mean_turns - 1.0, 0.0) * max(float(think_time_s), 0.0)
+    if span <= 0 or rate_rps <= 0:
+        return 0.0
+    most = max(LEAD_IN_MAX_ROWS, 4 * n) / rate_rps  # turns arrive at rate_rps once the mix is steady
+    return float(min(LEAD_IN_SESSION_LENGTHS * span, most))
+
+
 def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max_context: int) -> Requests:
     """Generate ``n`` requests for one sample (see module docstring).
 
@@ -169,11 +189,14 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     mean_turns = _class_values(params, classes, "turns")
     sys_share = _class_values(params, classes, "system_prompt_share")
 
-    # Sessions: enough that their turns cover n requests after a 25 % margin for the window's edge.
+    # Sessions: enough that their turns cover n requests after a 25 % margin for the window's edge, plus those that
+    # started before the window (see "Virtual times" below).
     session_shares = shares / mean_turns
     session_shares /= session_shares.sum()
     mean_turns_all = 1.0 / np.sum(shares / mean_turns)
-    n_sessions = int(np.ceil(1.25 * n / mean_turns_all)) + 16
+    session_rate = params["workload.rate_rps"] / mean_turns_all
+    lead_s = _lead_in_s(params["workload.think_time_s"], float(mean_turns.max()), params["workload.rate_rps"], n)
+    n_sessions = int(np.ceil(1.25 * n / mean_turns_all + lead_s * session_rate)) + 16
     session_class = rng.choice(len(classes), size=n_sessions, p=session_shares).astype(np.int32)
     turns = rng.geometric(1.0 / mean_turns[session_class]).astype(np.int64)
 
@@ -209,13 +232,16 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     bad_before = np.cumsum(bad) - np.repeat(np.cumsum(bad)[first_row] - bad[first_row], turns)
     keep = bad_before == 0
 
-    # Virtual times: sessions start as a Poisson process, turns follow after exponential think times.
-    session_rate = params["workload.rate_rps"] / mean_turns_all
-    start = np.cumsum(rng.exponential(1.0 / session_rate, n_sessions))
+    # Virtual times: sessions start as a Poisson process, turns follow after exponential think times. Sessions
+    # start from -lead_s, and the window takes the turns from time 0 on, so it opens on the steady mix of first and
+    # later turns instead of a ramp of first turns (a cold cache is still cold: mc.warmup_fraction covers that).
+    start = np.cumsum(rng.exponential(1.0 / session_rate, n_sessions)) - lead_s
     think = rng.exponential(params["workload.think_time_s"], rows)
     think[first_row] = 0.0
     cum_think = np.cumsum(think)
     t_virtual = start[session] + cum_think - np.repeat(cum_think[first_row], turns)
+    if lead_s > 0:
+        keep &= t_virtual >= 0.0
 
     order = np.flatnonzero(keep)
     order = order[np.argsort(t_virtual[order], kind="stable")][:n]
