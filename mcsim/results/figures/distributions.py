@@ -97,7 +97,8 @@ def distribution(ds, layout: _Layout, s: Series):
                 parts["boxes"][0].set_facecolor(f"C{h}")
                 parts["boxes"][0].set_alpha(0.55)
                 parts["medians"][0].set_color("black")
-        ticks = [tick_text(layout.coords[r["x"]][g]) for g in range(x_count)] if r["x"] else [""]
+        ticks = ([tick_text(layout.coords[r["x"]][g], 24 if r["horizontal"] else 16) for g in range(x_count)]
+                 if r["x"] else [""])
         if r["horizontal"]:
             ax.set_yticks(range(x_count), ticks, fontsize=8)
             ax.set_ylim(x_count - 0.5, -0.5)  # first variant on top
@@ -118,19 +119,19 @@ def distribution(ds, layout: _Layout, s: Series):
                 ax.set_yscale("log")
             ax.grid(axis="y", alpha=0.3)
         if r["panel"]:
-            ax.set_title(f"{layout.label(r['panel'])} = {tick_text(layout.coords[r['panel']][p], 30)}", fontsize=9)
+            ax.set_title(f"{layout.label(r['panel'])} = {tick_text(layout.coords[r['panel']][p], 30)}",
+                         fontsize=9)
         if not everything.size:
             ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center")
-        elif constants and len(set(constants)) == 1 and np.all(everything == constants[0]):
-            ax.text(0.5, 0.5, f"constant: {fmt(constants[0])} {units}", transform=ax.transAxes, ha="center",
-                    va="bottom", fontsize=10, bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.7"})
     if r["hue"]:
         from matplotlib.patches import Patch
 
         labels = [tick_text(v, 24) for v in layout.coords[r["hue"]]]
         axes[0].legend(handles=[Patch(facecolor=f"C{h}", alpha=0.55, label=lab) for h, lab in enumerate(labels)],
                        title=layout.label(r["hue"]), fontsize=7, title_fontsize=7, loc="best")
+    single = everything.size and np.all(everything == everything[0])
     notes = [f"{layout.samples} Monte Carlo samples; box 25-75 %, line median, whiskers 5-95 %",
+             f"constant: {fmt(everything[0])} {units} in every sample" if single else
              "a flat line is a value without spread" if constants else "",
              infeasible_note(hidden, data.size),
              f"first {MAX_GROUPS} of {n(r['x'])} values" if n(r["x"]) > MAX_GROUPS else "",
