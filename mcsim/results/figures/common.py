@@ -106,3 +106,15 @@ def constant_value(values: np.ndarray):
     if finite.size and np.all(finite == finite[0]):
         return float(finite[0])
     return None
+
+
+def boxplot(ax, data: list, horizontal: bool, **kwargs) -> dict:
+    """``ax.boxplot`` laid out vertically or horizontally (``orientation`` from matplotlib 3.10, ``vert`` before)."""
+    import matplotlib
+
+    major, minor = (int(p) for p in matplotlib.__version__.split(".")[:2])
+    if (major, minor) >= (3, 10):
+        kwargs["orientation"] = "horizontal" if horizontal else "vertical"
+    else:
+        kwargs["vert"] = not horizontal
+    return ax.boxplot(data, **kwargs)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from mcsim.results.figures.common import (
+    boxplot,
     constant_value,
     dim_label,
     fixed_note,
@@ -91,9 +92,8 @@ def distribution(ds, layout: _Layout, s: Series):
                     ax.plot(*(line if r["horizontal"] else line[::-1]), color=f"C{h}", lw=2.5,
                             solid_capstyle="butt")
                     continue
-                parts = ax.boxplot([finite], positions=[pos], widths=box_width * 0.8, whis=(5, 95),
-                                   showfliers=False, patch_artist=True, manage_ticks=False,
-                                   vert=not r["horizontal"])
+                parts = boxplot(ax, [finite], r["horizontal"], positions=[pos], widths=box_width * 0.8,
+                                whis=(5, 95), showfliers=False, patch_artist=True, manage_ticks=False)
                 parts["boxes"][0].set_facecolor(f"C{h}")
                 parts["boxes"][0].set_alpha(0.55)
                 parts["medians"][0].set_color("black")

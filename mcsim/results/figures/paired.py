@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mcsim.results.figures.common import fixed_note, infeasible_note, new_figure, suptitle, tick_text, values
+from mcsim.results.figures.common import boxplot, fixed_note, infeasible_note, new_figure, suptitle, tick_text, values
 from mcsim.results.layout import Series, _Layout, _meta, _slug, is_percent
 from mcsim.results.summary import DIFFERENCE
 
@@ -64,6 +64,7 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
     """Per-sample ratios (or differences) against the reference of dim ``d``: ``(file name, Figure)``."""
     series = series[:MAX_PANELS]
     ref = layout.coords[d][reference_index(layout, d)]
+    ref_name = tick_text(ref, 24) if d == "variant" else f"{layout.label(d)}={tick_text(ref, 24)}"
     count = min(len(layout.coords[d]) - 1, MAX_ROWS)
     fig = new_figure(max(7.0, 2.0 + 3.3 * len(series)), max(3.4, 2.3 + 0.42 * count))
     hidden = 0
@@ -82,8 +83,8 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
             if np.all(v == v[0]):
                 ax.plot([v[0], v[0]], [y - 0.3, y + 0.3], color="C0", lw=2.5)
             else:
-                parts = ax.boxplot([v], positions=[y], widths=0.6, whis=(5, 95), showfliers=False, vert=False,
-                                   patch_artist=True, manage_ticks=False)
+                parts = boxplot(ax, [v], True, positions=[y], widths=0.6, whis=(5, 95), showfliers=False,
+                                patch_artist=True, manage_ticks=False)
                 parts["boxes"][0].set_facecolor("C0")
                 parts["boxes"][0].set_alpha(0.5)
                 parts["medians"][0].set_color("black")
@@ -94,7 +95,7 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
         if kind == "ratio" and everything.size and everything.min() > 0 and everything.max() / everything.min() > 20:
             ax.set_xscale("log")
         units = "percentage points" if is_percent(ds, s.name) else _meta(ds, s.name)[1]
-        what = f"ratio to {tick_text(ref, 24)}" if kind == "ratio" else f"minus {tick_text(ref, 24)} ({units})"
+        what = f"ratio to {ref_name}" if kind == "ratio" else f"minus {ref_name} ({units})"
         ax.set_xlabel(f"{s.label}\n{what}", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(axis="x", alpha=0.3)
@@ -107,5 +108,5 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
              "whiskers 5-95 %; 'higher' and 'lower' are shares of samples",
              infeasible_note(hidden, layout.samples * len(layout.points)),
              fixed_note(layout, [d])]
-    suptitle(fig, f"Paired comparison over {layout.label(d)}, against {tick_text(ref, 40)} (modelled)", notes)
+    suptitle(fig, f"Paired comparison over {layout.label(d)}, against {ref_name} (modelled)", notes)
     return f"paired_{_slug(layout.label(d))}.png", fig
