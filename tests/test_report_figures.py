@@ -246,12 +246,13 @@ def _inside(outer, inner, tol=1.0):
             and inner.y1 <= outer.y1 + tol)
 
 
-@pytest.mark.parametrize("kind", ["ablation", "sweep-undotted", "load"])
+@pytest.mark.parametrize("kind", ["ablation", "sweep-undotted", "load", "point"])
 def test_no_text_is_clipped_and_tick_labels_do_not_overlap(tmp_path, kind):
     ds = {"ablation": ablation_result, "sweep": sweep_result, "ablation-undotted": lambda: undotted(ablation_result()),
           "sweep-undotted": lambda: undotted(sweep_result()),
           "load": lambda: make_result(grid={"workload.rate_rps": [5.0, 10.0, 20.0, 40.0, 80.0],
-                                            "hardware.preset": ["h100", "h200"]}, n=16, with_inputs=False)}[kind]()
+                                            "hardware.preset": ["h100", "h200"]}, n=16, with_inputs=False),
+          "point": lambda: make_result(n=80)}[kind]()
     from mcsim.results import report
 
     layout = _Layout(ds)
@@ -263,7 +264,8 @@ def test_no_text_is_clipped_and_tick_labels_do_not_overlap(tmp_path, kind):
     drawn = [item for items in figures.values() for item in items]
     expected = {"ablation": {"distributions", "paired", "tornado", "waterfall"},
                 "sweep": {"distributions", "paired", "tornado", "heatmap"},
-                "load": {"distributions", "paired", "heatmap", "load"}}[kind.split("-")[0]]
+                "load": {"distributions", "paired", "heatmap", "load"},
+                "point": {"distributions", "tornado"}}[kind.split("-")[0]]
     assert {k for k, v in figures.items() if v} == expected
     for name, fig in drawn:
         fig.canvas.draw()

@@ -71,18 +71,18 @@ def dim_label(ds, layout: _Layout, d: str) -> str:
     return f"{label} ({units})" if units and d != "variant" else label
 
 
-def values(ds, layout: _Layout, s: Series) -> tuple[np.ndarray, int]:
-    """``s`` in display units as (*layout.dims, sample), infeasible samples as NaN, and how many were infeasible.
+def values(ds, layout: _Layout, s: Series) -> tuple[np.ndarray, np.ndarray]:
+    """``s`` in display units as (*layout.dims, sample) with infeasible samples as NaN, and where they were.
 
     An infeasible sample has no defined performance or money figures; its latency or payback would only stretch
-    the scales, so figures leave every one of its values out (and say how many).
+    the scales, so figures leave every one of its values out (and say how many, of the samples they draw).
     """
     factor = display_scale(ds, s.name)[0]
     data = _array(ds, layout, layout.dims, s.name, s.select) * factor
-    if s.name == "feasible":
-        return data, 0
     bad = infeasible(ds, layout)
-    return np.where(bad, np.nan, data), int(bad.sum())
+    if s.name == "feasible":
+        return data, np.zeros_like(bad)
+    return np.where(bad, np.nan, data), bad
 
 
 def infeasible_note(count: int, total: int) -> str:

@@ -53,7 +53,9 @@ def _index(layout: _Layout, fixed: dict) -> tuple:
 
 def distribution(ds, layout: _Layout, s: Series):
     """The box-plot figure of one series: ``(file name, Figure)``."""
-    data, hidden = values(ds, layout, s)
+    data, bad = values(ds, layout, s)
+    hidden = drawn = 0
+    flag = s.name == "feasible"
     r = roles(layout)
     units = display_scale(ds, s.name)[1]
     n = lambda d: len(layout.coords[d]) if d else 1  # noqa: E731
@@ -61,7 +63,9 @@ def distribution(ds, layout: _Layout, s: Series):
     panels = list(range(n(r["panel"])))
     hues = list(range(n(r["hue"])))
     everything = data[np.isfinite(data)]
-    log = bool(everything.size and everything.min() > 0 and everything.max() / everything.min() > LOG_SPAN)
+    log = not flag and bool(everything.size and everything.min() > 0
+                            and everything.max() / everything.min() > LOG_SPAN)
+    value_label = f"share of samples where the {_meta(ds, s.name)[0]} (%)" if flag else _axis_label(ds, s)
 
     if r["horizontal"]:
         fig = new_figure(7.5, max(3.4, 1.7 + 0.34 * x_count))
@@ -81,10 +85,20 @@ def distribution(ds, layout: _Layout, s: Series):
             for g in range(x_count):
                 fixed = {d: i for d, i in ((r["x"], g), (r["hue"], h), (r["panel"], p)) if d}
                 v = data[_index(layout, fixed)]
+                hidden += int(bad[_index(layout, fixed)].sum())
+                drawn += v.size
                 finite = v[np.isfinite(v)]
                 if not finite.size:
                     continue
                 pos = g + (h - (len(hues) - 1) / 2) * box_width
+                if flag:  # a 0/1 flag: the share of samples where it holds, not a box
+                    share = 100.0 * float(np.mean(finite))
+                    draw = ax.barh if r["horizontal"] else ax.bar
+                    draw(pos, share, 0.8 * box_width, color=f"C{h}", alpha=0.7)
+                    ax.text(*((share, pos) if r["horizontal"] else (pos, share)),
+                            f" {int(np.sum(finite))}/{finite.size}", fontsize=7,
+                            ha="left" if r["horizontal"] else "center", va="center" if r["horizontal"] else "bottom")
+                    continue
                 c = constant_value(finite)
                 if c is not None:
                     constants.append(c)
@@ -102,7 +116,9 @@ def distribution(ds, layout: _Layout, s: Series):
         if r["horizontal"]:
             ax.set_yticks(range(x_count), ticks, fontsize=8)
             ax.set_ylim(x_count - 0.5, -0.5)  # first variant on top
-            ax.set_xlabel(_axis_label(ds, s), fontsize=9)
+            ax.set_xlabel(value_label, fontsize=9)
+            if flag:
+                ax.set_xlim(0, 118)
             if log:
                 ax.set_xscale("log")
             ax.grid(axis="x", alpha=0.3)
@@ -114,7 +130,9 @@ def distribution(ds, layout: _Layout, s: Series):
             if r["x"]:
                 ax.set_xlabel(dim_label(ds, layout, r["x"]), fontsize=9)
             if ax is axes[0] or (len(axes) > 3 and axes.index(ax) % 3 == 0):
-                ax.set_ylabel(_axis_label(ds, s), fontsize=9)
+                ax.set_ylabel(value_label, fontsize=9)
+            if flag:
+                ax.set_ylim(0, 112)
             if log:
                 ax.set_yscale("log")
             ax.grid(axis="y", alpha=0.3)
@@ -129,11 +147,12 @@ def distribution(ds, layout: _Layout, s: Series):
         labels = [tick_text(v, 24) for v in layout.coords[r["hue"]]]
         axes[0].legend(handles=[Patch(facecolor=f"C{h}", alpha=0.55, label=lab) for h, lab in enumerate(labels)],
                        title=layout.label(r["hue"]), fontsize=7, title_fontsize=7, loc="best")
-    single = everything.size and np.all(everything == everything[0])
-    notes = [f"{layout.samples} Monte Carlo samples; box 25-75 %, line median, whiskers 5-95 %",
+    single = not flag and everything.size and np.all(everything == everything[0])
+    notes = [f"{layout.samples} Monte Carlo samples" + ("" if flag else "; box 25-75 %, line median, whiskers 5-95 %"),
              f"constant: {fmt(everything[0])} {units} in every sample" if single else
              "a flat line is a value without spread" if constants else "",
-             infeasible_note(hidden, data.size),
+             "bars: share of samples, with their count" if flag else "",
+             infeasible_note(hidden, drawn),
              f"first {MAX_GROUPS} of {n(r['x'])} values" if n(r["x"]) > MAX_GROUPS else "",
              fixed_note(layout, [d for d in (r["x"], r["hue"], r["panel"]) if d])]
     suptitle(fig, f"{_meta(ds, s.name)[0]} [{s.label}] (modelled)", notes)

@@ -38,8 +38,8 @@ def heatmap(ds, layout: _Layout, s: Series):
     varying = [d for d in layout.axes if len(layout.coords[d]) > 1]
     a, b = varying[0], varying[1]
     panel = next((d for d in varying[2:] if len(layout.coords[d]) <= MAX_PANELS), None)
-    data, hidden = values(ds, layout, s)
-    blocks = []
+    data, bad = values(ds, layout, s)
+    blocks, hidden, drawn = [], 0, 0
     for p in range(len(layout.coords[panel]) if panel else 1):
         index = list(layout.focus)
         index[layout.dims.index(a)] = slice(None)
@@ -47,6 +47,8 @@ def heatmap(ds, layout: _Layout, s: Series):
         if panel:
             index[layout.dims.index(panel)] = p
         blocks.append(_medians(data[tuple(index)]))  # (a, b)
+        hidden += int(bad[tuple(index)].sum())
+        drawn += bad[tuple(index)].size
     stack = np.array(blocks)
     finite = stack[np.isfinite(stack)]
     span = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -88,7 +90,7 @@ def heatmap(ds, layout: _Layout, s: Series):
     notes = [f"cells: median over {layout.samples} samples ({units})",
              f"colours span {fmt(span[0])} to {fmt(span[1])} {units}, "
              f"{100 * (span[1] - span[0]) / abs(level):.2g} % of the median" if relative else "",
-             infeasible_note(hidden, data.size), fixed_note(layout, [a, b] + ([panel] if panel else []))]
+             infeasible_note(hidden, drawn), fixed_note(layout, [a, b] + ([panel] if panel else []))]
     suptitle(fig, f"{_meta(ds, s.name)[0]} [{s.label}] (modelled)", notes)
     return f"heatmap_{_slug(s.label)}.png", fig
 
@@ -111,17 +113,19 @@ def load_curves(ds, layout: _Layout, series: list[Series]):
     lines = ("variant" if 1 < len(layout.variants) <= 4 else
              next((d for d in layout.axes if d != axis and 1 < len(layout.coords[d]) <= 4), None))
     fig = new_figure(max(6.0, 3.6 * len(series) + 0.6), 4.4)
-    hidden = 0
+    hidden = drawn = 0
     for k, s in enumerate(series):
         ax = fig.add_subplot(1, len(series), k + 1)
-        data, h = values(ds, layout, s)
-        hidden = max(hidden, h)
+        data, bad = values(ds, layout, s)
         for c in range(len(layout.coords[lines]) if lines else 1):
             index = list(layout.focus)
             index[layout.dims.index(axis)] = slice(None)
             if lines:
                 index[layout.dims.index(lines)] = c
             block = data[tuple(index)]  # (load, sample)
+            if k == 0:
+                hidden += int(bad[tuple(index)].sum())
+                drawn += block.size
             q = np.array([quantiles(block[i], [0.05, 0.25, 0.5, 0.75, 0.95]) for i in range(len(x))])
             label = f"{tick_text(layout.coords[lines][c], 24)}" if lines else "median"
             ax.fill_between(x, q[:, 0], q[:, 4], color=f"C{c}", alpha=0.12, lw=0)
@@ -134,7 +138,7 @@ def load_curves(ds, layout: _Layout, series: list[Series]):
         if k == 0:
             ax.legend(fontsize=7, title=layout.label(lines) if lines else None, title_fontsize=7, loc="best")
     notes = [f"line: median over {layout.samples} samples; bands 25-75 % and 5-95 %",
-             infeasible_note(hidden, layout.samples * len(layout.points)),
+             infeasible_note(hidden, drawn),
              fixed_note(layout, [axis] + ([lines] if lines else []))]
     suptitle(fig, f"Service level against load ({layout.label(axis)}) (modelled)", notes)
     return f"load_{_slug(layout.label(axis))}.png", fig

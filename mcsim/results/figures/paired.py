@@ -35,9 +35,10 @@ def paired(ds, layout: _Layout, s: Series, d: str) -> tuple[list[dict], int]:
         ratios or differences, pairs with a missing side left out), ``higher`` and ``lower`` (shares of those
         pairs where the value is above or below the reference).
     hidden : int
-        Infeasible samples left out.
+        Pairs left out because a side is infeasible.
     """
-    data, hidden = values(ds, layout, s)
+    data, bad = values(ds, layout, s)
+    hidden = 0
     axis = layout.dims.index(d)
     ref = reference_index(layout, d)
     kind = "difference" if is_percent(ds, s.name) or s.name in DIFFERENCE else "ratio"
@@ -45,11 +46,14 @@ def paired(ds, layout: _Layout, s: Series, d: str) -> tuple[list[dict], int]:
     for i, value in enumerate(layout.coords[d]):
         if i == ref:
             continue
+        if len(rows) == MAX_ROWS:
+            break
         at = list(layout.focus)
         at[axis] = i
-        here = data[tuple(at)]
+        here, here_bad = data[tuple(at)], bad[tuple(at)]
         at[axis] = ref
         there = data[tuple(at)]
+        hidden += int(np.sum(here_bad | bad[tuple(at)]))
         with np.errstate(divide="ignore", invalid="ignore"):
             diff = here / there if kind == "ratio" else here - there
         ok = np.isfinite(diff)
@@ -57,7 +61,7 @@ def paired(ds, layout: _Layout, s: Series, d: str) -> tuple[list[dict], int]:
         rows.append({"value": value, "kind": kind, "paired": diff[ok],
                      "higher": float(np.mean(here[ok] > there[ok])) if n else np.nan,
                      "lower": float(np.mean(here[ok] < there[ok])) if n else np.nan})
-    return rows[:MAX_ROWS], hidden
+    return rows, hidden
 
 
 def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
@@ -106,7 +110,7 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
             ax.tick_params(labelleft=False)
     notes = [f"each box: the {layout.samples} samples compared one by one (same random streams); box 25-75 %, "
              "whiskers 5-95 %; 'higher' and 'lower' are shares of samples",
-             infeasible_note(hidden, layout.samples * len(layout.points)),
+             infeasible_note(hidden, layout.samples * count).replace("samples", "pairs"),
              fixed_note(layout, [d])]
     suptitle(fig, f"Paired comparison over {layout.label(d)}, against {ref_name} (modelled)", notes)
     return f"paired_{_slug(layout.label(d))}.png", fig
