@@ -282,3 +282,22 @@ def test_no_text_is_clipped_and_tick_labels_do_not_overlap(tmp_path, kind):
                 for (a, ea), (b, eb) in itertools.combinations(zip(labels, extents), 2):
                     assert not ea.overlaps(eb), (name, a.get_text(), b.get_text())
     assert len(drawn) >= 8
+
+
+def test_heatmap_of_a_narrow_range_is_relative_and_every_panel_drawn():
+    ds = make_result(grid={"a.x": [1, 2, 3], "b.y": [10.0, 20.0], "hardware.preset": ["h100", "h200"]}, n=9,
+                     with_inputs=False)
+    cost = 2.0 * (1 + 0.002 * np.arange(12).reshape(3, 2, 2, 1)) * np.ones((1, 1, 1, 9))
+    ds["cost_usd_per_mtok"] = (("a.x", "b.y", "hardware.preset", "sample"), cost, attrs_for("cost_usd_per_mtok"))
+    ds["feasible"][:] = 1
+    layout = _Layout(ds)
+    (name, fig), = build_figures(ds, layout, [Series("cost_usd_per_mtok", "cost_usd_per_mtok")], [], {})["heatmap"]
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    assert [ax.get_title() for ax in panels] == ["hardware.preset = h100", "hardware.preset = h200"]
+    colourbar = next(ax for ax in fig.axes if ax not in panels)
+    label = " ".join(colourbar.get_ylabel().split())
+    assert "% relative to 2.02 USD/Mtok" in label  # the median of the 12 cells: 2 x (1 + 0.002 x 5.5)
+    # the cells still print the medians themselves, in the metric's units
+    texts = sorted(float(t.get_text()) for ax in panels for t in ax.texts)
+    np.testing.assert_allclose(texts, sorted(2.0 * (1 + 0.002 * k) for k in range(12)), rtol=1e-3)
+    assert "(GB" not in panels[0].get_xlabel() and panels[0].get_xlabel() == "b.y"

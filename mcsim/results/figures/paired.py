@@ -92,7 +92,10 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
                 parts["boxes"][0].set_facecolor("C0")
                 parts["boxes"][0].set_alpha(0.5)
                 parts["medians"][0].set_color("black")
-            ax.text(0.98, y - 0.33, f"higher {100 * r['higher']:.0f} %, lower {100 * r['lower']:.0f} %",
+            equal = 1.0 - r["higher"] - r["lower"]
+            share = f"higher {100 * r['higher']:.0f} %, lower {100 * r['lower']:.0f} %" + (
+                f", equal {100 * equal:.0f} %" if equal > 0.005 else "")
+            ax.text(0.98, y - 0.33, share,
                     transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7, color="0.25")
         ax.axvline(centre, color="C3", lw=1)
         everything = np.concatenate([r["paired"] for r in rows]) if rows else np.array([])
