@@ -301,3 +301,14 @@ def test_heatmap_of_a_narrow_range_is_relative_and_every_panel_drawn():
     texts = sorted(float(t.get_text()) for ax in panels for t in ax.texts)
     np.testing.assert_allclose(texts, sorted(2.0 * (1 + 0.002 * k) for k in range(12)), rtol=1e-3)
     assert "(GB" not in panels[0].get_xlabel() and panels[0].get_xlabel() == "b.y"
+
+
+def test_labels_use_display_units_when_units_are_cf():
+    # CF-clean results carry units "1" for an amount of money per token and the readable form in display_units
+    ds = make_result(grid={"cache_dram_gb_per_node": [0.0, 512.0]}, n=8, with_inputs=False)
+    ds["cost_usd_per_mtok"].attrs.update(units="1", display_units="USD/Mtok")
+    ds["cache_dram_gb_per_node"].attrs.update(path="cache.dram_gb_per_node", units="Gbyte", display_units="GB")
+    (name, fig), = build_figures(ds, _Layout(ds), [Series("cost_usd_per_mtok", "cost_usd_per_mtok")], [],
+                                 {})["distributions"]
+    assert fig.axes[0].get_ylabel() == "cost per million output tokens (USD/Mtok)"
+    assert fig.axes[0].get_xlabel() == "cache.dram_gb_per_node (GB)"

@@ -153,7 +153,9 @@ def _meta(ds: xr.Dataset, name: str) -> tuple[str, str]:
     attrs = ds[name].attrs if name in ds else {}
     registered = REGISTRY.get(name)
     long_name = attrs.get("long_name") or (registered.long_name if registered else name)
-    units = attrs.get("units") or (registered.units if registered else "")
+    # "display_units" (where a result has them) are the units for people; "units" may be the CF form ("1" for a
+    # currency amount per token)
+    units = attrs.get("display_units") or attrs.get("units") or (registered.units if registered else "")
     return str(long_name), str(units)
 
 

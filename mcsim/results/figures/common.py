@@ -66,8 +66,9 @@ def tick_text(v, width: int = TICK_CHARS) -> str:
 def dim_label(ds, layout: _Layout, d: str) -> str:
     """An axis label for a grid axis (its dotted path and, from its name, its units) or the variant dim."""
     label = layout.label(d)
-    units = str(ds[d].attrs.get("units", "")) if d in ds.variables else ""
-    units = units or path_units(label)
+    attrs = ds[d].attrs if d in ds.variables else {}
+    units = str(attrs.get("display_units") or attrs.get("units") or "")
+    units = path_units(label) if units in ("", "1") else units
     return f"{label} ({units})" if units and d != "variant" else label
 
 
