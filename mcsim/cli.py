@@ -312,15 +312,26 @@ def _text_table(header, rows) -> str:
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the report (default: RESULTS without .nc, plus -report).")
 @click.option("--force", is_flag=True, help="Replace an existing report folder.")
-def report(results, out_dir, force):
+@click.option("--metrics", help="Comma-separated variables to report instead of the headline ones.")
+@click.option("--at", "at", multiple=True, metavar="PATH=VALUE",
+              help="Grid value the figures focus on, e.g. --at hardware.preset=h200 (repeatable; "
+                   "--at variant=NAME for a variant). Default: the first value of each grid axis.")
+def report(results, out_dir, force, metrics, at):
     """Quantiles, sensitivities, figures and a Markdown summary of RESULTS (a NetCDF file of run, compare or
     sweep)."""
-    from mcsim.results.report import write_report
+    from mcsim.results.report import ReportError, write_report
 
     out_dir = out_dir or results.with_name(results.stem + "-report")
+    focus = {}
+    for item in at:
+        path, sep, value = item.partition("=")
+        if not sep or not path.strip() or not value.strip():
+            raise UserError(f"--at {item}: expected PATH=VALUE, e.g. --at hardware.preset=h200")
+        focus[path.strip()] = value.strip()
+    chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics is not None else None
     try:
-        summary_path = write_report(results, out_dir, overwrite=force)
-    except FileExistsError:
+        summary_path = write_report(results, out_dir, metrics=chosen, overwrite=force, at=focus)
+    except (FileExistsError, ReportError):
         raise  # the command group's one line
     except (OSError, ValueError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -186,10 +186,14 @@ def test_shapley_waterfall(tmp_path):
                      shapley_levers=levers)
     summary = write_report(ds, tmp_path, metrics=["cost_usd_per_mtok"])
     check_report(ds, tmp_path, summary, expect_figures=("waterfall_cost_usd_per_mtok", "waterfall_gross_margin"))
-    _, steps, _, how = waterfall_steps(ds, "cost_usd_per_mtok")
-    assert "Shapley" in how and [s[0] for s in steps] == levers
-    phi = ds["shapley_cost_usd_per_mtok"].isel({"speculative_draft_tokens": 0}).values
-    np.testing.assert_allclose([s[1] for s in steps], np.median(phi, axis=1))
+    _, steps, _, how = waterfall_steps(ds, "gross_margin")
+    assert "Shapley" in how and sorted(s[0] for s in steps) == sorted(levers)
+    # linear scale: each step is the lever's mean Shapley value, largest first
+    phi = ds["shapley_gross_margin"].isel({"speculative_draft_tokens": 0}).values
+    means = {lever: sum(row) / len(row) for lever, row in zip(levers, phi.tolist())}
+    expected = sorted(means.items(), key=lambda kv: -abs(kv[1]))
+    assert [s[0] for s in steps] == [k for k, _ in expected]
+    np.testing.assert_allclose([s[1] for s in steps], [v for _, v in expected], rtol=1e-12)
 
 
 def test_one_lever_at_a_time_waterfall(tmp_path):

@@ -119,7 +119,7 @@ def reduce_row(plan, row: dict) -> dict:
             **unit, "long_name": f"Shapley contribution to {metric}",
             "description": f"Average marginal contribution of each lever to {'log ' if scale == 'log' else ''}"
                            f"{metric} over all orders of switching levers on; sums to factory - baseline.",
-            "source": "modelled"})
+            "scale": scale, "source": "modelled"})
         extra[f"shapley_share_{metric}"] = (("lever",), share, {
             "units": "1", "display_units": "1", "cell_methods": "sample: point", "long_name": f"Shapley share of the {metric} gain",
             "description": "Each lever's Shapley contribution / the total factory - baseline change; sums to 1.",

@@ -10,9 +10,14 @@ Files written into the output folder:
 - ``quantiles.csv`` / ``quantiles.json`` — 5/25/50/75/95 % quantiles over samples per metric, grid point and variant;
 - ``sensitivity.csv`` — Spearman, PRCC (with a bootstrap interval at the plotted point) and first-order Sobol
   indices of the headline outputs for every uncertain input, per grid point and variant;
-- ``dist_<metric>.png``, ``tornado_<metric>.png``, ``heatmap_<metric>.png`` (two or more grid axes),
-  ``waterfall_<metric>.png`` (baseline vs factory);
+- ``dist_<metric>.png`` (box plots over samples), ``paired_<dim>.png`` (each sample against itself at a reference
+  grid value or variant), ``load_<path>.png`` (SLO attainment and queue wait when a grid axis varies the load),
+  ``tornado_<metric>.png``, ``heatmap_<metric>.png`` (two or more grid axes), ``waterfall_<metric>.png``
+  (baseline -> factory, in the metric's units);
 - ``summary.md`` — run description, headline table, top sensitivities, the figures.
+
+The figures show every grid point where it reads well (groups, colours, small multiples); dims they do not show are
+held at the *focus point*: the first value of each grid axis and the factory variant, or what ``at`` chooses.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ import xarray as xr
 
 from mcsim.results import sensitivity
 from mcsim.results.dataset import MODEL_STATEMENT
+from mcsim.results.figures.tornado import SAMPLES_PER_INPUT, few_samples_warning, s1_text
 from mcsim.text import markdown_text
-from mcsim.results.layout import (  # quantiles, waterfall_steps and LEVELS are part of this module's API
+from mcsim.results.layout import (  # quantiles, waterfall_steps, ReportError and LEVELS are part of this API
     LEVELS,
+    ReportError,
     Series,
     _array,
     _fmt,
@@ -41,12 +48,14 @@ from mcsim.results.layout import (  # quantiles, waterfall_steps and LEVELS are 
     _meta,
     _plain,
     _text,
+    is_percent,
+    path_of,
     quantiles,
-    waterfall_steps,
+    request_quantile_dim,
 )
-from mcsim.results.names import path_of
 from mcsim.results.summary import simulated_requests, steady_state_facts
-from mcsim.results.variables import HEADLINE, REQUEST_QUANTILE
+from mcsim.results.variables import HEADLINE
+from mcsim.results.waterfall import waterfall_steps
 
 #: Per-request quantiles reported for latency metrics that carry a ``request_quantile`` dim.
 REQUEST_QUANTILES = (0.5, 0.99)
@@ -56,7 +65,7 @@ MAX_TABLE_ROWS = 30
 BOOTSTRAP = 200
 
 
-def write_report(results, out_dir, metrics=None, overwrite: bool = False) -> Path:
+def write_report(results, out_dir, metrics=None, overwrite: bool = False, at: dict | None = None) -> Path:
     """Write the report of a result Dataset into ``out_dir``.
 
     Parameters
@@ -71,7 +80,15 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False) -> Pat
         Replace an existing report folder.
     metrics : sequence of str, optional
         Variables to report instead of the headline ones (quantiles, distributions and sensitivity). A variable
-        with a ``request_quantile`` dim is reported at the per-request quantiles 0.5 and 0.99.
+        with a per-request quantile dim is reported at the per-request quantiles 0.5 and 0.99.
+    at : dict, optional
+        ``{grid axis path: value}``: the grid point the figures and the sensitivity table focus on (default:
+        the first value of each axis); ``{"variant": name}`` chooses the variant.
+
+    Raises
+    ------
+    ReportError
+        An unknown metric, grid axis or grid value; the message names it and lists the valid ones.
 
     Returns
     -------
@@ -92,7 +109,8 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False) -> Pat
         raise FileExistsError(f"{final} exists; use --force to replace it")
     if not any("sample" in v.dims for v in ds.data_vars.values()):
         raise ValueError("no variable over the 'sample' dimension: nothing to report")
-    layout = _Layout(ds)
+    layout = _Layout(ds, at)
+    _check_metrics(ds, metrics)
     final.parent.mkdir(parents=True, exist_ok=True)
     out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
@@ -111,10 +129,6 @@ def _write_report_files(ds, layout, metrics, out: Path) -> None:
         quantity_names = [n for n in HEADLINE if n in ds] + [n for n in ("ttft_s", "tpot_s") if n in ds]
         sensitivity_names = [n for n in SENSITIVITY_OUTPUTS if n in ds]
     else:
-        missing = [m for m in metrics if m not in ds or "sample" not in ds[m].dims]
-        if missing:
-            known = sorted(n for n, v in ds.data_vars.items() if "sample" in v.dims)
-            raise ValueError(f"not metrics of this result: {missing}; available: {', '.join(known)}")
         quantity_names = sensitivity_names = list(dict.fromkeys(metrics))
     quantities = _series(ds, quantity_names)
     outputs = _series(ds, sensitivity_names)
@@ -130,7 +144,11 @@ def _write_report_files(ds, layout, metrics, out: Path) -> None:
 
     from mcsim.results.figures import draw_figures
 
-    figures = draw_figures(ds, layout, quantities, outputs, focus_sens, out)
+    def series_of(labels):
+        names = {label.split(" ")[0] for label in labels}
+        return [s for s in _series(ds, [n for n in names if n in ds]) if s.label in labels]
+
+    figures = draw_figures(ds, layout, quantities, outputs, focus_sens, out, series_of)
     (out / "summary.md").write_text(_summary(ds, layout, quantities, quantile_rows, outputs, focus_sens, figures))
 
 
@@ -148,21 +166,32 @@ def _load(results) -> xr.Dataset:
     return ds
 
 
+def _check_metrics(ds: xr.Dataset, metrics) -> None:
+    if metrics is None:
+        return
+    missing = [m for m in metrics if m not in ds or "sample" not in ds[m].dims]
+    if missing or not metrics:
+        known = sorted(n for n, v in ds.data_vars.items() if "sample" in v.dims and v.attrs.get("role") != "input")
+        raise ReportError(f"--metrics: not a metric of this result: {', '.join(missing) or '(none given)'}; "
+                          f"metrics: {', '.join(known)}")
+
+
 def _series(ds: xr.Dataset, names) -> list[Series]:
     out = []
+    request_q = request_quantile_dim(ds)
     for name in names:
-        extra = [d for d in ds[name].dims if d in ("tier", REQUEST_QUANTILE, "lever")]
+        extra = [d for d in ds[name].dims if d in ("tier", "lever") or d == request_q]
         if not extra:
             out.append(Series(name, name))
             continue
         choices = []
         for d in extra:
             values = [_plain(v) for v in ds[d].values]
-            if d == REQUEST_QUANTILE:
+            if d == request_q:
                 values = [q for q in values if any(math.isclose(q, r) for r in REQUEST_QUANTILES)] or values
             choices.append([(d, v) for v in values])
         for combo in itertools.product(*choices):
-            tags = [f"p{100 * v:g}" if d == REQUEST_QUANTILE else str(v) for d, v in combo]
+            tags = [f"p{100 * v:g}" if d == request_q else str(v) for d, v in combo]
             out.append(Series(" ".join([name, *tags]), name, tuple(combo)))
     return out
 
@@ -182,7 +211,7 @@ def _quantile_rows(ds, layout: _Layout, quantities: list[Series]) -> list[dict]:
     for s in quantities:
         data = _array(ds, layout, layout.dims, s.name, s.select)
         units = _meta(ds, s.name)[1]
-        request_q = dict(s.select).get(REQUEST_QUANTILE, "")
+        request_q = next((v for d, v in s.select if d == request_quantile_dim(ds)), "")
         for index in layout.points:
             v = data[index]
             finite_or_inf = v[~np.isnan(v)]
@@ -274,7 +303,7 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
     measured = str(attrs.get("measured_variables", "")).strip()
     lines += [f"Measured on the user's machine: {measured}." if measured else
               "Every figure in this report is modelled; none is measured.", ""]
-    grid = "; ".join(f"`{layout.paths[d]}` = {', '.join(markdown_text(_text(v)) for v in layout.coords[d])}"
+    grid = "; ".join(f"`{layout.label(d)}` = {', '.join(markdown_text(_text(v)) for v in layout.coords[d])}"
                      for d in layout.axes) or "none"
     inputs = _inputs(ds, layout)
     run = [("scenario", f"{name}" + (f" ({markdown_text(attrs['scenario_file'])})" if attrs.get("scenario_file")
@@ -322,21 +351,31 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
                 continue
             for j in defined[np.argsort(-np.abs(score[defined]), kind="stable")][:3]:
                 ci = (f" [{r['low'][j]:.2f}, {r['high'][j]:.2f}]" if np.isfinite(r["low"][j]) else "")
-                rows.append([s.label, f"`{r['inputs'][j]}`", f"{r['prcc'][j]:.2f}{ci}" if np.isfinite(r["prcc"][j])
-                             else "n/a", f"{r['spearman'][j]:.2f}",
-                             f"{r['sobol'][j]:.2f}" if np.isfinite(r["sobol"][j]) else "n/a",
-                             "" if np.isfinite(r["prcc"][j]) else r["why_prcc"][j]])
+                notes = ["" if np.isfinite(r["prcc"][j]) else r["why_prcc"][j]]
+                if np.isfinite(r["sobol"][j]) and r["sobol"][j] < 0:
+                    notes.append(f"S1 estimate {r['sobol'][j]:.2f} < 0: noise around 0")
+                rows.append([s.label, f"`{path_of(ds, r['inputs'][j])}`",
+                             f"{r['prcc'][j]:.2f}{ci}" if np.isfinite(r["prcc"][j]) else "n/a",
+                             f"{r['spearman'][j]:.2f}", _s1(r["sobol"][j]), "; ".join(n for n in notes if n)])
         lines += _table(["output", "input (top 3)", "PRCC [90 %]", "Spearman", "S1", "note"], rows) + [""]
-        n = max((r["samples"] for r in focus_sens.values()), default=0)
-        if n < 10 * len(inputs):
-            lines += [(f"With {n} samples for {len(inputs)} inputs these indices are rough: trust the sign and "
-                       "order of the strongest ones, not their values; run more samples for more."), ""]
+        rough = [s.label for s in outputs if s.label in focus_sens
+                 and few_samples_warning(focus_sens[s.label]["samples"], len(inputs))]
+        if rough:
+            n = min(focus_sens[label]["samples"] for label in rough)
+            lines += [(f"**Too few samples:** {n} samples for {len(inputs)} uncertain inputs (want "
+                       f"{SAMPLES_PER_INPUT * len(inputs)}): the indices of {', '.join(rough)} and their tornado "
+                       "charts are rough; trust the sign and order of the strongest ones, not their values; run "
+                       "more samples for more."), ""]
 
     lines += ["## Figures (modelled)", ""]
-    sections = [("distributions", "Distributions over samples"), ("tornado", "Sensitivity (tornado charts)"),
+    if len(layout.points) > 1:
+        lines += [f"Dims a figure does not show are held at {layout.name(layout.focus)} (choose with `--at`).", ""]
+    sections = [("distributions", "Distributions over samples"),
+                ("paired", "Paired comparisons (each sample against itself)"),
+                ("load", "Service level against load"), ("tornado", "Sensitivity (tornado charts)"),
                 ("heatmap", "Medians over two grid axes"), ("waterfall", "Baseline -> factory")]
     for key, title in sections:
-        if figures[key]:
+        if figures.get(key):
             lines += [f"### {title}", ""]
             lines += [f"![{Path(f).stem}]({f})" for f in figures[key]] + [""]
     return "\n".join(lines)
@@ -372,16 +411,34 @@ def _headline_table(ds, layout: _Layout, quantities, quantile_rows) -> list[str]
             infeasible = int(round((1.0 - row["mean"]) * row["samples"]))
             cells[(row["metric"], key)] = f"{infeasible} of {row['samples']} infeasible" if row["samples"] else "n/a"
         else:
-            cells[(row["metric"], key)] = f"{_fmt(row['p50'])} [{_fmt(row['p5'])}, {_fmt(row['p95'])}]"
+            f = _percent if is_percent(ds, row["variable"]) else _fmt
+            cells[(row["metric"], key)] = f"{f(row['p50'])} [{f(row['p5'])}, {f(row['p95'])}]"
     keys = [tuple(layout.values(i).values()) for i in layout.points]
     names = [layout.name(i) for i in layout.points]
     if len(keys) <= 6:
-        rows = [[s.label, _meta(ds, s.name)[1]] + [cells[(s.label, k)] for k in keys] for s in quantities]
+        rows = [[s.label, _units(ds, s.name)] + [cells[(s.label, k)] for k in keys] for s in quantities]
         return _table(["metric", "units"] + names, rows)
     preferred = ["gross_margin", "cost_usd_per_mtok", "decode_tok_s_per_gpu", "ttft_s p99", "feasible"]
     columns = [s for s in quantities if s.label in preferred] or quantities[:5]
     rows = [[n] + [cells[(s.label, k)] for s in columns] for n, k in zip(names, keys)][:MAX_TABLE_ROWS]
-    lines = _table(["grid point"] + [f"{s.label} ({_meta(ds, s.name)[1]})" for s in columns], rows)
+    lines = _table(["grid point"] + [f"{s.label} ({_units(ds, s.name)})" for s in columns], rows)
     if len(keys) > MAX_TABLE_ROWS:
         lines += ["", f"First {MAX_TABLE_ROWS} of {len(keys)} grid points; all are in quantiles.csv."]
     return lines
+
+
+def _s1(value: float) -> str:
+    if not np.isfinite(value):
+        return "n/a"
+    return s1_text(value).removeprefix("S1 = ")
+
+
+def _percent(x) -> str:
+    """A fraction as a percentage for the summary's tables (quantiles.csv keeps the fraction)."""
+    if x is None or not math.isfinite(x):
+        return _fmt(x)
+    return f"{100 * x:.3g} %"
+
+
+def _units(ds, name: str) -> str:
+    return "%" if is_percent(ds, name) else _meta(ds, name)[1]

@@ -24,6 +24,8 @@ class Variable:
     description: str
     headline: bool = False
     dtype: str = "float64"
+    #: a fraction (units "1") that figures and tables show in percent
+    percent: bool = False
 
 
 _VARS = [
@@ -35,7 +37,8 @@ _VARS = [
              "restore time.", True),
     Variable("batch_efficiency", (), "1", "batch efficiency",
              "Fraction of saturated decode throughput reached at the operating batch (b / (b + b_half)), times "
-             "the useful-slot fraction under static batching: how fully the fleet amortizes weight movement.", True),
+             "the useful-slot fraction under static batching: how fully the fleet amortizes weight movement.", True,
+             percent=True),
     Variable("operating_batch_per_gpu", (), "sequences/GPU", "operating decode batch per GPU",
              "Concurrent sequences per decode GPU: the batching simulator's mean decode batch when it runs (the "
              "batch throughput and cost are charged at), else what Little's law gives on the deployed fleet, at "
@@ -51,13 +54,13 @@ _VARS = [
              "Accepted drafts + 1 per pass as drawn, before draft and verification costs."),
     Variable("expert_efficiency", (), "1", "expert load efficiency",
              "Mean expert-GPU load / slowest GPU's load, time-weighted over steps (sum of means / sum of maxima, "
-             "since the slowest GPU sets each step); 1 for dense models.", True),
+             "since the slowest GPU sets each step); 1 for dense models.", True, percent=True),
     Variable("distinct_experts_per_step", (), "experts", "distinct experts touched per step",
              "Routed experts with at least one token in a step, per MoE layer."),
     Variable("cache_hit_rate", (), "1", "prefix cache hit rate",
-             "Cached input tokens / all input tokens (a token fraction, not a request fraction).", True),
+             "Cached input tokens / all input tokens (a token fraction, not a request fraction).", True, percent=True),
     Variable("cache_hit_rate_by_tier", ("tier",), "1", "prefix cache hit rate by tier",
-             "Input tokens restored from each tier / all input tokens."),
+             "Input tokens restored from each tier / all input tokens.", percent=True),
     Variable("restore_gb_per_request_by_tier", ("tier",), "GB/request", "KV restored per request by tier",
              "Prefix KV bytes brought back to HBM from each tier, per request (HBM hits move nothing)."),
     Variable("kv_bytes_per_token", (), "bytes/token", "KV cache bytes per token",
@@ -74,7 +77,7 @@ _VARS = [
              "Per-request quantiles of the time spent waiting for admission (0 without the batching simulator)."),
     Variable("slo_attainment", (), "1", "share of requests within the SLOs",
              "Fraction of requests whose TTFT <= deployment.ttft_target_s (when set) and whose TPOT <= "
-             "deployment.tpot_target_s."),
+             "deployment.tpot_target_s.", percent=True),
     Variable("ttft_at_slo_quantile_s", (), "s", "TTFT at the SLO quantile",
              "The deployment.slo_quantile quantile of per-request TTFT (what fleet = 'slo' sizes the fleet for)."),
     Variable("tpot_at_slo_quantile_s", (), "s", "TPOT at the SLO quantile",
@@ -115,7 +118,7 @@ _VARS = [
              "Whole instances of the prefill pool when disaggregated (0 otherwise)."),
     Variable("busy_fraction", (), "1", "busy fraction of the fleet",
              "Share of the fleet's GPU time spent computing steps (from the simulated steps when the batching "
-             "simulator runs); sets power between idle and TDP."),
+             "simulator runs); sets power between idle and TDP.", percent=True),
     Variable("gpu_hours", (), "GPU-hours", "busy GPU-hours for the trace",
              "GPU time the fleet spends computing the simulated trace: busy_fraction x gpus x trace duration."),
     Variable("energy_j_per_token", (), "J/token", "energy per output token",
@@ -127,9 +130,9 @@ _VARS = [
     Variable("cost_usd_per_day", (), "USD/day", "cost per day",
              "Accelerator depreciation + electricity (or rental) for the fleet, per day.", True),
     Variable("gross_margin", (), "1", "gross margin",
-             "1 - cost/revenue, counting accelerators and electricity only.", True),
+             "1 - cost/revenue, counting accelerators and electricity only.", True, percent=True),
     Variable("cost_profit_margin", (), "1", "cost-profit margin",
-             "(revenue - cost) / cost, the form DeepSeek published.", True),
+             "(revenue - cost) / cost, the form DeepSeek published.", True, percent=True),
     Variable("payback_months", (), "months", "payback of one GPU",
              "GPU price / (monthly revenue - electricity per GPU); an inference-unit indicator, not an "
              "accounting forecast (inf when it never pays back; NaN under rental pricing: nothing was bought).", True),
