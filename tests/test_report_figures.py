@@ -114,15 +114,15 @@ def test_paired_shares_and_ratios():
     h100 = rng.uniform(1.0, 3.0, n)
     h200 = h100 * rng.uniform(1.01, 1.05, n)
     h200[7] = h100[7] * 0.9
-    ds["cost_usd_per_mtok"] = (("hardware.preset", "sample"), np.stack([h100, h200]), attrs_for("cost_usd_per_mtok"))
+    ds["cost_usd_per_mtok"] = (("hardware_preset", "sample"), np.stack([h100, h200]), attrs_for("cost_usd_per_mtok"))
     ds["feasible"][:] = 1
     layout = _Layout(ds)
-    rows, hidden = paired(ds, layout, Series("cost_usd_per_mtok", "cost_usd_per_mtok"), "hardware.preset")
+    rows, hidden = paired(ds, layout, Series("cost_usd_per_mtok", "cost_usd_per_mtok"), "hardware_preset")
     assert hidden == 0 and len(rows) == 1 and rows[0]["kind"] == "ratio" and rows[0]["value"] == "h200"
     assert rows[0]["higher"] == pytest.approx(29 / 30) and rows[0]["lower"] == pytest.approx(1 / 30)
     np.testing.assert_allclose(sorted(rows[0]["paired"]), sorted(b / a for a, b in zip(h100, h200)), rtol=1e-12)
     # margins compare as differences in percentage points
-    rows, _ = paired(ds, layout, Series("gross_margin", "gross_margin"), "hardware.preset")
+    rows, _ = paired(ds, layout, Series("gross_margin", "gross_margin"), "hardware_preset")
     margin = ds["gross_margin"].values
     assert rows[0]["kind"] == "difference"
     np.testing.assert_allclose(sorted(rows[0]["paired"]), sorted(100 * (margin[1] - margin[0])), rtol=1e-12)
@@ -161,7 +161,7 @@ def test_infeasible_samples_left_out_and_constants_noted():
     ds["feasible"][:4] = 0
     ds["expert_efficiency"][:] = 1.0
     layout = _Layout(ds)
-    figures = dict(build_figures(ds, layout, [Series("ttft_s p99", "ttft_s", (("quantile", 0.99),)),
+    figures = dict(build_figures(ds, layout, [Series("ttft_s p99", "ttft_s", (("request_quantile", 0.99),)),
                                               Series("expert_efficiency", "expert_efficiency")], [], {})["distributions"])
     fig = figures["dist_ttft_s_p99.png"]
     assert "4 of 20 infeasible samples left out" in " ".join(fig.get_suptitle().split())
@@ -184,7 +184,7 @@ def test_focus_point_and_bad_options(tmp_path):
     assert "hardware.preset=h200, cache.dram_gb_per_node=512, factory" in text
     import csv
     with open(tmp_path / "r" / "sensitivity.csv") as f:
-        with_ci = {(r["hardware.preset"], r["cache.dram_gb_per_node"]) for r in csv.DictReader(f) if r["prcc_low"]}
+        with_ci = {(r["hardware_preset"], r["cache_dram_gb_per_node"]) for r in csv.DictReader(f) if r["prcc_low"]}
     assert with_ci == {("h200", "512.0")}
     with pytest.raises(ReportError, match=r"hardware\.preset=h999.*values: h100, h200"):
         write_report(ds, tmp_path / "x", at={"hardware.preset": "h999"})
@@ -207,10 +207,11 @@ def test_focus_point_and_bad_options(tmp_path):
 
 
 def undotted(ds):
-    """The same result with dims named as the renamed layout names them: no dots, the path in attrs."""
+    """The same result with dotted dims renamed (make_result already names them as results do; this checks a
+    result whose dims were renamed by hand reads the same)."""
     renames = {d: d.replace(".", "_") for d in ds.dims if "." in d}
     renames.update({n: n.replace(".", "_") for n in ds.data_vars if "." in n})
-    out = ds.rename(renames).rename({"quantile": "request_quantile"})
+    out = ds.rename(renames)
     for old, new in renames.items():
         out[new].attrs["path"] = old
     return out
@@ -288,7 +289,7 @@ def test_heatmap_of_a_narrow_range_is_relative_and_every_panel_drawn():
     ds = make_result(grid={"a.x": [1, 2, 3], "b.y": [10.0, 20.0], "hardware.preset": ["h100", "h200"]}, n=9,
                      with_inputs=False)
     cost = 2.0 * (1 + 0.002 * np.arange(12).reshape(3, 2, 2, 1)) * np.ones((1, 1, 1, 9))
-    ds["cost_usd_per_mtok"] = (("a.x", "b.y", "hardware.preset", "sample"), cost, attrs_for("cost_usd_per_mtok"))
+    ds["cost_usd_per_mtok"] = (("a_x", "b_y", "hardware_preset", "sample"), cost, attrs_for("cost_usd_per_mtok"))
     ds["feasible"][:] = 1
     layout = _Layout(ds)
     (name, fig), = build_figures(ds, layout, [Series("cost_usd_per_mtok", "cost_usd_per_mtok")], [], {})["heatmap"]
