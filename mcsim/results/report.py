@@ -36,6 +36,7 @@ import xarray as xr
 
 from mcsim.results import sensitivity
 from mcsim.results.dataset import MODEL_STATEMENT
+from mcsim.results.figures.common import has_values
 from mcsim.results.figures.tornado import SAMPLES_PER_INPUT, few_samples_warning, s1_text
 from mcsim.text import markdown_text
 from mcsim.results.layout import (  # quantiles, waterfall_steps, ReportError and LEVELS are part of this API
@@ -378,6 +379,11 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
         if figures.get(key):
             lines += [f"### {title}", ""]
             lines += [f"![{Path(f).stem}]({f})" for f in figures[key]] + [""]
+    empty = [s for s in quantities if not has_values(ds, s)]
+    if empty:
+        lines += [f"Not drawn, NaN in every sample: {', '.join(f'`{s.label}`' for s in empty)}"
+                  + (" (payback_months is NaN under rental pricing: nothing was bought)."
+                     if any(s.name == "payback_months" for s in empty) else "."), ""]
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mcsim.results.figures.common import save
+from mcsim.results.figures.common import has_values, save
 from mcsim.results.figures.distributions import distribution
 from mcsim.results.figures.grid import heatmap, load_axis, load_curves
 from mcsim.results.figures.paired import paired_figure
@@ -43,7 +43,8 @@ def build_figures(ds, layout, quantities, outputs, focus_sens, series_of=None) -
     with matplotlib.rc_context({"text.parse_math": False}):
         figures = {key: [] for key in SECTIONS}
         for s in quantities:
-            figures["distributions"].append(distribution(ds, layout, s))
+            if has_values(ds, s):  # an all-NaN metric (payback_months under rental) says so in the summary instead
+                figures["distributions"].append(distribution(ds, layout, s))
         labels = {s.label: s for s in quantities}
         chosen = [labels[m] for m in PAIRED_METRICS if m in labels] or quantities[:4]
         for d in layout.dims:

@@ -119,3 +119,11 @@ def boxplot(ax, data: list, horizontal: bool, **kwargs) -> dict:
     else:
         kwargs["vert"] = not horizontal
     return ax.boxplot(data, **kwargs)
+
+
+def has_values(ds, s) -> bool:
+    """Whether a reported series has any finite value (NaN everywhere: nothing to draw)."""
+    da = ds[s.name]
+    if s.select:
+        da = da.sel(dict(s.select))
+    return bool(np.isfinite(np.asarray(da.values, dtype=float)).any())
