@@ -63,14 +63,16 @@ class Metric:
         return np.asarray(da.values, dtype=float)
 
 
-def parse_metric(text: str, option: str) -> Metric:
-    """``NAME`` or ``NAME@Q`` (Q a per-request quantile of a latency variable: 0.5, 0.9 or 0.99)."""
+def parse_metric(text: str, option: str, shown: str | None = None) -> Metric:
+    """``NAME`` or ``NAME@Q`` (Q a per-request quantile of a latency variable: 0.5, 0.9 or 0.99); errors quote
+    ``shown`` (default: ``text``) after ``option``."""
     name, _, q = text.strip().partition("@")
+    text = text if shown is None else shown
     name = name.strip()
     if name not in REGISTRY:
         import difflib
 
-        near = difflib.get_close_matches(name, list(REGISTRY), n=1)
+        near = [n for n in REGISTRY if name and n.startswith(name)] or difflib.get_close_matches(name, list(REGISTRY), n=1)
         hint = f" (did you mean {near[0]}?)" if near else " (see the variables in the README)"
         raise SearchError(f"{option} {text!r}: {name!r} is not a result variable{hint}")
     dims = REGISTRY[name].dims
@@ -123,7 +125,7 @@ def parse_constraint(text: str) -> Constraint:
         raise SearchError(f"--constraint {text!r}: {value!r} is not a number") from None
     if not math.isfinite(threshold):
         raise SearchError(f"--constraint {text!r}: the threshold must be a finite number")
-    return Constraint(parse_metric(name, "--constraint"), op, threshold)
+    return Constraint(parse_metric(name, "--constraint", text), op, threshold)
 
 
 @dataclass(frozen=True)

@@ -68,8 +68,9 @@ def search_attrs(name: str, objective: str) -> dict:
     v = SEARCH_REGISTRY[name]
     units = variable_units(REGISTRY[objective].units if v.units == "objective" else v.units)
     long_name = v.long_name.replace("objective", objective) if v.units == "objective" else v.long_name
-    attrs = {**units, "long_name": long_name, "description": v.description, "source": "modelled",
-             "cell_methods": "sample: point" if v.dims else "sample: point (comment: over the candidate's samples)"}
+    attrs = {**units, "long_name": long_name, "description": v.description, "source": "modelled"}
+    if v.dims:  # a per-candidate summary over samples has no sample dim for a CF cell method to name
+        attrs["cell_methods"] = "sample: point"
     if name == "racing_outcome":
         attrs.update(flag_values=np.arange(len(OUTCOMES), dtype=np.int8),
                      flag_meanings=" ".join(results.flag_meaning(o) for o in OUTCOMES))
