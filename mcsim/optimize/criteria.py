@@ -229,6 +229,7 @@ class Decision:
     infeasible: np.ndarray  # dropped: cannot reach P(constraints met) >= confidence
     dominated: np.ndarray  # dropped: loses to the leader in too many of its samples
     leader_wins: np.ndarray  # samples in which the leader beat the candidate
+    differ: np.ndarray  # samples in which the leader and the candidate differ (the sign test's count)
 
     @property
     def dropped(self) -> np.ndarray:
@@ -244,9 +245,10 @@ def decide(question: Question, objective: np.ndarray, met: np.ndarray, samples_r
     1. it cannot reach ``P(constraints met) >= confidence`` at ``total_samples`` even if it met them in every
        remaining sample, or the one-sided upper ``1 - alpha`` Clopper-Pearson bound on its probability of meeting
        them (from its own samples) is below ``confidence``; or
-    2. the *leader* -- the robust optimum among the candidates that ran the most samples, on those samples -- is at
-       least as good (a tie goes to the earlier candidate) in so many of the candidate's samples that a paired
-       sign test rejects "the candidate is better in at least half the samples" at level ``alpha``.
+    2. the *leader* -- the robust optimum among the candidates that ran the most samples, on those samples -- is
+       better in so many of the candidate's samples that a paired sign test rejects "the candidate is better in at
+       least half the samples where they differ" at level ``alpha`` (samples where they tie are left out, so a
+       candidate equal to the leader so far stays in the race).
     """
     runs = np.asarray(samples_run, dtype=np.int64)
     k = met.sum(axis=1)
@@ -256,6 +258,7 @@ def decide(question: Question, objective: np.ndarray, met: np.ndarray, samples_r
     most = runs.max() if runs.size else 0
     leader = robust_optimum(question, objective, met, runs, among=(runs == most) & (most > 0))
     wins = np.zeros(runs.size, dtype=np.int64)
+    differ = np.zeros(runs.size, dtype=np.int64)
     dominated = np.zeros(runs.size, dtype=bool)
     if leader is not None:
         loss = question.score(objective)
@@ -264,9 +267,11 @@ def decide(question: Question, objective: np.ndarray, met: np.ndarray, samples_r
             if c == leader or n == 0:
                 continue
             mine, theirs = loss[c, :n], loss[leader, :n]
-            wins[c] = int(np.sum((theirs < mine) | ((theirs == mine) & (leader < c))))
-        dominated = (runs > 0) & (np.arange(runs.size) != leader) & (sign_test_p(wins, runs) <= alpha)
-    return Decision(leader, infeasible, dominated & ~infeasible, wins)
+            # a tie says nothing about which is better (the sign test leaves it out): equal candidates stay in
+            wins[c] = int(np.sum(theirs < mine))
+            differ[c] = wins[c] + int(np.sum(theirs > mine))
+        dominated = (differ > 0) & (np.arange(runs.size) != leader) & (sign_test_p(wins, differ) <= alpha)
+    return Decision(leader, infeasible, dominated & ~infeasible, wins, differ)
 
 
 def round_schedule(total_samples: int, first: int) -> list[int]:

@@ -39,11 +39,14 @@ _VARS = [
              "Whether the candidate ran every sample or why the racing rule dropped it (search_rule says how).",
              dtype="int8"),
     Variable("leader_wins", (), "samples", "samples the optimum beats it in",
-             "Samples of the candidate's in which the robust optimum (the final leader) was at least as good in the "
-             "objective (ties to the earlier candidate).", dtype="int64"),
+             "Samples of the candidate's in which the robust optimum (the final leader) has a strictly better "
+             "objective.", dtype="int64"),
+    Variable("leader_differs", (), "samples", "samples it and the optimum differ in",
+             "Samples of the candidate's in which its objective and the robust optimum's differ (ties are left out "
+             "of the sign test).", dtype="int64"),
     Variable("sign_test_p", (), "1", "sign-test p-value against the optimum",
-             "P(Binomial(samples_run, 1/2) >= leader_wins): the racing rule drops a candidate when it is <= "
-             "search_alpha."),
+             "P(Binomial(leader_differs, 1/2) >= leader_wins): the racing rule drops a candidate when it is <= "
+             "search_alpha (1 when they never differ; NaN for the optimum itself)."),
     Variable("constraints_met", ("sample",), "1", "constraints met in the sample",
              "1 when the candidate is feasible in the sample and every constraint holds (infeasible samples fail "
              "them); -1 (the fill value) where it did not run the sample.", dtype="int8"),
@@ -126,13 +129,14 @@ def search_dataset(plan, settings, state, decision, schedule, history, parts, at
     p_met = criteria.met_probability(met, runs)
     regret = criteria.regret(q, state.objective, met, runs)
     outcome = np.where(decision.infeasible, 1, np.where(decision.dominated, 2, 0)).astype(np.int8)
-    p_sign = np.where(decision.leader_wins > 0, criteria.sign_test_p(decision.leader_wins, runs), 1.0)
+    p_sign = np.where(decision.differ > 0, criteria.sign_test_p(decision.leader_wins, decision.differ), 1.0)
     if decision.leader is not None:
         p_sign[decision.leader] = np.nan
     met_flag = np.where(np.arange(plan.samples)[None, :] < runs[:, None], met, -1).astype(np.int8)
     values = {
         "samples_run": runs, "survived_round": np.searchsorted(schedule, runs, side="right").astype(np.int64),
-        "racing_outcome": outcome, "leader_wins": decision.leader_wins, "sign_test_p": p_sign,
+        "racing_outcome": outcome, "leader_wins": decision.leader_wins, "leader_differs": decision.differ,
+        "sign_test_p": p_sign,
         "constraints_met": met_flag, "constraints_met_probability": p_met,
         "objective_at_quantile": criteria.objective_at_quantile(state.objective, q.quantile),
         "best_in_sample_share": regret["best_share"], "regret_p50": regret["regret_p50"],
@@ -189,8 +193,9 @@ RULE_TEXT = (
     "a candidate is dropped when (1) even meeting the constraints in every remaining sample it could not reach "
     "P(constraints met) >= confidence, or the one-sided upper {alpha:g}-level Clopper-Pearson bound on that "
     "probability is below the confidence; or (2) the leader (the robust optimum among the candidates with the "
-    "most samples, on those samples) is at least as good in so many of the candidate's samples that a paired "
-    "sign test rejects, at level {alpha:g}, that the candidate is better in half of them. A dropped candidate "
+    "most samples, on those samples) is better in so many of the candidate's samples that a paired sign test "
+    "rejects, at level {alpha:g}, that the candidate is better in half of the samples where they differ (ties are "
+    "left out: a candidate equal to the leader so far stays in the race). A dropped candidate "
     "returns when the leader that dropped it loses its lead. Risk: the rule judges a dropped candidate by its "
     "own first samples; a candidate truly better than the final optimum is dropped with probability at most "
     "{alpha:g} per round it is tested in when it beats it in half the samples (much less when it beats it more "

@@ -182,8 +182,17 @@ def _draw(ax, x: np.ndarray, y: np.ndarray, front: np.ndarray, ds, optimum: int)
     order = np.flatnonzero(front)
     order = order[np.argsort(x[order, 1])]
     ax.plot(x[order, 1], y[order, 1], "-", color="C0", lw=1.2, label="Pareto front (medians)")
+    # candidates within 3 % of the axes' spans of each other share one label ("#4, #6, #8") instead of overprinting
+    span_x = max(float(np.ptp(x[order, 1])) if order.size else 0.0, 1e-12)
+    span_y = max(float(np.ptp(y[order, 1])) if order.size else 0.0, 1e-12)
+    labels: list = []
     for c in order:
-        ax.annotate(f"#{c}", (x[c, 1], y[c, 1]), textcoords="offset points", xytext=(4, 4), fontsize=7, color="C0")
+        near = next((g for g in labels if abs(x[g[0], 1] - x[c, 1]) <= 0.03 * span_x
+                     and abs(y[g[0], 1] - y[c, 1]) <= 0.03 * span_y), None)
+        (near.append(c) if near is not None else labels.append([c]))
+    for group in labels:
+        ax.annotate(", ".join(f"#{c}" for c in sorted(group)), (x[group[0], 1], y[group[0], 1]), textcoords="offset points",
+                    xytext=(4, 4), fontsize=7, color="C0")
     if optimum >= 0 and np.isfinite(x[optimum, 1]) and np.isfinite(y[optimum, 1]):
         ax.plot(x[optimum, 1], y[optimum, 1], "*", color="C3", ms=13, label=f"robust optimum #{optimum}")
     ax.plot([], [], "o", color="0.6", mfc="white", ms=5, label="dropped by the race (fewer samples)")
