@@ -84,15 +84,17 @@ DEFAULT_OUTPUT = {
     "run": "outputs/<name>.nc; outputs/<name>-sweep.nc with --grid",
     "compare": "outputs/<name>-compare.nc; outputs/<name>-compare-ablate.nc with --ablate",
     "sweep": "outputs/<name>-sweep.nc; outputs/<name>-sweep-ablate.nc with --ablate",
+    "search": "outputs/<name>-search.nc",
 }
 
 
-def _common(command: str):
-    """The options that run, compare and sweep share; ``command`` names the default output in -o's help."""
-    return lambda f: _common_options(f, DEFAULT_OUTPUT[command])
+def _common(command: str, skip=()):
+    """The options that run, compare, sweep and search share; ``command`` names the default output in -o's help;
+    ``skip`` leaves options out (by their parameter name)."""
+    return lambda f: _common_options(f, DEFAULT_OUTPUT[command], skip)
 
 
-def _common_options(f, default_output: str):
+def _common_options(f, default_output: str, skip=()):
     options = [
         click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path)),
         click.option("--samples", type=click.IntRange(min=1), help="Monte Carlo samples (default: [mc] samples)."),
@@ -119,8 +121,16 @@ def _common_options(f, default_output: str):
                                                           "for runs longer than two seconds)."),
     ]
     for option in reversed(options):
+        if skip and _param_name(option) in skip:
+            continue
         f = option(f)
     return f
+
+
+def _param_name(decorator) -> str:
+    """The parameter name of a click option or argument decorator (applied to a throwaway function)."""
+    probe = decorator(lambda: None)
+    return probe.__click_params__[-1].name
 
 
 @click.group(cls=Mcsim, context_settings={"help_option_names": ["-h", "--help"]})
@@ -233,6 +243,35 @@ def compare(**kw):
 def sweep(**kw):
     """Run SCENARIO over a grid of parameter values (its [sweep] table and --grid axes) on Dask."""
     _execute("sweep", **kw)
+
+
+@main.command()
+@_common("search", skip=("chunk_size",))
+@click.option("--space", multiple=True, required=True, metavar="PATH=VALUES",
+              help="A search axis: PATH=v1,v2,... or PATH=START:STOP:NUM[:log], as sweep --grid (repeatable; adds "
+                   "to [sweep]). Every grid point is a candidate.")
+@click.option("--objective", default="cost_usd_per_mtok", show_default=True, metavar="NAME",
+              help="Result variable to optimize (NAME@Q for a per-request quantile, e.g. ttft_s@0.99).")
+@click.option("--minimize/--maximize", default=True, show_default=True, help="Direction of the objective.")
+@click.option("--constraint", "constraints", multiple=True, metavar="NAME>=VALUE",
+              help="A constraint per sample, e.g. \"slo_attainment>=0.99\" (>=, <=, >, <; repeatable); infeasible "
+                   "samples fail every constraint.")
+@click.option("--confidence", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True,
+              help="Share of samples in which a candidate must meet every constraint.")
+@click.option("--quantile", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Quantile over samples of the objective that is optimized (0.5: the median).")
+@click.option("--first-round", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Samples every candidate runs in the first round; the candidates kept double theirs each round.")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1, show_default=True,
+              help="Level of the racing rule's tests (the risk of dropping a candidate that could still win).")
+def search(**kw):
+    """The robust optimum of a configuration space of SCENARIO: the candidate whose objective at --quantile over
+    samples is best among those meeting every --constraint with probability >= --confidence, found by racing the
+    candidates on common random numbers (few samples for all, more for those that could still win). Writes the
+    candidates' samples as NetCDF; `mcsim report` on it draws the Pareto fronts and the regret table."""
+    from mcsim.optimize.command import search_command
+
+    search_command(command=_command_line(), finite=_finite, **kw)
 
 
 @main.command()

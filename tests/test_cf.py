@@ -23,7 +23,7 @@ SMALL_SET = ["--set", "mc.samples=3", "--set", "mc.requests=400", "--no-progress
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """One file of every kind of result: run, compare, sweep (a number and a string axis) and ablate."""
+    """One file of every kind of result: run, compare, sweep (a number and a string axis), ablate and search."""
     from click.testing import CliRunner
 
     out = tmp_path_factory.mktemp("cf")
@@ -34,6 +34,8 @@ def results(tmp_path_factory):
         "sweep": ["sweep", "scenarios/dense-model.toml", "--grid", "hardware.preset=h100,h200",
                   "--grid", "workload.rate_rps=20,60"],
         "ablate": ["compare", "scenarios/dense-model.toml", "--ablate"],
+        "search": ["search", "scenarios/dense-model.toml", "--space", "hardware.preset=h100,h200", "--space",
+                   "deployment.max_batch_per_gpu=32,64", "--constraint", "slo_attainment>=0.9", "--first-round", "2"],
     }
     paths = {}
     for kind, words in commands.items():
@@ -54,7 +56,7 @@ def _cf_checker():
                      cfRegionNamesXML=str(CF_TABLES / "standardized-region-list.xml"), silent=True)
 
 
-@pytest.mark.parametrize("kind", ["run", "compare", "sweep", "ablate"])
+@pytest.mark.parametrize("kind", ["run", "compare", "sweep", "ablate", "search"])
 def test_cfchecks_finds_no_error(results, kind):
     checker = _cf_checker()
     checker.checker(str(results[kind]))

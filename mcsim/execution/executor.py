@@ -427,46 +427,17 @@ def _workload_over_grid(plan: Plan, description: str, most: int = 24) -> str:
     return "varies over the grid: " + "; ".join(f"{where}: {text}" for where, text in texts) + more
 
 
-def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = False, workers: int | None = None,
-            processes: bool = False, scheduler: str | None = None, progress: bool = False,
-            command: str | None = None) -> xr.Dataset:
-    """Run every (grid point, chunk) task of ``plan`` and return the assembled Dataset.
+def open_parts(plan: Plan, tasks: list, fingerprint: str, output: Path | None, resume: bool, force: bool):
+    """The parts folder of ``output`` and the valid parts of ``tasks`` it holds, before any work.
 
-    Parameters
-    ----------
-    plan : Plan
-    output : path, optional
-        Final NetCDF file. With it, finished tasks are saved in ``<output>.parts/`` as they complete.
-    resume : bool
-        Reuse the valid parts of an interrupted run of the same plan.
-    force : bool
-        Overwrite an existing output and discard leftover parts.
-    workers : int, optional
-        Threads (or processes) on this machine; default: its cores.
-    processes : bool
-        A local cluster of processes instead of threads.
-    scheduler : str, optional
-        Address of an existing ``dask.distributed`` scheduler.
-
-    Raises
-    ------
-    SweepInterrupted
-        On Ctrl-C; finished parts are kept.
+    Returns ``(parts, parts_dir, reused, recomputed)``: ``{(point, chunk): table}`` of the parts reused (with
+    ``resume``), the folder (None without an output), and how many parts were reused and found damaged or foreign
+    (removed, to be recomputed). Leftover parts without ``resume`` or ``force`` are refused; ``force`` discards them.
     """
-    workers = int(workers or os.cpu_count() or 1)
-    check_memory(plan, 1 if scheduler else workers)
-    if scheduler is not None:
-        if processes:
-            raise SchedulerError("--processes and --scheduler exclude each other: the scheduler's workers run "
-                                 "the tasks")
-        reach_scheduler(scheduler)
-    fingerprint = plan.fingerprint()
-    tasks = [(p, c) for p in range(len(plan.grid)) for c in range(len(plan.chunks))]
     parts: dict = {}
     parts_dir = None
     reused = recomputed = 0
     if output is not None:
-        output = Path(output)
         check_output(output, force)
         parts_dir = output.with_name(output.name + ".parts")
         for stale in output.parent.glob(f".{output.name}.*.tmp"):  # a final write cut short by a kill
@@ -495,18 +466,11 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
                                   "or --force to start again")
         elif parts_dir.is_dir():
             parts_dir.rmdir()  # empty: nothing to keep
-    todo = [t for t in tasks if t not in parts]
-    if todo:
-        check_inputs(plan)
-        try:
-            _warm_up(plan)
-            _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress,
-                       len(tasks))
-        except BaseException:
-            # parts are kept for --resume; a folder that never received one is not left behind
-            if parts_dir is not None and parts_dir.is_dir() and not any(parts_dir.glob("*.npz")):
-                shutil.rmtree(parts_dir, ignore_errors=True)
-            raise
+    return parts, parts_dir, reused, recomputed
+
+
+def run_attrs(plan: Plan, command: str | None, fingerprint: str, reused: int, recomputed: int) -> dict:
+    """The attributes of a run's result: provenance, the grid, the parts reused and the notes of its axes."""
     attrs = results.provenance(plan.scn, plan.seed, plan.samples, plan.requests, command, {
         "variants": " ".join(plan.saved_variants),
         "grid_axes": " ".join(a.path for a in plan.axes),
@@ -522,6 +486,66 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
     note = pricing_note(plan.scn, list(plan.axes))
     if note:
         attrs["pricing_note"] = note
+    return attrs
+
+
+def check_workers(plan: Plan, workers: int | None, processes: bool, scheduler: str | None) -> int:
+    """The number of workers (default: this machine's cores), after refusing a run that cannot fit in memory, a
+    scheduler together with ``processes`` and a scheduler that does not answer."""
+    workers = int(workers or os.cpu_count() or 1)
+    check_memory(plan, 1 if scheduler else workers)
+    if scheduler is not None:
+        if processes:
+            raise SchedulerError("--processes and --scheduler exclude each other: the scheduler's workers run "
+                                 "the tasks")
+        reach_scheduler(scheduler)
+    return workers
+
+
+def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = False, workers: int | None = None,
+            processes: bool = False, scheduler: str | None = None, progress: bool = False,
+            command: str | None = None) -> xr.Dataset:
+    """Run every (grid point, chunk) task of ``plan`` and return the assembled Dataset.
+
+    Parameters
+    ----------
+    plan : Plan
+    output : path, optional
+        Final NetCDF file. With it, finished tasks are saved in ``<output>.parts/`` as they complete.
+    resume : bool
+        Reuse the valid parts of an interrupted run of the same plan.
+    force : bool
+        Overwrite an existing output and discard leftover parts.
+    workers : int, optional
+        Threads (or processes) on this machine; default: its cores.
+    processes : bool
+        A local cluster of processes instead of threads.
+    scheduler : str, optional
+        Address of an existing ``dask.distributed`` scheduler.
+
+    Raises
+    ------
+    SweepInterrupted
+        On Ctrl-C; finished parts are kept.
+    """
+    workers = check_workers(plan, workers, processes, scheduler)
+    fingerprint = plan.fingerprint()
+    tasks = [(p, c) for p in range(len(plan.grid)) for c in range(len(plan.chunks))]
+    output = None if output is None else Path(output)
+    parts, parts_dir, reused, recomputed = open_parts(plan, tasks, fingerprint, output, resume, force)
+    todo = [t for t in tasks if t not in parts]
+    if todo:
+        check_inputs(plan)
+        try:
+            _warm_up(plan)
+            _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress,
+                       len(tasks))
+        except BaseException:
+            # parts are kept for --resume; a folder that never received one is not left behind
+            if parts_dir is not None and parts_dir.is_dir() and not any(parts_dir.glob("*.npz")):
+                shutil.rmtree(parts_dir, ignore_errors=True)
+            raise
+    attrs = run_attrs(plan, command, fingerprint, reused, recomputed)
     try:
         ds = _assemble(plan, parts, attrs)
         if output is not None:
@@ -533,10 +557,14 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
     return ds
 
 
-def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress, total):
+def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress, total,
+               client=None):
+    """Run ``todo`` on a client (``client``, kept open, or a new one for these tasks), saving each part as it
+    finishes."""
     from dask.distributed import as_completed
 
-    client, cluster = _client(workers, processes, scheduler)
+    own = client is None
+    client, cluster = _client(workers, processes, scheduler) if own else (client, None)
     bar = None
     futures = []
     try:
@@ -571,7 +599,8 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
     finally:
         if bar is not None:
             bar.close()
-        client.close()
+        if own:
+            client.close()
         if cluster is not None:
             cluster.close()
 

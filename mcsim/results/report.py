@@ -16,6 +16,9 @@ Files written into the output folder:
   (baseline -> factory, in the metric's units);
 - ``summary.md`` — run description, headline table, top sensitivities, the figures.
 
+A search result (``mcsim search``, attribute ``search_result``) gets the report of
+:mod:`mcsim.results.search_report` instead: the two Pareto figures, ``regret.csv`` and its own ``summary.md``.
+
 The figures show every grid point where it reads well (groups, colours, small multiples); dims they do not show are
 held at the *focus point*: the first value of each grid axis and the factory variant, or what ``at`` chooses.
 """
@@ -110,12 +113,21 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False, at: di
         raise FileExistsError(f"{final} exists; use --force to replace it")
     if not any("sample" in v.dims for v in ds.data_vars.values()):
         raise ValueError("no variable over the 'sample' dimension: nothing to report")
-    layout = _Layout(ds, at)
-    _check_metrics(ds, metrics)
+    search = bool(ds.attrs.get("search_result"))  # a search result gets its own report (Pareto fronts, regret)
+    if search and (metrics or at):
+        raise ReportError("--metrics and --at do not apply to a search result: its report shows every candidate")
+    layout = None if search else _Layout(ds, at)
+    if not search:
+        _check_metrics(ds, metrics)
     final.parent.mkdir(parents=True, exist_ok=True)
     out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
-        _write_report_files(ds, layout, metrics, out)
+        if search:
+            from mcsim.results.search_report import write_search_files
+
+            write_search_files(ds, out)
+        else:
+            _write_report_files(ds, layout, metrics, out)
         if final.exists():
             shutil.rmtree(final)
         os.replace(out, final)

@@ -33,6 +33,7 @@ CF_UNITS: dict[str, tuple[str, dict]] = {
     "USD/day": ("1/d", {"currency": "USD"}),
     "months": ("month", {}),
     "requests": ("1", {}),
+    "samples": ("1", {}),
     "tokens": ("1", {}),
 }
 

@@ -75,18 +75,18 @@ def _range(path: str, start, stop, num, log: bool, source: str) -> tuple:
     return tuple(float(v) for v in values)
 
 
-def parse_grid_option(text: str) -> Axis:
-    """Parse one ``--grid PATH=VALUES`` option."""
+def parse_grid_option(text: str, option: str = "--grid") -> Axis:
+    """Parse one ``--grid PATH=VALUES`` option (``option``: the option named in errors, e.g. ``--space``)."""
     if "=" not in text:
-        raise ScenarioError("--grid", text, "expected PATH=V1,V2,... or PATH=START:STOP:NUM[:log]")
+        raise ScenarioError(option, text, "expected PATH=V1,V2,... or PATH=START:STOP:NUM[:log]")
     path, spec = (part.strip() for part in text.split("=", 1))
     if not path or not spec:
-        raise ScenarioError("--grid", text, "expected PATH=V1,V2,... or PATH=START:STOP:NUM[:log]")
+        raise ScenarioError(option, text, "expected PATH=V1,V2,... or PATH=START:STOP:NUM[:log]")
     parts = spec.split(":")
     if len(parts) in (3, 4) and "," not in spec:
         if len(parts) == 4 and parts[3] not in ("log", "lin"):
-            raise ScenarioError("--grid", path, f"the fourth part of a range is 'log' or 'lin', got {parts[3]!r}")
-        return Axis(path, _range(path, *parts[:3], log=len(parts) == 4 and parts[3] == "log", source="--grid"))
+            raise ScenarioError(option, path, f"the fourth part of a range is 'log' or 'lin', got {parts[3]!r}")
+        return Axis(path, _range(path, *parts[:3], log=len(parts) == 4 and parts[3] == "log", source=option))
     return Axis(path, tuple(_number_or_string(v.strip()) for v in spec.split(",") if v.strip()))
 
 

@@ -1,0 +1,246 @@
+"""mcsim search: the racing rule's statistics against closed forms, the regret and fronts against slow loops, and the
+search's robust optimum against the one an exhaustive sweep of the same space gives (plain NumPy on the sweep)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+from click.testing import CliRunner
+
+import mcsim
+from mcsim.cli import main
+from mcsim.optimize import criteria
+from mcsim.results.search_report import pareto_front
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "scenarios" / "dense-node.toml"
+LOAD = 'workload.rate_rps={dist="uniform",low=30,high=60}'  # enough load that the fleet size depends on the recipe
+SPACE = ["deployment.tp=2,8", "deployment.max_batch_per_gpu=16,256", "hardware.preset=h100,h200"]
+SMALL = dict(samples=8, requests=600, overrides=[LOAD])
+CONSTRAINT = "slo_attainment>=0.95"
+VOLATILE = {"created", "history", "command_line", "parts_reused", "parts_recomputed", "fingerprint"}
+
+
+# -- the statistics of the rule ----------------------------------------------------------------------------------
+
+def test_clopper_pearson_upper_bound_closed_forms():
+    # no success in n: the bound solves (1 - p)^n = alpha
+    for n in (1, 4, 9):
+        assert criteria.clopper_pearson_upper(0, n, 0.1) == pytest.approx(1 - 0.1 ** (1 / n), rel=1e-9)
+    # otherwise the p at which P(Binomial(n, p) <= k) = alpha
+    for k, n in ((3, 4), (1, 8), (6, 10)):
+        assert criteria.clopper_pearson_upper(k, n, 0.05) == pytest.approx(_cp_root(k, n, 0.05), rel=1e-9)
+    assert criteria.clopper_pearson_upper(4, 4, 0.05) == 1.0
+
+
+def _cp_root(k, n, alpha):
+    """The p with P(Binomial(n, p) <= k) = alpha, by bisection over the exact binomial sum."""
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        p = (lo + hi) / 2
+        cdf = sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+        lo, hi = (p, hi) if cdf > alpha else (lo, p)
+    return (lo + hi) / 2
+
+
+def test_sign_test_against_the_binomial_sum():
+    for n in range(1, 13):
+        for wins in range(n + 1):
+            exact = sum(math.comb(n, i) for i in range(wins, n + 1)) / 2 ** n
+            assert criteria.sign_test_p(wins, n) == pytest.approx(exact, rel=1e-12)
+
+
+def test_round_schedule():
+    assert criteria.round_schedule(16, 4) == [4, 8, 16]
+    assert criteria.round_schedule(20, 4) == [4, 8, 16, 20]
+    assert criteria.round_schedule(3, 4) == [3]
+
+
+def test_constraint_and_metric_parsing():
+    c = criteria.parse_constraint("ttft_s@0.99 <= 2")
+    assert (c.metric.name, c.metric.request_quantile, c.op, c.threshold) == ("ttft_s", 0.99, "<=", 2.0)
+    assert list(c.holds(np.array([1.0, 2.0, 3.0, np.nan]))) == [True, True, False, False]
+    with pytest.raises(criteria.SearchError, match="--constraint 'slo>=0.9'.*did you mean slo_attainment"):
+        criteria.parse_constraint("slo>=0.9")
+    with pytest.raises(criteria.SearchError, match="expected NAME>=VALUE"):
+        criteria.parse_constraint("slo_attainment=0.9")
+    with pytest.raises(criteria.SearchError, match="ttft_s@Q"):
+        criteria.parse_metric("ttft_s", "--objective")
+
+
+def _regret_reference(loss, met):
+    """Slow loops: per sample the best met loss; per candidate its share of bests and regret quantiles."""
+    k, n = loss.shape
+    share, p50, p90 = [], [], []
+    for c in range(k):
+        best_count, gaps = 0, []
+        for s in range(n):
+            best = min((loss[b, s] for b in range(k) if met[b, s]), default=None)
+            if best is None:
+                continue
+            if met[c, s] and loss[c, s] == best:
+                best_count += 1
+            elif met[c, s]:
+                gaps.append(loss[c, s] - best)
+        share.append(best_count / n)
+        p50.append(np.quantile(gaps, 0.5) if gaps else np.nan)
+        p90.append(np.quantile(gaps, 0.9) if gaps else np.nan)
+    return np.array(share), np.array(p50), np.array(p90)
+
+
+def test_regret_against_loops():
+    rng = np.random.default_rng(3)
+    objective = rng.integers(1, 6, size=(5, 9)).astype(float)  # ties on purpose
+    met = rng.random((5, 9)) < 0.7
+    for maximize in (False, True):
+        q = criteria.Question(criteria.Metric("cost_usd_per_mtok"), maximize)
+        got = criteria.regret(q, objective, met, np.full(5, 9))
+        share, p50, p90 = _regret_reference(-objective if maximize else objective, met)
+        np.testing.assert_allclose(got["best_share"], share)
+        np.testing.assert_allclose(got["regret_p50"], p50)
+        np.testing.assert_allclose(got["regret_p90"], p90)
+
+
+def test_pareto_front_against_pairs():
+    rng = np.random.default_rng(5)
+    x, y = rng.integers(0, 6, 40).astype(float), rng.integers(0, 6, 40).astype(float)
+    front = pareto_front(x, y, True, False)
+    for i in range(40):
+        beaten = any(x[j] >= x[i] and y[j] <= y[i] and (x[j] > x[i] or y[j] < y[i]) for j in range(40))
+        assert front[i] == (not beaten)
+
+
+# -- the search against the exhaustive sweep ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sweep():
+    return mcsim.sweep(SCENARIO, SPACE, workers=2, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def searched():
+    return mcsim.search(SCENARIO, SPACE, constraints=[CONSTRAINT], confidence=0.9, first_round=2, workers=2, **SMALL)
+
+
+def _sweep_optimum(sw: xr.Dataset, confidence=0.9, quantile=0.5) -> dict:
+    """The robust optimum of an exhaustive sweep, plain NumPy: feasible and SLO met in >= confidence of the samples,
+    then the lowest median cost over feasible samples (ties: the first grid point)."""
+    dims = ["deployment_tp", "deployment_max_batch_per_gpu", "hardware_preset"]
+    cost = sw.cost_usd_per_mtok.transpose(*dims, "sample").values.reshape(-1, sw.sizes["sample"])
+    feasible = sw.feasible.transpose(*dims, "sample").values.reshape(cost.shape) == 1
+    slo = sw.slo_attainment.transpose(*dims, "sample").values.reshape(cost.shape)
+    met = feasible & (slo >= 0.95)
+    best, best_value = None, np.inf
+    for i in range(cost.shape[0]):
+        if met[i].mean() >= confidence:
+            value = np.quantile(cost[i][feasible[i]], quantile)
+            if value < best_value:
+                best, best_value = i, value
+    combos = list(itertools.product(*(sw[d].values for d in dims)))
+    return {"point": dict(zip(dims, combos[best])), "value": best_value}
+
+
+def test_search_finds_the_sweeps_optimum_with_fewer_sample_runs(sweep, searched):
+    reference = _sweep_optimum(sweep)
+    best = int(searched.attrs["robust_optimum_candidate"])
+    assert best >= 0
+    for name, value in reference["point"].items():
+        assert searched[name].values[best] == value, name
+    assert searched.attrs["robust_optimum_objective"] == reference["value"]
+    runs = searched.samples_run.values
+    assert runs[best] == 8 and runs.min() < 8  # the race dropped some candidates
+    assert searched.attrs["search_sample_runs"] == runs.sum() < 64
+
+
+def test_every_sample_run_is_the_sweeps_sample(sweep, searched):
+    """Common random numbers: a candidate's value in a sample is the sweep's, bit for bit."""
+    for c in range(searched.sizes["candidate"]):
+        point = {d: searched[d].values[c] for d in ("deployment_tp", "deployment_max_batch_per_gpu",
+                                                   "hardware_preset")}
+        n = int(searched.samples_run.values[c])
+        for name in ("cost_usd_per_mtok", "slo_attainment", "decode_tok_s_per_gpu"):
+            np.testing.assert_array_equal(searched[name].values[c, :n], sweep[name].sel(point).values[:n])
+            assert np.isnan(searched[name].values[c, n:]).all()
+        assert (searched.constraints_met.values[c, n:] == -1).all()
+
+
+def test_settings_and_rule_are_recorded(searched):
+    a = searched.attrs
+    assert a["search_objective"] == "cost_usd_per_mtok" and a["search_direction"] == "minimize"
+    assert a["search_constraints"] == CONSTRAINT and a["search_rounds"] == "2 4 8"
+    assert "Clopper-Pearson" in a["search_rule"] and "Risk:" in a["search_rule"]
+    assert searched.deployment_tp.attrs["path"] == "deployment.tp"
+    assert all("." not in str(n) for n in [*searched.variables, *searched.dims])
+
+
+def test_search_report_writes_fronts_and_regret(searched, tmp_path):
+    from mcsim.results.dataset import write_netcdf
+
+    path = write_netcdf(searched, tmp_path / "s.nc")
+    result = CliRunner().invoke(main, ["report", str(path), "-o", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    files = {p.name for p in (tmp_path / "rep").iterdir()}
+    assert {"pareto_throughput.png", "pareto_cost.png", "regret.csv", "summary.md"} <= files
+    text = (tmp_path / "rep" / "summary.md").read_text()
+    assert "## Robust optimum" in text and "## Regret" in text
+    best = int(searched.attrs["robust_optimum_candidate"])
+    rows = (tmp_path / "rep" / "regret.csv").read_text().splitlines()
+    assert rows[1].split(",")[0] == str(best)  # best first
+
+
+def test_bad_search_options_are_one_line_errors(tmp_path):
+    runner = CliRunner()
+    for args, expected in ((["--constraint", "slo_attainment=>0.9"], "--constraint"),
+                           (["--objective", "cost"], "--objective"),
+                           (["--space", "deployment.tp"], "--space")):
+        words = ["search", str(SCENARIO), "--space", "deployment.tp=2,8", *args, "-o", str(tmp_path / "x.nc")]
+        result = runner.invoke(main, words)
+        assert result.exit_code == 2, result.output
+        assert expected in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+# -- nothing lost ------------------------------------------------------------------------------------------------
+
+def _cli(*args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "mcsim", *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_interrupted_search_resumes_to_the_uninterrupted_result(searched, tmp_path):
+    args = ["search", SCENARIO, *[x for s in SPACE for x in ("--space", s)], "--constraint", CONSTRAINT,
+            "--first-round", "2", "--samples", "8", "--requests", "600", "--set", LOAD, "--workers", "1",
+            "--no-progress"]
+    out, parts = tmp_path / "s.nc", tmp_path / "s.nc.parts"
+    proc = _cli(*args, "-o", out)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(parts.glob("*.npz"))) < 3 and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "--resume" in proc.stderr.read() and not out.exists()
+    assert 3 <= len(list(parts.glob("*.npz"))) < 20
+    refused = _cli(*args, "-o", out)
+    assert refused.wait(timeout=60) == 2 and "--resume" in refused.stderr.read()
+    resumed = _cli(*args, "-o", out, "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    assert not parts.exists()
+    with xr.open_dataset(out) as got:
+        assert got.attrs["parts_reused"] >= 3
+        assert {k: v for k, v in got.attrs.items() if k not in VOLATILE} == \
+            {k: v for k, v in searched.attrs.items() if k not in VOLATILE}
+        for name in ("cost_usd_per_mtok", "slo_attainment", "samples_run", "survived_round", "regret_p90",
+                     "objective_at_quantile", "constraints_met_probability"):
+            np.testing.assert_array_equal(got[name].values, searched[name].values, err_msg=name)
