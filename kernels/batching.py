@@ -71,6 +71,9 @@ validated input never produces).
 
 Cost
 ----
+Both policies run in one step loop (:func:`_step_loop`), which branches on the policy's integer code where
+they differ; the inline pieces it shares live in :mod:`mcsim.kernels.batching_helpers`. A static batch's
+decode steps have a short path of their own (nothing to build; most static steps are these).
 Per-sequence progress is implicit: every decoding sequence advances one pass per step, so a sequence
 that starts decoding after step ``s`` with ``R`` passes left finishes at step ``s + R`` and is filed
 under that step in a timing wheel (a ring of per-step doubly linked lists); likewise the next step at
@@ -82,225 +85,15 @@ from __future__ import annotations
 import numpy as np
 
 from mcsim.accelerate import kernel
-
-# Indices into params_int.
-P_TOKEN_BUDGET = 0
-P_MAX_SEQS = 1
-P_KV_BLOCKS = 2
-P_BLOCK_TOKENS = 3
-P_CHUNK_TOKENS = 4
-P_VERIFY_TOKENS = 5
-P_POLICY = 6
-P_PREEMPT = 7
-P_CLOSED_USERS = 8
-N_PARAMS = 9
-
-POLICY_CONTINUOUS = 0
-POLICY_STATIC = 1
-
-# Indices into out_stats.
-STAT_STEPS = 0
-STAT_PREEMPTIONS = 1
-STAT_WINDOW_END_S = 2
-STAT_IN_SYSTEM_INTEGRAL = 3
-STAT_WINDOW_STEPS = 4
-STAT_WINDOW_STEP_S_SUM = 5
-STAT_WINDOW_DECODE_SEQS_SUM = 6
-STAT_WINDOW_DECODE_STEPS = 7
-STAT_WAITING_AT_WINDOW_END = 8
-STAT_END_S = 9
-STAT_STATUS = 10
-N_STATS = 11
-
-# Request states.
-_PENDING, _WAITING, _PREFILLING, _DECODING, _DONE = 0, 1, 2, 3, 4
-# Fields of the small scalar-state array shared by the helpers.
-_OPEN_NEXT, _HEAP_SIZE, _RELEASED, _QUEUE_HEAD, _QUEUE_LEN = 0, 1, 2, 3, 4
-
-
-@kernel(inline="always")
-def _bracket(edges, x):
-    """Lower index, upper index and weight of ``x`` between ``edges`` (clamped at both ends)."""
-    last = edges.shape[0] - 1
-    if last == 0 or x <= edges[0]:
-        return 0, min(1, last), 0.0
-    if x >= edges[last]:
-        return last - 1, last, 1.0
-    low, high = 0, last  # edges[low] <= x < edges[high]
-    while high - low > 1:
-        mid = (low + high) >> 1
-        if edges[mid] <= x:
-            low = mid
-        else:
-            high = mid
-    return low, low + 1, (x - edges[low]) / (edges[low + 1] - edges[low])
-
-
-@kernel(inline="always")
-def step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill_tokens):
-    """Step time in seconds at (decode_seqs, prefill_tokens): bilinear in the table, clamped at its edges."""
-    i0, i1, fx = _bracket(decode_edges, float(decode_seqs))
-    j0, j1, fy = _bracket(prefill_edges, float(prefill_tokens))
-    low = step_time_table[i0, j0] * (1.0 - fy) + step_time_table[i0, j1] * fy
-    high = step_time_table[i1, j0] * (1.0 - fy) + step_time_table[i1, j1] * fy
-    return low * (1.0 - fx) + high * fx
-
-
-@kernel(inline="always")
-def kv_slope_at(kv_slope, decode_edges, decode_seqs):
-    """Seconds per KV token at ``decode_seqs`` decoding sequences: linear in ``kv_slope``, clamped."""
-    i0, i1, fx = _bracket(decode_edges, float(decode_seqs))
-    return kv_slope[i0] * (1.0 - fx) + kv_slope[i1] * fx
-
-
-@kernel(inline="always")
-def _kv_rate(output, passes):
-    """Tokens of KV one pass adds to a sequence, on average (0 for a one-token output)."""
-    return (output - 1) / passes if passes > 0 else 0.0
-
-
-@kernel(inline="always")
-def _tokens_after(output, passes, passes_done):
-    """Output tokens produced after ``passes_done`` passes, the first token included."""
-    if passes == 0:
-        return 1
-    return 1 + passes_done * (output - 1) // passes
-
-
-@kernel(inline="always")
-def _heap_less(heap_t, heap_r, a, b):
-    return heap_t[a] < heap_t[b] or (heap_t[a] == heap_t[b] and heap_r[a] < heap_r[b])
-
-
-@kernel(inline="always")
-def _heap_push(heap_t, heap_r, state, time, request):
-    """Push (time, request) onto the binary min-heap of future closed-loop arrivals."""
-    i = state[_HEAP_SIZE]
-    state[_HEAP_SIZE] = i + 1
-    heap_t[i] = time
-    heap_r[i] = request
-    while i > 0:
-        parent = (i - 1) >> 1
-        if not _heap_less(heap_t, heap_r, i, parent):
-            break
-        heap_t[i], heap_t[parent] = heap_t[parent], heap_t[i]
-        heap_r[i], heap_r[parent] = heap_r[parent], heap_r[i]
-        i = parent
-
-
-@kernel(inline="always")
-def _heap_pop(heap_t, heap_r, state):
-    """Remove the heap's top."""
-    size = state[_HEAP_SIZE] - 1
-    state[_HEAP_SIZE] = size
-    heap_t[0] = heap_t[size]
-    heap_r[0] = heap_r[size]
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and _heap_less(heap_t, heap_r, child + 1, child):
-            child += 1
-        if not _heap_less(heap_t, heap_r, child, i):
-            break
-        heap_t[i], heap_t[child] = heap_t[child], heap_t[i]
-        heap_r[i], heap_r[child] = heap_r[child], heap_r[i]
-        i = child
-
-
-@kernel(inline="always")
-def _next_arrival(arrival_s, closed, heap_t, state):
-    """Time of the next arrival not yet released (inf when none is known)."""
-    if closed:
-        return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
-    if state[_OPEN_NEXT] < arrival_s.shape[0]:
-        return arrival_s[state[_OPEN_NEXT]]
-    return np.inf
-
-
-@kernel(inline="always")
-def _queue_push_back(queue, state, request):
-    n = queue.shape[0]
-    queue[(state[_QUEUE_HEAD] + state[_QUEUE_LEN]) % n] = request
-    state[_QUEUE_LEN] += 1
-
-
-@kernel(inline="always")
-def _queue_push_front(queue, state, request):
-    n = queue.shape[0]
-    head = (state[_QUEUE_HEAD] - 1 + n) % n
-    queue[head] = request
-    state[_QUEUE_HEAD] = head
-    state[_QUEUE_LEN] += 1
-
-
-@kernel(inline="always")
-def _queue_pop_front(queue, state):
-    request = queue[state[_QUEUE_HEAD]]
-    state[_QUEUE_HEAD] = (state[_QUEUE_HEAD] + 1) % queue.shape[0]
-    state[_QUEUE_LEN] -= 1
-    return request
-
-
-@kernel(inline="always")
-def _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats):
-    """Move every arrival at or before ``t`` to the waiting queue (noting the window's end at the last one).
-
-    Returns the time of the next arrival not yet released (inf when none is known yet).
-    """
-    n = arrival_s.shape[0]
-    while _next_arrival(arrival_s, closed, heap_t, state) <= t:
-        if closed:
-            request = heap_r[0]
-            _heap_pop(heap_t, heap_r, state)
-        else:
-            request = state[_OPEN_NEXT]
-            state[_OPEN_NEXT] += 1
-        req_state[request] = _WAITING
-        _queue_push_back(queue, state, request)
-        state[_RELEASED] += 1
-        if state[_RELEASED] == n:
-            out_stats[STAT_WINDOW_END_S] = t
-            out_stats[STAT_WAITING_AT_WINDOW_END] = state[_QUEUE_LEN]
-    return _next_arrival(arrival_s, closed, heap_t, state)
-
-
-@kernel(inline="always")
-def _record_step(step, t, decode_seqs, prefill, step_s, waiting, dump_start_s, dump_decode_seqs,
-                 dump_prefill_tokens, dump_step_s, dump_waiting):
-    """Write one step's row of the optional per-step record."""
-    dump_start_s[step] = t
-    dump_decode_seqs[step] = decode_seqs
-    dump_prefill_tokens[step] = prefill
-    dump_step_s[step] = step_s
-    dump_waiting[step] = waiting
-
-
-@kernel(inline="always")
-def _schedule_follower(request, time, out_arrival_s, think_s, closed_users, heap_t, heap_r, state):
-    """Closed loop: the next request of ``request``'s user arrives its think time after ``time``.
-
-    Returns the time of the next arrival not yet released.
-    """
-    follower = request + closed_users
-    if follower < out_arrival_s.shape[0]:
-        out_arrival_s[follower] = time + think_s[follower]
-        _heap_push(heap_t, heap_r, state, out_arrival_s[follower], follower)
-    return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
-
-
-@kernel(inline="always")
-def _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
-                  window_decode_steps, steps, end_s):
-    """Copy the statistics accumulated in locals during the run into ``out_stats``."""
-    out_stats[STAT_IN_SYSTEM_INTEGRAL] = in_system_integral
-    out_stats[STAT_WINDOW_STEPS] = window_steps
-    out_stats[STAT_WINDOW_STEP_S_SUM] = window_step_s_sum
-    out_stats[STAT_WINDOW_DECODE_SEQS_SUM] = window_decode_seqs_sum
-    out_stats[STAT_WINDOW_DECODE_STEPS] = window_decode_steps
-    out_stats[STAT_STEPS] = steps
-    out_stats[STAT_END_S] = end_s
+from mcsim.kernels.batching_helpers import (  # noqa: F401  (constants re-exported: callers read them here)
+    _DECODING, _DONE, _HEAP_SIZE, _PREFILLING, _QUEUE_HEAD, _QUEUE_LEN, _RELEASED, _WAITING, N_PARAMS, N_STATS,
+    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_SEQS, P_POLICY, P_PREEMPT, P_TOKEN_BUDGET,
+    P_VERIFY_TOKENS, POLICY_CONTINUOUS, POLICY_STATIC, STAT_END_S, STAT_IN_SYSTEM_INTEGRAL, STAT_PREEMPTIONS,
+    STAT_STATUS, STAT_STEPS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_DECODE_SEQS_SUM, STAT_WINDOW_DECODE_STEPS,
+    STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _heap_push, _kv_rate, _next_arrival,
+    _next_block_step, _queue_pop_front, _queue_push_front, _record_step, _release, _schedule_follower,
+    _store_window, _tokens_after, _wheel_remove, kv_slope_at, step_time,
+)
 
 
 @kernel
@@ -382,218 +175,39 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
             _heap_push(heap_t, heap_r, state, arrival_s[r], r)
     else:
         out_arrival_s[:] = arrival_s
-    if params_int[P_POLICY] == POLICY_STATIC:
-        _simulate_static(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s,
-                         params_int, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope,
-                         kv_ref_context, out_arrival_s,
-                         out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
-                         dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r)
-    else:
-        _simulate_continuous(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s,
-                             params_int, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope,
-                             kv_ref_context, out_arrival_s,
-                             out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
-                             dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t,
-                             heap_r)
-
-
-@kernel
-def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int,
-                     warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s,
-                     out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens,
-                     dump_step_s, dump_waiting, state, heap_t, heap_r):
-    """Static batching (arguments as :func:`simulate`, plus the arrival state it prepared)."""
-    n = arrival_s.shape[0]
-    token_budget = params_int[P_TOKEN_BUDGET]
-    max_seqs = params_int[P_MAX_SEQS]
-    kv_blocks = params_int[P_KV_BLOCKS]
-    block_tokens = params_int[P_BLOCK_TOKENS]
-    chunk_tokens = params_int[P_CHUNK_TOKENS]
-    closed_users = params_int[P_CLOSED_USERS]
-    closed = closed_users > 0
-    queue = np.empty(n, np.int64)
-    req_state = np.zeros(n, np.int8)
-    prefill_left = np.zeros(n, np.int64)
-    batch = np.empty(min(max_seqs, n), np.int64)
-    chunk = np.zeros(batch.shape[0], np.int64)
-    by_passes = np.empty(batch.shape[0], np.int64)  # members in order of their passes (KV stops growing)
-    member_passes = np.empty(batch.shape[0], np.int64)
-    kv_sum = 0.0
-    kv_rate = 0.0
-    decode_steps_done = 0
-    next_to_stop = 0
-    track_kv = False  # the batch's KV is followed only when it costs something
-    for e in range(kv_slope.shape[0]):
-        track_kv = track_kv or kv_slope[e] != 0.0
-    batch_size = 0
-    first_unfilled = 0  # members before it have finished prefill
-    decode_left = -1  # decode steps left in the batch; -1 while it prefills
-    dump_cap = dump_start_s.shape[0]
-    in_system_integral = 0.0
-    window_steps = 0
-    window_step_s_sum = 0.0
-    window_decode_seqs_sum = 0
-    window_decode_steps = 0
-    t = -np.inf
-    step_index = 0
-    last_decode_seqs = -1
-    last_step_s = 0.0
-    last_slope = 0.0
-    next_arrival = _next_arrival(arrival_s, closed, heap_t, state)
-    while True:
-        if next_arrival <= t:
-            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats)
-        if batch_size == 0 and state[_QUEUE_LEN] == 0:
-            if next_arrival == np.inf:
-                break
-            t = next_arrival
-            continue
-        in_system = state[_QUEUE_LEN] + batch_size
-        if batch_size == 0:
-            free_blocks = kv_blocks
-            while state[_QUEUE_LEN] > 0 and batch_size < max_seqs:
-                r = queue[state[_QUEUE_HEAD]]
-                need = (context_tokens[r] + output_tokens[r] + block_tokens - 1) // block_tokens
-                if need > free_blocks:
-                    break
-                free_blocks -= need
-                _queue_pop_front(queue, state)
-                out_queue_s[r] = t - arrival_s[r]
-                req_state[r] = _PREFILLING
-                prefill_left[r] = prefill_tokens[r]
-                batch[batch_size] = r
-                batch_size += 1
-            first_unfilled = 0
-            decode_left = -1
-        prefill = 0
-        decode_seqs = 0
-        if decode_left < 0:
-            budget_left = token_budget
-            i = first_unfilled
-            while i < batch_size and budget_left > 0:
-                r = batch[i]
-                c = 0
-                if prefill_left[r] > 0:
-                    c = min(prefill_left[r], budget_left)
-                    if chunk_tokens > 0:
-                        c = min(c, chunk_tokens)
-                    budget_left -= c
-                    prefill += c
-                chunk[i] = c
-                i += 1
-            touched = i
-            step_s = step_time(step_time_table, decode_edges, prefill_edges, 0, prefill)
-        else:
-            decode_seqs = batch_size
-            touched = 0
-            if decode_seqs != last_decode_seqs:
-                last_decode_seqs = decode_seqs
-                last_step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, 0)
-                last_slope = kv_slope_at(kv_slope, decode_edges, decode_seqs)
-            step_s = last_step_s
-            if last_slope != 0.0:
-                step_s = max(step_s + last_slope * (kv_sum - decode_seqs * kv_ref_context), 1e-12)
-        t_end = t + step_s
-        if step_index < dump_cap:
-            _record_step(step_index, t, decode_seqs, prefill, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
-                         dump_prefill_tokens, dump_step_s, dump_waiting)
-        if state[_RELEASED] < n:  # the step starts inside the arrival window
-            if t_end > warmup_s:
-                in_system_integral += in_system * (t_end - max(t, warmup_s))
-            if t >= warmup_s:
-                window_steps += 1
-                window_step_s_sum += step_s
-                if decode_seqs > 0:
-                    window_decode_seqs_sum += decode_seqs
-                    window_decode_steps += 1
-        step_index += 1
-        batch_done = False
-        if decode_left < 0:
-            for i in range(first_unfilled, touched):
-                r = batch[i]
-                if chunk[i] > 0:
-                    prefill_left[r] -= chunk[i]
-                    if prefill_left[r] == 0:
-                        out_first_token_s[r] = t_end
-            while first_unfilled < batch_size and prefill_left[batch[first_unfilled]] == 0:
-                first_unfilled += 1
-            if first_unfilled == batch_size:
-                decode_left = 0
-                for i in range(batch_size):
-                    decode_left = max(decode_left, passes[batch[i]])
-                if track_kv:
-                    kv_sum = 0.0
-                    kv_rate = 0.0
-                    for i in range(batch_size):
-                        r = batch[i]
-                        kv_sum += context_tokens[r] + 1
-                        kv_rate += _kv_rate(output_tokens[r], passes[r])
-                        member_passes[i] = passes[r]
-                    # a member's KV grows until its last pass, then it pads the batch: members by their passes
-                    order = np.argsort(member_passes[:batch_size], kind="mergesort")
-                    for i in range(batch_size):
-                        by_passes[i] = batch[order[i]]
-                    decode_steps_done = 0
-                    next_to_stop = 0
-                    while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == 0:
-                        next_to_stop += 1
-                batch_done = decode_left == 0
-        else:
-            decode_left -= 1
-            batch_done = decode_left == 0
-            if track_kv:
-                kv_sum += kv_rate
-                decode_steps_done += 1
-                while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == decode_steps_done:
-                    kv_rate -= _kv_rate(output_tokens[by_passes[next_to_stop]], passes[by_passes[next_to_stop]])
-                    next_to_stop += 1
-        if batch_done:
-            for i in range(batch_size):
-                req_state[batch[i]] = _DONE
-                out_finish_s[batch[i]] = t_end
-                if closed:
-                    next_arrival = _schedule_follower(batch[i], t_end, out_arrival_s, think_s, closed_users, heap_t,
-                                                      heap_r, state)
-            batch_size = 0
-        t = t_end
-    _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
-                  window_decode_steps, step_index, t)
+    _step_loop(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int, warmup_s,
+               step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s,
+               out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs,
+               dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r)
 
 
 @kernel(inline="always")
-def _wheel_remove(head, next_, prev, slot_of, request, mask):
-    """Take ``request`` out of the timing-wheel list it is filed in (nothing if it is in none)."""
-    if slot_of[request] < 0:
-        return
-    if prev[request] >= 0:
-        next_[prev[request]] = next_[request]
-    else:
-        head[slot_of[request] & mask] = next_[request]
-    if next_[request] >= 0:
-        prev[next_[request]] = prev[request]
-    slot_of[request] = -1
+def _finish_batch(batch, size, req_state, held, out_finish_s, t_end, closed, out_arrival_s, think_s, closed_users,
+                  heap_t, heap_r, state, next_arrival):
+    """Static batching: every member finishes, and returns its blocks, at the end of the batch's last step.
 
-
-@kernel(inline="always")
-def _next_block_step(context, output, passes, block_tokens, held, passes_done, decode_start_step):
-    """Step at which a decoding sequence next needs a block (-1: never), from the blocks it holds."""
-    tokens_needing_block = held * block_tokens - context + 1  # output tokens that overflow what is held
-    if tokens_needing_block > output or passes == 0:
-        return -1
-    # Smallest pass q with 1 + floor(q * (output - 1) / passes) >= tokens_needing_block.
-    q = ((tokens_needing_block - 1) * passes + output - 2) // (output - 1)
-    return decode_start_step + (q - passes_done - 1)
+    Returns the time of the next arrival not yet released.
+    """
+    for i in range(size):
+        r = batch[i]
+        req_state[r] = _DONE
+        held[r] = 0
+        out_finish_s[r] = t_end
+        if closed:
+            next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r, state)
+    return next_arrival
 
 
 @kernel
-def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int,
-                         warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
-                         out_arrival_s, out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
-                         dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r):
-    """Continuous batching (arguments as :func:`simulate`, plus the arrival state it prepared).
+def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int, warmup_s,
+               step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s,
+               out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs,
+               dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r):
+    """The one step loop of every policy (arguments as :func:`simulate`, plus the arrival state it prepared).
 
-    Helpers that take arrays are kept off the per-step path or written out inline: every call passing an
-    array costs atomic reference-count updates, which dominated the step cost before.
+    Where policies differ the loop branches on their integer codes, which are loop-invariant. Helpers that
+    take arrays are kept off the per-step path or written out inline: every call passing an array costs
+    atomic reference-count updates, which dominated the step cost before.
     """
     n = arrival_s.shape[0]
     token_budget = params_int[P_TOKEN_BUDGET]
@@ -601,7 +215,8 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     block_tokens = params_int[P_BLOCK_TOKENS]
     chunk_tokens = params_int[P_CHUNK_TOKENS]
     verify_tokens = params_int[P_VERIFY_TOKENS]
-    preempt = params_int[P_PREEMPT] != 0
+    static = params_int[P_POLICY] == POLICY_STATIC
+    preempt = params_int[P_PREEMPT] != 0 and not static  # a static batch reserves whole requests
     closed_users = params_int[P_CLOSED_USERS]
     closed = closed_users > 0
 
@@ -642,6 +257,19 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     b_prev = np.full(n, -1, np.int64)
     b_step = np.full(n, -1, np.int64)
     growing = np.empty(pf_cap, np.int64)
+    # Static batching: the batch in admission order, and its members in order of their passes (a member's KV
+    # grows until its last pass, then it pads the batch).
+    batch = np.empty(pf_cap if static else 1, np.int64)
+    by_passes = np.empty(batch.shape[0], np.int64)
+    member_passes = np.empty(batch.shape[0], np.int64)
+    decode_left = -1  # decode steps left in the static batch; -1 while it prefills
+    static_step_s = 0.0  # the static batch's decode step time before its KV term, and its KV slope
+    static_slope = 0.0
+    decode_steps_done = 0
+    next_to_stop = 0
+    track_kv = False  # the static batch's KV is followed only when it costs something
+    for e in range(kv_slope.shape[0]):
+        track_kv = track_kv or kv_slope[e] != 0.0
 
     free_blocks = params_int[P_KV_BLOCKS]
     n_running = 0
@@ -674,6 +302,52 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
             t = next_arrival
             continue
         in_system = state[_QUEUE_LEN] + n_running
+
+        if static and decode_left > 0:
+            # The static batch's decode steps, in a loop of their own: nothing to build, the step time fixed but
+            # for the KV term. Most static steps are these; in the general path they cost about twice as much.
+            decode_seqs = n_decoding
+            while True:
+                step_s = static_step_s
+                if track_kv:
+                    if static_slope != 0.0:
+                        step_s = max(step_s + static_slope * (kv_sum - decode_seqs * kv_ref_context), 1e-12)
+                    kv_sum += kv_rate
+                t_end = t + step_s
+                if step < dump_cap:
+                    _record_step(step, t, decode_seqs, 0, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
+                                 dump_prefill_tokens, dump_step_s, dump_waiting)
+                if state[_RELEASED] < n:  # the step starts inside the arrival window
+                    if t_end > warmup_s:
+                        in_system_integral += in_system * (t_end - max(t, warmup_s))
+                    if t >= warmup_s:
+                        window_steps += 1
+                        window_step_s_sum += step_s
+                        window_decode_seqs_sum += decode_seqs
+                        window_decode_steps += 1
+                decode_left -= 1
+                if track_kv:
+                    decode_steps_done += 1
+                    while next_to_stop < n_running and passes[by_passes[next_to_stop]] == decode_steps_done:
+                        kv_rate -= _kv_rate(output_tokens[by_passes[next_to_stop]], passes[by_passes[next_to_stop]])
+                        next_to_stop += 1
+                step += 1
+                if decode_left == 0:
+                    break
+                t = t_end
+                if next_arrival <= t:
+                    next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state,
+                                            out_stats)
+                    in_system = state[_QUEUE_LEN] + n_running
+            next_arrival = _finish_batch(batch, n_running, req_state, held, out_finish_s, t_end, closed,
+                                         out_arrival_s, think_s, closed_users, heap_t, heap_r, state, next_arrival)
+            free_blocks = params_int[P_KV_BLOCKS]
+            n_running = 0
+            n_decoding = 0
+            kv_sum = 0.0
+            kv_rate = 0.0
+            t = t_end
+            continue
 
         preempted = False
         if preempt:
@@ -737,6 +411,26 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                             b_prev[b_next[r]] = r
                         block_head[b_step[r] & mask] = r
 
+        if static and n_running == 0:
+            # A new static batch: from the queue head while the pool holds whole reservations (no budget cap:
+            # the batch's prefill spreads over as many steps as it needs).
+            while state[_QUEUE_LEN] > 0 and n_running < max_seqs:
+                r = queue[state[_QUEUE_HEAD]]
+                need = (context_tokens[r] + output_tokens[r] + block_tokens - 1) // block_tokens
+                if need > free_blocks:
+                    break
+                _queue_pop_front(queue, state)
+                free_blocks -= need
+                held[r] = need
+                out_queue_s[r] = t - arrival_s[r]
+                req_state[r] = _PREFILLING
+                prefill_left[r] = prefill_tokens[r]
+                batch[n_running] = r
+                n_running += 1
+                pf[(pf_head + pf_len) % pf_cap] = r
+                pf_len += 1
+            decode_left = -1
+
         decode_seqs = n_decoding
         budget_left = max(0, token_budget - decode_seqs * verify_tokens)
         prefill = 0
@@ -750,7 +444,7 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
             prefill += c
             budget_left -= c
             touched += 1
-        if not preempted:
+        if not preempted and not static:
             while budget_left > 0 and state[_QUEUE_LEN] > 0 and n_running < max_seqs:
                 r = queue[state[_QUEUE_HEAD]]
                 if preempt:
@@ -817,61 +511,98 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                     window_decode_steps += 1
 
         # Prefill progress; sequences whose prefill completes leave the ring, the others keep their order.
-        n_survivors = 0
-        for i in range(touched):
-            r = pf[(pf_head + i) % pf_cap]
-            prefill_left[r] -= chunk[r]
-            if prefill_left[r] > 0:
-                survivors[n_survivors] = r
-                n_survivors += 1
-                continue
-            if not first_done[r]:
-                first_done[r] = True
-                out_first_token_s[r] = t_end
-            passes_left = passes[r] - passes_done[r]
-            if passes_left == 0:
-                req_state[r] = _DONE
-                free_blocks += held[r]
-                held[r] = 0
-                n_running -= 1
+        if touched > 0:  # (most steps are decode-only)
+            n_survivors = 0
+            for i in range(touched):
+                r = pf[(pf_head + i) % pf_cap]
+                prefill_left[r] -= chunk[r]
+                if prefill_left[r] > 0:
+                    survivors[n_survivors] = r
+                    n_survivors += 1
+                    continue
+                if not first_done[r]:
+                    first_done[r] = True
+                    out_first_token_s[r] = t_end
+                if static:  # members decode together once the whole batch is prefilled
+                    continue
+                passes_left = passes[r] - passes_done[r]
+                if passes_left == 0:
+                    req_state[r] = _DONE
+                    free_blocks += held[r]
+                    held[r] = 0
+                    n_running -= 1
+                    if preempt:
+                        if run_prev[r] >= 0:  # unlink from the running list
+                            run_next[run_prev[r]] = run_next[r]
+                        if run_next[r] >= 0:
+                            run_prev[run_next[r]] = run_prev[r]
+                        else:
+                            run_tail = run_prev[r]
+                    out_finish_s[r] = t_end
+                    if closed:
+                        next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,
+                                                          state)
+                    continue
+                req_state[r] = _DECODING
+                n_decoding += 1
+                rate = _kv_rate(output_tokens[r], passes[r])
+                kv_sum += context_tokens[r] + 1 + passes_done[r] * rate
+                kv_rate += rate
+                decode_start[r] = step + 1
+                f_step[r] = step + passes_left  # file under step step + passes_left (inline: helper calls cost reference counts)
+                f_prev[r] = -1
+                f_next[r] = finish_head[f_step[r] & mask]
+                if f_next[r] >= 0:
+                    f_prev[f_next[r]] = r
+                finish_head[f_step[r] & mask] = r
                 if preempt:
-                    if run_prev[r] >= 0:  # unlink from the running list
-                        run_next[run_prev[r]] = run_next[r]
-                    if run_next[r] >= 0:
-                        run_prev[run_next[r]] = run_prev[r]
-                    else:
-                        run_tail = run_prev[r]
-                out_finish_s[r] = t_end
-                if closed:
-                    next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,
-                                                      state)
-                continue
-            req_state[r] = _DECODING
-            n_decoding += 1
-            rate = _kv_rate(output_tokens[r], passes[r])
-            kv_sum += context_tokens[r] + 1 + passes_done[r] * rate
-            kv_rate += rate
-            decode_start[r] = step + 1
-            f_step[r] = step + passes_left  # file under step step + passes_left (inline: helper calls cost reference counts)
-            f_prev[r] = -1
-            f_next[r] = finish_head[f_step[r] & mask]
-            if f_next[r] >= 0:
-                f_prev[f_next[r]] = r
-            finish_head[f_step[r] & mask] = r
-            if preempt:
-                grow = _next_block_step(context_tokens[r], output_tokens[r], passes[r], block_tokens, held[r],
-                                        passes_done[r], decode_start[r])
-                if grow >= 0:
-                    b_step[r] = grow  # file under step grow (inline: helper calls cost reference counts)
-                    b_prev[r] = -1
-                    b_next[r] = block_head[b_step[r] & mask]
-                    if b_next[r] >= 0:
-                        b_prev[b_next[r]] = r
-                    block_head[b_step[r] & mask] = r
-        pf_head = (pf_head + touched - n_survivors) % pf_cap
-        for i in range(n_survivors):
-            pf[(pf_head + i) % pf_cap] = survivors[i]
-        pf_len -= touched - n_survivors
+                    grow = _next_block_step(context_tokens[r], output_tokens[r], passes[r], block_tokens, held[r],
+                                            passes_done[r], decode_start[r])
+                    if grow >= 0:
+                        b_step[r] = grow  # file under step grow (inline: helper calls cost reference counts)
+                        b_prev[r] = -1
+                        b_next[r] = block_head[b_step[r] & mask]
+                        if b_next[r] >= 0:
+                            b_prev[b_next[r]] = r
+                        block_head[b_step[r] & mask] = r
+            pf_head = (pf_head + touched - n_survivors) % pf_cap
+            for i in range(n_survivors):
+                pf[(pf_head + i) % pf_cap] = survivors[i]
+            pf_len -= touched - n_survivors
+
+        if static:  # a prefill step of a static batch (its decode steps take the short path above)
+            if pf_len == 0:  # the whole batch is prefilled: it decodes for its longest member's passes
+                decode_left = 0
+                for i in range(n_running):
+                    decode_left = max(decode_left, passes[batch[i]])
+                n_decoding = n_running
+                static_step_s = decode_only_s[n_running]
+                static_slope = slope_of[n_running]
+                if track_kv:
+                    kv_sum = 0.0
+                    kv_rate = 0.0
+                    for i in range(n_running):
+                        r = batch[i]
+                        kv_sum += context_tokens[r] + 1
+                        kv_rate += _kv_rate(output_tokens[r], passes[r])
+                        member_passes[i] = passes[r]
+                    order = np.argsort(member_passes[:n_running], kind="mergesort")
+                    for i in range(n_running):
+                        by_passes[i] = batch[order[i]]
+                    decode_steps_done = 0
+                    next_to_stop = 0
+                    while next_to_stop < n_running and passes[by_passes[next_to_stop]] == 0:
+                        next_to_stop += 1
+                if decode_left == 0:  # single-token outputs only: the batch ends with its prefill
+                    next_arrival = _finish_batch(batch, n_running, req_state, held, out_finish_s, t_end, closed,
+                                                 out_arrival_s, think_s, closed_users, heap_t, heap_r, state,
+                                                 next_arrival)
+                    free_blocks = params_int[P_KV_BLOCKS]
+                    n_running = 0
+                    n_decoding = 0
+            step += 1
+            t = t_end
+            continue
 
         # Sequences whose last pass ran in this step.
         slot = step & mask
@@ -907,3 +638,4 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     out_stats[STAT_PREEMPTIONS] = preemptions
     _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
                   window_decode_steps, step, t)
+
