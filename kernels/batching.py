@@ -88,7 +88,8 @@ from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (  # noqa: F401  (constants re-exported: callers read them here)
     _DECODING, _DONE, _HEAP_SIZE, _PREFILLING, _QUEUE_HEAD, _QUEUE_LEN, _RELEASED, _WAITING, N_PARAMS, N_STATS,
     P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_SEQS, P_POLICY, P_PREEMPT, P_TOKEN_BUDGET,
-    P_VERIFY_TOKENS, POLICY_CONTINUOUS, POLICY_STATIC, STAT_END_S, STAT_IN_SYSTEM_INTEGRAL, STAT_PREEMPTIONS,
+    P_VERIFY_TOKENS, POLICY_CONTINUOUS, POLICY_STATIC, P_ORDER, P_MIXING, P_MAX_NEW, ORDER_FCFS, ORDER_KEY,
+    MIXING_MIXED, MIXING_EXCLUSIVE, _keyed_push, _queue_head, _queue_pop, STAT_END_S, STAT_IN_SYSTEM_INTEGRAL, STAT_PREEMPTIONS,
     STAT_STATUS, STAT_STEPS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_DECODE_SEQS_SUM, STAT_WINDOW_DECODE_STEPS,
     STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _heap_push, _kv_rate, _next_arrival,
     _next_block_step, _queue_pop_front, _queue_push_front, _record_step, _release, _schedule_follower,
@@ -97,7 +98,7 @@ from mcsim.kernels.batching_helpers import (  # noqa: F401  (constants re-export
 
 
 @kernel
-def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int, warmup_s,
+def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, queue_key, params_int, warmup_s,
              step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s, out_first_token_s, out_finish_s,
              out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens, dump_step_s,
              dump_waiting):
@@ -120,10 +121,14 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
     think_s : float64[n]
         Closed loop: request ``r >= closed_users`` arrives ``think_s[r]`` s after request
         ``r - closed_users`` finishes. Unused in an open loop.
+    queue_key : int64[n]
+        Order of a keyed waiting queue (``order == ORDER_KEY``): lower first, ties by arrival. Unused in FCFS.
     params_int : int64[N_PARAMS]
         At the ``P_*`` indices: token_budget (tokens per step), max_seqs, kv_blocks, block_tokens,
         chunk_tokens (0 = no cap), verify_tokens (tokens per decoding sequence per step), policy
-        (``POLICY_CONTINUOUS`` or ``POLICY_STATIC``), preempt (0 or 1), closed_users (0 = open loop).
+        (``POLICY_CONTINUOUS`` or ``POLICY_STATIC``), preempt (0 or 1), closed_users (0 = open loop), order
+        (``ORDER_FCFS`` or ``ORDER_KEY``), mixing (``MIXING_MIXED`` or ``MIXING_EXCLUSIVE``), max_new (sequences
+        admitted per step at most, 0 = no cap; continuous policies only).
     warmup_s : float
         Start of the measured window, s.
     step_time_table : float64[n_decode_edges, n_prefill_edges]
@@ -149,10 +154,10 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
     --------
     >>> import numpy as np
     >>> one = np.ones(1, np.int64); out = [np.zeros(1) for _ in range(4)]; stats = np.zeros(N_STATS)
-    >>> params = np.array([8192, 8, 100, 16, 0, 1, 0, 0, 0], np.int64)
+    >>> params = np.array([8192, 8, 100, 16, 0, 1, 0, 0, 0, 0, 0, 0], np.int64)
     >>> table = np.array([[0.01, 0.01], [0.01, 0.01]]); edges = np.array([0.0, 1.0])
     >>> none_f, none_i = np.zeros(0), np.zeros(0, np.int64)
-    >>> simulate(np.zeros(1), 10 * one, 10 * one, 3 * one, 2 * one, np.zeros(1), params, 0.0, table, edges,
+    >>> simulate(np.zeros(1), 10 * one, 10 * one, 3 * one, 2 * one, np.zeros(1), 0 * one, params, 0.0, table, edges,
     ...          edges, np.zeros(2), 0.0, *out, stats, none_f, none_i, none_i, none_f, none_i)
     >>> round(float(out[2][0]), 6)  # finish: one prefill step and two decode steps
     0.03
@@ -175,7 +180,8 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
             _heap_push(heap_t, heap_r, state, arrival_s[r], r)
     else:
         out_arrival_s[:] = arrival_s
-    _step_loop(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int, warmup_s,
+    _step_loop(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, queue_key, params_int,
+               warmup_s,
                step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s,
                out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs,
                dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r)
@@ -199,7 +205,62 @@ def _finish_batch(batch, size, req_state, held, out_finish_s, t_end, closed, out
 
 
 @kernel
-def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int, warmup_s,
+def _static_decode_steps(t, step, decode_left, decode_seqs, n_running, in_system, next_arrival, step_s0, slope, kv_sum,
+                         kv_rate, kv_ref_context, track_kv, by_passes, passes, output_tokens, n, warmup_s,
+                         in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+                         window_decode_steps, dump_start_s, dump_decode_seqs, dump_prefill_tokens, dump_step_s,
+                         dump_waiting, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats, keyed,
+                         queue_key, tie):
+    """Static batching: the ``decode_left`` decode steps of the batch, from ``t`` (the loop's hook for them).
+
+    Arrivals during the batch join the queue. Returns the end of the last step, the step count, the next arrival
+    and the window's accumulators, updated.
+    """
+    dump_cap = dump_start_s.shape[0]
+    decode_steps_done = 0
+    next_to_stop = 0  # members by their passes: a member's KV grows until its last pass, then it pads the batch
+    while track_kv and next_to_stop < n_running and passes[by_passes[next_to_stop]] == 0:
+        next_to_stop += 1
+    t_end = t
+    while True:
+        step_s = step_s0
+        if track_kv:
+            if slope != 0.0:
+                step_s = max(step_s + slope * (kv_sum - decode_seqs * kv_ref_context), 1e-12)
+            kv_sum += kv_rate
+        t_end = t + step_s
+        if step < dump_cap:
+            _record_step(step, t, decode_seqs, 0, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
+                         dump_prefill_tokens, dump_step_s, dump_waiting)
+        if state[_RELEASED] < n:  # the step starts inside the arrival window
+            if t_end > warmup_s:
+                in_system_integral += in_system * (t_end - max(t, warmup_s))
+            if t >= warmup_s:
+                window_steps += 1
+                window_step_s_sum += step_s
+                window_decode_seqs_sum += decode_seqs
+                window_decode_steps += 1
+        decode_left -= 1
+        if track_kv:
+            decode_steps_done += 1
+            while next_to_stop < n_running and passes[by_passes[next_to_stop]] == decode_steps_done:
+                kv_rate -= _kv_rate(output_tokens[by_passes[next_to_stop]], passes[by_passes[next_to_stop]])
+                next_to_stop += 1
+        step += 1
+        if decode_left == 0:
+            break
+        t = t_end
+        if next_arrival <= t:
+            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats, keyed,
+                                    queue_key, tie)
+            in_system = state[_QUEUE_LEN] + n_running
+    return (t_end, step, next_arrival, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+            window_decode_steps)
+
+
+@kernel
+def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, queue_key, params_int,
+               warmup_s,
                step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s,
                out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs,
                dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r):
@@ -217,6 +278,10 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
     verify_tokens = params_int[P_VERIFY_TOKENS]
     static = params_int[P_POLICY] == POLICY_STATIC
     preempt = params_int[P_PREEMPT] != 0 and not static  # a static batch reserves whole requests
+    keyed = params_int[P_ORDER] == ORDER_KEY
+    exclusive = params_int[P_MIXING] == MIXING_EXCLUSIVE and not static
+    max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 and not static else n + 1
+    tie = np.empty(n if keyed else 1, np.int64)  # keyed queue: rank of arrival, for FCFS among equal keys
     closed_users = params_int[P_CLOSED_USERS]
     closed = closed_users > 0
 
@@ -224,15 +289,19 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
     req_state = np.zeros(n, np.int8)
     prefill_left = np.zeros(n, np.int64)
     chunk = np.zeros(n, np.int64)
-    passes_done = np.zeros(n, np.int64)  # passes run before the current decode stretch began
-    decode_start = np.zeros(n, np.int64)  # step of the current decode stretch's first pass
+    # Arrays that a policy never reads have one element: allocating and touching n-long arrays costs more than a
+    # static run's whole decode phase.
+    n_cont = 1 if static else n  # read by continuous policies only
+    n_pre = n if preempt else 1  # read with preemption only
+    passes_done = np.zeros(n_cont, np.int64)  # passes run before the current decode stretch began
+    decode_start = np.zeros(n_cont, np.int64)  # step of the current decode stretch's first pass
     held = np.zeros(n, np.int64)
     first_done = np.zeros(n, np.bool_)
-    admitted_once = np.zeros(n, np.bool_)
-    stamp = np.zeros(n, np.int64)
+    admitted_once = np.zeros(n_cont, np.bool_)
+    stamp = np.zeros(n_cont, np.int64)
     # Running sequences in admission order (doubly linked), needed only to pick preemption victims.
-    run_prev = np.full(n, -1, np.int64)
-    run_next = np.full(n, -1, np.int64)
+    run_prev = np.full(n_pre, -1, np.int64)
+    run_next = np.full(n_pre, -1, np.int64)
     run_tail = -1
     # Sequences admitted with prefill left, in admission order (ring buffer).
     pf_cap = max(1, min(max_seqs, n))
@@ -249,13 +318,13 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
         wheel <<= 1
     mask = wheel - 1
     finish_head = np.full(wheel, -1, np.int64)
-    f_next = np.full(n, -1, np.int64)
-    f_prev = np.full(n, -1, np.int64)
-    f_step = np.full(n, -1, np.int64)
+    f_next = np.full(n_cont, -1, np.int64)
+    f_prev = np.full(n_cont, -1, np.int64)
+    f_step = np.full(n_cont, -1, np.int64)
     block_head = np.full(wheel if preempt else 1, -1, np.int64)
-    b_next = np.full(n, -1, np.int64)
-    b_prev = np.full(n, -1, np.int64)
-    b_step = np.full(n, -1, np.int64)
+    b_next = np.full(n_pre, -1, np.int64)
+    b_prev = np.full(n_pre, -1, np.int64)
+    b_step = np.full(n_pre, -1, np.int64)
     growing = np.empty(pf_cap, np.int64)
     # Static batching: the batch in admission order, and its members in order of their passes (a member's KV
     # grows until its last pass, then it pads the batch).
@@ -265,8 +334,6 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
     decode_left = -1  # decode steps left in the static batch; -1 while it prefills
     static_step_s = 0.0  # the static batch's decode step time before its KV term, and its KV slope
     static_slope = 0.0
-    decode_steps_done = 0
-    next_to_stop = 0
     track_kv = False  # the static batch's KV is followed only when it costs something
     for e in range(kv_slope.shape[0]):
         track_kv = track_kv or kv_slope[e] != 0.0
@@ -279,6 +346,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
     admissions = 0
     preemptions = 0
     step = 0
+    dclock = 0  # decode steps run (every step but an exclusive prefill step): the timing wheels' clock
     # Decode-only steps are most steps: their times are looked up, not interpolated.
     decode_only_s = np.empty(max_seqs + 1 if max_seqs < n else n + 1)
     slope_of = np.empty(decode_only_s.shape[0])  # seconds per KV token at d decoding sequences
@@ -295,7 +363,8 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
     next_arrival = _next_arrival(arrival_s, closed, heap_t, state)
     while True:
         if next_arrival <= t:
-            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats)
+            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats, keyed,
+                                    queue_key, tie)
         if n_running == 0 and state[_QUEUE_LEN] == 0:
             if next_arrival == np.inf:
                 break
@@ -304,41 +373,17 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
         in_system = state[_QUEUE_LEN] + n_running
 
         if static and decode_left > 0:
-            # The static batch's decode steps, in a loop of their own: nothing to build, the step time fixed but
-            # for the KV term. Most static steps are these; in the general path they cost about twice as much.
-            decode_seqs = n_decoding
-            while True:
-                step_s = static_step_s
-                if track_kv:
-                    if static_slope != 0.0:
-                        step_s = max(step_s + static_slope * (kv_sum - decode_seqs * kv_ref_context), 1e-12)
-                    kv_sum += kv_rate
-                t_end = t + step_s
-                if step < dump_cap:
-                    _record_step(step, t, decode_seqs, 0, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
-                                 dump_prefill_tokens, dump_step_s, dump_waiting)
-                if state[_RELEASED] < n:  # the step starts inside the arrival window
-                    if t_end > warmup_s:
-                        in_system_integral += in_system * (t_end - max(t, warmup_s))
-                    if t >= warmup_s:
-                        window_steps += 1
-                        window_step_s_sum += step_s
-                        window_decode_seqs_sum += decode_seqs
-                        window_decode_steps += 1
-                decode_left -= 1
-                if track_kv:
-                    decode_steps_done += 1
-                    while next_to_stop < n_running and passes[by_passes[next_to_stop]] == decode_steps_done:
-                        kv_rate -= _kv_rate(output_tokens[by_passes[next_to_stop]], passes[by_passes[next_to_stop]])
-                        next_to_stop += 1
-                step += 1
-                if decode_left == 0:
-                    break
-                t = t_end
-                if next_arrival <= t:
-                    next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state,
-                                            out_stats)
-                    in_system = state[_QUEUE_LEN] + n_running
+            # The static batch's decode steps run in a function of their own: nothing to build, the step time
+            # fixed but for the KV term. Most static steps are these, and in the general loop (whose many live
+            # variables spill) they cost about twice as much.
+            (t_end, step, next_arrival, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+             window_decode_steps) = _static_decode_steps(
+                t, step, decode_left, n_decoding, n_running, in_system, next_arrival, static_step_s, static_slope,
+                kv_sum, kv_rate, kv_ref_context, track_kv, by_passes, passes, output_tokens, n, warmup_s,
+                in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum, window_decode_steps,
+                dump_start_s, dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, arrival_s, closed,
+                heap_t, heap_r, state, queue, req_state, out_stats, keyed, queue_key, tie)
+            decode_left = -1
             next_arrival = _finish_batch(batch, n_running, req_state, held, out_finish_s, t_end, closed,
                                          out_arrival_s, think_s, closed_users, heap_t, heap_r, state, next_arrival)
             free_blocks = params_int[P_KV_BLOCKS]
@@ -349,9 +394,23 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
             t = t_end
             continue
 
+        # Exclusive prefill: the step is prefill only when there is prefill to do (a sequence with prefill left,
+        # or a waiting request that can be admitted), else decode only.
+        prefill_step = False
+        if exclusive:
+            if pf_len > 0:
+                prefill_step = True
+            elif state[_QUEUE_LEN] > 0 and n_running < max_seqs:
+                r = _queue_head(queue, keyed, state)
+                if preempt:
+                    tokens = context_tokens[r] + _tokens_after(output_tokens[r], passes[r], passes_done[r])
+                else:
+                    tokens = context_tokens[r] + output_tokens[r]
+                prefill_step = (tokens + block_tokens - 1) // block_tokens <= free_blocks
+
         preempted = False
-        if preempt:
-            slot = step & mask
+        if preempt and not prefill_step:
+            slot = dclock & mask
             m = 0
             r = block_head[slot]
             while r >= 0:
@@ -371,7 +430,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                 r = growing[i]
                 if req_state[r] != _DECODING:
                     continue
-                this_pass = passes_done[r] + (step - decode_start[r]) + 1
+                this_pass = passes_done[r] + (dclock - decode_start[r]) + 1
                 tokens = context_tokens[r] + _tokens_after(output_tokens[r], passes[r], this_pass)
                 need = (tokens + block_tokens - 1) // block_tokens - held[r]
                 while free_blocks < need:
@@ -380,7 +439,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                     if run_tail >= 0:
                         run_next[run_tail] = -1
                     if req_state[victim] == _DECODING:
-                        passes_done[victim] += step - decode_start[victim]
+                        passes_done[victim] += dclock - decode_start[victim]
                         _wheel_remove(finish_head, f_next, f_prev, f_step, victim, mask)
                         _wheel_remove(block_head, b_next, b_prev, b_step, victim, mask)
                         n_decoding -= 1
@@ -392,7 +451,10 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                     free_blocks += held[victim]
                     held[victim] = 0
                     req_state[victim] = _WAITING
-                    _queue_push_front(queue, state, victim)
+                    if keyed:  # back in the queue under its own key and rank of arrival
+                        _keyed_push(queue, queue_key, tie, state, victim)
+                    else:  # back at the head
+                        _queue_push_front(queue, state, victim)
                     n_running -= 1
                     preemptions += 1
                     preempted = True
@@ -415,11 +477,11 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
             # A new static batch: from the queue head while the pool holds whole reservations (no budget cap:
             # the batch's prefill spreads over as many steps as it needs).
             while state[_QUEUE_LEN] > 0 and n_running < max_seqs:
-                r = queue[state[_QUEUE_HEAD]]
+                r = _queue_head(queue, keyed, state)
                 need = (context_tokens[r] + output_tokens[r] + block_tokens - 1) // block_tokens
                 if need > free_blocks:
                     break
-                _queue_pop_front(queue, state)
+                _queue_pop(queue, keyed, queue_key, tie, state)
                 free_blocks -= need
                 held[r] = need
                 out_queue_s[r] = t - arrival_s[r]
@@ -431,8 +493,12 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                 pf_len += 1
             decode_left = -1
 
-        decode_seqs = n_decoding
-        budget_left = max(0, token_budget - decode_seqs * verify_tokens)
+        if prefill_step:  # the decoding sequences wait
+            decode_seqs = 0
+            budget_left = token_budget
+        else:
+            decode_seqs = n_decoding
+            budget_left = 0 if exclusive else max(0, token_budget - decode_seqs * verify_tokens)
         prefill = 0
         touched = 0
         while budget_left > 0 and touched < pf_len:
@@ -445,8 +511,9 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
             budget_left -= c
             touched += 1
         if not preempted and not static:
-            while budget_left > 0 and state[_QUEUE_LEN] > 0 and n_running < max_seqs:
-                r = queue[state[_QUEUE_HEAD]]
+            admitted = 0
+            while budget_left > 0 and state[_QUEUE_LEN] > 0 and n_running < max_seqs and admitted < max_new:
+                r = _queue_head(queue, keyed, state)
                 if preempt:
                     tokens = context_tokens[r] + _tokens_after(output_tokens[r], passes[r], passes_done[r])
                 else:
@@ -454,7 +521,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                 need = (tokens + block_tokens - 1) // block_tokens
                 if need > free_blocks:
                     break
-                _queue_pop_front(queue, state)
+                _queue_pop(queue, keyed, queue_key, tie, state)
                 free_blocks -= need
                 held[r] = need
                 req_state[r] = _PREFILLING
@@ -466,6 +533,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                     out_queue_s[r] = t - arrival_s[r]
                 stamp[r] = admissions
                 admissions += 1
+                admitted += 1
                 if preempt:
                     run_prev[r] = run_tail
                     run_next[r] = -1
@@ -483,8 +551,13 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                 budget_left -= c
                 touched += 1
         if decode_seqs == 0 and prefill == 0:
+            if exclusive:  # every decoding sequence was preempted: the next step prefills them again
+                continue
             out_stats[STAT_STATUS] = 1
             break
+        # The decode clock (which the timing wheels run on) advances at each step that runs the decodes: every
+        # step but an exclusive prefill step.
+        advance = 1 if decode_seqs > 0 or not exclusive else 0
 
         if prefill == 0 and decode_seqs < decode_only_s.shape[0]:
             step_s = decode_only_s[decode_seqs]
@@ -548,8 +621,9 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                 rate = _kv_rate(output_tokens[r], passes[r])
                 kv_sum += context_tokens[r] + 1 + passes_done[r] * rate
                 kv_rate += rate
-                decode_start[r] = step + 1
-                f_step[r] = step + passes_left  # file under step step + passes_left (inline: helper calls cost reference counts)
+                decode_start[r] = dclock + advance
+                f_step[r] = decode_start[r] + passes_left - 1  # file under its last pass (inline: helper calls cost
+                # reference counts)
                 f_prev[r] = -1
                 f_next[r] = finish_head[f_step[r] & mask]
                 if f_next[r] >= 0:
@@ -589,10 +663,6 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                     order = np.argsort(member_passes[:n_running], kind="mergesort")
                     for i in range(n_running):
                         by_passes[i] = batch[order[i]]
-                    decode_steps_done = 0
-                    next_to_stop = 0
-                    while next_to_stop < n_running and passes[by_passes[next_to_stop]] == 0:
-                        next_to_stop += 1
                 if decode_left == 0:  # single-token outputs only: the batch ends with its prefill
                     next_arrival = _finish_batch(batch, n_running, req_state, held, out_finish_s, t_end, closed,
                                                  out_arrival_s, think_s, closed_users, heap_t, heap_r, state,
@@ -605,8 +675,8 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
             continue
 
         # Sequences whose last pass ran in this step.
-        slot = step & mask
-        r = finish_head[slot]
+        slot = dclock & mask
+        r = finish_head[slot] if advance else -1
         while r >= 0:
             following = f_next[r]
             f_step[r] = -1
@@ -629,7 +699,9 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                 next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,
                                                   state)
             r = following
-        finish_head[slot] = -1
+        if advance:
+            finish_head[slot] = -1
+            dclock += 1
         if n_decoding == 0:  # no rounding carried from one busy period to the next
             kv_sum = 0.0
             kv_rate = 0.0

@@ -21,10 +21,20 @@ P_VERIFY_TOKENS = 5
 P_POLICY = 6
 P_PREEMPT = 7
 P_CLOSED_USERS = 8
-N_PARAMS = 9
+P_ORDER = 9
+P_MIXING = 10
+P_MAX_NEW = 11
+N_PARAMS = 12
 
+# Codes of the policy fields (mcsim.perf.policies names them). P_POLICY: when requests are admitted.
 POLICY_CONTINUOUS = 0
 POLICY_STATIC = 1
+# P_ORDER: the waiting queue's order.
+ORDER_FCFS = 0
+ORDER_KEY = 1  # by (queue_key, order of arrival): lower key first
+# P_MIXING: what one step may hold.
+MIXING_MIXED = 0  # decodes and prefill chunks share a step
+MIXING_EXCLUSIVE = 1  # a step is prefill only (when there is prefill to do) or decode only
 
 # Indices into out_stats.
 STAT_STEPS = 0
@@ -173,10 +183,63 @@ def _queue_pop_front(queue, state):
 
 
 @kernel(inline="always")
-def _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats):
+def _key_less(queue_key, tie, a, b):
+    return queue_key[a] < queue_key[b] or (queue_key[a] == queue_key[b] and tie[a] < tie[b])
+
+
+@kernel(inline="always")
+def _keyed_push(queue, queue_key, tie, state, request):
+    """Push ``request`` onto the waiting queue kept as a binary min-heap on (queue_key, tie)."""
+    i = state[_QUEUE_LEN]
+    state[_QUEUE_LEN] = i + 1
+    queue[i] = request
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _key_less(queue_key, tie, queue[i], queue[parent]):
+            break
+        queue[i], queue[parent] = queue[parent], queue[i]
+        i = parent
+
+
+@kernel(inline="always")
+def _keyed_pop(queue, queue_key, tie, state):
+    """Remove the keyed waiting queue's head (``queue[0]``)."""
+    size = state[_QUEUE_LEN] - 1
+    state[_QUEUE_LEN] = size
+    queue[0] = queue[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _key_less(queue_key, tie, queue[child + 1], queue[child]):
+            child += 1
+        if not _key_less(queue_key, tie, queue[child], queue[i]):
+            break
+        queue[i], queue[child] = queue[child], queue[i]
+        i = child
+
+
+@kernel(inline="always")
+def _queue_head(queue, keyed, state):
+    """The request at the waiting queue's head (the queue must not be empty)."""
+    return queue[0] if keyed else queue[state[_QUEUE_HEAD]]
+
+
+@kernel(inline="always")
+def _queue_pop(queue, keyed, queue_key, tie, state):
+    if keyed:
+        _keyed_pop(queue, queue_key, tie, state)
+    else:
+        _queue_pop_front(queue, state)
+
+
+@kernel(inline="always")
+def _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats, keyed, queue_key, tie):
     """Move every arrival at or before ``t`` to the waiting queue (noting the window's end at the last one).
 
-    Returns the time of the next arrival not yet released (inf when none is known yet).
+    In a keyed queue a request's tie is its rank of arrival, so equal keys are served first come, first
+    served. Returns the time of the next arrival not yet released (inf when none is known yet).
     """
     n = arrival_s.shape[0]
     while _next_arrival(arrival_s, closed, heap_t, state) <= t:
@@ -187,7 +250,11 @@ def _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_
             request = state[_OPEN_NEXT]
             state[_OPEN_NEXT] += 1
         req_state[request] = _WAITING
-        _queue_push_back(queue, state, request)
+        if keyed:
+            tie[request] = state[_RELEASED]
+            _keyed_push(queue, queue_key, tie, state, request)
+        else:
+            _queue_push_back(queue, state, request)
         state[_RELEASED] += 1
         if state[_RELEASED] == n:
             out_stats[STAT_WINDOW_END_S] = t

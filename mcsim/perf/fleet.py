@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
+from mcsim.perf.policies import policy_for
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.results.variables import QUANTILES
 
@@ -144,8 +145,9 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     hi = max(min(p["deployment.max_batch_per_gpu"], b_mem), 1.0)
     target = p["deployment.tpot_target_s"]
     b_cap = max(min(hi, largest(lambda b: model.pass_s(b) / tpp <= target, 1.0, hi)), 1.0)
-    static = p["deployment.batching"] == "static"
-    slot_util = static_slot_utilization(out_tokens, round(b_cap)) if static else 1.0
+    policy = policy_for(p["deployment.batching"], p["deployment.scheduler"])
+    # The policy's analytic decode-slot model (used with the simulator too: it sets the operating throughput).
+    slot_util = static_slot_utilization(out_tokens, round(b_cap)) if policy.analytic == "static-slots" else 1.0
 
     def throughput(b):  # useful decode tokens/s per GPU at batch b
         return slot_util * b * tpp / model.pass_s(b)
