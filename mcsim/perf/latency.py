@@ -235,6 +235,7 @@ class PoolSimulator:
         out = self.w.output
         tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
         return {"ttft": ttft[measured], "tpot": tpot[measured], "e2e": e2e[measured], "queue": queue[measured],
+                "class_id": self.w.class_id[measured],
                 "saturated": int(bool(saturated)), "little_law_ratio": float(summary["little_law_ratio"]),
                 "mean_decode_batch": float(summary["mean_decode_batch"]),
                 "busy_fraction": float(summary["busy_fraction"]),

@@ -13,12 +13,12 @@ import numpy as np
 import xarray as xr
 
 from mcsim.results.names import path_of
-from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
+from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE, WORKLOAD_CLASS
 
 #: Quantiles over Monte Carlo samples written to quantiles.csv.
 LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
 #: Dims that are never grid axes.
-FIXED_DIMS = ("variant", "sample", "tier", REQUEST_QUANTILE, "lever")
+FIXED_DIMS = ("variant", "sample", "tier", REQUEST_QUANTILE, WORKLOAD_CLASS, "lever")
 
 
 @dataclass(frozen=True)
