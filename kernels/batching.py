@@ -1,4 +1,4 @@
-"""Continuous and static batching of one serving instance: a step-level discrete-event simulator.
+"""Scheduler policies of one serving instance (continuous, static, ...): a step-level discrete-event simulator.
 
 The engine runs in *steps* (one forward pass of the model over a batch). The scheduler, in the manner of
 vLLM's, builds each step as follows.
@@ -50,6 +50,20 @@ is prefilled (steps of ``token_budget`` prefill tokens, chunked as above, no dec
 token emitted at the end of the step that completes its prefill; then it is decoded for as many steps as
 its longest member has passes, every member counting as a decoding sequence throughout (finished ones as
 padding). All members finish, and their blocks return, at the end of the batch's last step.
+
+Policy hooks (``params_int``)
+-----------------------------
+Continuous policies differ from the rules above at three points; :mod:`mcsim.perf.policies` names them.
+
+- ``order == ORDER_KEY``: the waiting queue is a binary heap on ``(queue_key[r], rank of arrival)``: the
+  lowest key is the head (admission still never skips it), FCFS among equal keys; a preempted request goes
+  back under its own key and rank instead of to the head.
+- ``mixing == MIXING_EXCLUSIVE``: a step is prefill only (the whole ``token_budget``, no decodes) when a
+  running sequence has prefill left or the queue head can be admitted, else decode only (no admission). The
+  decoding sequences do not advance in a prefill step, so the timing wheels run on a *decode clock* that
+  counts the steps that run the decodes (in mixed steps it is the step index). A decode step whose KV growth
+  preempts every decoding sequence is not run; the next step prefills them again.
+- ``max_new > 0``: step 4 admits at most ``max_new`` requests.
 
 Arrivals
 --------
