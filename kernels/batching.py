@@ -292,7 +292,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
     verify_tokens = params_int[P_VERIFY_TOKENS]
     static = params_int[P_POLICY] == POLICY_STATIC
     preempt = params_int[P_PREEMPT] != 0 and not static  # a static batch reserves whole requests
-    keyed = params_int[P_ORDER] == ORDER_KEY
+    keyed = params_int[P_ORDER] == ORDER_KEY and not static  # static batches form first come, first served
     exclusive = params_int[P_MIXING] == MIXING_EXCLUSIVE and not static
     max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 and not static else n + 1
     tie = np.empty(n if keyed else 1, np.int64)  # keyed queue: rank of arrival, for FCFS among equal keys
@@ -491,11 +491,11 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
             # A new static batch: from the queue head while the pool holds whole reservations (no budget cap:
             # the batch's prefill spreads over as many steps as it needs).
             while state[_QUEUE_LEN] > 0 and n_running < max_seqs:
-                r = _queue_head(queue, keyed, state)
+                r = queue[state[_QUEUE_HEAD]]  # (the FCFS queue's own operations: they keep this loop small)
                 need = (context_tokens[r] + output_tokens[r] + block_tokens - 1) // block_tokens
                 if need > free_blocks:
                     break
-                _queue_pop(queue, keyed, queue_key, tie, state)
+                _queue_pop_front(queue, state)
                 free_blocks -= need
                 held[r] = need
                 out_queue_s[r] = t - arrival_s[r]

@@ -44,7 +44,7 @@ class Policy:
         ``continuous``: requests are admitted at every step; ``static``: a batch is formed when none runs and
         runs until its longest member ends.
     order : {"fcfs", "priority", "shortest-prompt"}
-        Order of the waiting queue: first come first served; by workload class priority (higher first, FCFS
+        Order of the waiting queue (``fcfs`` under static batching): first come first served; by workload class priority (higher first, FCFS
         within a class); by uncached prompt tokens (fewer first, FCFS among equals). Admission never skips the
         head: a head that does not fit in the KV pool blocks the queue.
     mixing : {"mixed", "exclusive"}
@@ -100,6 +100,8 @@ _ENTRIES = (
 )
 #: Every policy, by name.
 POLICIES: dict[str, Policy] = {p.name: p for p in _ENTRIES}
+# The kernel forms static batches first come, first served and mixes nothing into them.
+assert all(p.order == "fcfs" and p.mixing == "mixed" for p in _ENTRIES if p.admission == "static")
 #: Names ``deployment.scheduler`` accepts (continuous batching).
 SCHEDULERS = tuple(name for name, p in POLICIES.items() if p.admission == "continuous")
 #: Older names of policies.
