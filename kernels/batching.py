@@ -1,4 +1,4 @@
-"""Continuous and static batching of one serving instance: a step-level discrete-event simulator.
+"""Scheduler policies of one serving instance (continuous, static, ...): a step-level discrete-event simulator.
 
 The engine runs in *steps* (one forward pass of the model over a batch). The scheduler, in the manner of
 vLLM's, builds each step as follows.
@@ -51,6 +51,20 @@ token emitted at the end of the step that completes its prefill; then it is deco
 its longest member has passes, every member counting as a decoding sequence throughout (finished ones as
 padding). All members finish, and their blocks return, at the end of the batch's last step.
 
+Policy hooks (``params_int``)
+-----------------------------
+Continuous policies differ from the rules above at three points; :mod:`mcsim.perf.policies` names them.
+
+- ``order == ORDER_KEY``: the waiting queue is a binary heap on ``(queue_key[r], rank of arrival)``: the
+  lowest key is the head (admission still never skips it), FCFS among equal keys; a preempted request goes
+  back under its own key and rank instead of to the head.
+- ``mixing == MIXING_EXCLUSIVE``: a step is prefill only (the whole ``token_budget``, no decodes) when a
+  running sequence has prefill left or the queue head can be admitted, else decode only (no admission). The
+  decoding sequences do not advance in a prefill step, so the timing wheels run on a *decode clock* that
+  counts the steps that run the decodes (in mixed steps it is the step index). A decode step whose KV growth
+  preempts every decoding sequence is not run; the next step prefills them again.
+- ``max_new > 0``: step 4 admits at most ``max_new`` requests.
+
 Arrivals
 --------
 Open loop (``closed_users == 0``): request ``r`` arrives at ``arrival_s[r]`` (sorted). Closed loop with
@@ -71,6 +85,9 @@ validated input never produces).
 
 Cost
 ----
+Both policies run in one step loop (:func:`_step_loop`), which branches on the policy's integer code where
+they differ; the inline pieces it shares live in :mod:`mcsim.kernels.batching_helpers`. A static batch's
+decode steps have a short path of their own (nothing to build; most static steps are these).
 Per-sequence progress is implicit: every decoding sequence advances one pass per step, so a sequence
 that starts decoding after step ``s`` with ``R`` passes left finishes at step ``s + R`` and is filed
 under that step in a timing wheel (a ring of per-step doubly linked lists); likewise the next step at
@@ -82,229 +99,20 @@ from __future__ import annotations
 import numpy as np
 
 from mcsim.accelerate import kernel
-
-# Indices into params_int.
-P_TOKEN_BUDGET = 0
-P_MAX_SEQS = 1
-P_KV_BLOCKS = 2
-P_BLOCK_TOKENS = 3
-P_CHUNK_TOKENS = 4
-P_VERIFY_TOKENS = 5
-P_POLICY = 6
-P_PREEMPT = 7
-P_CLOSED_USERS = 8
-N_PARAMS = 9
-
-POLICY_CONTINUOUS = 0
-POLICY_STATIC = 1
-
-# Indices into out_stats.
-STAT_STEPS = 0
-STAT_PREEMPTIONS = 1
-STAT_WINDOW_END_S = 2
-STAT_IN_SYSTEM_INTEGRAL = 3
-STAT_WINDOW_STEPS = 4
-STAT_WINDOW_STEP_S_SUM = 5
-STAT_WINDOW_DECODE_SEQS_SUM = 6
-STAT_WINDOW_DECODE_STEPS = 7
-STAT_WAITING_AT_WINDOW_END = 8
-STAT_END_S = 9
-STAT_STATUS = 10
-N_STATS = 11
-
-# Request states.
-_PENDING, _WAITING, _PREFILLING, _DECODING, _DONE = 0, 1, 2, 3, 4
-# Fields of the small scalar-state array shared by the helpers.
-_OPEN_NEXT, _HEAP_SIZE, _RELEASED, _QUEUE_HEAD, _QUEUE_LEN = 0, 1, 2, 3, 4
-
-
-@kernel(inline="always")
-def _bracket(edges, x):
-    """Lower index, upper index and weight of ``x`` between ``edges`` (clamped at both ends)."""
-    last = edges.shape[0] - 1
-    if last == 0 or x <= edges[0]:
-        return 0, min(1, last), 0.0
-    if x >= edges[last]:
-        return last - 1, last, 1.0
-    low, high = 0, last  # edges[low] <= x < edges[high]
-    while high - low > 1:
-        mid = (low + high) >> 1
-        if edges[mid] <= x:
-            low = mid
-        else:
-            high = mid
-    return low, low + 1, (x - edges[low]) / (edges[low + 1] - edges[low])
-
-
-@kernel(inline="always")
-def step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill_tokens):
-    """Step time in seconds at (decode_seqs, prefill_tokens): bilinear in the table, clamped at its edges."""
-    i0, i1, fx = _bracket(decode_edges, float(decode_seqs))
-    j0, j1, fy = _bracket(prefill_edges, float(prefill_tokens))
-    low = step_time_table[i0, j0] * (1.0 - fy) + step_time_table[i0, j1] * fy
-    high = step_time_table[i1, j0] * (1.0 - fy) + step_time_table[i1, j1] * fy
-    return low * (1.0 - fx) + high * fx
-
-
-@kernel(inline="always")
-def kv_slope_at(kv_slope, decode_edges, decode_seqs):
-    """Seconds per KV token at ``decode_seqs`` decoding sequences: linear in ``kv_slope``, clamped."""
-    i0, i1, fx = _bracket(decode_edges, float(decode_seqs))
-    return kv_slope[i0] * (1.0 - fx) + kv_slope[i1] * fx
-
-
-@kernel(inline="always")
-def _kv_rate(output, passes):
-    """Tokens of KV one pass adds to a sequence, on average (0 for a one-token output)."""
-    return (output - 1) / passes if passes > 0 else 0.0
-
-
-@kernel(inline="always")
-def _tokens_after(output, passes, passes_done):
-    """Output tokens produced after ``passes_done`` passes, the first token included."""
-    if passes == 0:
-        return 1
-    return 1 + passes_done * (output - 1) // passes
-
-
-@kernel(inline="always")
-def _heap_less(heap_t, heap_r, a, b):
-    return heap_t[a] < heap_t[b] or (heap_t[a] == heap_t[b] and heap_r[a] < heap_r[b])
-
-
-@kernel(inline="always")
-def _heap_push(heap_t, heap_r, state, time, request):
-    """Push (time, request) onto the binary min-heap of future closed-loop arrivals."""
-    i = state[_HEAP_SIZE]
-    state[_HEAP_SIZE] = i + 1
-    heap_t[i] = time
-    heap_r[i] = request
-    while i > 0:
-        parent = (i - 1) >> 1
-        if not _heap_less(heap_t, heap_r, i, parent):
-            break
-        heap_t[i], heap_t[parent] = heap_t[parent], heap_t[i]
-        heap_r[i], heap_r[parent] = heap_r[parent], heap_r[i]
-        i = parent
-
-
-@kernel(inline="always")
-def _heap_pop(heap_t, heap_r, state):
-    """Remove the heap's top."""
-    size = state[_HEAP_SIZE] - 1
-    state[_HEAP_SIZE] = size
-    heap_t[0] = heap_t[size]
-    heap_r[0] = heap_r[size]
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and _heap_less(heap_t, heap_r, child + 1, child):
-            child += 1
-        if not _heap_less(heap_t, heap_r, child, i):
-            break
-        heap_t[i], heap_t[child] = heap_t[child], heap_t[i]
-        heap_r[i], heap_r[child] = heap_r[child], heap_r[i]
-        i = child
-
-
-@kernel(inline="always")
-def _next_arrival(arrival_s, closed, heap_t, state):
-    """Time of the next arrival not yet released (inf when none is known)."""
-    if closed:
-        return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
-    if state[_OPEN_NEXT] < arrival_s.shape[0]:
-        return arrival_s[state[_OPEN_NEXT]]
-    return np.inf
-
-
-@kernel(inline="always")
-def _queue_push_back(queue, state, request):
-    n = queue.shape[0]
-    queue[(state[_QUEUE_HEAD] + state[_QUEUE_LEN]) % n] = request
-    state[_QUEUE_LEN] += 1
-
-
-@kernel(inline="always")
-def _queue_push_front(queue, state, request):
-    n = queue.shape[0]
-    head = (state[_QUEUE_HEAD] - 1 + n) % n
-    queue[head] = request
-    state[_QUEUE_HEAD] = head
-    state[_QUEUE_LEN] += 1
-
-
-@kernel(inline="always")
-def _queue_pop_front(queue, state):
-    request = queue[state[_QUEUE_HEAD]]
-    state[_QUEUE_HEAD] = (state[_QUEUE_HEAD] + 1) % queue.shape[0]
-    state[_QUEUE_LEN] -= 1
-    return request
-
-
-@kernel(inline="always")
-def _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats):
-    """Move every arrival at or before ``t`` to the waiting queue (noting the window's end at the last one).
-
-    Returns the time of the next arrival not yet released (inf when none is known yet).
-    """
-    n = arrival_s.shape[0]
-    while _next_arrival(arrival_s, closed, heap_t, state) <= t:
-        if closed:
-            request = heap_r[0]
-            _heap_pop(heap_t, heap_r, state)
-        else:
-            request = state[_OPEN_NEXT]
-            state[_OPEN_NEXT] += 1
-        req_state[request] = _WAITING
-        _queue_push_back(queue, state, request)
-        state[_RELEASED] += 1
-        if state[_RELEASED] == n:
-            out_stats[STAT_WINDOW_END_S] = t
-            out_stats[STAT_WAITING_AT_WINDOW_END] = state[_QUEUE_LEN]
-    return _next_arrival(arrival_s, closed, heap_t, state)
-
-
-@kernel(inline="always")
-def _record_step(step, t, decode_seqs, prefill, step_s, waiting, dump_start_s, dump_decode_seqs,
-                 dump_prefill_tokens, dump_step_s, dump_waiting):
-    """Write one step's row of the optional per-step record."""
-    dump_start_s[step] = t
-    dump_decode_seqs[step] = decode_seqs
-    dump_prefill_tokens[step] = prefill
-    dump_step_s[step] = step_s
-    dump_waiting[step] = waiting
-
-
-@kernel(inline="always")
-def _schedule_follower(request, time, out_arrival_s, think_s, closed_users, heap_t, heap_r, state):
-    """Closed loop: the next request of ``request``'s user arrives its think time after ``time``.
-
-    Returns the time of the next arrival not yet released.
-    """
-    follower = request + closed_users
-    if follower < out_arrival_s.shape[0]:
-        out_arrival_s[follower] = time + think_s[follower]
-        _heap_push(heap_t, heap_r, state, out_arrival_s[follower], follower)
-    return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
-
-
-@kernel(inline="always")
-def _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
-                  window_decode_steps, steps, end_s):
-    """Copy the statistics accumulated in locals during the run into ``out_stats``."""
-    out_stats[STAT_IN_SYSTEM_INTEGRAL] = in_system_integral
-    out_stats[STAT_WINDOW_STEPS] = window_steps
-    out_stats[STAT_WINDOW_STEP_S_SUM] = window_step_s_sum
-    out_stats[STAT_WINDOW_DECODE_SEQS_SUM] = window_decode_seqs_sum
-    out_stats[STAT_WINDOW_DECODE_STEPS] = window_decode_steps
-    out_stats[STAT_STEPS] = steps
-    out_stats[STAT_END_S] = end_s
+from mcsim.kernels.batching_helpers import (  # noqa: F401  (constants re-exported: callers read them here)
+    _DECODING, _DONE, _HEAP_SIZE, _PREFILLING, _QUEUE_HEAD, _QUEUE_LEN, _RELEASED, _WAITING, N_PARAMS, N_STATS,
+    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_SEQS, P_POLICY, P_PREEMPT, P_TOKEN_BUDGET,
+    P_VERIFY_TOKENS, POLICY_CONTINUOUS, POLICY_STATIC, P_ORDER, P_MIXING, P_MAX_NEW, ORDER_FCFS, ORDER_KEY,
+    MIXING_MIXED, MIXING_EXCLUSIVE, _keyed_push, _queue_head, _queue_pop, STAT_END_S, STAT_IN_SYSTEM_INTEGRAL, STAT_PREEMPTIONS,
+    STAT_STATUS, STAT_STEPS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_DECODE_SEQS_SUM, STAT_WINDOW_DECODE_STEPS,
+    STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _heap_push, _kv_rate, _next_arrival,
+    _next_block_step, _queue_pop_front, _queue_push_front, _record_step, _release, _schedule_follower,
+    _store_window, _tokens_after, _wheel_remove, kv_slope_at, step_time,
+)
 
 
 @kernel
-def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int, warmup_s,
+def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, queue_key, params_int, warmup_s,
              step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s, out_first_token_s, out_finish_s,
              out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens, dump_step_s,
              dump_waiting):
@@ -327,10 +135,14 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
     think_s : float64[n]
         Closed loop: request ``r >= closed_users`` arrives ``think_s[r]`` s after request
         ``r - closed_users`` finishes. Unused in an open loop.
+    queue_key : int64[n]
+        Order of a keyed waiting queue (``order == ORDER_KEY``): lower first, ties by arrival. Unused in FCFS.
     params_int : int64[N_PARAMS]
         At the ``P_*`` indices: token_budget (tokens per step), max_seqs, kv_blocks, block_tokens,
         chunk_tokens (0 = no cap), verify_tokens (tokens per decoding sequence per step), policy
-        (``POLICY_CONTINUOUS`` or ``POLICY_STATIC``), preempt (0 or 1), closed_users (0 = open loop).
+        (``POLICY_CONTINUOUS`` or ``POLICY_STATIC``), preempt (0 or 1), closed_users (0 = open loop), order
+        (``ORDER_FCFS`` or ``ORDER_KEY``), mixing (``MIXING_MIXED`` or ``MIXING_EXCLUSIVE``), max_new (sequences
+        admitted per step at most, 0 = no cap; continuous policies only).
     warmup_s : float
         Start of the measured window, s.
     step_time_table : float64[n_decode_edges, n_prefill_edges]
@@ -356,10 +168,10 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
     --------
     >>> import numpy as np
     >>> one = np.ones(1, np.int64); out = [np.zeros(1) for _ in range(4)]; stats = np.zeros(N_STATS)
-    >>> params = np.array([8192, 8, 100, 16, 0, 1, 0, 0, 0], np.int64)
+    >>> params = np.array([8192, 8, 100, 16, 0, 1, 0, 0, 0, 0, 0, 0], np.int64)
     >>> table = np.array([[0.01, 0.01], [0.01, 0.01]]); edges = np.array([0.0, 1.0])
     >>> none_f, none_i = np.zeros(0), np.zeros(0, np.int64)
-    >>> simulate(np.zeros(1), 10 * one, 10 * one, 3 * one, 2 * one, np.zeros(1), params, 0.0, table, edges,
+    >>> simulate(np.zeros(1), 10 * one, 10 * one, 3 * one, 2 * one, np.zeros(1), 0 * one, params, 0.0, table, edges,
     ...          edges, np.zeros(2), 0.0, *out, stats, none_f, none_i, none_i, none_f, none_i)
     >>> round(float(out[2][0]), 6)  # finish: one prefill step and two decode steps
     0.03
@@ -382,120 +194,57 @@ def simulate(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, t
             _heap_push(heap_t, heap_r, state, arrival_s[r], r)
     else:
         out_arrival_s[:] = arrival_s
-    if params_int[P_POLICY] == POLICY_STATIC:
-        _simulate_static(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s,
-                         params_int, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope,
-                         kv_ref_context, out_arrival_s,
-                         out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
-                         dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r)
-    else:
-        _simulate_continuous(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s,
-                             params_int, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope,
-                             kv_ref_context, out_arrival_s,
-                             out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
-                             dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t,
-                             heap_r)
+    _step_loop(out_arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, queue_key, params_int,
+               warmup_s,
+               step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s,
+               out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs,
+               dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r)
+
+
+@kernel(inline="always")
+def _finish_batch(batch, size, req_state, held, out_finish_s, t_end, closed, out_arrival_s, think_s, closed_users,
+                  heap_t, heap_r, state, next_arrival):
+    """Static batching: every member finishes, and returns its blocks, at the end of the batch's last step.
+
+    Returns the time of the next arrival not yet released.
+    """
+    for i in range(size):
+        r = batch[i]
+        req_state[r] = _DONE
+        held[r] = 0
+        out_finish_s[r] = t_end
+        if closed:
+            next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r, state)
+    return next_arrival
 
 
 @kernel
-def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int,
-                     warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s,
-                     out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs, dump_prefill_tokens,
-                     dump_step_s, dump_waiting, state, heap_t, heap_r):
-    """Static batching (arguments as :func:`simulate`, plus the arrival state it prepared)."""
-    n = arrival_s.shape[0]
-    token_budget = params_int[P_TOKEN_BUDGET]
-    max_seqs = params_int[P_MAX_SEQS]
-    kv_blocks = params_int[P_KV_BLOCKS]
-    block_tokens = params_int[P_BLOCK_TOKENS]
-    chunk_tokens = params_int[P_CHUNK_TOKENS]
-    closed_users = params_int[P_CLOSED_USERS]
-    closed = closed_users > 0
-    queue = np.empty(n, np.int64)
-    req_state = np.zeros(n, np.int8)
-    prefill_left = np.zeros(n, np.int64)
-    batch = np.empty(min(max_seqs, n), np.int64)
-    chunk = np.zeros(batch.shape[0], np.int64)
-    by_passes = np.empty(batch.shape[0], np.int64)  # members in order of their passes (KV stops growing)
-    member_passes = np.empty(batch.shape[0], np.int64)
-    kv_sum = 0.0
-    kv_rate = 0.0
-    decode_steps_done = 0
-    next_to_stop = 0
-    track_kv = False  # the batch's KV is followed only when it costs something
-    for e in range(kv_slope.shape[0]):
-        track_kv = track_kv or kv_slope[e] != 0.0
-    batch_size = 0
-    first_unfilled = 0  # members before it have finished prefill
-    decode_left = -1  # decode steps left in the batch; -1 while it prefills
+def _static_decode_steps(t, step, decode_left, decode_seqs, n_running, in_system, next_arrival, step_s0, slope, kv_sum,
+                         kv_rate, kv_ref_context, track_kv, by_passes, passes, output_tokens, n, warmup_s,
+                         in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+                         window_decode_steps, dump_start_s, dump_decode_seqs, dump_prefill_tokens, dump_step_s,
+                         dump_waiting, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats, keyed,
+                         queue_key, tie):
+    """Static batching: the ``decode_left`` decode steps of the batch, from ``t`` (the loop's hook for them).
+
+    Arrivals during the batch join the queue. Returns the end of the last step, the step count, the next arrival
+    and the window's accumulators, updated.
+    """
     dump_cap = dump_start_s.shape[0]
-    in_system_integral = 0.0
-    window_steps = 0
-    window_step_s_sum = 0.0
-    window_decode_seqs_sum = 0
-    window_decode_steps = 0
-    t = -np.inf
-    step_index = 0
-    last_decode_seqs = -1
-    last_step_s = 0.0
-    last_slope = 0.0
-    next_arrival = _next_arrival(arrival_s, closed, heap_t, state)
+    decode_steps_done = 0
+    next_to_stop = 0  # members by their passes: a member's KV grows until its last pass, then it pads the batch
+    while track_kv and next_to_stop < n_running and passes[by_passes[next_to_stop]] == 0:
+        next_to_stop += 1
+    t_end = t
     while True:
-        if next_arrival <= t:
-            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats)
-        if batch_size == 0 and state[_QUEUE_LEN] == 0:
-            if next_arrival == np.inf:
-                break
-            t = next_arrival
-            continue
-        in_system = state[_QUEUE_LEN] + batch_size
-        if batch_size == 0:
-            free_blocks = kv_blocks
-            while state[_QUEUE_LEN] > 0 and batch_size < max_seqs:
-                r = queue[state[_QUEUE_HEAD]]
-                need = (context_tokens[r] + output_tokens[r] + block_tokens - 1) // block_tokens
-                if need > free_blocks:
-                    break
-                free_blocks -= need
-                _queue_pop_front(queue, state)
-                out_queue_s[r] = t - arrival_s[r]
-                req_state[r] = _PREFILLING
-                prefill_left[r] = prefill_tokens[r]
-                batch[batch_size] = r
-                batch_size += 1
-            first_unfilled = 0
-            decode_left = -1
-        prefill = 0
-        decode_seqs = 0
-        if decode_left < 0:
-            budget_left = token_budget
-            i = first_unfilled
-            while i < batch_size and budget_left > 0:
-                r = batch[i]
-                c = 0
-                if prefill_left[r] > 0:
-                    c = min(prefill_left[r], budget_left)
-                    if chunk_tokens > 0:
-                        c = min(c, chunk_tokens)
-                    budget_left -= c
-                    prefill += c
-                chunk[i] = c
-                i += 1
-            touched = i
-            step_s = step_time(step_time_table, decode_edges, prefill_edges, 0, prefill)
-        else:
-            decode_seqs = batch_size
-            touched = 0
-            if decode_seqs != last_decode_seqs:
-                last_decode_seqs = decode_seqs
-                last_step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, 0)
-                last_slope = kv_slope_at(kv_slope, decode_edges, decode_seqs)
-            step_s = last_step_s
-            if last_slope != 0.0:
-                step_s = max(step_s + last_slope * (kv_sum - decode_seqs * kv_ref_context), 1e-12)
+        step_s = step_s0
+        if track_kv:
+            if slope != 0.0:
+                step_s = max(step_s + slope * (kv_sum - decode_seqs * kv_ref_context), 1e-12)
+            kv_sum += kv_rate
         t_end = t + step_s
-        if step_index < dump_cap:
-            _record_step(step_index, t, decode_seqs, prefill, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
+        if step < dump_cap:
+            _record_step(step, t, decode_seqs, 0, step_s, state[_QUEUE_LEN], dump_start_s, dump_decode_seqs,
                          dump_prefill_tokens, dump_step_s, dump_waiting)
         if state[_RELEASED] < n:  # the step starts inside the arrival window
             if t_end > warmup_s:
@@ -503,97 +252,37 @@ def _simulate_static(arrival_s, prefill_tokens, context_tokens, output_tokens, p
             if t >= warmup_s:
                 window_steps += 1
                 window_step_s_sum += step_s
-                if decode_seqs > 0:
-                    window_decode_seqs_sum += decode_seqs
-                    window_decode_steps += 1
-        step_index += 1
-        batch_done = False
-        if decode_left < 0:
-            for i in range(first_unfilled, touched):
-                r = batch[i]
-                if chunk[i] > 0:
-                    prefill_left[r] -= chunk[i]
-                    if prefill_left[r] == 0:
-                        out_first_token_s[r] = t_end
-            while first_unfilled < batch_size and prefill_left[batch[first_unfilled]] == 0:
-                first_unfilled += 1
-            if first_unfilled == batch_size:
-                decode_left = 0
-                for i in range(batch_size):
-                    decode_left = max(decode_left, passes[batch[i]])
-                if track_kv:
-                    kv_sum = 0.0
-                    kv_rate = 0.0
-                    for i in range(batch_size):
-                        r = batch[i]
-                        kv_sum += context_tokens[r] + 1
-                        kv_rate += _kv_rate(output_tokens[r], passes[r])
-                        member_passes[i] = passes[r]
-                    # a member's KV grows until its last pass, then it pads the batch: members by their passes
-                    order = np.argsort(member_passes[:batch_size], kind="mergesort")
-                    for i in range(batch_size):
-                        by_passes[i] = batch[order[i]]
-                    decode_steps_done = 0
-                    next_to_stop = 0
-                    while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == 0:
-                        next_to_stop += 1
-                batch_done = decode_left == 0
-        else:
-            decode_left -= 1
-            batch_done = decode_left == 0
-            if track_kv:
-                kv_sum += kv_rate
-                decode_steps_done += 1
-                while next_to_stop < batch_size and passes[by_passes[next_to_stop]] == decode_steps_done:
-                    kv_rate -= _kv_rate(output_tokens[by_passes[next_to_stop]], passes[by_passes[next_to_stop]])
-                    next_to_stop += 1
-        if batch_done:
-            for i in range(batch_size):
-                req_state[batch[i]] = _DONE
-                out_finish_s[batch[i]] = t_end
-                if closed:
-                    next_arrival = _schedule_follower(batch[i], t_end, out_arrival_s, think_s, closed_users, heap_t,
-                                                      heap_r, state)
-            batch_size = 0
+                window_decode_seqs_sum += decode_seqs
+                window_decode_steps += 1
+        decode_left -= 1
+        if track_kv:
+            decode_steps_done += 1
+            while next_to_stop < n_running and passes[by_passes[next_to_stop]] == decode_steps_done:
+                kv_rate -= _kv_rate(output_tokens[by_passes[next_to_stop]], passes[by_passes[next_to_stop]])
+                next_to_stop += 1
+        step += 1
+        if decode_left == 0:
+            break
         t = t_end
-    _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
-                  window_decode_steps, step_index, t)
-
-
-@kernel(inline="always")
-def _wheel_remove(head, next_, prev, slot_of, request, mask):
-    """Take ``request`` out of the timing-wheel list it is filed in (nothing if it is in none)."""
-    if slot_of[request] < 0:
-        return
-    if prev[request] >= 0:
-        next_[prev[request]] = next_[request]
-    else:
-        head[slot_of[request] & mask] = next_[request]
-    if next_[request] >= 0:
-        prev[next_[request]] = prev[request]
-    slot_of[request] = -1
-
-
-@kernel(inline="always")
-def _next_block_step(context, output, passes, block_tokens, held, passes_done, decode_start_step):
-    """Step at which a decoding sequence next needs a block (-1: never), from the blocks it holds."""
-    tokens_needing_block = held * block_tokens - context + 1  # output tokens that overflow what is held
-    if tokens_needing_block > output or passes == 0:
-        return -1
-    # Smallest pass q with 1 + floor(q * (output - 1) / passes) >= tokens_needing_block.
-    q = ((tokens_needing_block - 1) * passes + output - 2) // (output - 1)
-    return decode_start_step + (q - passes_done - 1)
+        if next_arrival <= t:
+            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats, keyed,
+                                    queue_key, tie)
+            in_system = state[_QUEUE_LEN] + n_running
+    return (t_end, step, next_arrival, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+            window_decode_steps)
 
 
 @kernel
-def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, params_int,
-                         warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
-                         out_arrival_s, out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s,
-                         dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r):
-    """Continuous batching (arguments as :func:`simulate`, plus the arrival state it prepared).
+def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s, queue_key, params_int,
+               warmup_s,
+               step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_arrival_s,
+               out_first_token_s, out_finish_s, out_queue_s, out_stats, dump_start_s, dump_decode_seqs,
+               dump_prefill_tokens, dump_step_s, dump_waiting, state, heap_t, heap_r):
+    """The one step loop of every policy (arguments as :func:`simulate`, plus the arrival state it prepared).
 
-    Helpers that take arrays are kept off the per-step path or written out inline: every call passing an
-    array costs atomic reference-count updates, which dominated the step cost before.
+    Where policies differ the loop branches on their integer codes, which are loop-invariant. Helpers that
+    take arrays are kept off the per-step path or written out inline: every call passing an array costs
+    atomic reference-count updates, which dominated the step cost before.
     """
     n = arrival_s.shape[0]
     token_budget = params_int[P_TOKEN_BUDGET]
@@ -601,7 +290,12 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     block_tokens = params_int[P_BLOCK_TOKENS]
     chunk_tokens = params_int[P_CHUNK_TOKENS]
     verify_tokens = params_int[P_VERIFY_TOKENS]
-    preempt = params_int[P_PREEMPT] != 0
+    static = params_int[P_POLICY] == POLICY_STATIC
+    preempt = params_int[P_PREEMPT] != 0 and not static  # a static batch reserves whole requests
+    keyed = params_int[P_ORDER] == ORDER_KEY and not static  # static batches form first come, first served
+    exclusive = params_int[P_MIXING] == MIXING_EXCLUSIVE and not static
+    max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 and not static else n + 1
+    tie = np.empty(n if keyed else 1, np.int64)  # keyed queue: rank of arrival, for FCFS among equal keys
     closed_users = params_int[P_CLOSED_USERS]
     closed = closed_users > 0
 
@@ -609,15 +303,19 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     req_state = np.zeros(n, np.int8)
     prefill_left = np.zeros(n, np.int64)
     chunk = np.zeros(n, np.int64)
-    passes_done = np.zeros(n, np.int64)  # passes run before the current decode stretch began
-    decode_start = np.zeros(n, np.int64)  # step of the current decode stretch's first pass
+    # Arrays that a policy never reads have one element: allocating and touching n-long arrays costs more than a
+    # static run's whole decode phase.
+    n_cont = 1 if static else n  # read by continuous policies only
+    n_pre = n if preempt else 1  # read with preemption only
+    passes_done = np.zeros(n_cont, np.int64)  # passes run before the current decode stretch began
+    decode_start = np.zeros(n_cont, np.int64)  # step of the current decode stretch's first pass
     held = np.zeros(n, np.int64)
     first_done = np.zeros(n, np.bool_)
-    admitted_once = np.zeros(n, np.bool_)
-    stamp = np.zeros(n, np.int64)
+    admitted_once = np.zeros(n_cont, np.bool_)
+    stamp = np.zeros(n_cont, np.int64)
     # Running sequences in admission order (doubly linked), needed only to pick preemption victims.
-    run_prev = np.full(n, -1, np.int64)
-    run_next = np.full(n, -1, np.int64)
+    run_prev = np.full(n_pre, -1, np.int64)
+    run_next = np.full(n_pre, -1, np.int64)
     run_tail = -1
     # Sequences admitted with prefill left, in admission order (ring buffer).
     pf_cap = max(1, min(max_seqs, n))
@@ -634,14 +332,25 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
         wheel <<= 1
     mask = wheel - 1
     finish_head = np.full(wheel, -1, np.int64)
-    f_next = np.full(n, -1, np.int64)
-    f_prev = np.full(n, -1, np.int64)
-    f_step = np.full(n, -1, np.int64)
+    f_next = np.full(n_cont, -1, np.int64)
+    f_prev = np.full(n_cont, -1, np.int64)
+    f_step = np.full(n_cont, -1, np.int64)
     block_head = np.full(wheel if preempt else 1, -1, np.int64)
-    b_next = np.full(n, -1, np.int64)
-    b_prev = np.full(n, -1, np.int64)
-    b_step = np.full(n, -1, np.int64)
+    b_next = np.full(n_pre, -1, np.int64)
+    b_prev = np.full(n_pre, -1, np.int64)
+    b_step = np.full(n_pre, -1, np.int64)
     growing = np.empty(pf_cap, np.int64)
+    # Static batching: the batch in admission order, and its members in order of their passes (a member's KV
+    # grows until its last pass, then it pads the batch).
+    batch = np.empty(pf_cap if static else 1, np.int64)
+    by_passes = np.empty(batch.shape[0], np.int64)
+    member_passes = np.empty(batch.shape[0], np.int64)
+    decode_left = -1  # decode steps left in the static batch; -1 while it prefills
+    static_step_s = 0.0  # the static batch's decode step time before its KV term, and its KV slope
+    static_slope = 0.0
+    track_kv = False  # the static batch's KV is followed only when it costs something
+    for e in range(kv_slope.shape[0]):
+        track_kv = track_kv or kv_slope[e] != 0.0
 
     free_blocks = params_int[P_KV_BLOCKS]
     n_running = 0
@@ -651,6 +360,7 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     admissions = 0
     preemptions = 0
     step = 0
+    dclock = 0  # decode steps run (every step but an exclusive prefill step): the timing wheels' clock
     # Decode-only steps are most steps: their times are looked up, not interpolated.
     decode_only_s = np.empty(max_seqs + 1 if max_seqs < n else n + 1)
     slope_of = np.empty(decode_only_s.shape[0])  # seconds per KV token at d decoding sequences
@@ -667,7 +377,8 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     next_arrival = _next_arrival(arrival_s, closed, heap_t, state)
     while True:
         if next_arrival <= t:
-            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats)
+            next_arrival = _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats, keyed,
+                                    queue_key, tie)
         if n_running == 0 and state[_QUEUE_LEN] == 0:
             if next_arrival == np.inf:
                 break
@@ -675,9 +386,45 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
             continue
         in_system = state[_QUEUE_LEN] + n_running
 
+        if static and decode_left > 0:
+            # The static batch's decode steps run in a function of their own: nothing to build, the step time
+            # fixed but for the KV term. Most static steps are these, and in the general loop (whose many live
+            # variables spill) they cost about twice as much.
+            (t_end, step, next_arrival, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+             window_decode_steps) = _static_decode_steps(
+                t, step, decode_left, n_decoding, n_running, in_system, next_arrival, static_step_s, static_slope,
+                kv_sum, kv_rate, kv_ref_context, track_kv, by_passes, passes, output_tokens, n, warmup_s,
+                in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum, window_decode_steps,
+                dump_start_s, dump_decode_seqs, dump_prefill_tokens, dump_step_s, dump_waiting, arrival_s, closed,
+                heap_t, heap_r, state, queue, req_state, out_stats, keyed, queue_key, tie)
+            decode_left = -1
+            next_arrival = _finish_batch(batch, n_running, req_state, held, out_finish_s, t_end, closed,
+                                         out_arrival_s, think_s, closed_users, heap_t, heap_r, state, next_arrival)
+            free_blocks = params_int[P_KV_BLOCKS]
+            n_running = 0
+            n_decoding = 0
+            kv_sum = 0.0
+            kv_rate = 0.0
+            t = t_end
+            continue
+
+        # Exclusive prefill: the step is prefill only when there is prefill to do (a sequence with prefill left,
+        # or a waiting request that can be admitted), else decode only.
+        prefill_step = False
+        if exclusive:
+            if pf_len > 0:
+                prefill_step = True
+            elif state[_QUEUE_LEN] > 0 and n_running < max_seqs:
+                r = _queue_head(queue, keyed, state)
+                if preempt:
+                    tokens = context_tokens[r] + _tokens_after(output_tokens[r], passes[r], passes_done[r])
+                else:
+                    tokens = context_tokens[r] + output_tokens[r]
+                prefill_step = (tokens + block_tokens - 1) // block_tokens <= free_blocks
+
         preempted = False
-        if preempt:
-            slot = step & mask
+        if preempt and not prefill_step:
+            slot = dclock & mask
             m = 0
             r = block_head[slot]
             while r >= 0:
@@ -697,7 +444,7 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                 r = growing[i]
                 if req_state[r] != _DECODING:
                     continue
-                this_pass = passes_done[r] + (step - decode_start[r]) + 1
+                this_pass = passes_done[r] + (dclock - decode_start[r]) + 1
                 tokens = context_tokens[r] + _tokens_after(output_tokens[r], passes[r], this_pass)
                 need = (tokens + block_tokens - 1) // block_tokens - held[r]
                 while free_blocks < need:
@@ -706,7 +453,7 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                     if run_tail >= 0:
                         run_next[run_tail] = -1
                     if req_state[victim] == _DECODING:
-                        passes_done[victim] += step - decode_start[victim]
+                        passes_done[victim] += dclock - decode_start[victim]
                         _wheel_remove(finish_head, f_next, f_prev, f_step, victim, mask)
                         _wheel_remove(block_head, b_next, b_prev, b_step, victim, mask)
                         n_decoding -= 1
@@ -718,7 +465,10 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                     free_blocks += held[victim]
                     held[victim] = 0
                     req_state[victim] = _WAITING
-                    _queue_push_front(queue, state, victim)
+                    if keyed:  # back in the queue under its own key and rank of arrival
+                        _keyed_push(queue, queue_key, tie, state, victim)
+                    else:  # back at the head
+                        _queue_push_front(queue, state, victim)
                     n_running -= 1
                     preemptions += 1
                     preempted = True
@@ -737,8 +487,32 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                             b_prev[b_next[r]] = r
                         block_head[b_step[r] & mask] = r
 
-        decode_seqs = n_decoding
-        budget_left = max(0, token_budget - decode_seqs * verify_tokens)
+        if static and n_running == 0:
+            # A new static batch: from the queue head while the pool holds whole reservations (no budget cap:
+            # the batch's prefill spreads over as many steps as it needs).
+            while state[_QUEUE_LEN] > 0 and n_running < max_seqs:
+                r = queue[state[_QUEUE_HEAD]]  # (the FCFS queue's own operations: they keep this loop small)
+                need = (context_tokens[r] + output_tokens[r] + block_tokens - 1) // block_tokens
+                if need > free_blocks:
+                    break
+                _queue_pop_front(queue, state)
+                free_blocks -= need
+                held[r] = need
+                out_queue_s[r] = t - arrival_s[r]
+                req_state[r] = _PREFILLING
+                prefill_left[r] = prefill_tokens[r]
+                batch[n_running] = r
+                n_running += 1
+                pf[(pf_head + pf_len) % pf_cap] = r
+                pf_len += 1
+            decode_left = -1
+
+        if prefill_step:  # the decoding sequences wait
+            decode_seqs = 0
+            budget_left = token_budget
+        else:
+            decode_seqs = n_decoding
+            budget_left = 0 if exclusive else max(0, token_budget - decode_seqs * verify_tokens)
         prefill = 0
         touched = 0
         while budget_left > 0 and touched < pf_len:
@@ -750,9 +524,10 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
             prefill += c
             budget_left -= c
             touched += 1
-        if not preempted:
-            while budget_left > 0 and state[_QUEUE_LEN] > 0 and n_running < max_seqs:
-                r = queue[state[_QUEUE_HEAD]]
+        if not preempted and not static:
+            admitted = 0
+            while budget_left > 0 and state[_QUEUE_LEN] > 0 and n_running < max_seqs and admitted < max_new:
+                r = _queue_head(queue, keyed, state)
                 if preempt:
                     tokens = context_tokens[r] + _tokens_after(output_tokens[r], passes[r], passes_done[r])
                 else:
@@ -760,7 +535,7 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                 need = (tokens + block_tokens - 1) // block_tokens
                 if need > free_blocks:
                     break
-                _queue_pop_front(queue, state)
+                _queue_pop(queue, keyed, queue_key, tie, state)
                 free_blocks -= need
                 held[r] = need
                 req_state[r] = _PREFILLING
@@ -772,6 +547,7 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                     out_queue_s[r] = t - arrival_s[r]
                 stamp[r] = admissions
                 admissions += 1
+                admitted += 1
                 if preempt:
                     run_prev[r] = run_tail
                     run_next[r] = -1
@@ -789,8 +565,13 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                 budget_left -= c
                 touched += 1
         if decode_seqs == 0 and prefill == 0:
+            if exclusive:  # every decoding sequence was preempted: the next step prefills them again
+                continue
             out_stats[STAT_STATUS] = 1
             break
+        # The decode clock (which the timing wheels run on) advances at each step that runs the decodes: every
+        # step but an exclusive prefill step.
+        advance = 1 if decode_seqs > 0 or not exclusive else 0
 
         if prefill == 0 and decode_seqs < decode_only_s.shape[0]:
             step_s = decode_only_s[decode_seqs]
@@ -817,65 +598,99 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                     window_decode_steps += 1
 
         # Prefill progress; sequences whose prefill completes leave the ring, the others keep their order.
-        n_survivors = 0
-        for i in range(touched):
-            r = pf[(pf_head + i) % pf_cap]
-            prefill_left[r] -= chunk[r]
-            if prefill_left[r] > 0:
-                survivors[n_survivors] = r
-                n_survivors += 1
-                continue
-            if not first_done[r]:
-                first_done[r] = True
-                out_first_token_s[r] = t_end
-            passes_left = passes[r] - passes_done[r]
-            if passes_left == 0:
-                req_state[r] = _DONE
-                free_blocks += held[r]
-                held[r] = 0
-                n_running -= 1
+        if touched > 0:  # (most steps are decode-only)
+            n_survivors = 0
+            for i in range(touched):
+                r = pf[(pf_head + i) % pf_cap]
+                prefill_left[r] -= chunk[r]
+                if prefill_left[r] > 0:
+                    survivors[n_survivors] = r
+                    n_survivors += 1
+                    continue
+                if not first_done[r]:
+                    first_done[r] = True
+                    out_first_token_s[r] = t_end
+                if static:  # members decode together once the whole batch is prefilled
+                    continue
+                passes_left = passes[r] - passes_done[r]
+                if passes_left == 0:
+                    req_state[r] = _DONE
+                    free_blocks += held[r]
+                    held[r] = 0
+                    n_running -= 1
+                    if preempt:
+                        if run_prev[r] >= 0:  # unlink from the running list
+                            run_next[run_prev[r]] = run_next[r]
+                        if run_next[r] >= 0:
+                            run_prev[run_next[r]] = run_prev[r]
+                        else:
+                            run_tail = run_prev[r]
+                    out_finish_s[r] = t_end
+                    if closed:
+                        next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,
+                                                          state)
+                    continue
+                req_state[r] = _DECODING
+                n_decoding += 1
+                rate = _kv_rate(output_tokens[r], passes[r])
+                kv_sum += context_tokens[r] + 1 + passes_done[r] * rate
+                kv_rate += rate
+                decode_start[r] = dclock + advance
+                f_step[r] = decode_start[r] + passes_left - 1  # file under its last pass (inline: helper calls cost
+                # reference counts)
+                f_prev[r] = -1
+                f_next[r] = finish_head[f_step[r] & mask]
+                if f_next[r] >= 0:
+                    f_prev[f_next[r]] = r
+                finish_head[f_step[r] & mask] = r
                 if preempt:
-                    if run_prev[r] >= 0:  # unlink from the running list
-                        run_next[run_prev[r]] = run_next[r]
-                    if run_next[r] >= 0:
-                        run_prev[run_next[r]] = run_prev[r]
-                    else:
-                        run_tail = run_prev[r]
-                out_finish_s[r] = t_end
-                if closed:
-                    next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,
-                                                      state)
-                continue
-            req_state[r] = _DECODING
-            n_decoding += 1
-            rate = _kv_rate(output_tokens[r], passes[r])
-            kv_sum += context_tokens[r] + 1 + passes_done[r] * rate
-            kv_rate += rate
-            decode_start[r] = step + 1
-            f_step[r] = step + passes_left  # file under step step + passes_left (inline: helper calls cost reference counts)
-            f_prev[r] = -1
-            f_next[r] = finish_head[f_step[r] & mask]
-            if f_next[r] >= 0:
-                f_prev[f_next[r]] = r
-            finish_head[f_step[r] & mask] = r
-            if preempt:
-                grow = _next_block_step(context_tokens[r], output_tokens[r], passes[r], block_tokens, held[r],
-                                        passes_done[r], decode_start[r])
-                if grow >= 0:
-                    b_step[r] = grow  # file under step grow (inline: helper calls cost reference counts)
-                    b_prev[r] = -1
-                    b_next[r] = block_head[b_step[r] & mask]
-                    if b_next[r] >= 0:
-                        b_prev[b_next[r]] = r
-                    block_head[b_step[r] & mask] = r
-        pf_head = (pf_head + touched - n_survivors) % pf_cap
-        for i in range(n_survivors):
-            pf[(pf_head + i) % pf_cap] = survivors[i]
-        pf_len -= touched - n_survivors
+                    grow = _next_block_step(context_tokens[r], output_tokens[r], passes[r], block_tokens, held[r],
+                                            passes_done[r], decode_start[r])
+                    if grow >= 0:
+                        b_step[r] = grow  # file under step grow (inline: helper calls cost reference counts)
+                        b_prev[r] = -1
+                        b_next[r] = block_head[b_step[r] & mask]
+                        if b_next[r] >= 0:
+                            b_prev[b_next[r]] = r
+                        block_head[b_step[r] & mask] = r
+            pf_head = (pf_head + touched - n_survivors) % pf_cap
+            for i in range(n_survivors):
+                pf[(pf_head + i) % pf_cap] = survivors[i]
+            pf_len -= touched - n_survivors
+
+        if static:  # a prefill step of a static batch (its decode steps take the short path above)
+            if pf_len == 0:  # the whole batch is prefilled: it decodes for its longest member's passes
+                decode_left = 0
+                for i in range(n_running):
+                    decode_left = max(decode_left, passes[batch[i]])
+                n_decoding = n_running
+                static_step_s = decode_only_s[n_running]
+                static_slope = slope_of[n_running]
+                if track_kv:
+                    kv_sum = 0.0
+                    kv_rate = 0.0
+                    for i in range(n_running):
+                        r = batch[i]
+                        kv_sum += context_tokens[r] + 1
+                        kv_rate += _kv_rate(output_tokens[r], passes[r])
+                        member_passes[i] = passes[r]
+                    order = np.argsort(member_passes[:n_running], kind="mergesort")
+                    for i in range(n_running):
+                        by_passes[i] = batch[order[i]]
+                if decode_left == 0:  # single-token outputs only: the batch ends with its prefill
+                    next_arrival = _finish_batch(batch, n_running, req_state, held, out_finish_s, t_end, closed,
+                                                 out_arrival_s, think_s, closed_users, heap_t, heap_r, state,
+                                                 next_arrival)
+                    free_blocks = params_int[P_KV_BLOCKS]
+                    n_running = 0
+                    n_decoding = 0
+            step += 1
+            t = t_end
+            continue
 
         # Sequences whose last pass ran in this step.
-        slot = step & mask
-        r = finish_head[slot]
+        slot = dclock & mask
+        r = finish_head[slot] if advance else -1
         while r >= 0:
             following = f_next[r]
             f_step[r] = -1
@@ -898,7 +713,9 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
                 next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,
                                                   state)
             r = following
-        finish_head[slot] = -1
+        if advance:
+            finish_head[slot] = -1
+            dclock += 1
         if n_decoding == 0:  # no rounding carried from one busy period to the next
             kv_sum = 0.0
             kv_rate = 0.0
@@ -907,3 +724,4 @@ def _simulate_continuous(arrival_s, prefill_tokens, context_tokens, output_token
     out_stats[STAT_PREEMPTIONS] = preemptions
     _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
                   window_decode_steps, step, t)
+

@@ -102,4 +102,5 @@ def test_kernels_import_only_accelerate():
     graph = import_graph()
     for name, imported in graph.items():
         if name.startswith("mcsim.kernels"):
-            assert imported <= {"mcsim.accelerate"}, name
+            # a kernel module may share inline pieces with another kernel module, nothing of the orchestration
+            assert {m for m in imported if not m.startswith("mcsim.kernels.")} <= {"mcsim.accelerate"}, name

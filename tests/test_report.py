@@ -29,7 +29,8 @@ def make_result(grid=None, variants=None, n=80, seed=0, shapley_levers=None, wit
     rng = np.random.default_rng(seed)
     dims = list(grid) + (["variant"] if variants else [])
     shape = [len(v) for v in grid.values()] + ([len(variants)] if variants else [])
-    coords = {**grid, "sample": np.arange(n), "tier": list(TIERS), "request_quantile": list(QUANTILES)}
+    coords = {**grid, "sample": np.arange(n), "tier": list(TIERS), "request_quantile": list(QUANTILES),
+              "workload_class": ["chat", "code"]}
     if variants:
         coords["variant"] = list(variants)
     draws = {"efficiency.fused_kernel_gain": rng.uniform(1.0, 1.5, n), "speculative.draft_cost": rng.uniform(0, 0.1, n),

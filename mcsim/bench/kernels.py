@@ -411,7 +411,7 @@ def run_batching_kernel(workload, policy, preempt, kv_blocks):
     outputs = [np.empty(n) for _ in range(4)]
     stats = np.zeros(kernel.N_STATS)
     no_log_f, no_log_i = np.zeros(0), np.zeros(0, np.int64)
-    kernel.simulate(arrival, prefill, context, output, output - 1, np.zeros(n),
+    kernel.simulate(arrival, prefill, context, output, output - 1, np.zeros(n), np.zeros(n, np.int64),
                     _batching_params(policy, preempt, kv_blocks), 0.0, BATCH_STEP_TIME_TABLE, BATCH_DECODE_EDGES,
                     BATCH_PREFILL_EDGES, np.zeros(len(BATCH_DECODE_EDGES)), 0.0, *outputs, stats, no_log_f, no_log_i, no_log_i, no_log_f, no_log_i)
     return outputs, stats

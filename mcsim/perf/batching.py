@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from mcsim.perf import policies
+
 QUANTILES = (0.5, 0.9, 0.99)
 SATURATION_RATIO = 1.05
 SATURATION_BACKLOG = 0.05
@@ -55,6 +57,8 @@ def simulate_batching(
     chunk_tokens: int = 0,
     verify_tokens: int = 1,
     policy: str = "continuous",
+    priority=None,
+    max_new_per_step: int = 0,
     preempt: bool = True,
     closed_users: int = 0,
     think_s=None,
@@ -98,7 +102,14 @@ def simulate_batching(
         Cap on one request's prefill chunk per step, tokens; 0 = only the budget caps it.
     verify_tokens : int
         Tokens a decoding sequence costs per step (``k + 1`` with ``k`` draft tokens, else 1).
-    policy : {"continuous", "static"}
+    policy : str
+        A scheduler policy of :data:`mcsim.perf.policies.POLICIES` (``"fcfs"``, ``"priority"``,
+        ``"shortest-prompt-first"``, ``"exclusive-prefill"``, ``"chunked-prefill"``, ``"static"``);
+        ``"continuous"`` is ``"fcfs"``.
+    priority : array_like of int, shape (n,), optional
+        Priority of each request's workload class, higher served first (the ``"priority"`` policy; default 0).
+    max_new_per_step : int
+        Sequences admitted per step at most under a continuous policy (0 = the policy's own cap, or none).
     preempt : bool
         Continuous policy: grow KV as sequences generate and preempt (recompute) the newest sequence when
         the pool runs out, as vLLM does; False reserves each request's final size at admission.
@@ -177,8 +188,11 @@ def simulate_batching(
     if slope.shape != d_edges.shape or not np.all(np.isfinite(slope)) or not np.isfinite(kv_ref_context) \
             or kv_ref_context < 0:
         raise ValueError("kv_slope must be finite and of shape (len(decode_edges),); kv_ref_context finite, >= 0")
-    if policy not in ("continuous", "static"):
-        raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
+    scheduler = policies.get(policy)
+    if priority is not None:
+        priority = _as_int(priority, "priority", n)
+    if max_new_per_step < 0:
+        raise ValueError("max_new_per_step must be >= 0")
     if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or min(chunk_tokens, closed_users) < 0:
         raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens, "
                          "closed_users >= 0")
@@ -195,18 +209,23 @@ def simulate_batching(
     params[kernel.P_BLOCK_TOKENS] = block_tokens
     params[kernel.P_CHUNK_TOKENS] = chunk_tokens
     params[kernel.P_VERIFY_TOKENS] = verify_tokens
-    params[kernel.P_POLICY] = kernel.POLICY_STATIC if policy == "static" else kernel.POLICY_CONTINUOUS
+    codes = scheduler.codes(max_new_per_step)
+    params[kernel.P_POLICY] = codes["admission"]
+    params[kernel.P_ORDER] = codes["order"]
+    params[kernel.P_MIXING] = codes["mixing"]
+    params[kernel.P_MAX_NEW] = codes["max_new_per_step"]
     params[kernel.P_PREEMPT] = int(bool(preempt))
     params[kernel.P_CLOSED_USERS] = closed_users
+    queue_key = scheduler.queue_key(prefill, priority)
 
     arrival_out, first_token, finish, queue = (np.empty(n) for _ in range(4))
     stats = np.zeros(kernel.N_STATS)
     log = {"start_s": np.empty(max_steps), "decode_seqs": np.empty(max_steps, np.int64),
            "prefill_tokens": np.empty(max_steps, np.int64), "step_s": np.empty(max_steps),
            "waiting": np.empty(max_steps, np.int64)}
-    kernel.simulate(arrival, prefill, context, output, passes, think, params, float(warmup_s), table, d_edges,
-                    p_edges, slope, float(kv_ref_context), arrival_out, first_token, finish, queue, stats, log["start_s"], log["decode_seqs"],
-                    log["prefill_tokens"], log["step_s"], log["waiting"])
+    kernel.simulate(arrival, prefill, context, output, passes, think, queue_key, params, float(warmup_s), table,
+                    d_edges, p_edges, slope, float(kv_ref_context), arrival_out, first_token, finish, queue, stats,
+                    log["start_s"], log["decode_seqs"], log["prefill_tokens"], log["step_s"], log["waiting"])
     if stats[kernel.STAT_STATUS] != 0:
         raise RuntimeError("the batching simulation stalled (a step with nothing to run)")
     steps = int(stats[kernel.STAT_STEPS])

@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
+from mcsim.perf.policies import policy_for
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.results.variables import QUANTILES
 
@@ -73,10 +74,13 @@ def _whole(x: float) -> int:
     return max(int(math.ceil(x - 1e-9)), 1)
 
 
-def infeasible(reason: str, b_mem: float, tpp: float) -> dict:
+def infeasible(reason: str, b_mem: float, tpp: float, classes: tuple = ("chat",)) -> dict:
     """The performance figures of a sample that cannot run: NaN, with its reason."""
     out = {name: math.nan for name in PERFORMANCE_OUTPUTS}
     out.update({name: np.full(len(QUANTILES), np.nan) for name in ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s")})
+    out.update({name: np.full((len(classes), len(QUANTILES)), np.nan) for name in ("ttft_s_by_class",
+                                                                                    "tpot_s_by_class")})
+    out.update(slo_attainment_by_class=np.full(len(classes), np.nan), _workload_classes=tuple(classes))
     out.update(max_batch_by_memory=b_mem, spec_raw_tokens_per_pass=tpp, feasible=0, infeasible_reason=reason,
                saturated=0, _served_fraction=math.nan, _step_log=None)
     return out
@@ -138,14 +142,15 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     if reason == "ok" and model.pass_s(1.0) / tpp > p["deployment.tpot_target_s"]:
         reason = "TPOT target not met at batch 1"
     if reason != "ok":
-        return {**infeasible(reason, b_mem, tpp), **stage}
+        return {**infeasible(reason, b_mem, tpp, requests.class_names), **stage}
 
     # -- the batch cap: KV memory, the TPOT target and the configured cap ------------------------------------
     hi = max(min(p["deployment.max_batch_per_gpu"], b_mem), 1.0)
     target = p["deployment.tpot_target_s"]
     b_cap = max(min(hi, largest(lambda b: model.pass_s(b) / tpp <= target, 1.0, hi)), 1.0)
-    static = p["deployment.batching"] == "static"
-    slot_util = static_slot_utilization(out_tokens, round(b_cap)) if static else 1.0
+    policy = policy_for(p["deployment.batching"], p["deployment.scheduler"])
+    # The policy's analytic decode-slot model (used with the simulator too: it sets the operating throughput).
+    slot_util = static_slot_utilization(out_tokens, round(b_cap)) if policy.analytic == "static-slots" else 1.0
 
     def throughput(b):  # useful decode tokens/s per GPU at batch b
         return slot_util * b * tpp / model.pass_s(b)
@@ -222,7 +227,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
             n_p = 0
             n_d = smallest_fleet(lambda k: meets(sim.colocated(k)), _whole(needed_d) - 1, cap)
         if n_d is None or n_p is None:
-            return {**infeasible("SLO not met", b_mem, tpp), **stage}
+            return {**infeasible("SLO not met", b_mem, tpp, requests.class_names), **stage}
 
     # -- the fleet's latencies: simulated (the charged fleet) or service times ---------------------------------
     steps_kept = None
@@ -252,6 +257,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     multi = out_tokens > 1  # TPOT is undefined for a one-token output
     if simulate:
         ttft, tpot, e2e, queue = lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"]
+        class_id = lat["class_id"]
         saturated, little = lat["saturated"], lat["little_law_ratio"]
         steps_kept = lat["step_log"]
     else:
@@ -259,6 +265,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         ttft = miss / (x_prefill * gp) + restore_s + pass_s + transfer_s
         e2e = ttft + np.where(multi, tpot * (out_tokens - 1), 0.0)
         queue = np.zeros(n)
+        class_id = requests.class_id
         saturated, little = 0, math.nan
     ttft, e2e = with_host(ttft, tpot, e2e)
     within = np.ones(len(ttft), dtype=bool)
@@ -284,6 +291,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         "ttft_at_slo_quantile_s": _quantile(ttft, slo_q),
         "tpot_at_slo_quantile_s": _quantile(tpot, slo_q),
         "slo_attainment": float(within.mean()) if len(within) else math.nan,
+        **by_class(ttft, tpot, within, class_id, requests.class_names),
         "saturated": int(saturated),
         "little_law_ratio": little,
         "gpus": gpus,
@@ -300,6 +308,20 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         "_step_log": steps_kept,
         "_batching_steady_state": lat["steady_state"] if simulate else None,
     }
+
+
+def by_class(ttft, tpot, within, class_id, classes) -> dict:
+    """Per-request TTFT and TPOT quantiles and SLO attainment of each workload class (NaN for an empty class)."""
+    k = len(classes)
+    ttft_q, tpot_q, attained = np.full((k, len(QUANTILES)), np.nan), np.full((k, len(QUANTILES)), np.nan), \
+        np.full(k, np.nan)
+    for c in range(k):
+        mine = class_id == c
+        if mine.any():
+            ttft_q[c], tpot_q[c] = _quantiles(ttft[mine]), _quantiles(tpot[mine])
+            attained[c] = float(within[mine].mean())
+    return {"ttft_s_by_class": ttft_q, "tpot_s_by_class": tpot_q, "slo_attainment_by_class": attained,
+            "_workload_classes": tuple(classes)}
 
 
 def _prefill_meets(sim, k: int, with_host, ttft_target: float, slo_q: float) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcsim.perf import policies
 from mcsim.perf.batching import simulate_batching
 
 #: The simulated requests are at least this many times one instance's largest concurrency ...
@@ -68,6 +69,8 @@ class Workload:
     think: np.ndarray | None
     users: int
     block: int
+    class_id: np.ndarray
+    priority: np.ndarray
 
 
 def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per_instance: float,
@@ -99,12 +102,16 @@ def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per
     decode_passes = np.where(out > 1, np.maximum(decode_passes, 1), 0)
     users = int(p["performance.closed_loop_users"])
     think = rng.exponential(max(p["workload.think_time_s"], 0.0), len(arrival)) if users else None
+    class_id = tile(requests.class_id).astype(np.int64)
+    class_priority = np.array([p.get(f"workload.classes.{c}.priority", 0) for c in requests.class_names], np.int64)
     return Workload(arrival, np.maximum(tile(miss), 1).astype(np.int64), tile(requests.prompt_tokens).astype(np.int64),
-                    out, decode_passes, tile(restore_s), tile(transfer_s), think, users, requests.block_tokens)
+                    out, decode_passes, tile(restore_s), tile(transfer_s), think, users, requests.block_tokens,
+                    class_id, class_priority[class_id])
 
 
 def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges, p_edges, seqs, blocks, budget,
-         chunk, n_instances: int, policy: str, max_steps: int, kv_slope=None, kv_ref_context: float = 0.0):
+         chunk, n_instances: int, policy: str, max_steps: int, kv_slope=None, kv_ref_context: float = 0.0,
+         max_new_per_step: int = 0):
     scaled = arrive * n_instances
     order = np.argsort(scaled, kind="stable")
     res = simulate_batching(
@@ -112,6 +119,7 @@ def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges
         step_time_table=table, decode_edges=d_edges, prefill_edges=p_edges, kv_slope=kv_slope,
         kv_ref_context=kv_ref_context, token_budget=budget,
         max_seqs=seqs, kv_blocks=blocks, block_tokens=w.block, chunk_tokens=chunk, policy=policy,
+        priority=w.priority[order], max_new_per_step=max_new_per_step,
         preempt=bool(p["performance.preempt"]), closed_users=w.users,
         think_s=None if w.think is None else w.think[order] * n_instances,
         warmup_s=float(np.quantile(scaled, 1 / 3)), max_steps=max_steps,
@@ -143,7 +151,8 @@ class PoolSimulator:
         self.max_seqs = max(int(max_seqs), 1)
         longest = int(np.max(np.ceil((workload.context + workload.output) / workload.block)))
         self.kv_blocks = max(int(kv_blocks), longest + 1)
-        self.policy = "static" if p["deployment.batching"] == "static" else "continuous"
+        self.policy = policies.policy_for(p["deployment.batching"], p["deployment.scheduler"])
+        self.max_new = int(p["deployment.max_new_per_step"])
         decode_layout = model.decode_gpus // max(p["deployment.tp"] * p["deployment.pp"], 1)
         self.budget = int(p["performance.token_budget"]) * max(decode_layout, 1)
         self.chunk = int(p["performance.chunk_tokens"]) * max(decode_layout, 1)
@@ -163,8 +172,8 @@ class PoolSimulator:
         p_edges = edges(self.budget, 10)
         table = step_table(self.model, self.d_edges, p_edges)
         per, summary = _run(self.p, w, w.arrival, w.miss, w.output, w.decode_passes, table, self.d_edges, p_edges,
-                            self.max_seqs, self.kv_blocks, self.budget, self.chunk, n_instances, self.policy,
-                            max_steps, self.kv_slope, self.model.decode_context)
+                            self.max_seqs, self.kv_blocks, self.budget, self.chunk, n_instances, self.policy.name,
+                            max_steps, self.kv_slope, self.model.decode_context, self.max_new)
         ttft = per["ttft_s"] + w.restore_s
         e2e = per["e2e_s"] + w.restore_s
         return self._result(ttft, e2e, per["queue_s"], per["measured"], summary, summary["saturated"])
@@ -182,7 +191,8 @@ class PoolSimulator:
             groups = max(round(self.model.prefill_budget / self.p["performance.token_budget"]), 1)
             chunk = int(self.p["performance.chunk_tokens"]) * groups
             pre, summary = _run(self.p, w, w.arrival, w.miss, np.ones(m, np.int64), np.zeros(m, np.int64), table,
-                                d_edges, p_edges, 1 << 20, 1 << 40, budget, chunk, n_instances, "continuous", 0)
+                                d_edges, p_edges, 1 << 20, 1 << 40, budget, chunk, n_instances, self._prefill_policy(), 0,
+                                max_new_per_step=self.max_new)
             self._runs[key] = {
                 "handoff": pre["ttft_s"] + w.restore_s + w.transfer_s, "queue": pre["queue_s"],
                 "measured": pre["measured"], "saturated": bool(summary["saturated"]),
@@ -198,8 +208,8 @@ class PoolSimulator:
         handoff = prefill["handoff"]
         dec, summary = _run(self.p, w, w.arrival + handoff / max(n_instances, 1), np.ones(m, np.int64), w.output,
                             w.decode_passes, table, self.d_edges, p_edges, self.max_seqs, self.kv_blocks,
-                            self.budget, self.chunk, n_instances, self.policy, max_steps, self.kv_slope,
-                            self.model.decode_context)
+                            self.budget, self.chunk, n_instances, self.policy.name, max_steps, self.kv_slope,
+                            self.model.decode_context, self.max_new)
         measured = prefill["measured"] & dec["measured"]
         out = self._result(handoff, handoff + dec["e2e_s"], prefill["queue"] + dec["queue_s"], measured, summary,
                            prefill["saturated"] or summary["saturated"])
@@ -208,6 +218,11 @@ class PoolSimulator:
         out["steady_state"] = min((prefill["steady_state"], out["steady_state"]),
                                   key=lambda s: (s.steady, -s.requests_needed))
         return out
+
+    def _prefill_policy(self) -> str:
+        """The prefill pool's policy: the scenario's continuous one (its queue order decides TTFT there); fcfs
+        under static batching, whose batches are a decode-pool matter."""
+        return self.policy.name if self.policy.admission == "continuous" else "fcfs"
 
     def disaggregated(self, n_decode: int, n_prefill: int, max_steps: int = 0) -> dict:
         """Both pools: ``n_prefill`` prefill instances hand their requests to ``n_decode`` decode instances."""
@@ -220,6 +235,7 @@ class PoolSimulator:
         out = self.w.output
         tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
         return {"ttft": ttft[measured], "tpot": tpot[measured], "e2e": e2e[measured], "queue": queue[measured],
+                "class_id": self.w.class_id[measured],
                 "saturated": int(bool(saturated)), "little_law_ratio": float(summary["little_law_ratio"]),
                 "mean_decode_batch": float(summary["mean_decode_batch"]),
                 "busy_fraction": float(summary["busy_fraction"]),

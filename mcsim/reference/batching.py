@@ -79,6 +79,10 @@ def simulate_reference(
     verify_tokens,
     policy,
     preempt,
+    order="fcfs",
+    queue_key=None,
+    mixing="mixed",
+    max_new_per_step=0,
     closed_users,
     warmup_s,
     step_time_table,
@@ -90,7 +94,10 @@ def simulate_reference(
     """Simulate one serving instance step by step.
 
     Parameters are those of :func:`mcsim.kernels.batching.simulate` as Python sequences and scalars
-    (``policy`` is ``"continuous"`` or ``"static"``; ``preempt`` a bool). The attended KV of every decoding
+    (``policy`` is ``"continuous"`` or ``"static"``; ``preempt`` a bool), plus the fields of a
+    :class:`mcsim.perf.policies.Policy` by name: ``order`` (``"fcfs"``, or ``"priority"`` /
+    ``"shortest-prompt"``: the waiting request with the lowest ``(queue_key, rank of arrival)`` is the head),
+    ``mixing`` (``"mixed"`` or ``"exclusive"``) and ``max_new_per_step`` (0 = no cap). The attended KV of every decoding
     sequence is summed afresh at every step (the kernel keeps the sum up to date instead).
 
     Returns
@@ -120,6 +127,17 @@ def simulate_reference(
     for r in range(initial):
         heapq.heappush(arrivals, (requests[r].arrival, r))
     waiting: deque[_Request] = deque()
+    keyed = order != "fcfs"
+    key = [0] * n if queue_key is None else [int(k) for k in queue_key]
+    rank = [0] * n  # rank of arrival: FCFS among equal keys
+    if policy == "static":
+        max_new_per_step = 0
+
+    def head():
+        """The waiting request that is served next."""
+        if keyed:
+            return min(waiting, key=lambda q: (key[q.index], rank[q.index]))
+        return waiting[0]
     running: list[_Request] = []
     free_blocks = kv_blocks
     stats = {"steps": 0, "preemptions": 0, "window_end_s": math.nan, "in_system_integral": 0.0, "window_steps": 0,
@@ -149,7 +167,7 @@ def simulate_reference(
 
     def admit(req, time):
         nonlocal free_blocks
-        waiting.popleft()
+        waiting.remove(req)
         req.held_blocks = blocks_at_admission(req)
         free_blocks -= req.held_blocks
         req.state = PREFILLING
@@ -180,6 +198,7 @@ def simulate_reference(
         while arrivals and arrivals[0][0] <= t:
             _, r = heapq.heappop(arrivals)
             requests[r].state = WAITING
+            rank[r] = released
             waiting.append(requests[r])
             released += 1
             if released == n:
@@ -195,9 +214,10 @@ def simulate_reference(
         chunks = []
         if policy == "static":
             if not batch:
-                while waiting and len(batch) < max_seqs and blocks_at_admission(waiting[0]) <= free_blocks:
-                    batch.append(waiting[0])
-                    admit(waiting[0], t)
+                while waiting and len(batch) < max_seqs and blocks_at_admission(head()) <= free_blocks:
+                    q = head()
+                    batch.append(q)
+                    admit(q, t)
             prefilling = [q for q in batch if q.state == PREFILLING]
             decoders = batch if not prefilling else []
             decode_seqs = len(decoders)
@@ -209,8 +229,13 @@ def simulate_reference(
                 chunks.append((q, c))
                 budget_left -= c
         else:
+            # Exclusive mixing: prefill only when some running sequence has prefill left or the head can be
+            # admitted; otherwise decode only.
+            prefill_step = mixing == "exclusive" and (
+                any(q.state == PREFILLING for q in running)
+                or (bool(waiting) and len(running) < max_seqs and blocks_at_admission(head()) <= free_blocks))
             preempted = False
-            if preempt:
+            if preempt and not prefill_step:
                 for s in [q for q in running if q.state == DECODING]:
                     if s.state != DECODING:
                         continue
@@ -230,9 +255,14 @@ def simulate_reference(
                     if s.state == DECODING:
                         free_blocks -= need
                         s.held_blocks += need
-            decoders = [q for q in running if q.state == DECODING]
+            decoders = [] if prefill_step else [q for q in running if q.state == DECODING]
             decode_seqs = len(decoders)
-            budget_left = max(0, token_budget - decode_seqs * verify_tokens)
+            if prefill_step:
+                budget_left = token_budget
+            elif mixing == "exclusive":
+                budget_left = 0
+            else:
+                budget_left = max(0, token_budget - decode_seqs * verify_tokens)
             for q in running:
                 if budget_left <= 0:
                     break
@@ -241,17 +271,22 @@ def simulate_reference(
                     chunks.append((q, c))
                     budget_left -= c
             if not preempted:
-                while budget_left > 0 and waiting and len(running) < max_seqs:
-                    q = waiting[0]
+                admitted = 0
+                while budget_left > 0 and waiting and len(running) < max_seqs and (
+                        max_new_per_step == 0 or admitted < max_new_per_step):
+                    q = head()
                     if blocks_at_admission(q) > free_blocks:
                         break
                     admit(q, t)
+                    admitted += 1
                     running.append(q)
                     c = chunk(q, budget_left)
                     chunks.append((q, c))
                     budget_left -= c
         step_prefill = sum(c for _, c in chunks)
         if decode_seqs == 0 and step_prefill == 0:
+            if policy != "static" and mixing == "exclusive":
+                continue  # every decoding sequence was preempted: the next step prefills them again
             raise RuntimeError("a step with nothing to run")
         step_s = _step_time(table, decode_edges, prefill_edges, decode_seqs, step_prefill)
         if decode_seqs > 0 and any(kv_slope):

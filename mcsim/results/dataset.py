@@ -20,7 +20,8 @@ import xarray as xr
 from mcsim.fileio import atomic_path
 from mcsim.results.names import dataset_name
 from mcsim.results.units import input_units
-from mcsim.results.variables import FEASIBLE_REASONS, QUANTILES, REGISTRY, REQUEST_QUANTILE, TIERS, attrs_for
+from mcsim.results.variables import (FEASIBLE_REASONS, QUANTILES, REGISTRY, REQUEST_QUANTILE, TIERS, WORKLOAD_CLASS,
+                                     attrs_for)
 
 MODEL_STATEMENT = (
     "All output variables are modelled: they follow from the scenario's assumptions through mcsim's comparative "
@@ -54,6 +55,8 @@ def rows_to_table(rows: list[dict], variants: tuple) -> dict[str, np.ndarray]:
         table[f"extra_meta:{name}"] = np.array(json.dumps({"dims": list(dims), "attrs": var_attrs}))
     for dim, labels in (rows[0].get("__coords__", {}) if rows else {}).items():
         table[f"coord:{dim}"] = np.asarray(labels)
+    if rows:  # every sample and grid point of a run has the scenario's classes
+        table[f"coord:{WORKLOAD_CLASS}"] = np.asarray(rows[0][variants[0]]["_workload_classes"], dtype=str)
     return table
 
 
@@ -86,6 +89,8 @@ def describe_coordinates(ds: xr.Dataset) -> xr.Dataset:
                    "description": "index of the draw of the uncertain inputs and of the random streams"},
         "tier": {"long_name": "KV cache tier", "units": "1"},
         REQUEST_QUANTILE: {"long_name": "quantile over the requests of a sample", "units": "1"},
+        WORKLOAD_CLASS: {"long_name": "workload class", "units": "1",
+                         "description": "the scenario's workload.classes, in the scenario's order"},
         "variant": {"long_name": "scenario variant", "units": "1",
                     "description": "baseline: the levers off; factory: as written; without:/only: one lever off/on"},
         "lever": {"long_name": "optimization lever", "units": "1"},

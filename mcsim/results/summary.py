@@ -8,7 +8,7 @@ import numpy as np
 import xarray as xr
 
 from mcsim.results.names import path_of
-from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
+from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE, WORKLOAD_CLASS
 from mcsim.tables import paragraph, table, terminal_width
 
 #: Metrics compared as factory - baseline (a ratio of margins or of a rate that may be 0 says nothing).
@@ -42,7 +42,7 @@ def band(values: np.ndarray) -> dict:
     return {"median": float(med), "p5": float(p5), "p95": float(p95)}
 
 
-NON_GRID = ("variant", "sample", "tier", REQUEST_QUANTILE, "lever")
+NON_GRID = ("variant", "sample", "tier", REQUEST_QUANTILE, WORKLOAD_CLASS, "lever")
 
 #: Columns of the per-grid-point table of a sweep.
 GRID_COLUMNS = [("decode tok/s/GPU", "decode_tok_s_per_gpu", None), ("GPUs", "gpus", None),

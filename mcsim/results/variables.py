@@ -13,6 +13,9 @@ TIERS = ("hbm", "dram", "nvme")
 #: xarray's own ``.quantile()`` over samples creates).
 QUANTILES = (0.5, 0.9, 0.99)
 REQUEST_QUANTILE = "request_quantile"
+#: The scenario's workload classes, for per-class latency (not ``class``: a Python keyword, so ``ds.sel(class=...)``
+#: could not be written).
+WORKLOAD_CLASS = "workload_class"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,12 @@ _VARS = [
     Variable("slo_attainment", (), "1", "share of requests within the SLOs",
              "Fraction of requests whose TTFT <= deployment.ttft_target_s (when set) and whose TPOT <= "
              "deployment.tpot_target_s.", percent=True),
+    Variable("ttft_s_by_class", ("workload_class", "request_quantile"), "s", "time to first token by class",
+             "ttft_s over the requests of each workload class (NaN for a class without measured requests)."),
+    Variable("tpot_s_by_class", ("workload_class", "request_quantile"), "s", "time per output token by class",
+             "tpot_s over the requests of each workload class."),
+    Variable("slo_attainment_by_class", ("workload_class",), "1", "share of requests within the SLOs by class",
+             "slo_attainment over the requests of each workload class.", percent=True),
     Variable("ttft_at_slo_quantile_s", (), "s", "TTFT at the SLO quantile",
              "The deployment.slo_quantile quantile of per-request TTFT (what fleet = 'slo' sizes the fleet for)."),
     Variable("tpot_at_slo_quantile_s", (), "s", "TPOT at the SLO quantile",

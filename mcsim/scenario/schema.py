@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mcsim.errors import McsimError
+from mcsim.perf.policies import SCHEDULERS
 from mcsim.scenario import catalog
 
 
@@ -129,6 +130,12 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "prefill_gpus_per_instance": I(16, "Prefill GPUs per instance when disaggregated.", 1, 100_000),
         "disaggregated": B(True, "Prefill and decode on separate pools (lever: prefill/decode split)."),
         "batching": C("continuous", "Batching policy (lever: continuous batching).", "continuous", "static"),
+        "scheduler": C("fcfs", "Scheduler policy of continuous batching (mcsim.perf.policies): fcfs; priority "
+                               "(workload.classes.<name>.priority, higher first, FCFS within a class); "
+                               "shortest-prompt-first; exclusive-prefill (a step is prefill or decode, prefill "
+                               "first); chunked-prefill (Sarathi-style, as fcfs). Static batching ignores it.",
+                       *SCHEDULERS),
+        "max_new_per_step": I(0, "Sequences a continuous-batching step admits at most (0 = no cap).", 0, 1_000_000),
         "routing": C("prefix-affinity", "How requests are routed to instances (and their caches): cache-aware "
                      "picks the instance with the longest cached prefix unless it is overloaded.",
                      "random", "round-robin", "prefix-affinity", "cache-aware", "pooled"),
@@ -351,6 +358,8 @@ CLASS_FIELDS: dict[str, Field] = {
     "turns": F(1.0, "Mean turns per session (geometric); turn t carries the whole earlier conversation.", 1, None),
     "system_prompt_share": F(0.8, "Probability that a session starts with a shared system prompt.", 0, 1),
     "acceptance": R({"dist": "beta", "a": 17, "b": 3}, "Per-request draft acceptance rate.", 0, 1),
+    "priority": I(0, "Scheduling priority of this class under deployment.scheduler = 'priority' (higher served "
+                     "first).", -1_000_000, 1_000_000),
     "expert_skew": F(1.0, "Zipf exponent of this class's expert popularity (0 = uniform routing; at most 3, beyond "
                           "which nearly every token picks the same experts and the routing kernel's draws slow "
                           "down).", 0, 3),

@@ -1,0 +1,328 @@
+"""Small inline pieces of the batching simulator (:mod:`mcsim.kernels.batching`): the step-time table, the
+arrival heap, the waiting queue, the timing wheels and the per-step record.
+
+They are ``inline="always"``: the step loop calls them on its hot path, and a call that passes arrays costs
+atomic reference-count updates that an inlined body does not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mcsim.accelerate import kernel
+
+# Indices into params_int.
+P_TOKEN_BUDGET = 0
+P_MAX_SEQS = 1
+P_KV_BLOCKS = 2
+P_BLOCK_TOKENS = 3
+P_CHUNK_TOKENS = 4
+P_VERIFY_TOKENS = 5
+P_POLICY = 6
+P_PREEMPT = 7
+P_CLOSED_USERS = 8
+P_ORDER = 9
+P_MIXING = 10
+P_MAX_NEW = 11
+N_PARAMS = 12
+
+# Codes of the policy fields (mcsim.perf.policies names them). P_POLICY: when requests are admitted.
+POLICY_CONTINUOUS = 0
+POLICY_STATIC = 1
+# P_ORDER: the waiting queue's order.
+ORDER_FCFS = 0
+ORDER_KEY = 1  # by (queue_key, order of arrival): lower key first
+# P_MIXING: what one step may hold.
+MIXING_MIXED = 0  # decodes and prefill chunks share a step
+MIXING_EXCLUSIVE = 1  # a step is prefill only (when there is prefill to do) or decode only
+
+# Indices into out_stats.
+STAT_STEPS = 0
+STAT_PREEMPTIONS = 1
+STAT_WINDOW_END_S = 2
+STAT_IN_SYSTEM_INTEGRAL = 3
+STAT_WINDOW_STEPS = 4
+STAT_WINDOW_STEP_S_SUM = 5
+STAT_WINDOW_DECODE_SEQS_SUM = 6
+STAT_WINDOW_DECODE_STEPS = 7
+STAT_WAITING_AT_WINDOW_END = 8
+STAT_END_S = 9
+STAT_STATUS = 10
+N_STATS = 11
+
+# Request states.
+_PENDING, _WAITING, _PREFILLING, _DECODING, _DONE = 0, 1, 2, 3, 4
+# Fields of the small scalar-state array shared by the helpers.
+_OPEN_NEXT, _HEAP_SIZE, _RELEASED, _QUEUE_HEAD, _QUEUE_LEN = 0, 1, 2, 3, 4
+
+
+
+@kernel(inline="always")
+def _bracket(edges, x):
+    """Lower index, upper index and weight of ``x`` between ``edges`` (clamped at both ends)."""
+    last = edges.shape[0] - 1
+    if last == 0 or x <= edges[0]:
+        return 0, min(1, last), 0.0
+    if x >= edges[last]:
+        return last - 1, last, 1.0
+    low, high = 0, last  # edges[low] <= x < edges[high]
+    while high - low > 1:
+        mid = (low + high) >> 1
+        if edges[mid] <= x:
+            low = mid
+        else:
+            high = mid
+    return low, low + 1, (x - edges[low]) / (edges[low + 1] - edges[low])
+
+
+@kernel(inline="always")
+def step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill_tokens):
+    """Step time in seconds at (decode_seqs, prefill_tokens): bilinear in the table, clamped at its edges."""
+    i0, i1, fx = _bracket(decode_edges, float(decode_seqs))
+    j0, j1, fy = _bracket(prefill_edges, float(prefill_tokens))
+    low = step_time_table[i0, j0] * (1.0 - fy) + step_time_table[i0, j1] * fy
+    high = step_time_table[i1, j0] * (1.0 - fy) + step_time_table[i1, j1] * fy
+    return low * (1.0 - fx) + high * fx
+
+
+@kernel(inline="always")
+def kv_slope_at(kv_slope, decode_edges, decode_seqs):
+    """Seconds per KV token at ``decode_seqs`` decoding sequences: linear in ``kv_slope``, clamped."""
+    i0, i1, fx = _bracket(decode_edges, float(decode_seqs))
+    return kv_slope[i0] * (1.0 - fx) + kv_slope[i1] * fx
+
+
+@kernel(inline="always")
+def _kv_rate(output, passes):
+    """Tokens of KV one pass adds to a sequence, on average (0 for a one-token output)."""
+    return (output - 1) / passes if passes > 0 else 0.0
+
+
+@kernel(inline="always")
+def _tokens_after(output, passes, passes_done):
+    """Output tokens produced after ``passes_done`` passes, the first token included."""
+    if passes == 0:
+        return 1
+    return 1 + passes_done * (output - 1) // passes
+
+
+@kernel(inline="always")
+def _heap_less(heap_t, heap_r, a, b):
+    return heap_t[a] < heap_t[b] or (heap_t[a] == heap_t[b] and heap_r[a] < heap_r[b])
+
+
+@kernel(inline="always")
+def _heap_push(heap_t, heap_r, state, time, request):
+    """Push (time, request) onto the binary min-heap of future closed-loop arrivals."""
+    i = state[_HEAP_SIZE]
+    state[_HEAP_SIZE] = i + 1
+    heap_t[i] = time
+    heap_r[i] = request
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _heap_less(heap_t, heap_r, i, parent):
+            break
+        heap_t[i], heap_t[parent] = heap_t[parent], heap_t[i]
+        heap_r[i], heap_r[parent] = heap_r[parent], heap_r[i]
+        i = parent
+
+
+@kernel(inline="always")
+def _heap_pop(heap_t, heap_r, state):
+    """Remove the heap's top."""
+    size = state[_HEAP_SIZE] - 1
+    state[_HEAP_SIZE] = size
+    heap_t[0] = heap_t[size]
+    heap_r[0] = heap_r[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _heap_less(heap_t, heap_r, child + 1, child):
+            child += 1
+        if not _heap_less(heap_t, heap_r, child, i):
+            break
+        heap_t[i], heap_t[child] = heap_t[child], heap_t[i]
+        heap_r[i], heap_r[child] = heap_r[child], heap_r[i]
+        i = child
+
+
+@kernel(inline="always")
+def _next_arrival(arrival_s, closed, heap_t, state):
+    """Time of the next arrival not yet released (inf when none is known)."""
+    if closed:
+        return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
+    if state[_OPEN_NEXT] < arrival_s.shape[0]:
+        return arrival_s[state[_OPEN_NEXT]]
+    return np.inf
+
+
+@kernel(inline="always")
+def _queue_push_back(queue, state, request):
+    n = queue.shape[0]
+    queue[(state[_QUEUE_HEAD] + state[_QUEUE_LEN]) % n] = request
+    state[_QUEUE_LEN] += 1
+
+
+@kernel(inline="always")
+def _queue_push_front(queue, state, request):
+    n = queue.shape[0]
+    head = (state[_QUEUE_HEAD] - 1 + n) % n
+    queue[head] = request
+    state[_QUEUE_HEAD] = head
+    state[_QUEUE_LEN] += 1
+
+
+@kernel(inline="always")
+def _queue_pop_front(queue, state):
+    request = queue[state[_QUEUE_HEAD]]
+    state[_QUEUE_HEAD] = (state[_QUEUE_HEAD] + 1) % queue.shape[0]
+    state[_QUEUE_LEN] -= 1
+    return request
+
+
+@kernel(inline="always")
+def _key_less(queue_key, tie, a, b):
+    return queue_key[a] < queue_key[b] or (queue_key[a] == queue_key[b] and tie[a] < tie[b])
+
+
+@kernel
+def _keyed_push(queue, queue_key, tie, state, request):
+    """Push ``request`` onto the waiting queue kept as a binary min-heap on (queue_key, tie).
+
+    Not inlined, unlike the FCFS queue's helpers: a keyed policy pays a call per push and pop, and the loop
+    that the FCFS policies run stays small (inlined, these heaps cost them a third more per step).
+    """
+    i = state[_QUEUE_LEN]
+    state[_QUEUE_LEN] = i + 1
+    queue[i] = request
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _key_less(queue_key, tie, queue[i], queue[parent]):
+            break
+        queue[i], queue[parent] = queue[parent], queue[i]
+        i = parent
+
+
+@kernel
+def _keyed_pop(queue, queue_key, tie, state):
+    """Remove the keyed waiting queue's head (``queue[0]``)."""
+    size = state[_QUEUE_LEN] - 1
+    state[_QUEUE_LEN] = size
+    queue[0] = queue[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _key_less(queue_key, tie, queue[child + 1], queue[child]):
+            child += 1
+        if not _key_less(queue_key, tie, queue[child], queue[i]):
+            break
+        queue[i], queue[child] = queue[child], queue[i]
+        i = child
+
+
+@kernel(inline="always")
+def _queue_head(queue, keyed, state):
+    """The request at the waiting queue's head (the queue must not be empty)."""
+    return queue[0] if keyed else queue[state[_QUEUE_HEAD]]
+
+
+@kernel(inline="always")
+def _queue_pop(queue, keyed, queue_key, tie, state):
+    if keyed:
+        _keyed_pop(queue, queue_key, tie, state)
+    else:
+        _queue_pop_front(queue, state)
+
+
+@kernel(inline="always")
+def _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats, keyed, queue_key, tie):
+    """Move every arrival at or before ``t`` to the waiting queue (noting the window's end at the last one).
+
+    In a keyed queue a request's tie is its rank of arrival, so equal keys are served first come, first
+    served. Returns the time of the next arrival not yet released (inf when none is known yet).
+    """
+    n = arrival_s.shape[0]
+    while _next_arrival(arrival_s, closed, heap_t, state) <= t:
+        if closed:
+            request = heap_r[0]
+            _heap_pop(heap_t, heap_r, state)
+        else:
+            request = state[_OPEN_NEXT]
+            state[_OPEN_NEXT] += 1
+        req_state[request] = _WAITING
+        if keyed:
+            tie[request] = state[_RELEASED]
+            _keyed_push(queue, queue_key, tie, state, request)
+        else:
+            _queue_push_back(queue, state, request)
+        state[_RELEASED] += 1
+        if state[_RELEASED] == n:
+            out_stats[STAT_WINDOW_END_S] = t
+            out_stats[STAT_WAITING_AT_WINDOW_END] = state[_QUEUE_LEN]
+    return _next_arrival(arrival_s, closed, heap_t, state)
+
+
+@kernel(inline="always")
+def _record_step(step, t, decode_seqs, prefill, step_s, waiting, dump_start_s, dump_decode_seqs,
+                 dump_prefill_tokens, dump_step_s, dump_waiting):
+    """Write one step's row of the optional per-step record."""
+    dump_start_s[step] = t
+    dump_decode_seqs[step] = decode_seqs
+    dump_prefill_tokens[step] = prefill
+    dump_step_s[step] = step_s
+    dump_waiting[step] = waiting
+
+
+@kernel(inline="always")
+def _schedule_follower(request, time, out_arrival_s, think_s, closed_users, heap_t, heap_r, state):
+    """Closed loop: the next request of ``request``'s user arrives its think time after ``time``.
+
+    Returns the time of the next arrival not yet released.
+    """
+    follower = request + closed_users
+    if follower < out_arrival_s.shape[0]:
+        out_arrival_s[follower] = time + think_s[follower]
+        _heap_push(heap_t, heap_r, state, out_arrival_s[follower], follower)
+    return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
+
+
+@kernel(inline="always")
+def _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+                  window_decode_steps, steps, end_s):
+    """Copy the statistics accumulated in locals during the run into ``out_stats``."""
+    out_stats[STAT_IN_SYSTEM_INTEGRAL] = in_system_integral
+    out_stats[STAT_WINDOW_STEPS] = window_steps
+    out_stats[STAT_WINDOW_STEP_S_SUM] = window_step_s_sum
+    out_stats[STAT_WINDOW_DECODE_SEQS_SUM] = window_decode_seqs_sum
+    out_stats[STAT_WINDOW_DECODE_STEPS] = window_decode_steps
+    out_stats[STAT_STEPS] = steps
+    out_stats[STAT_END_S] = end_s
+
+
+@kernel(inline="always")
+def _wheel_remove(head, next_, prev, slot_of, request, mask):
+    """Take ``request`` out of the timing-wheel list it is filed in (nothing if it is in none)."""
+    if slot_of[request] < 0:
+        return
+    if prev[request] >= 0:
+        next_[prev[request]] = next_[request]
+    else:
+        head[slot_of[request] & mask] = next_[request]
+    if next_[request] >= 0:
+        prev[next_[request]] = prev[request]
+    slot_of[request] = -1
+
+
+@kernel(inline="always")
+def _next_block_step(context, output, passes, block_tokens, held, passes_done, decode_start_step):
+    """Step at which a decoding sequence next needs a block (-1: never), from the blocks it holds."""
+    tokens_needing_block = held * block_tokens - context + 1  # output tokens that overflow what is held
+    if tokens_needing_block > output or passes == 0:
+        return -1
+    # Smallest pass q with 1 + floor(q * (output - 1) / passes) >= tokens_needing_block.
+    q = ((tokens_needing_block - 1) * passes + output - 2) // (output - 1)
+    return decode_start_step + (q - passes_done - 1)
