@@ -134,7 +134,8 @@ def test_per_class_latency_on_the_workload_class_dim_of_a_sweep():
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     ds = api.sweep(root / "scenarios" / "factory.toml", ["deployment.scheduler=fcfs,priority"], samples=1,
                    requests=3000, workers=1, overrides=["performance.simulate_batching=true",
-                                                        "workload.classes.code.priority=1"])
+                                                        "workload.classes.code.priority=1",
+                                                        "mc.warmup_fraction=0.25"])
     assert ds["ttft_s_by_class"].dims[-2:] == ("workload_class", "request_quantile")
     assert list(ds["workload_class"].values) == ["chat", "code", "reasoning"]
     assert ds["workload_class"].attrs["units"] == "1"

@@ -58,7 +58,7 @@ from mcsim.results.layout import (  # quantiles, waterfall_steps, ReportError an
     request_quantile_dim,
 )
 from mcsim.results.summary import simulated_requests, steady_state_facts
-from mcsim.results.variables import HEADLINE
+from mcsim.results.variables import HEADLINE, WORKLOAD_CLASS
 from mcsim.results.waterfall import waterfall_steps
 
 #: Per-request quantiles reported for latency metrics that carry a ``request_quantile`` dim.
@@ -193,7 +193,7 @@ def _series(ds: xr.Dataset, names) -> list[Series]:
     out = []
     request_q = request_quantile_dim(ds)
     for name in names:
-        extra = [d for d in ds[name].dims if d in ("tier", "lever") or d == request_q]
+        extra = [d for d in ds[name].dims if d in ("tier", "lever", WORKLOAD_CLASS) or d == request_q]
         if not extra:
             out.append(Series(name, name))
             continue
