@@ -539,6 +539,8 @@ def schema(as_json, output, force):
         return click.echo(text, nl=False)
     if output.exists() and not force:
         raise UserError(f"{output}: exists; pass --force to replace it")
+    if not output.parent.is_dir():
+        raise UserError(f"{output}: no such folder {output.parent}")
     atomic_write(output, text)
     click.echo(f"wrote {output}")
 

@@ -252,3 +252,12 @@ def test_a_run_logged_to_a_file_has_no_progress_frames(tmp_path, monkeypatch):
     result = invoke("run", FACTORY, "--samples", "2", "--requests", "300", "-o", tmp_path / "x.nc")  # no --no-progress
     assert result.exit_code == 0, result.output
     assert made == [] and "\r" not in result.stderr
+
+
+def test_search_space_and_schema_output_errors_name_what_the_user_typed(tmp_path):
+    dense = Path(__file__).resolve().parents[1] / "scenarios" / "dense-node.toml"
+    result = invoke("search", dense, "--space", "deployment.tpx=2,4", "--objective", "cost_usd_per_mtok")
+    assert_usage_error(result, "deployment.tpx", "--space", "did you mean 'tp'")
+    result = invoke("schema", "-o", tmp_path / "missing" / "x.json")
+    assert_usage_error(result, str(tmp_path / "missing" / "x.json"), "no such folder")
+    assert not list(tmp_path.rglob("*.tmp"))

@@ -66,7 +66,7 @@ def search(scenario, space=(), *, objective: str = "cost_usd_per_mtok", maximize
     axes = list(scn.sweep) + [a if isinstance(a, grid.Axis) else grid.parse_grid_option(a, "--space") for a in space]
     if not axes:
         raise criteria.SearchError("--space: a search needs at least one axis, e.g. --space deployment.tp=2,4,8")
-    axes = grid.validate_axes(scn, axes)
+    axes = grid.validate_axes(scn, axes, "--space")
     plan = racing.search_plan(scn, axes, settings, samples=samples, requests=requests, seed=seed, workers=workers)
     return racing.race(plan, settings, output=output, resume=resume, force=force, workers=workers,
                        progress=progress, command=command, **dask_options)

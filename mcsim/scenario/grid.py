@@ -118,7 +118,7 @@ def axes_from_table(table: dict, source: str) -> list[Axis]:
     return axes
 
 
-def validate_axes(scn: Scenario, axes: list[Axis]) -> list[Axis]:
+def validate_axes(scn: Scenario, axes: list[Axis], option: str = "--grid") -> list[Axis]:
     """Check every axis path and value against the scenario schema; coerce numbers to the field's type.
 
     A later axis on the same path replaces an earlier one (``--grid`` overrides ``[sweep]``).
@@ -137,7 +137,7 @@ def validate_axes(scn: Scenario, axes: list[Axis]) -> list[Axis]:
                                 "(a distribution cannot be a grid value: put it on the key itself)")
         spec = field_for(axis.path)
         if spec is None and not axis.path.endswith(".preset"):
-            scn.with_values({axis.path: axis.values[0] if axis.values else 0}, origin="--grid")  # raises, names it
+            scn.with_values({axis.path: axis.values[0] if axis.values else 0}, origin=option)  # raises, names it
         if not axis.values:
             raise ScenarioError(scn.source, axis.path, "a grid axis needs at least one value")
         if spec is not None and spec.kind == "perreq":
@@ -149,7 +149,7 @@ def validate_axes(scn: Scenario, axes: list[Axis]) -> list[Axis]:
                 if not math.isfinite(v) or v != round(v):
                     raise ScenarioError(scn.source, axis.path, f"expected integers on this axis, got {v!r}")
                 v = int(round(v))
-            scn.with_values({axis.path: v}, origin="--grid")
+            scn.with_values({axis.path: v}, origin=option)
             values.append(v)
         if len(set(values)) != len(values):
             raise ScenarioError(scn.source, axis.path, f"grid values repeat: {values}")
