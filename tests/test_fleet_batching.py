@@ -130,3 +130,34 @@ def test_bad_router_names_the_key():
         simulate_fleet_batching([0.0], [1], [1], [1], n_instances=2, router="fastest", **TABLE)
     with pytest.raises(ValueError, match="router_uniform"):
         simulate_fleet_batching([0.0], [1], [1], [1], n_instances=2, router="random", **TABLE)
+
+
+def test_replicas_mode_end_to_end():
+    """The scenario keys select the mode; the default leaves the new output NaN."""
+    from pathlib import Path
+
+    import mcsim
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "dense-node.toml"
+    base = ["deployment.fleet=fixed", "deployment.instances=4"]
+    default = mcsim.run(scenario, samples=1, requests=2000, workers=1, overrides=base)
+    assert np.isnan(default.instance_load_imbalance.values).all()
+    for router in ROUTERS:
+        ds = mcsim.run(scenario, samples=1, requests=2000, workers=1,
+                       overrides=[*base, "deployment.fleet_simulation=replicas", f"deployment.router={router}"])
+        imbalance = float(ds.instance_load_imbalance.values[0])
+        assert 1.0 <= imbalance < 2.0, router
+        assert np.all(np.isfinite(ds.ttft_s.values)), router
+        assert ds.instance_load_imbalance.attrs["units"] == "1"
+
+
+def test_replicas_mode_rejects_disaggregation():
+    from pathlib import Path
+
+    import mcsim
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "dense-node.toml"
+    with pytest.raises(Exception, match="deployment.fleet_simulation"):
+        mcsim.run(scenario, samples=1, requests=500, workers=1,
+                  overrides=["deployment.fleet=fixed", "deployment.disaggregated=true",
+                             "deployment.fleet_simulation=replicas"])
