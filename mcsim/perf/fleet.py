@@ -42,7 +42,7 @@ PERFORMANCE_OUTPUTS = (
     "mean_concurrency_per_gpu", "spec_tokens_per_pass", "ttft_s", "tpot_s", "e2e_s", "queue_wait_s",
     "ttft_at_slo_quantile_s", "tpot_at_slo_quantile_s", "slo_attainment", "little_law_ratio", "gpus",
     "decode_gpus", "prefill_gpus", "instances", "decode_instances", "prefill_instances", "gpu_hours",
-    "busy_fraction")
+    "busy_fraction", "instance_load_imbalance")
 
 
 def _quantiles(values) -> np.ndarray:
@@ -304,6 +304,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         "feasible": 1,
         "infeasible_reason": "ok",
         "busy_fraction": busy,
+        "instance_load_imbalance": lat.get("instance_load_imbalance", math.nan) if simulate else math.nan,
         "_served_fraction": served,
         "_step_log": steps_kept,
         "_batching_steady_state": lat["steady_state"] if simulate else None,

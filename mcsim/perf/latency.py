@@ -21,6 +21,7 @@ import numpy as np
 
 from mcsim.perf import policies
 from mcsim.perf.batching import simulate_batching
+from mcsim.perf.fleet_batching import simulate_fleet_batching
 
 #: The simulated requests are at least this many times one instance's largest concurrency ...
 MIN_TURNOVER = 30
@@ -71,6 +72,7 @@ class Workload:
     block: int
     class_id: np.ndarray
     priority: np.ndarray
+    router_uniform: np.ndarray | None = None  #: the random router's uniforms (replicas mode only)
 
 
 def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per_instance: float,
@@ -104,9 +106,12 @@ def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per
     think = rng.exponential(max(p["workload.think_time_s"], 0.0), len(arrival)) if users else None
     class_id = tile(requests.class_id).astype(np.int64)
     class_priority = np.array([p.get(f"workload.classes.{c}.priority", 0) for c in requests.class_names], np.int64)
+    # Drawn last and only when used, so that the default mode's stream (and results) stay as they were.
+    replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
+    router_uniform = rng.uniform(size=len(arrival)) if replicas and p["deployment.router"] == "random" else None
     return Workload(arrival, np.maximum(tile(miss), 1).astype(np.int64), tile(requests.prompt_tokens).astype(np.int64),
                     out, decode_passes, tile(restore_s), tile(transfer_s), think, users, requests.block_tokens,
-                    class_id, class_priority[class_id])
+                    class_id, class_priority[class_id], router_uniform)
 
 
 def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges, p_edges, seqs, blocks, budget,
@@ -159,6 +164,15 @@ class PoolSimulator:
         self.d_edges = edges(self.max_seqs, 16)
         self.kv_slope = kv_slopes(model, self.d_edges)
         self._runs: dict = {}  # simulations already run, by pool and instances
+        self.replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
+        if self.replicas:
+            if p["deployment.disaggregated"]:
+                raise ValueError("deployment.fleet_simulation = 'replicas' needs deployment.disaggregated = false")
+            if workload.users:
+                raise ValueError("deployment.fleet_simulation = 'replicas' needs performance.closed_loop_users = 0")
+            if self.policy.name not in ("fcfs", "chunked-prefill") or self.max_new:
+                raise ValueError("deployment.fleet_simulation = 'replicas' needs deployment.scheduler = fcfs or "
+                                 "chunked-prefill, continuous batching and deployment.max_new_per_step = 0")
 
     def colocated(self, n_instances: int, max_steps: int = 0) -> dict:
         """Latencies when prefill chunks and decode passes share the steps of ``n_instances`` instances."""
@@ -174,9 +188,24 @@ class PoolSimulator:
         per, summary = _run(self.p, w, w.arrival, w.miss, w.output, w.decode_passes, table, self.d_edges, p_edges,
                             self.max_seqs, self.kv_blocks, self.budget, self.chunk, n_instances, self.policy.name,
                             max_steps, self.kv_slope, self.model.decode_context, self.max_new)
-        ttft = per["ttft_s"] + w.restore_s
-        e2e = per["e2e_s"] + w.restore_s
-        return self._result(ttft, e2e, per["queue_s"], per["measured"], summary, summary["saturated"])
+        if not self.replicas:
+            ttft = per["ttft_s"] + w.restore_s
+            e2e = per["e2e_s"] + w.restore_s
+            return self._result(ttft, e2e, per["queue_s"], per["measured"], summary, summary["saturated"])
+        # Replicas: latencies from all n_instances instances behind the router; the batch, busy-fraction,
+        # saturation and steady-state figures stay those of the representative instance simulated above.
+        fleet = simulate_fleet_batching(
+            w.arrival, w.miss, w.context, w.output, w.decode_passes, n_instances=n_instances,
+            router=self.p["deployment.router"], router_uniform=w.router_uniform, step_time_table=table,
+            decode_edges=self.d_edges, prefill_edges=p_edges, kv_slope=self.kv_slope,
+            kv_ref_context=self.model.decode_context, token_budget=self.budget, max_seqs=self.max_seqs,
+            kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk,
+            warmup_s=float(np.quantile(w.arrival, 1 / 3)))
+        fp = fleet["per_request"]
+        out = self._result(fp["ttft_s"] + w.restore_s, fp["e2e_s"] + w.restore_s, fp["queue_s"], fp["measured"],
+                           summary, summary["saturated"])
+        out["instance_load_imbalance"] = fleet["summary"]["instance_load_imbalance"]
+        return out
 
     def prefill(self, n_instances: int) -> dict:
         """The prefill pool alone (disaggregated): per-request hand-off time to the decode pool."""

@@ -128,6 +128,10 @@ _VARS = [
     Variable("busy_fraction", (), "1", "busy fraction of the fleet",
              "Share of the fleet's GPU time spent computing steps (from the simulated steps when the batching "
              "simulator runs); sets power between idle and TDP.", percent=True),
+    Variable("instance_load_imbalance", (), "1", "load imbalance across instances",
+             "deployment.fleet_simulation = 'replicas': the most measured requests one instance of the pool served "
+             "over the mean per instance (1 = even; NaN in 'representative' mode or without the batching "
+             "simulator)."),
     Variable("gpu_hours", (), "GPU-hours", "busy GPU-hours for the trace",
              "GPU time the fleet spends computing the simulated trace: busy_fraction x gpus x trace duration."),
     Variable("energy_j_per_token", (), "J/token", "energy per output token",

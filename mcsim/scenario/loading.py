@@ -513,6 +513,7 @@ def _cross_checks(scn: Scenario):
                             "whose support is only 0 counts as 0)")
 
     _check_expert_layout(scn, v)
+    _check_replicas(scn, v)
     g, tp, pp = v["deployment.gpus_per_instance"], v["deployment.tp"], v["deployment.pp"]
     if all(isinstance(x, int) for x in (g, tp, pp)) and g % (tp * pp):
         raise ScenarioError(scn.source, "deployment.tp", f"tp x pp = {tp} x {pp} must divide gpus_per_instance "
@@ -520,6 +521,20 @@ def _cross_checks(scn: Scenario):
     g, tp = v["deployment.prefill_gpus_per_instance"], v["deployment.prefill_tp"]
     if all(isinstance(x, int) for x in (g, tp)) and g % tp:
         raise ScenarioError(scn.source, "deployment.prefill_tp", f"must divide prefill_gpus_per_instance ({g})")
+
+
+def _check_replicas(scn: Scenario, v: dict):
+    """What deployment.fleet_simulation = 'replicas' simulates: colocated continuous FCFS in an open loop."""
+    if v.get("deployment.fleet_simulation", "representative") != "replicas":
+        return
+    needs = {"deployment.disaggregated": (False,), "deployment.batching": ("continuous",),
+             "deployment.scheduler": ("fcfs", "chunked-prefill"), "deployment.max_new_per_step": (0,),
+             "performance.closed_loop_users": (0,)}
+    for path, allowed in needs.items():
+        value = v[path]
+        if not isinstance(value, Dist) and value not in allowed:
+            raise ScenarioError(scn.source, "deployment.fleet_simulation",
+                                f"'replicas' needs {path} = {' or '.join(map(repr, allowed))}, got {value!r}")
 
 
 def _check_expert_layout(scn: Scenario, v: dict):

@@ -139,6 +139,16 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "routing": C("prefix-affinity", "How requests are routed to instances (and their caches): cache-aware "
                      "picks the instance with the longest cached prefix unless it is overloaded.",
                      "random", "round-robin", "prefix-affinity", "cache-aware", "pooled"),
+        "fleet_simulation": C("representative", "How the batching simulator models a pool's instances: "
+                              "representative simulates one instance receiving 1/N of the arrivals; replicas "
+                              "simulates all N on one clock behind deployment.router (colocated, open-loop, "
+                              "continuous fcfs / chunked-prefill only; whole-request KV reservation, no "
+                              "preemption), and the latency quantiles come from every instance's requests.",
+                              "representative", "replicas"),
+        "router": C("round-robin", "fleet_simulation = 'replicas': how arrivals are placed on instances, from their "
+                    "state at the arrival: round-robin; random (the sample's seeded stream); least-outstanding "
+                    "(fewest queued + running); least-kv (most free KV blocks). Cache placement keeps following "
+                    "routing.", "round-robin", "random", "least-outstanding", "least-kv"),
         "routing_balance": F(0.25, "Cache-aware routing's load guard: an instance more than (1 + this) x the "
                                    "least loaded one's load is passed over.", 0, None),
         "max_batch_per_gpu": F(256, "Cap on concurrent decode sequences per GPU.", 1, None),

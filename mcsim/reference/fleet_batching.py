@@ -1,0 +1,171 @@
+"""Reference for :mod:`mcsim.kernels.fleet_batching`: replicas behind a global router as a plain event loop.
+
+Same rules as the kernel (its module docstring states them), written for obviousness and in a different
+shape: one global loop repeatedly takes the earliest event of the whole fleet -- the next step start of a busy
+instance, or the next arrival -- and a step wins only when it starts strictly before the arrival. Each
+instance is a small object with a ``deque`` for its waiting queue and a list, in admission order, for its
+running set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from mcsim.reference.batching import bracket, _step_time
+
+ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv")
+
+
+@dataclass
+class _Request:
+    index: int
+    arrival: float
+    prefill: int
+    context: int
+    output: int
+    passes: int
+    prefill_left: int = 0
+    passes_done: int = 0
+    decoding: bool = False
+    held_blocks: int = 0
+
+
+@dataclass
+class _Instance:
+    free_blocks: int
+    clock: float = -math.inf
+    waiting: deque = field(default_factory=deque)
+    running: list = field(default_factory=list)
+    steps: int = 0
+
+    def busy(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+
+def simulate_fleet_reference(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, router_uniform, *,
+                             n_instances, router, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
+                             verify_tokens, step_time_table, decode_edges, prefill_edges, kv_slope=None,
+                             kv_ref_context=0.0):
+    """Simulate ``n_instances`` replicas behind a router, one fleet-wide event at a time.
+
+    Parameters are those of :func:`mcsim.kernels.fleet_batching.simulate_fleet` as Python sequences and
+    scalars, with ``router`` by name (one of :data:`ROUTERS`) and the per-instance settings by keyword.
+
+    Returns
+    -------
+    dict
+        ``instance`` (list of int), ``first_token_s``, ``finish_s``, ``queue_s`` (lists of float, one per
+        request) and ``instance_steps`` (list of int, one per instance).
+    """
+    n = len(arrival_s)
+    table = [list(map(float, row)) for row in step_time_table]
+    decode_edges = [float(e) for e in decode_edges]
+    prefill_edges = [float(e) for e in prefill_edges]
+    kv_slope = [0.0] * len(decode_edges) if kv_slope is None else [float(s) for s in kv_slope]
+    requests = [_Request(r, float(arrival_s[r]), int(prefill_tokens[r]), int(context_tokens[r]),
+                         int(output_tokens[r]), int(passes[r])) for r in range(n)]
+    fleet = [_Instance(kv_blocks) for _ in range(n_instances)]
+    instance = [-1] * n
+    first_token = [math.nan] * n
+    finish = [math.nan] * n
+    queue = [math.nan] * n
+
+    def chunk(req, budget_left):
+        size = min(req.prefill_left, budget_left)
+        return min(size, chunk_tokens) if chunk_tokens > 0 else size
+
+    def step(node):
+        t = node.clock
+        decoders = [q for q in node.running if q.decoding]
+        budget_left = max(0, token_budget - len(decoders) * verify_tokens)
+        chunks = []
+        for q in node.running:
+            if budget_left <= 0:
+                break
+            if not q.decoding:
+                c = chunk(q, budget_left)
+                chunks.append((q, c))
+                budget_left -= c
+        while budget_left > 0 and node.waiting and len(node.running) < max_seqs:
+            q = node.waiting[0]
+            need = -(-(q.context + q.output) // block_tokens)
+            if need > node.free_blocks:
+                break
+            node.waiting.popleft()
+            node.free_blocks -= need
+            q.held_blocks = need
+            q.prefill_left = q.prefill
+            queue[q.index] = t - q.arrival
+            node.running.append(q)
+            c = chunk(q, budget_left)
+            chunks.append((q, c))
+            budget_left -= c
+        prefill = sum(c for _, c in chunks)
+        if not decoders and prefill == 0:
+            raise RuntimeError("a step with nothing to run")
+        step_s = _step_time(table, decode_edges, prefill_edges, len(decoders), prefill)
+        if decoders:
+            i0, i1, fx = bracket(decode_edges, float(len(decoders)))
+            slope = kv_slope[i0] * (1.0 - fx) + kv_slope[i1] * fx
+            if slope != 0.0:
+                kv = 0.0
+                for q in decoders:
+                    kv += q.context + 1 + q.passes_done * ((q.output - 1) / q.passes)
+                step_s = max(step_s + slope * (kv - len(decoders) * kv_ref_context), 1e-12)
+        t_end = t + step_s
+        node.steps += 1
+        finished = []
+        for q in decoders:
+            q.passes_done += 1
+            if q.passes_done == q.passes:
+                finished.append(q)
+        for q, c in chunks:
+            q.prefill_left -= c
+            if q.prefill_left == 0:
+                first_token[q.index] = t_end
+                if q.passes == 0:
+                    finished.append(q)
+                else:
+                    q.decoding = True
+        for q in finished:
+            node.free_blocks += q.held_blocks
+            q.held_blocks = 0
+            finish[q.index] = t_end
+            node.running.remove(q)
+        node.clock = t_end
+
+    def route(r):
+        if router == "round-robin":
+            return r % n_instances
+        if router == "random":
+            return min(int(router_uniform[r] * n_instances), n_instances - 1)
+        if router == "least-outstanding":
+            loads = [len(node.waiting) + len(node.running) for node in fleet]
+            return loads.index(min(loads))
+        if router == "least-kv":
+            free = [node.free_blocks for node in fleet]
+            return free.index(max(free))
+        raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+
+    next_arrival = 0
+    while True:
+        busy = [node for node in fleet if node.busy()]
+        arrival_t = requests[next_arrival].arrival if next_arrival < n else math.inf
+        earliest = min(busy, key=lambda node: node.clock) if busy else None
+        if earliest is not None and earliest.clock < arrival_t:
+            step(earliest)
+            continue
+        if next_arrival == n:
+            break
+        q = requests[next_arrival]
+        chosen = route(next_arrival)
+        node = fleet[chosen]
+        instance[q.index] = chosen
+        if not node.busy():
+            node.clock = max(node.clock, q.arrival)
+        node.waiting.append(q)
+        next_arrival += 1
+    return dict(instance=instance, first_token_s=first_token, finish_s=finish, queue_s=queue,
+                instance_steps=[node.steps for node in fleet])
