@@ -31,6 +31,49 @@ SATURATION_RATIO = 1.05
 SATURATION_BACKLOG = 0.05
 
 
+def check_requests(prefill, context, output, passes) -> None:
+    """The per-request checks of every batching simulator (one instance or a fleet)."""
+    if np.any(prefill < 1) or np.any(context < prefill):
+        raise ValueError("need 1 <= prefill_tokens <= context_tokens")
+    if np.any(output < 1):
+        raise ValueError("output_tokens must be >= 1")
+    if np.any(passes > output - 1) or np.any((passes < 1) & (output > 1)) or np.any(passes < 0):
+        raise ValueError("passes must be in [1, output_tokens - 1] (0 for single-token outputs)")
+
+
+def check_step_model(d_edges, p_edges, table, slope, kv_ref_context) -> None:
+    """The checks of a step-time table, its edges and its KV slope."""
+    for edges, name in ((d_edges, "decode_edges"), (p_edges, "prefill_edges")):
+        if edges.ndim != 1 or edges.size == 0 or np.any(np.diff(edges) <= 0):
+            raise ValueError(f"{name} must be a non-empty strictly increasing 1-D array")
+    if table.shape != (d_edges.size, p_edges.size) or not np.all(table > 0) or not np.all(np.isfinite(table)):
+        raise ValueError("step_time_table must be finite, > 0 and of shape (len(decode_edges), len(prefill_edges))")
+    if slope.shape != d_edges.shape or not np.all(np.isfinite(slope)) or not np.isfinite(kv_ref_context) \
+            or kv_ref_context < 0:
+        raise ValueError("kv_slope must be finite and of shape (len(decode_edges),); kv_ref_context finite, >= 0")
+
+
+def base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
+                verify_tokens) -> tuple[np.ndarray, int]:
+    """The kernel's integer parameters every batching simulator shares, and the KV pool in blocks (all the
+    requests' blocks when ``kv_blocks`` is None); a request that cannot fit the pool is an error."""
+    from mcsim.kernels import batching as kernel  # the parameters' slots (importing compiles nothing)
+
+    full_blocks = (context + output + block_tokens - 1) // block_tokens
+    if kv_blocks is None:
+        kv_blocks = int(full_blocks.sum())
+    if int(full_blocks.max()) > kv_blocks:
+        raise ValueError(f"a request needs {int(full_blocks.max())} KV blocks, more than kv_blocks={kv_blocks}")
+    params = np.zeros(kernel.N_PARAMS, np.int64)
+    params[kernel.P_TOKEN_BUDGET] = token_budget
+    params[kernel.P_MAX_SEQS] = max_seqs
+    params[kernel.P_KV_BLOCKS] = kv_blocks
+    params[kernel.P_BLOCK_TOKENS] = block_tokens
+    params[kernel.P_CHUNK_TOKENS] = chunk_tokens
+    params[kernel.P_VERIFY_TOKENS] = verify_tokens
+    return params, kv_blocks
+
+
 def _as_int(values, name, n):
     array = np.ascontiguousarray(values, dtype=np.int64)
     if array.shape != (n,):
@@ -172,22 +215,10 @@ def simulate_batching(
         raise ValueError("arrival_s must be finite")
     if closed_users == 0 and np.any(np.diff(arrival) < 0):
         raise ValueError("arrival_s must be sorted in an open loop")
-    if np.any(prefill < 1) or np.any(context < prefill):
-        raise ValueError("need 1 <= prefill_tokens <= context_tokens")
-    if np.any(output < 1):
-        raise ValueError("output_tokens must be >= 1")
-    if np.any(passes > output - 1) or np.any((passes < 1) & (output > 1)) or np.any(passes < 0):
-        raise ValueError("passes must be in [1, output_tokens - 1] (0 for single-token outputs)")
+    check_requests(prefill, context, output, passes)
     if think.shape != (n,) or np.any(think < 0) or not np.all(np.isfinite(think)):
         raise ValueError("think_s must be n finite values >= 0")
-    for edges, name in ((d_edges, "decode_edges"), (p_edges, "prefill_edges")):
-        if edges.ndim != 1 or edges.size == 0 or np.any(np.diff(edges) <= 0):
-            raise ValueError(f"{name} must be a non-empty strictly increasing 1-D array")
-    if table.shape != (d_edges.size, p_edges.size) or not np.all(table > 0) or not np.all(np.isfinite(table)):
-        raise ValueError("step_time_table must be finite, > 0 and of shape (len(decode_edges), len(prefill_edges))")
-    if slope.shape != d_edges.shape or not np.all(np.isfinite(slope)) or not np.isfinite(kv_ref_context) \
-            or kv_ref_context < 0:
-        raise ValueError("kv_slope must be finite and of shape (len(decode_edges),); kv_ref_context finite, >= 0")
+    check_step_model(d_edges, p_edges, table, slope, kv_ref_context)
     scheduler = policies.get(policy)
     if priority is not None:
         priority = _as_int(priority, "priority", n)
@@ -196,19 +227,8 @@ def simulate_batching(
     if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or min(chunk_tokens, closed_users) < 0:
         raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens, "
                          "closed_users >= 0")
-    full_blocks = (context + output + block_tokens - 1) // block_tokens
-    if kv_blocks is None:
-        kv_blocks = int(full_blocks.sum())
-    if int(full_blocks.max()) > kv_blocks:
-        raise ValueError(f"a request needs {int(full_blocks.max())} KV blocks, more than kv_blocks={kv_blocks}")
-
-    params = np.zeros(kernel.N_PARAMS, np.int64)
-    params[kernel.P_TOKEN_BUDGET] = token_budget
-    params[kernel.P_MAX_SEQS] = max_seqs
-    params[kernel.P_KV_BLOCKS] = kv_blocks
-    params[kernel.P_BLOCK_TOKENS] = block_tokens
-    params[kernel.P_CHUNK_TOKENS] = chunk_tokens
-    params[kernel.P_VERIFY_TOKENS] = verify_tokens
+    params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
+                                    verify_tokens)
     codes = scheduler.codes(max_new_per_step)
     params[kernel.P_POLICY] = codes["admission"]
     params[kernel.P_ORDER] = codes["order"]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mcsim.perf.batching import QUANTILES, _as_int, _per_request, _quantiles
+from mcsim.perf.batching import (QUANTILES, _as_int, _per_request, _quantiles, base_params, check_requests,
+                                 check_step_model)
 
 ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv")
 FLEET_SIMULATIONS = ("representative", "replicas")
@@ -91,7 +92,6 @@ def simulate_fleet_batching(
     >>> result["per_request"]["instance"].tolist(), float(result["summary"]["instance_load_imbalance"])
     ([0, 1], 1.0)
     """
-    from mcsim.kernels import batching as batching_kernel
     from mcsim.kernels import fleet_batching as kernel
 
     arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
@@ -115,37 +115,14 @@ def simulate_fleet_batching(
         raise ValueError(f"n_instances must be an integer >= 1, got {n_instances!r}")
     if not np.all(np.isfinite(arrival)) or np.any(np.diff(arrival) < 0):
         raise ValueError("arrival_s must be finite and sorted")
-    if np.any(prefill < 1) or np.any(context < prefill):
-        raise ValueError("need 1 <= prefill_tokens <= context_tokens")
-    if np.any(output < 1):
-        raise ValueError("output_tokens must be >= 1")
-    if np.any(passes > output - 1) or np.any((passes < 1) & (output > 1)) or np.any(passes < 0):
-        raise ValueError("passes must be in [1, output_tokens - 1] (0 for single-token outputs)")
+    check_requests(prefill, context, output, passes)
     if uniform.shape != (n,) or np.any(uniform < 0) or np.any(uniform >= 1):
         raise ValueError("router_uniform must be n values in [0, 1)")
-    for edges, name in ((d_edges, "decode_edges"), (p_edges, "prefill_edges")):
-        if edges.ndim != 1 or edges.size == 0 or np.any(np.diff(edges) <= 0):
-            raise ValueError(f"{name} must be a non-empty strictly increasing 1-D array")
-    if table.shape != (d_edges.size, p_edges.size) or not np.all(table > 0) or not np.all(np.isfinite(table)):
-        raise ValueError("step_time_table must be finite, > 0 and of shape (len(decode_edges), len(prefill_edges))")
-    if slope.shape != d_edges.shape or not np.all(np.isfinite(slope)) or not np.isfinite(kv_ref_context) \
-            or kv_ref_context < 0:
-        raise ValueError("kv_slope must be finite and of shape (len(decode_edges),); kv_ref_context finite, >= 0")
+    check_step_model(d_edges, p_edges, table, slope, kv_ref_context)
     if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or chunk_tokens < 0:
         raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens >= 0")
-    full_blocks = (context + output + block_tokens - 1) // block_tokens
-    if kv_blocks is None:
-        kv_blocks = int(full_blocks.sum())
-    if int(full_blocks.max()) > kv_blocks:
-        raise ValueError(f"a request needs {int(full_blocks.max())} KV blocks, more than kv_blocks={kv_blocks}")
-
-    params = np.zeros(batching_kernel.N_PARAMS, np.int64)
-    params[batching_kernel.P_TOKEN_BUDGET] = token_budget
-    params[batching_kernel.P_MAX_SEQS] = max_seqs
-    params[batching_kernel.P_KV_BLOCKS] = kv_blocks
-    params[batching_kernel.P_BLOCK_TOKENS] = block_tokens
-    params[batching_kernel.P_CHUNK_TOKENS] = chunk_tokens
-    params[batching_kernel.P_VERIFY_TOKENS] = verify_tokens
+    params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
+                                    verify_tokens)
     instance = np.empty(n, np.int64)
     first_token, finish, queue = (np.empty(n) for _ in range(3))
     instance_steps = np.zeros(int(n_instances), np.int64)
