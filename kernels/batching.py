@@ -107,7 +107,7 @@ from mcsim.kernels.batching_helpers import (  # noqa: F401  (constants re-export
     STAT_STATUS, STAT_STEPS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_DECODE_SEQS_SUM, STAT_WINDOW_DECODE_STEPS,
     STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _heap_push, _kv_rate, _next_arrival,
     _next_block_step, _queue_pop_front, _queue_push_front, _record_step, _release, _schedule_follower,
-    _store_window, _tokens_after, _wheel_remove, kv_slope_at, step_time,
+    _store_window, _tokens_after, _wheel_remove, kv_slope_at, prefill_chunk, step_time, unlink_running,
 )
 
 
@@ -517,9 +517,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
         touched = 0
         while budget_left > 0 and touched < pf_len:
             r = pf[(pf_head + touched) % pf_cap]
-            c = min(prefill_left[r], budget_left)
-            if chunk_tokens > 0:
-                c = min(c, chunk_tokens)
+            c = prefill_chunk(prefill_left[r], budget_left, chunk_tokens)
             chunk[r] = c
             prefill += c
             budget_left -= c
@@ -557,9 +555,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                 n_running += 1
                 pf[(pf_head + pf_len) % pf_cap] = r
                 pf_len += 1
-                c = min(prefill_left[r], budget_left)
-                if chunk_tokens > 0:
-                    c = min(c, chunk_tokens)
+                c = prefill_chunk(prefill_left[r], budget_left, chunk_tokens)
                 chunk[r] = c
                 prefill += c
                 budget_left -= c
@@ -619,12 +615,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
                     held[r] = 0
                     n_running -= 1
                     if preempt:
-                        if run_prev[r] >= 0:  # unlink from the running list
-                            run_next[run_prev[r]] = run_next[r]
-                        if run_next[r] >= 0:
-                            run_prev[run_next[r]] = run_prev[r]
-                        else:
-                            run_tail = run_prev[r]
+                        run_tail = unlink_running(run_prev, run_next, run_tail, r)
                     out_finish_s[r] = t_end
                     if closed:
                         next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,
@@ -702,12 +693,7 @@ def _step_loop(arrival_s, prefill_tokens, context_tokens, output_tokens, passes,
             kv_sum -= context_tokens[r] + output_tokens[r]  # context + 1 + passes x (output - 1) / passes
             kv_rate -= _kv_rate(output_tokens[r], passes[r])
             if preempt:  # no block growth is pending: the last one was at the start of this step
-                if run_prev[r] >= 0:  # unlink from the running list
-                    run_next[run_prev[r]] = run_next[r]
-                if run_next[r] >= 0:
-                    run_prev[run_next[r]] = run_prev[r]
-                else:
-                    run_tail = run_prev[r]
+                run_tail = unlink_running(run_prev, run_next, run_tail, r)
             out_finish_s[r] = t_end
             if closed:
                 next_arrival = _schedule_follower(r, t_end, out_arrival_s, think_s, closed_users, heap_t, heap_r,

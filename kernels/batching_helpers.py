@@ -93,6 +93,28 @@ def kv_slope_at(kv_slope, decode_edges, decode_seqs):
 
 
 @kernel(inline="always")
+def prefill_chunk(prefill_left, budget_left, chunk_tokens):
+    """Prefill tokens a sequence gets in a step: what it has left, within the step's token budget and the
+    per-request chunk cap (``chunk_tokens``; 0 = none)."""
+    c = min(prefill_left, budget_left)
+    if chunk_tokens > 0:
+        c = min(c, chunk_tokens)
+    return c
+
+
+@kernel(inline="always")
+def unlink_running(run_prev, run_next, run_tail, r):
+    """Take ``r`` out of the doubly linked list of running sequences; returns the list's new tail."""
+    if run_prev[r] >= 0:
+        run_next[run_prev[r]] = run_next[r]
+    if run_next[r] >= 0:
+        run_prev[run_next[r]] = run_prev[r]
+    else:
+        run_tail = run_prev[r]
+    return run_tail
+
+
+@kernel(inline="always")
 def _kv_rate(output, passes):
     """Tokens of KV one pass adds to a sequence, on average (0 for a one-token output)."""
     return (output - 1) / passes if passes > 0 else 0.0

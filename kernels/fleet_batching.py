@@ -44,7 +44,7 @@ import numpy as np
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
     P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_SEQS, P_TOKEN_BUDGET, P_VERIFY_TOKENS, _kv_rate, kv_slope_at,
-    step_time,
+    prefill_chunk, step_time,
 )
 
 # Router codes (mcsim.perf.fleet_batching names them).
@@ -140,9 +140,7 @@ def simulate_fleet(arrival_s, prefill_tokens, context_tokens, output_tokens, pas
                         break
                     s = running[i, j]
                     if not decoding[s]:
-                        c = min(prefill_left[s], budget_left)
-                        if chunk_tokens > 0:
-                            c = min(c, chunk_tokens)
+                        c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
                         chunk[s] = c
                         prefill += c
                         budget_left -= c
@@ -161,9 +159,7 @@ def simulate_fleet(arrival_s, prefill_tokens, context_tokens, output_tokens, pas
                     out_queue_s[s] = t - arrival_s[s]
                     running[i, n_running[i]] = s
                     n_running[i] += 1
-                    c = min(prefill_left[s], budget_left)
-                    if chunk_tokens > 0:
-                        c = min(c, chunk_tokens)
+                    c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
                     chunk[s] = c
                     prefill += c
                     budget_left -= c

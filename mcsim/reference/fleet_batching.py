@@ -13,9 +13,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from mcsim.perf.fleet_batching import ROUTERS  # the names only; the rules are written out here
 from mcsim.reference.batching import bracket, _step_time
-
-ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv")
 
 
 @dataclass

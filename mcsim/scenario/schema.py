@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mcsim.errors import McsimError
+from mcsim.perf.fleet_batching import FLEET_SIMULATIONS, ROUTERS
 from mcsim.perf.policies import SCHEDULERS
 from mcsim.scenario import catalog
 
@@ -144,11 +145,11 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                               "simulates all N on one clock behind deployment.router (colocated, open-loop, "
                               "continuous fcfs / chunked-prefill only; whole-request KV reservation, no "
                               "preemption), and the latency quantiles come from every instance's requests.",
-                              "representative", "replicas"),
+                              *FLEET_SIMULATIONS),
         "router": C("round-robin", "fleet_simulation = 'replicas': how arrivals are placed on instances, from their "
                     "state at the arrival: round-robin; random (the sample's seeded stream); least-outstanding "
                     "(fewest queued + running); least-kv (most free KV blocks). Cache placement keeps following "
-                    "routing.", "round-robin", "random", "least-outstanding", "least-kv"),
+                    "routing.", *ROUTERS),
         "routing_balance": F(0.25, "Cache-aware routing's load guard: an instance more than (1 + this) x the "
                                    "least loaded one's load is passed over.", 0, None),
         "max_batch_per_gpu": F(256, "Cap on concurrent decode sequences per GPU.", 1, None),
