@@ -20,6 +20,21 @@ from mcsim.perf.batching import (QUANTILES, _as_int, _per_request, _quantiles, b
 
 ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv")
 FLEET_SIMULATIONS = ("representative", "replicas")
+#: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
+#: colocated continuous FCFS (chunked prefill included) in an open loop, no admission cap. Read by the scenario
+#: check (plain values) and the pool simulator (values drawn from distributions).
+REPLICA_NEEDS = {"deployment.disaggregated": (False,), "deployment.batching": ("continuous",),
+                 "deployment.scheduler": ("fcfs", "chunked-prefill"), "deployment.max_new_per_step": (0,),
+                 "performance.closed_loop_users": (0,)}
+
+
+def replica_mismatch(values) -> str | None:
+    """The first requirement of :data:`REPLICA_NEEDS` that ``values`` (path -> value) break, as a message, or
+    None; paths missing from ``values`` are not checked."""
+    for path, allowed in REPLICA_NEEDS.items():
+        if path in values and values[path] not in allowed:
+            return f"'replicas' needs {path} = {' or '.join(map(repr, allowed))}, got {values[path]!r}"
+    return None
 
 
 def router_code(router: str) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from mcsim.perf import policies
 from mcsim.perf.batching import simulate_batching
-from mcsim.perf.fleet_batching import simulate_fleet_batching
+from mcsim.perf.fleet_batching import REPLICA_NEEDS, replica_mismatch, simulate_fleet_batching
 
 #: The simulated requests are at least this many times one instance's largest concurrency ...
 MIN_TURNOVER = 30
@@ -125,7 +125,10 @@ def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges
         kv_ref_context=kv_ref_context, token_budget=budget,
         max_seqs=seqs, kv_blocks=blocks, block_tokens=w.block, chunk_tokens=chunk, policy=policy,
         priority=w.priority[order], max_new_per_step=max_new_per_step,
-        preempt=bool(p["performance.preempt"]), closed_users=w.users,
+        # the replicas reserve whole-request KV: so does the representative run whose batch, busy-fraction and
+        # steady-state figures stand beside their latencies
+        preempt=bool(p["performance.preempt"]) and p.get("deployment.fleet_simulation") != "replicas",
+        closed_users=w.users,
         think_s=None if w.think is None else w.think[order] * n_instances,
         warmup_s=float(np.quantile(scaled, 1 / 3)), max_steps=max_steps,
         steady_tolerance=p["mc.queue_steady_state_tolerance"])
@@ -166,13 +169,9 @@ class PoolSimulator:
         self._runs: dict = {}  # simulations already run, by pool and instances
         self.replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
         if self.replicas:
-            if p["deployment.disaggregated"]:
-                raise ValueError("deployment.fleet_simulation = 'replicas' needs deployment.disaggregated = false")
-            if workload.users:
-                raise ValueError("deployment.fleet_simulation = 'replicas' needs performance.closed_loop_users = 0")
-            if self.policy.name not in ("fcfs", "chunked-prefill") or self.max_new:
-                raise ValueError("deployment.fleet_simulation = 'replicas' needs deployment.scheduler = fcfs or "
-                                 "chunked-prefill, continuous batching and deployment.max_new_per_step = 0")
+            message = replica_mismatch({path: p[path] for path in REPLICA_NEEDS if path in p})
+            if message:
+                raise ValueError(f"deployment.fleet_simulation: {message}")
 
     def colocated(self, n_instances: int, max_steps: int = 0) -> dict:
         """Latencies when prefill chunks and decode passes share the steps of ``n_instances`` instances."""

@@ -127,7 +127,7 @@ def simulate_reference(
     for r in range(initial):
         heapq.heappush(arrivals, (requests[r].arrival, r))
     waiting: deque[_Request] = deque()
-    keyed = order != "fcfs"
+    keyed = order != "fcfs" and policy != "static"  # a static batch forms in arrival order, as in the kernel
     key = [0] * n if queue_key is None else [int(k) for k in queue_key]
     rank = [0] * n  # rank of arrival: FCFS among equal keys
     if policy == "static":

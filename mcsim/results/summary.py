@@ -7,8 +7,9 @@ import math
 import numpy as np
 import xarray as xr
 
+from mcsim.results.layout import FIXED_DIMS
 from mcsim.results.names import path_of
-from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE, WORKLOAD_CLASS
+from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
 from mcsim.tables import paragraph, table, terminal_width
 
 #: Metrics compared as factory - baseline (a ratio of margins or of a rate that may be 0 says nothing).
@@ -42,7 +43,7 @@ def band(values: np.ndarray) -> dict:
     return {"median": float(med), "p5": float(p5), "p95": float(p95)}
 
 
-NON_GRID = ("variant", "sample", "tier", REQUEST_QUANTILE, WORKLOAD_CLASS, "lever")
+NON_GRID = FIXED_DIMS  # the report's own list of dims that are never grid axes
 
 #: Columns of the per-grid-point table of a sweep.
 GRID_COLUMNS = [("decode tok/s/GPU", "decode_tok_s_per_gpu", None), ("GPUs", "gpus", None),

@@ -524,17 +524,15 @@ def _cross_checks(scn: Scenario):
 
 
 def _check_replicas(scn: Scenario, v: dict):
-    """What deployment.fleet_simulation = 'replicas' simulates: colocated continuous FCFS in an open loop."""
+    """What deployment.fleet_simulation = 'replicas' simulates (:data:`mcsim.perf.fleet_batching.REPLICA_NEEDS`);
+    a value drawn from a distribution is checked when drawn."""
+    from mcsim.perf.fleet_batching import REPLICA_NEEDS, replica_mismatch
+
     if v.get("deployment.fleet_simulation", "representative") != "replicas":
         return
-    needs = {"deployment.disaggregated": (False,), "deployment.batching": ("continuous",),
-             "deployment.scheduler": ("fcfs", "chunked-prefill"), "deployment.max_new_per_step": (0,),
-             "performance.closed_loop_users": (0,)}
-    for path, allowed in needs.items():
-        value = v[path]
-        if not isinstance(value, Dist) and value not in allowed:
-            raise ScenarioError(scn.source, "deployment.fleet_simulation",
-                                f"'replicas' needs {path} = {' or '.join(map(repr, allowed))}, got {value!r}")
+    message = replica_mismatch({k: v[k] for k in REPLICA_NEEDS if not isinstance(v[k], Dist)})
+    if message:
+        raise ScenarioError(scn.source, "deployment.fleet_simulation", message)
 
 
 def _check_expert_layout(scn: Scenario, v: dict):
