@@ -27,8 +27,7 @@ TYPE_NAMES = {"float": "number", "int": "integer", "perreq": "per-request", "boo
               "choice": "choice"}
 
 #: What a preset key accepts, and the catalog each of them names.
-PRESET_KEYS = {"model.preset": catalog.models, "hardware.preset": catalog.hardware,
-               "efficiency.base_hardware": catalog.hardware}
+PRESET_KEYS = catalog.PRESET_KEYS
 
 
 # -- presets ----------------------------------------------------------------------------------------------------

@@ -39,8 +39,9 @@ def _at(ds, path: str, value):
 
 
 def _input(ds, path: str) -> np.ndarray:
-    """The stored draws of an uncertain input (named by its dotted path, or by the path without dots)."""
-    name = path if path in ds else path.replace(".", "_")
+    """The stored draws of an uncertain input (stored under its path without dots, the path in its attrs)."""
+    name = path.replace(".", "_")
+    assert ds[name].attrs["path"] == path
     return ds[name].values
 
 

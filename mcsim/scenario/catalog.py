@@ -179,6 +179,10 @@ def hardware() -> dict[str, dict]:
     return _load("hardware.toml", "hardware", HARDWARE_FIELDS)
 
 
+#: Scenario keys that name a catalog preset, and the catalog whose names each takes.
+PRESET_KEYS = {"model.preset": models, "hardware.preset": hardware, "efficiency.base_hardware": hardware}
+
+
 def _preset(table: dict[str, dict], name: str, kind: str) -> dict:
     key = name.strip().lower()
     if key in table:

@@ -36,8 +36,7 @@ SUPPORT_BOUNDS = {"fixed": ("value",), "uniform": ("low", "high"), "loguniform":
                   "choice": ("values",), "lognormal": ()}
 
 #: Preset keys and the catalog whose names they take (case-insensitive, as the loader reads them).
-PRESETS = {"model.preset": catalog.models, "hardware.preset": catalog.hardware,
-           "efficiency.base_hardware": catalog.hardware}
+PRESETS = catalog.PRESET_KEYS
 
 _STREAM = {"type": "string", "pattern": r"\S", "description": "Name of a random stream: uncertain inputs that name "
            "the same stream are drawn from the same uniform in every sample (they move together)."}
