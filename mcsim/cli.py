@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from mcsim.errors import McsimError
-from mcsim.text import one_line, safe_filename
+from mcsim.text import one_line, safe_filename, strict_json
 
 EXIT_USAGE = 2
 EXIT_BUG = 1
@@ -143,15 +143,6 @@ def main(debug):
     """
 
 
-def _finite(obj):
-    """Strict JSON: a non-finite number (an infinite payback, an empty band) becomes null."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def _command_line() -> str:
     """The command as parsed (not ``sys.argv``, which is the host's when called from Python)."""
     ctx = click.get_current_context()
@@ -208,7 +199,7 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
         report["output"] = str(output)
         if ds.attrs.get("pricing_note"):
             report["pricing_note"] = ds.attrs["pricing_note"]
-        click.echo(json.dumps(_finite(report), indent=2, allow_nan=False))
+        click.echo(json.dumps(strict_json(report), indent=2, allow_nan=False))
     else:
         click.echo(summary.format_table(ds))
         click.echo(f"wrote {output}")
@@ -271,7 +262,7 @@ def search(**kw):
     candidates' samples as NetCDF; `mcsim report` on it draws the Pareto fronts and the regret table."""
     from mcsim.optimize.command import search_command
 
-    search_command(command=_command_line(), finite=_finite, **kw)
+    search_command(command=_command_line(), **kw)
 
 
 @main.command()
@@ -306,7 +297,7 @@ def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool,
                          prefill_context=prefill_context, pool=pool, sample=sample,
                          variant="baseline" if baseline else "factory", overrides=overrides)
     if as_json:
-        click.echo(json.dumps(_finite(step), indent=2, allow_nan=False))
+        click.echo(json.dumps(strict_json(step), indent=2, allow_nan=False))
         return
     from mcsim.tables import paragraph
 
@@ -473,7 +464,7 @@ def calibrate(measurements, hardware, dtype, stack, stack_version, replicates, s
                        stack_version=stack_version, replicates=replicates, seed=seed, command=_command_line())
     save(cal, output, overwrite=force)
     if as_json:
-        click.echo(json.dumps(_finite(dict(cal.summary(), output=str(output))), indent=2, allow_nan=False))
+        click.echo(json.dumps(strict_json(dict(cal.summary(), output=str(output))), indent=2, allow_nan=False))
     else:
         click.echo(report(cal))
         click.echo(f"wrote {output}")
@@ -504,14 +495,14 @@ def list_(what, section, describe, as_json):
     if what == "keys":
         rows = listing.keys(section)
         if as_json:
-            return click.echo(json.dumps(_finite(rows), indent=2, allow_nan=False))
+            return click.echo(json.dumps(strict_json(rows), indent=2, allow_nan=False))
         return click.echo("\n".join(listing.format_keys(rows, describe=describe)))
     found = {"models": listing.models, "hardware": listing.hardware}
     if as_json:
         out = {w: f() for w, f in found.items()} if what == "presets" else found[what]()
         if what == "presets":
             out["scenarios"] = listing.scenarios()
-        return click.echo(json.dumps(_finite(out), indent=2, allow_nan=False))
+        return click.echo(json.dumps(strict_json(out), indent=2, allow_nan=False))
     blocks = {"models": listing.format_models, "hardware": listing.format_hardware}
     lines = blocks[what]() if what != "presets" else [
         *blocks["models"](), "", *blocks["hardware"](), "", *listing.format_scenarios()]

@@ -41,3 +41,17 @@ def safe_filename(name, default: str = "scenario", limit: int = 100) -> str:
     leading dots or separators, at most ``limit`` characters; ``default`` when nothing is left."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).strip("._-")[:limit].rstrip("._-")
     return cleaned or default
+
+
+def strict_json(obj):
+    """``obj`` for strict JSON: every non-finite float (an infinite payback, an empty band) becomes None, in nested
+    dicts and lists too."""
+    import math
+
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

@@ -12,8 +12,8 @@ from mcsim.text import safe_filename
 
 def search_command(*, scenario, samples, requests, seed, overrides, output, force, resume, as_json, workers,
                    processes, scheduler, calibration, no_progress, space, objective, minimize, constraints,
-                   confidence, quantile, first_round, alpha, command, finite):
-    """Run the search asked on the command line and print its summary (``finite``: strict-JSON cleaning)."""
+                   confidence, quantile, first_round, alpha, command):
+    """Run the search asked on the command line and print its summary."""
     from mcsim.optimize.api import search
     from mcsim.optimize.racing import SearchInterrupted
     from mcsim.results.search_report import format_search, search_summary
@@ -33,7 +33,7 @@ def search_command(*, scenario, samples, requests, seed, overrides, output, forc
         click.echo(f"\n{err}", err=True)
         raise SystemExit(130) from None
     if as_json:
-        click.echo(json.dumps(finite(dict(search_summary(ds), output=str(output))), indent=2, allow_nan=False))
+        click.echo(json.dumps(dict(search_summary(ds), output=str(output)), indent=2, allow_nan=False))
     else:
         click.echo(format_search(ds))
         click.echo(f"wrote {output}")

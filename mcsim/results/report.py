@@ -41,7 +41,7 @@ from mcsim.results import sensitivity
 from mcsim.results.dataset import MODEL_STATEMENT
 from mcsim.results.figures.common import has_values
 from mcsim.results.figures.tornado import SAMPLES_PER_INPUT, few_samples_warning, s1_text
-from mcsim.text import markdown_text
+from mcsim.text import markdown_text, strict_json
 from mcsim.results.layout import (  # quantiles, waterfall_steps, ReportError and LEVELS are part of this API
     LEVELS,
     ReportError,
@@ -148,7 +148,7 @@ def _write_report_files(ds, layout, metrics, out: Path) -> None:
 
     quantile_rows = _quantile_rows(ds, layout, quantities)
     _write_csv(out / "quantiles.csv", quantile_rows)
-    (out / "quantiles.json").write_text(json.dumps(_strict({
+    (out / "quantiles.json").write_text(json.dumps(strict_json({
         "scenario_name": ds.attrs.get("scenario_name", ""), "statement": MODEL_STATEMENT,
         "quantile_levels": list(LEVELS), "grid_axes": layout.axes, "rows": quantile_rows}), indent=1,
         allow_nan=False))
@@ -290,17 +290,6 @@ def _csv_value(v):
     if isinstance(v, float):
         return "" if math.isnan(v) else repr(float(v))
     return v
-
-
-def _strict(obj):
-    """Strict JSON: a non-finite number becomes null."""
-    if isinstance(obj, dict):
-        return {k: _strict(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_strict(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def _table(header: list, rows: list) -> list[str]:

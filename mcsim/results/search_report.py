@@ -25,7 +25,7 @@ from mcsim.results.dataset import MODEL_STATEMENT
 from mcsim.results.layout import _fmt, _plain
 from mcsim.results.search_dataset import OUTCOMES, candidate_text
 from mcsim.results.variables import REGISTRY, REQUEST_QUANTILE
-from mcsim.text import markdown_text
+from mcsim.text import markdown_text, strict_json
 
 #: Candidates listed in the printed table and the summary's (all are in regret.csv).
 SHOWN = 12
@@ -109,16 +109,6 @@ def candidate_rows(ds) -> list[dict]:
     return sorted(rows, key=key)
 
 
-def _clean(obj):
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def search_summary(ds) -> dict:
     """The search as plain data (strict JSON: non-finite numbers are None)."""
     a = ds.attrs
@@ -128,7 +118,7 @@ def search_summary(ds) -> dict:
             "search_rule")
     out = {k: (a[k].item() if hasattr(a[k], "item") else a[k]) for k in keys if k in a}
     out["candidates"] = candidate_rows(ds)
-    return _clean(out)
+    return strict_json(out)
 
 
 def _units(ds) -> str:
