@@ -243,3 +243,16 @@ def test_real_compare_result_from_file(tmp_path, factory_path):
     summary = write_report(path, tmp_path / "report")
     check_report(ds, tmp_path / "report", summary, expect_figures=("dist_", "tornado_", "waterfall_"))
     assert "| baseline | factory |" in summary.read_text()
+
+
+def test_summary_of_a_file_with_the_old_quantile_dim():
+    # Results written before request_quantile had "quantile": the summary reads them the same way.
+    from mcsim.results.summary import summarize
+
+    new = make_result(n=12, seed=9)
+    old = new.rename({"request_quantile": "quantile"})
+    got, expected = summarize(old)["variants"]["factory"], summarize(new)["variants"]["factory"]
+    assert "quantile" not in summarize(old).get("grid_axes", [])
+    np.testing.assert_allclose(got["ttft_s p99"]["median"],
+                               float(np.median(new.ttft_s.sel(request_quantile=0.99).values)))
+    assert got["ttft_s p99"] == expected["ttft_s p99"]

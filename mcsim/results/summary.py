@@ -7,7 +7,7 @@ import math
 import numpy as np
 import xarray as xr
 
-from mcsim.results.layout import FIXED_DIMS
+from mcsim.results.layout import FIXED_DIMS, request_quantile_dim
 from mcsim.results.names import path_of
 from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
 from mcsim.tables import paragraph, table, terminal_width
@@ -30,7 +30,7 @@ ROWS.insert(ROWS.index(("slo_attainment", "slo_attainment", None)) + 1, ("satura
 def _values(ds: xr.Dataset, name: str, q) -> xr.DataArray:
     da = ds[name]
     if q is not None:
-        da = da.sel({REQUEST_QUANTILE: q})
+        da = da.sel({request_quantile_dim(ds) or REQUEST_QUANTILE: q})  # files before 0.2 say "quantile"
     return da.astype(float)
 
 
