@@ -147,6 +147,127 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
             key_stride, float(balance))
 
 
+@kernel(inline="always")
+def next_tiers(capacity_blocks):
+    """Where each tier's LRU block goes: the next tier with nonzero capacity, or -1 (dropped)."""
+    next_tier = np.full(N_TIERS, -1, np.int64)
+    for t in range(N_TIERS):
+        for u in range(t + 1, N_TIERS):
+            if capacity_blocks[u] > 0:
+                next_tier[t] = u
+                break
+    return next_tier
+
+
+@kernel(inline="always")
+def cached_prefix(state, block_keys, start, stop, offset):
+    """Length of the leading run of ``block_keys[start:stop]`` (plus ``offset``) present in some tier."""
+    length = 0
+    for j in range(start, stop):
+        if state[block_keys[j] + offset, _TIER] == _ABSENT:
+            break
+        length += 1
+    return length
+
+
+@kernel(inline="always")
+def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_keys, start, stop, offset, inst,
+                 out_hits, row):
+    """Rules 1-3 of the module docstring for one request of cache ``inst``: add its reused blocks per tier to
+    ``out_hits[row]``, then move every block to the MRU end of HBM, demoting LRU blocks down the tiers.
+
+    Inline, and the list operations written out in place: helper calls that pass arrays would add reference
+    counting per call. A no-op when HBM has no capacity.
+    """
+    if capacity_blocks[HBM] == 0:
+        return
+    base = N_TIERS * inst
+
+    # 1. Exact-prefix reuse: the leading run of present blocks, counted in the tier where found.
+    j = start
+    while j < stop:
+        tier = state[block_keys[j] + offset, _TIER]
+        if tier == _ABSENT:
+            break
+        out_hits[row, tier] += 1
+        j += 1
+
+    # 2. Every block to the MRU end of HBM, last block first so the first block ends MRU.
+    for j in range(stop - 1, start - 1, -1):
+        key = block_keys[j] + offset
+        tier = state[key, _TIER]
+        if tier != _ABSENT:
+            if state[key, _OWNER] != inst:
+                raise ValueError("a block key is cached in two instances; remap keys per instance")
+            lst = base + tier
+            if tier == HBM and head[lst] == key:
+                continue  # already the MRU block of HBM
+            # Unlink from its current list.
+            prev = state[key, _PREV]
+            nxt = state[key, _NEXT]
+            if prev != _NIL:
+                state[prev, _NEXT] = nxt
+            else:
+                head[lst] = nxt
+            if nxt != _NIL:
+                state[nxt, _PREV] = prev
+            else:
+                tail[lst] = prev
+            count[lst] -= 1
+        else:
+            state[key, _OWNER] = inst
+        # Push to the MRU end of HBM.
+        old = head[base]
+        state[key, _PREV] = _NIL
+        state[key, _NEXT] = old
+        if old != _NIL:
+            state[old, _PREV] = key
+        else:
+            tail[base] = key
+        head[base] = key
+        state[key, _TIER] = HBM
+        count[base] += 1
+
+        # 3. One insertion overflows each tier by at most one block: demote LRU blocks down the chain.
+        src = HBM
+        while count[base + src] > capacity_blocks[src]:
+            lst = base + src
+            victim = tail[lst]
+            prev = state[victim, _PREV]
+            tail[lst] = prev
+            if prev != _NIL:
+                state[prev, _NEXT] = _NIL
+            else:
+                head[lst] = _NIL
+            count[lst] -= 1
+            dst = next_tier[src]
+            if dst < 0:
+                state[victim, _TIER] = _ABSENT  # overflow of the last tier: dropped
+                break
+            lst = base + dst
+            old = head[lst]
+            state[victim, _PREV] = _NIL
+            state[victim, _NEXT] = old
+            if old != _NIL:
+                state[old, _PREV] = victim
+            else:
+                tail[lst] = victim
+            head[lst] = victim
+            state[victim, _TIER] = dst
+            count[lst] += 1
+            src = dst
+
+
+@kernel(inline="always")
+def reset_caches(state, head, tail, count):
+    """Empty every cache: no key in any tier, every list empty."""
+    for k in range(state.shape[0]):
+        state[k, _TIER] = _ABSENT
+    head[:] = _NIL
+    tail[:] = _NIL
+    count[:] = 0
+
+
 @kernel
 def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count,
             key_stride, balance):
@@ -184,20 +305,8 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
     if capacity_hbm == 0:
         return
 
-    # Where a tier's LRU block goes: the next tier with nonzero capacity, or nowhere (-1: dropped).
-    next_tier = np.full(N_TIERS, -1, np.int64)
-    for t in range(N_TIERS):
-        for u in range(t + 1, N_TIERS):
-            if capacity_blocks[u] > 0:
-                next_tier[t] = u
-                break
-
-    for k in range(n_keys):
-        state[k, _TIER] = _ABSENT
-    # List (instance i, tier t) is number N_TIERS * i + t.
-    head[:] = _NIL
-    tail[:] = _NIL
-    count[:] = 0
+    next_tier = next_tiers(capacity_blocks)
+    reset_caches(state, head, tail, count)
 
     load = np.zeros(max(n_instances, 1), np.int64)
     for r in range(n):
@@ -213,12 +322,7 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
             best = -1
             best_len = -1
             for i in range(n_instances):
-                offset = i * key_stride
-                length = 0
-                for j in range(start, stop):
-                    if state[block_keys[j] + offset, _TIER] == _ABSENT:
-                        break
-                    length += 1
+                length = cached_prefix(state, block_keys, start, stop, i * key_stride)
                 if length > best_len or (length == best_len and load[i] < load[best]):
                     best = i
                     best_len = length
@@ -227,80 +331,5 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
             inst = best
             instance[r] = inst
         load[inst] += stop - start
-        base = N_TIERS * inst
-        offset = inst * key_stride
-
-        # 1. Exact-prefix reuse: the leading run of present blocks, counted in the tier where found.
-        j = start
-        while j < stop:
-            tier = state[block_keys[j] + offset, _TIER]
-            if tier == _ABSENT:
-                break
-            out_hits[r, tier] += 1
-            j += 1
-
-        # 2. Every block to the MRU end of HBM, last block first so the first block ends MRU.
-        # List operations are written out in place: helper calls would add reference counting per call.
-        for j in range(stop - 1, start - 1, -1):
-            key = block_keys[j] + offset
-            tier = state[key, _TIER]
-            if tier != _ABSENT:
-                if state[key, _OWNER] != inst:
-                    raise ValueError("a block key is cached in two instances; remap keys per instance")
-                lst = base + tier
-                if tier == HBM and head[lst] == key:
-                    continue  # already the MRU block of HBM
-                # Unlink from its current list.
-                prev = state[key, _PREV]
-                nxt = state[key, _NEXT]
-                if prev != _NIL:
-                    state[prev, _NEXT] = nxt
-                else:
-                    head[lst] = nxt
-                if nxt != _NIL:
-                    state[nxt, _PREV] = prev
-                else:
-                    tail[lst] = prev
-                count[lst] -= 1
-            else:
-                state[key, _OWNER] = inst
-            # Push to the MRU end of HBM.
-            old = head[base]
-            state[key, _PREV] = _NIL
-            state[key, _NEXT] = old
-            if old != _NIL:
-                state[old, _PREV] = key
-            else:
-                tail[base] = key
-            head[base] = key
-            state[key, _TIER] = HBM
-            count[base] += 1
-
-            # 3. One insertion overflows each tier by at most one block: demote LRU blocks down the chain.
-            src = HBM
-            while count[base + src] > capacity_blocks[src]:
-                lst = base + src
-                victim = tail[lst]
-                prev = state[victim, _PREV]
-                tail[lst] = prev
-                if prev != _NIL:
-                    state[prev, _NEXT] = _NIL
-                else:
-                    head[lst] = _NIL
-                count[lst] -= 1
-                dst = next_tier[src]
-                if dst < 0:
-                    state[victim, _TIER] = _ABSENT  # overflow of the last tier: dropped
-                    break
-                lst = base + dst
-                old = head[lst]
-                state[victim, _PREV] = _NIL
-                state[victim, _NEXT] = old
-                if old != _NIL:
-                    state[old, _PREV] = victim
-                else:
-                    tail[lst] = victim
-                head[lst] = victim
-                state[victim, _TIER] = dst
-                count[lst] += 1
-                src = dst
+        admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_keys, start, stop,
+                     inst * key_stride, inst, out_hits, r)
