@@ -10,16 +10,32 @@ Event order
 Arrivals are processed in order of (arrival time, index). Before request ``r`` arriving at ``t`` is routed,
 every instance runs each of its steps that *starts* before ``t`` (a step that starts at ``t`` or later sees
 the arrival, as arrivals at or before a step's start join its queue in the one-instance simulator). Then
-the router picks an instance from the state the instances have at ``t``:
+the router picks an instance from the state the instances have at ``t``, their load being the requests in
+flight (waiting + running):
 
 - ``ROUTER_ROUND_ROBIN``: instance ``r mod K``;
 - ``ROUTER_RANDOM``: instance ``floor(u[r] * K)`` for a uniform ``u[r]`` in [0, 1) drawn by the caller;
-- ``ROUTER_LEAST_OUTSTANDING``: fewest requests in flight (waiting + running);
-- ``ROUTER_LEAST_KV``: most free KV blocks.
+- ``ROUTER_LEAST_OUTSTANDING``: the least load;
+- ``ROUTER_LEAST_KV``: most free KV blocks;
+- ``ROUTER_FIXED``: ``fixed_instance[r]``, chosen by the caller (prefix affinity);
+- ``ROUTER_CACHE_AWARE``: SGLang's rule. When the fleet is imbalanced -- the largest load exceeds the
+  smallest by more than ``balance_requests`` *and* by more than ``(1 + balance)`` times -- the least loaded
+  instance; otherwise the instance whose prefix cache holds the longest leading run of the request's blocks
+  *now*, ties to the lower load (so a request no cache knows goes to the least loaded instance).
 
 Ties go to the lowest instance index. The request joins the tail of that instance's waiting queue; an idle
 instance's clock jumps to the arrival (or stays at the end of its last step if that is later). After the
 last arrival every instance drains.
+
+Prefix caches on the same clock
+-------------------------------
+When ``capacity_blocks[0] > 0`` every instance keeps its own tiered LRU prefix cache (HBM -> DRAM -> NVMe,
+the rules and code of :mod:`mcsim.kernels.kv_tiers`). A request is looked up and its blocks are inserted
+when its instance *admits* it (step 2 below), so a hit depends on what that instance had admitted before,
+in its own order. Its reused tokens are its reused blocks x ``block_tokens``, less what would leave no
+prompt token to compute (at least one is computed, taken from HBM's share first, then DRAM's, then NVMe's),
+and its prefill is the rest of the prompt. With ``capacity_blocks[0] == 0`` nothing is cached and the
+prefill is the whole prompt.
 
 Step of one instance (continuous, FCFS, mixed, no preemption)
 -------------------------------------------------------------
@@ -27,14 +43,27 @@ Step of one instance (continuous, FCFS, mixed, no preemption)
 2. The remaining budget goes, in admission order, to running sequences whose prefill is unfinished, each
    ``min(prefill left, budget left, chunk_tokens)`` (``chunk_tokens == 0``: no cap); then requests are
    admitted from the queue head, without skipping, while budget is left, fewer than ``max_seqs`` run and the
-   pool holds ``ceil((context + output) / block_tokens)`` blocks for the request; each gets its first chunk.
+   pool holds ``ceil((context + output) / block_tokens)`` blocks for the request; each is looked up in and
+   inserted into the instance's prefix cache, then gets its first chunk.
 3. Step time: bilinear in ``step_time_table`` at (decoding sequences, prefill tokens), clamped, plus
    ``kv_slope(d) x (S - d x kv_ref_context)`` with ``S`` the summed KV length of the decoding sequences
-   (``context + 1 + j x (output - 1) / P`` after ``j`` of ``P`` passes), summed afresh in admission order.
+   (``context + 1 + j x (output - 1) / P`` after ``j`` of ``P`` passes), kept up to date step by step (as in
+   the one-instance simulator; equal to a fresh sum up to rounding).
 4. At the end of the step a completed prefill emits the first token (the request finishes there if it has
    no passes, else decodes from the next step); a sequence that ran its last pass finishes.
 
-Cost: O(running) per step (the running set of one instance is at most ``max_seqs``), O(K) per arrival.
+Statistics
+----------
+Over the steps that start before the last arrival and at or after ``warmup_s`` (the measured window, which
+ends at the last arrival), ``out_stats`` sums, over all instances and at the ``STAT_*`` indices of
+:mod:`mcsim.kernels.batching_helpers`: steps, their step time, decoding sequences over the steps that decode
+and those steps; the requests in flight integrated over time (each step weighs its instance's in-flight count
+at its start by its length within the window); the requests waiting when the last one has been routed; and
+the total steps, the window end and the end of the last step.
+
+Cost: a step costs O(prefilling sequences + finishing ones x log ``max_seqs``): the decoding sequences are a
+count, two running sums and a min-heap of the steps they finish at, not a list walked every step. An arrival
+costs O(K), and O(K x its blocks) under cache-aware routing.
 """
 
 from __future__ import annotations
@@ -43,59 +72,120 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
-    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_SEQS, P_TOKEN_BUDGET, P_VERIFY_TOKENS, _kv_rate, kv_slope_at,
+    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_SEQS, P_TOKEN_BUDGET, P_VERIFY_TOKENS, STAT_END_S,
+    STAT_IN_SYSTEM_INTEGRAL, STAT_STEPS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_DECODE_SEQS_SUM,
+    STAT_WINDOW_DECODE_STEPS, STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _kv_rate, kv_slope_at,
     prefill_chunk, step_time,
 )
+from mcsim.kernels.kv_tiers import HBM, N_TIERS, admit_blocks, cached_prefix, next_tiers, reset_caches
 
 # Router codes (mcsim.perf.fleet_batching names them).
 ROUTER_ROUND_ROBIN = 0
 ROUTER_RANDOM = 1
 ROUTER_LEAST_OUTSTANDING = 2
 ROUTER_LEAST_KV = 3
+ROUTER_FIXED = 4
+ROUTER_CACHE_AWARE = 5
 
 # Return codes.
 STATUS_OK = 0
 STATUS_STALLED = 1  # a step with nothing to run (a validated input never produces one)
 
 
+@kernel(inline="always")
+def _heap_push_min(heap_step, heap_seq, heap_size, i, step, seq):
+    """Push (step, seq) onto instance ``i``'s min-heap of finishing steps."""
+    j = heap_size[i]
+    heap_size[i] += 1
+    while j > 0:
+        parent = (j - 1) // 2
+        if heap_step[i, parent] <= step:
+            break
+        heap_step[i, j] = heap_step[i, parent]
+        heap_seq[i, j] = heap_seq[i, parent]
+        j = parent
+    heap_step[i, j] = step
+    heap_seq[i, j] = seq
+
+
+@kernel(inline="always")
+def _heap_pop_min(heap_step, heap_seq, heap_size, i):
+    """Drop the top of instance ``i``'s min-heap."""
+    heap_size[i] -= 1
+    size = heap_size[i]
+    step = heap_step[i, size]
+    seq = heap_seq[i, size]
+    j = 0
+    while True:
+        child = 2 * j + 1
+        if child >= size:
+            break
+        if child + 1 < size and heap_step[i, child + 1] < heap_step[i, child]:
+            child += 1
+        if heap_step[i, child] >= step:
+            break
+        heap_step[i, j] = heap_step[i, child]
+        heap_seq[i, j] = heap_seq[i, child]
+        j = child
+    heap_step[i, j] = step
+    heap_seq[i, j] = seq
+
+
 @kernel
-def simulate_fleet(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, router_uniform, params_int,
-                   router, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, out_instance,
-                   out_first_token_s, out_finish_s, out_queue_s, out_instance_steps):
+def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, router_uniform, fixed_instance,
+                   block_ptr, block_keys, key_stride, capacity_blocks, params_int, router, balance, balance_requests,
+                   warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, cache_state,
+                   out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached, out_instance_steps,
+                   out_stats):
     """Simulate ``K`` instances behind a global router (rules in the module docstring).
 
     Parameters
     ----------
     arrival_s : float64[n]
         Arrival times, s, sorted.
-    prefill_tokens, context_tokens, output_tokens, passes : int64[n]
+    prompt_tokens : int64[n]
+        Prompt tokens; the prefill is what the instance's prefix cache does not hold (all of it without a cache).
+    context_tokens, output_tokens, passes : int64[n]
         As in :func:`mcsim.kernels.batching.simulate`.
     router_uniform : float64[n]
         Uniforms in [0, 1), one per request, read by ``ROUTER_RANDOM`` only.
+    fixed_instance : int64[n]
+        Instances in [0, K), read by ``ROUTER_FIXED`` only.
+    block_ptr, block_keys : int64[n + 1], int64[nnz]
+        CSR prompt blocks of each request, in prompt order; block ids in ``[0, key_stride)``, distinct within a
+        request. Read only with a cache (``capacity_blocks[0] > 0``).
+    key_stride : int
+        Block ids per instance: instance ``i`` keeps block ``b`` under key ``i * key_stride + b``.
+    capacity_blocks : int64[3]
+        One instance's HBM, DRAM and NVMe prefix-cache capacity, blocks (0 = tier absent; HBM 0 = no cache).
     params_int : int64[N_PARAMS]
-        Read at ``P_TOKEN_BUDGET``, ``P_MAX_SEQS``, ``P_KV_BLOCKS`` (per instance), ``P_BLOCK_TOKENS``,
-        ``P_CHUNK_TOKENS`` and ``P_VERIFY_TOKENS``; the other fields are not used.
+        Read at ``P_TOKEN_BUDGET``, ``P_MAX_SEQS``, ``P_KV_BLOCKS`` (per instance), ``P_BLOCK_TOKENS`` (also
+        the cache's block), ``P_CHUNK_TOKENS`` and ``P_VERIFY_TOKENS``; the other fields are not used.
     router : int
         A ``ROUTER_*`` code.
+    balance, balance_requests : float, int
+        Cache-aware routing's relative and absolute imbalance thresholds.
+    warmup_s : float
+        Start of the measured window of ``out_stats``, s.
     step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context
         The step-time model, as in :func:`mcsim.kernels.batching.simulate`.
+    cache_state : int32[K * key_stride, 4]
+        Workspace of the caches (overwritten); may be empty without a cache.
     out_instance : int64[n]
         Written: the instance each request was routed to.
     out_first_token_s, out_finish_s, out_queue_s : float64[n]
         Written: first-token time, finish time (s) and wait from arrival to admission (s).
+    out_cached : int64[n, 3]
+        Written: prompt tokens each request reused from HBM, DRAM and NVMe.
     out_instance_steps : int64[K]
         Written: steps each instance ran; its length sets ``K``.
+    out_stats : float64[N_STATS]
+        Written at the ``STAT_*`` indices named in the module docstring.
 
     Returns
     -------
     int
         ``STATUS_OK``, or ``STATUS_STALLED`` when a step had nothing to run.
-
-    Examples
-    --------
-    >>> status = simulate_fleet(arrival, prefill, context, output, passes, u, params, ROUTER_RANDOM, table,
-    ...                         decode_edges, prefill_edges, kv_slope, 0.0, instance, first, finish, queue,
-    ...                         np.zeros(8, np.int64))  # doctest: +SKIP
     """
     n = arrival_s.shape[0]
     k = out_instance_steps.shape[0]
@@ -111,40 +201,59 @@ def simulate_fleet(arrival_s, prefill_tokens, context_tokens, output_tokens, pas
     queue_tail = np.full(k, -1, dtype=np.int64)
     queue_len = np.zeros(k, dtype=np.int64)
     queue_next = np.full(n, -1, dtype=np.int64)
-    running = np.empty((k, max_seqs), dtype=np.int64)  # in admission order
-    n_running = np.zeros(k, dtype=np.int64)
+    # Running = prefilling (a list in admission order) + decoding (counted, their KV summed incrementally, their
+    # finishing steps in a min-heap): a step costs O(prefilling + finishing x log max_seqs), not O(running).
+    prefilling = np.empty((k, max_seqs), dtype=np.int64)
+    n_prefilling = np.zeros(k, dtype=np.int64)
+    n_decoding = np.zeros(k, dtype=np.int64)
+    kv_sum = np.zeros(k)  # summed KV length of the decoding sequences at the next step's pass
+    kv_rate = np.zeros(k)  # KV tokens one pass of every decoding sequence adds
+    heap_step = np.empty((k, max_seqs), dtype=np.int64)  # the step (of its instance) a sequence finishes at
+    heap_seq = np.empty((k, max_seqs), dtype=np.int64)
+    heap_size = np.zeros(k, dtype=np.int64)
+    step_of = np.zeros(k, dtype=np.int64)  # steps each instance has run
     prefill_left = np.zeros(n, dtype=np.int64)
-    passes_done = np.zeros(n, dtype=np.int64)
-    decoding = np.zeros(n, dtype=np.bool_)
     held = np.zeros(n, dtype=np.int64)
     chunk = np.zeros(n, dtype=np.int64)
     out_instance_steps[:] = 0
+    out_cached[:, :] = 0
+    out_stats[:] = 0.0
+
+    caching = capacity_blocks[HBM] > 0
+    head = np.empty(N_TIERS * k, np.int32)
+    tail = np.empty(N_TIERS * k, np.int32)
+    count = np.empty(N_TIERS * k, np.int64)
+    next_tier = next_tiers(capacity_blocks)
+    if caching:
+        reset_caches(cache_state, head, tail, count)
+    hits = np.zeros((1, N_TIERS), np.int64)
+
+    window_end = arrival_s[n - 1]
+    in_system_integral = 0.0
+    window_steps = 0
+    window_step_s = 0.0
+    window_decode_seqs = 0
+    window_decode_steps = 0
+    steps = 0
+    end_s = 0.0
 
     for r in range(n + 1):
         t_next = arrival_s[r] if r < n else np.inf
         for i in range(k):
-            while (n_running[i] > 0 or queue_len[i] > 0) and clock[i] < t_next:
+            while (n_prefilling[i] + n_decoding[i] > 0 or queue_len[i] > 0) and clock[i] < t_next:
                 t = clock[i]
-                decode_seqs = 0
-                kv = 0.0
-                for j in range(n_running[i]):
-                    s = running[i, j]
-                    chunk[s] = 0
-                    if decoding[s]:
-                        decode_seqs += 1
-                        kv += context_tokens[s] + 1 + passes_done[s] * _kv_rate(output_tokens[s], passes[s])
+                in_flight = n_prefilling[i] + n_decoding[i] + queue_len[i]
+                decode_seqs = n_decoding[i]
+                kv = kv_sum[i]
                 budget_left = max(0, token_budget - decode_seqs * verify_tokens)
                 prefill = 0
-                for j in range(n_running[i]):
-                    if budget_left <= 0:
-                        break
-                    s = running[i, j]
-                    if not decoding[s]:
-                        c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
-                        chunk[s] = c
-                        prefill += c
-                        budget_left -= c
-                while budget_left > 0 and queue_len[i] > 0 and n_running[i] < max_seqs:
+                for j in range(n_prefilling[i]):
+                    s = prefilling[i, j]
+                    c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens) if budget_left > 0 else 0
+                    chunk[s] = c
+                    prefill += c
+                    budget_left -= c
+                while budget_left > 0 and queue_len[i] > 0 and n_prefilling[i] + n_decoding[i] < max_seqs:
                     s = queue_head[i]
                     need = (context_tokens[s] + output_tokens[s] + block_tokens - 1) // block_tokens
                     if need > free_blocks[i]:
@@ -155,10 +264,23 @@ def simulate_fleet(arrival_s, prefill_tokens, context_tokens, output_tokens, pas
                         queue_tail[i] = -1
                     free_blocks[i] -= need
                     held[s] = need
-                    prefill_left[s] = prefill_tokens[s]
+                    cached = 0
+                    if caching:
+                        hits[0, :] = 0
+                        admit_blocks(cache_state, head, tail, count, capacity_blocks, next_tier, block_keys,
+                                     block_ptr[s], block_ptr[s + 1], i * key_stride, i, hits, 0)
+                        # Reused tokens, less what would leave no prompt token to compute (HBM's share first).
+                        excess = (hits[0, 0] + hits[0, 1] + hits[0, 2]) * block_tokens - (prompt_tokens[s] - 1)
+                        for tier in range(N_TIERS):
+                            tokens = hits[0, tier] * block_tokens
+                            take = min(max(excess, 0), tokens)
+                            out_cached[s, tier] = tokens - take
+                            excess -= take
+                            cached += tokens - take
+                    prefill_left[s] = max(prompt_tokens[s] - cached, 1)
                     out_queue_s[s] = t - arrival_s[s]
-                    running[i, n_running[i]] = s
-                    n_running[i] += 1
+                    prefilling[i, n_prefilling[i]] = s
+                    n_prefilling[i] += 1
                     c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
                     chunk[s] = c
                     prefill += c
@@ -172,49 +294,96 @@ def simulate_fleet(arrival_s, prefill_tokens, context_tokens, output_tokens, pas
                         step_s = max(step_s + slope * (kv - decode_seqs * kv_ref_context), 1e-12)
                 t_end = t + step_s
                 out_instance_steps[i] += 1
+                steps += 1
+                end_s = max(end_s, t_end)
+                if r < n:  # the step starts inside the arrival window
+                    if t_end > warmup_s:
+                        in_system_integral += in_flight * (t_end - max(t, warmup_s))
+                    if t >= warmup_s:
+                        window_steps += 1
+                        window_step_s += step_s
+                        if decode_seqs > 0:
+                            window_decode_seqs += decode_seqs
+                            window_decode_steps += 1
+
+                # Every decoding sequence ran its pass; those at their last one finish.
+                step_of[i] += 1
+                kv_sum[i] += kv_rate[i]
+                while heap_size[i] > 0 and heap_step[i, 0] == step_of[i]:
+                    s = heap_seq[i, 0]
+                    _heap_pop_min(heap_step, heap_seq, heap_size, i)
+                    rate = _kv_rate(output_tokens[s], passes[s])
+                    kv_sum[i] -= context_tokens[s] + 1 + passes[s] * rate
+                    kv_rate[i] -= rate
+                    n_decoding[i] -= 1
+                    free_blocks[i] += held[s]
+                    held[s] = 0
+                    out_finish_s[s] = t_end
+                if n_decoding[i] == 0:  # no drift from the sums' rounding
+                    kv_sum[i] = 0.0
+                    kv_rate[i] = 0.0
+                # Prefill progress: a completed prefill emits the first token and decodes from the next step.
                 kept = 0
-                for j in range(n_running[i]):
-                    s = running[i, j]
-                    done = False
-                    if decoding[s]:
-                        passes_done[s] += 1
-                        done = passes_done[s] == passes[s]
-                    elif chunk[s] > 0:
+                for j in range(n_prefilling[i]):
+                    s = prefilling[i, j]
+                    if chunk[s] > 0:
                         prefill_left[s] -= chunk[s]
+                        chunk[s] = 0
                         if prefill_left[s] == 0:
                             out_first_token_s[s] = t_end
                             if passes[s] == 0:
-                                done = True
+                                free_blocks[i] += held[s]
+                                held[s] = 0
+                                out_finish_s[s] = t_end
                             else:
-                                decoding[s] = True  # decodes from the next step
-                    if done:
-                        free_blocks[i] += held[s]
-                        held[s] = 0
-                        out_finish_s[s] = t_end
-                    else:
-                        running[i, kept] = s
-                        kept += 1
-                n_running[i] = kept
+                                rate = _kv_rate(output_tokens[s], passes[s])
+                                kv_sum[i] += context_tokens[s] + 1
+                                kv_rate[i] += rate
+                                n_decoding[i] += 1
+                                _heap_push_min(heap_step, heap_seq, heap_size, i, step_of[i] + passes[s], s)
+                            continue
+                    prefilling[i, kept] = s
+                    kept += 1
+                n_prefilling[i] = kept
                 clock[i] = t_end
         if r == n:
             break
 
+        chosen = 0
         if router == ROUTER_ROUND_ROBIN:
             chosen = r % k
         elif router == ROUTER_RANDOM:
             chosen = min(int(router_uniform[r] * k), k - 1)
-        elif router == ROUTER_LEAST_OUTSTANDING:
-            chosen = 0
-            for i in range(1, k):
-                if queue_len[i] + n_running[i] < queue_len[chosen] + n_running[chosen]:
-                    chosen = i
-        else:
-            chosen = 0
+        elif router == ROUTER_FIXED:
+            chosen = fixed_instance[r]
+        elif router == ROUTER_LEAST_KV:
             for i in range(1, k):
                 if free_blocks[i] > free_blocks[chosen]:
                     chosen = i
+        else:
+            least = 0
+            most = 0
+            for i in range(1, k):
+                load = queue_len[i] + n_prefilling[i] + n_decoding[i]
+                if load < queue_len[least] + n_prefilling[least] + n_decoding[least]:
+                    least = i
+                if load > queue_len[most] + n_prefilling[most] + n_decoding[most]:
+                    most = i
+            chosen = least
+            low = queue_len[least] + n_prefilling[least] + n_decoding[least]
+            high = queue_len[most] + n_prefilling[most] + n_decoding[most]
+            imbalanced = high - low > balance_requests and high > (1.0 + balance) * low
+            if router == ROUTER_CACHE_AWARE and caching and not imbalanced:
+                best_len = -1
+                for i in range(k):
+                    length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1], i * key_stride)
+                    load = queue_len[i] + n_prefilling[i] + n_decoding[i]
+                    if length > best_len or (length == best_len
+                                             and load < queue_len[chosen] + n_prefilling[chosen] + n_decoding[chosen]):
+                        chosen = i
+                        best_len = length
         out_instance[r] = chosen
-        if n_running[chosen] == 0 and queue_len[chosen] == 0:
+        if n_prefilling[chosen] + n_decoding[chosen] == 0 and queue_len[chosen] == 0:
             clock[chosen] = max(clock[chosen], arrival_s[r])
         if queue_tail[chosen] >= 0:
             queue_next[queue_tail[chosen]] = r
@@ -222,4 +391,18 @@ def simulate_fleet(arrival_s, prefill_tokens, context_tokens, output_tokens, pas
             queue_head[chosen] = r
         queue_tail[chosen] = r
         queue_len[chosen] += 1
+        if r == n - 1:
+            waiting = 0
+            for i in range(k):
+                waiting += queue_len[i]
+            out_stats[STAT_WAITING_AT_WINDOW_END] = waiting
+
+    out_stats[STAT_STEPS] = steps
+    out_stats[STAT_WINDOW_END_S] = window_end
+    out_stats[STAT_IN_SYSTEM_INTEGRAL] = in_system_integral
+    out_stats[STAT_WINDOW_STEPS] = window_steps
+    out_stats[STAT_WINDOW_STEP_S_SUM] = window_step_s
+    out_stats[STAT_WINDOW_DECODE_SEQS_SUM] = window_decode_seqs
+    out_stats[STAT_WINDOW_DECODE_STEPS] = window_decode_steps
+    out_stats[STAT_END_S] = end_s
     return STATUS_OK

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mcsim.perf.fleet_batching import ROUTERS, simulate_fleet_batching
+from mcsim.perf.fleet_batching import ROUTERS, affinity_instances, simulate_fleet_batching
 from mcsim.reference.batching import simulate_reference
 from mcsim.reference.fleet_batching import simulate_fleet_reference
 
@@ -28,6 +28,25 @@ def random_workload(rng, n, rate):
     return arrival, prefill, context, output, passes
 
 
+def random_blocks(rng, n, block_tokens):
+    """Prompt blocks with sharing: a few system prompts, turns that extend an earlier request's prompt, own
+    blocks; and prompt tokens that hold those blocks (sometimes exactly, so that a prompt can be fully cached)."""
+    prefixes = [list(range(1000 * q, 1000 * q + int(rng.integers(0, 6)))) for q in range(int(rng.integers(1, 4)))]
+    lists, fresh = [], 10**6
+    for r in range(n):
+        if r and rng.uniform() < 0.3:
+            base = list(lists[int(rng.integers(r))])  # a later turn of an earlier conversation
+        else:
+            base = list(prefixes[int(rng.integers(len(prefixes)))])
+        own = int(rng.integers(0, 4))
+        lists.append(base + list(range(fresh, fresh + own)))
+        fresh += own
+    prompt = np.array([max(len(b) * block_tokens + int(rng.integers(0, block_tokens)), 1) for b in lists])
+    ptr = np.concatenate([[0], np.cumsum([len(b) for b in lists])]).astype(np.int64)
+    ids = np.array([x for b in lists for x in b], dtype=np.int64)
+    return lists, prompt, ptr, ids
+
+
 def random_settings(rng, output, context):
     block_tokens = int(rng.integers(1, 32))
     largest = int(((context + output + block_tokens - 1) // block_tokens).max())
@@ -43,25 +62,81 @@ def random_settings(rng, output, context):
 
 @pytest.mark.parametrize("router", ROUTERS)
 def test_kernel_matches_fleet_reference_exactly(router):
+    """Every request's instance, times and reused tokens per tier, every instance's steps, and the window's
+    sums, with and without prefix caches (small tiers that evict, absent tiers)."""
     for seed in range(40):
         rng = np.random.default_rng([seed, ROUTERS.index(router)])
         n = int(rng.integers(1, 60))
         n_instances = int(rng.integers(1, 6))
-        arrival, prefill, context, output, passes = random_workload(rng, n, rng.uniform(5.0, 400.0))
-        settings = random_settings(rng, output, context)
+        arrival, _, _, output, passes = random_workload(rng, n, rng.uniform(5.0, 400.0))
+        block_tokens = int(rng.integers(1, 32))
+        lists, prompt, ptr, ids = random_blocks(rng, n, block_tokens)
+        settings = random_settings(rng, output, prompt)
+        settings["block_tokens"] = block_tokens
+        settings["kv_blocks"] = int(((prompt + output + block_tokens - 1) // block_tokens).max()) \
+            + int(rng.integers(0, 40))
+        capacity = (0, 0, 0) if seed % 4 == 0 else tuple(int(c) for c in rng.integers([1, 0, 0], [12, 8, 8]))
+        cache = {"capacity_blocks": capacity, "balance": float(rng.uniform(0, 1)),
+                 "balance_requests": int(rng.integers(0, 4))}
         uniform = rng.uniform(size=n)
+        affinity = affinity_instances(ptr, ids, uniform, n_instances)
         kv_slope = rng.uniform(0.0, 1e-5, DECODE_EDGES.size) if seed % 2 else None
-        result = simulate_fleet_batching(arrival, prefill, context, output, passes, n_instances=n_instances,
-                                         router=router, router_uniform=uniform, kv_slope=kv_slope,
-                                         kv_ref_context=50.0, **TABLE, **settings)
-        reference = simulate_fleet_reference(arrival, prefill, context, output, passes, uniform,
+        warmup_s = float(rng.uniform(0, arrival[-1]))
+        result = simulate_fleet_batching(arrival, prompt, prompt, output, passes, n_instances=n_instances,
+                                         router=router, router_uniform=uniform, block_ptr=ptr, block_ids=ids,
+                                         kv_slope=kv_slope, kv_ref_context=50.0, warmup_s=warmup_s, **cache,
+                                         **TABLE, **settings)
+        reference = simulate_fleet_reference(arrival, prompt, prompt, output, passes, uniform,
                                              n_instances=n_instances, router=router, kv_slope=kv_slope,
-                                             kv_ref_context=50.0, **TABLE, **settings)
-        per_request = result["per_request"]
+                                             kv_ref_context=50.0, block_lists=lists, fixed_instance=affinity,
+                                             warmup_s=warmup_s, **cache, **TABLE, **settings)
+        per_request, summary, stats = result["per_request"], result["summary"], reference["stats"]
         np.testing.assert_array_equal(per_request["instance"], reference["instance"], err_msg=f"seed {seed}")
         for key in ("first_token_s", "finish_s", "queue_s"):
-            np.testing.assert_array_equal(per_request[key], np.array(reference[key]), err_msg=f"{key}, seed {seed}")
-        np.testing.assert_array_equal(result["summary"]["instance_steps"], reference["instance_steps"])
+            if kv_slope is None:
+                np.testing.assert_array_equal(per_request[key], reference[key], err_msg=f"{key}, seed {seed}")
+            else:  # the kernel keeps the KV sum step by step, the reference sums it afresh: equal up to rounding
+                np.testing.assert_allclose(per_request[key], reference[key], rtol=1e-9, atol=1e-12,
+                                           err_msg=f"{key}, seed {seed}")
+        np.testing.assert_array_equal(per_request["cached_tokens"], np.array(reference["cached"]).reshape(n, 3))
+        np.testing.assert_array_equal(summary["instance_steps"], reference["instance_steps"])
+        assert summary["steps"] == stats["steps"]
+        assert summary["waiting_at_window_end"] == stats["waiting_at_window_end"]
+        window = stats["window_end_s"] - warmup_s
+        if window > 0:
+            assert summary["mean_in_system"] == pytest.approx(stats["in_system_integral"] / window, rel=1e-12)
+            assert summary["busy_fraction"] == pytest.approx(
+                min(stats["window_step_s_sum"] / (n_instances * window), 1.0), rel=1e-12)
+        if stats["window_decode_steps"]:
+            assert summary["mean_decode_batch"] == pytest.approx(
+                stats["window_decode_seqs_sum"] / stats["window_decode_steps"], rel=1e-12)
+
+
+def test_replica_caches_are_the_tier_replay_of_their_admissions():
+    """FCFS admits each instance's requests in arrival order, so with prefix-affinity (a fixed instance per
+    request) the replicas' reused blocks are the tier reference's replay of the requests in arrival order, on
+    the same instances; every prompt keeps at least one token to compute."""
+    from mcsim.reference.kv_tiers import lookup_tiers_reference
+
+    for seed in range(20):
+        rng = np.random.default_rng([seed, 7])
+        n, k, block_tokens = int(rng.integers(5, 80)), int(rng.integers(1, 5)), int(rng.integers(1, 8))
+        arrival = np.sort(rng.uniform(0, 2.0, n))
+        lists, prompt, ptr, ids = random_blocks(rng, n, block_tokens)
+        output = rng.integers(1, 20, n)
+        capacity = tuple(int(c) for c in rng.integers([1, 0, 0], [10, 6, 6]))
+        uniform = rng.uniform(size=n)
+        result = simulate_fleet_batching(arrival, prompt, prompt, output, n_instances=k, router="prefix-affinity",
+                                         router_uniform=uniform, block_ptr=ptr, block_ids=ids,
+                                         capacity_blocks=capacity, block_tokens=block_tokens, **TABLE)
+        instance = result["per_request"]["instance"]
+        np.testing.assert_array_equal(instance, affinity_instances(ptr, ids, uniform, k))
+        blocks = np.array(lookup_tiers_reference(lists, list(instance), capacity)) * block_tokens
+        cached = result["per_request"]["cached_tokens"]
+        reused = cached.sum(axis=1)
+        np.testing.assert_array_equal(reused, np.minimum(blocks.sum(axis=1), prompt - 1), err_msg=f"seed {seed}")
+        whole = blocks.sum(axis=1) <= prompt - 1
+        np.testing.assert_array_equal(cached[whole], blocks[whole])
 
 
 def test_one_replica_is_the_one_instance_simulator():
@@ -126,7 +201,7 @@ def test_least_outstanding_beats_random_on_p99_ttft():
 
 
 def test_bad_router_names_the_key():
-    with pytest.raises(ValueError, match="deployment.router"):
+    with pytest.raises(ValueError, match="deployment.routing"):
         simulate_fleet_batching([0.0], [1], [1], [1], n_instances=2, router="fastest", **TABLE)
     with pytest.raises(ValueError, match="router_uniform"):
         simulate_fleet_batching([0.0], [1], [1], [1], n_instances=2, router="random", **TABLE)
@@ -144,7 +219,7 @@ def test_replicas_mode_end_to_end():
     assert np.isnan(default.instance_load_imbalance.values).all()
     for router in ROUTERS:
         ds = mcsim.run(scenario, samples=1, requests=2000, workers=1,
-                       overrides=[*base, "deployment.fleet_simulation=replicas", f"deployment.router={router}"])
+                       overrides=[*base, "deployment.fleet_simulation=replicas", f"deployment.routing={router}"])
         imbalance = float(ds.instance_load_imbalance.values[0])
         assert 1.0 <= imbalance < 2.0, router
         assert np.all(np.isfinite(ds.ttft_s.values)), router
@@ -161,3 +236,54 @@ def test_replicas_mode_rejects_disaggregation():
         mcsim.run(scenario, samples=1, requests=500, workers=1,
                   overrides=["deployment.fleet=fixed", "deployment.disaggregated=true",
                              "deployment.fleet_simulation=replicas"])
+
+
+DENSE_NODE_FIXED = ["deployment.fleet=fixed", "deployment.instances=4", "deployment.disaggregated=false"]
+
+
+def _dense_node(overrides, requests=3000, samples=2):
+    from pathlib import Path
+
+    import mcsim
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "dense-node.toml"
+    return mcsim.run(scenario, samples=samples, requests=requests, workers=1,
+                     overrides=[*DENSE_NODE_FIXED, *overrides])
+
+
+def test_replicas_with_prefix_affinity_reproduce_the_cache_stage():
+    """Prefix-affinity fixes each request's instance and FCFS admits in arrival order, so the replicas' own caches
+    hold what the cache stage's replay holds: the same hit rates, per tier, and the same drift."""
+    representative = _dense_node(["deployment.routing=prefix-affinity"])
+    replicas = _dense_node(["deployment.routing=prefix-affinity", "deployment.fleet_simulation=replicas"])
+    assert float(representative.cache_hit_rate.min()) > 0.3  # the check below is about real reuse
+    for name in ("cache_hit_rate", "cache_hit_rate_by_tier", "cache_hit_rate_drift"):
+        np.testing.assert_array_equal(replicas[name].values, representative[name].values, err_msg=name)
+    assert np.isnan(representative.instance_load_imbalance.values).all()
+    assert np.all(replicas.instance_load_imbalance.values >= 1.0)
+
+
+def test_cache_aware_replicas_reuse_more_than_random_and_answer_sooner():
+    """At the same load on the same fleet, routing to the longest cached prefix reuses more of each prompt than
+    random routing, and that work saved shows in TTFT and in the busy time the fleet is charged for."""
+    cache_aware = _dense_node(["deployment.routing=cache-aware", "deployment.fleet_simulation=replicas"])
+    random = _dense_node(["deployment.routing=random", "deployment.fleet_simulation=replicas"])
+    assert np.all(cache_aware.cache_hit_rate.values > random.cache_hit_rate.values + 0.05)
+    p99 = {name: ds.ttft_s.sel(request_quantile=0.99).values for name, ds in (("aware", cache_aware),
+                                                                               ("random", random))}
+    assert np.all(p99["aware"] < p99["random"]), p99
+    assert np.all(cache_aware.busy_fraction.values < random.busy_fraction.values)
+
+
+def test_load_routers_need_the_replicas():
+    from pathlib import Path
+
+    import mcsim
+    from mcsim.scenario.schema import ScenarioError
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "dense-node.toml"
+    with pytest.raises(ScenarioError, match="deployment.routing.*current load"):
+        mcsim.run(scenario, samples=1, requests=500, workers=1, overrides=["deployment.routing=least-outstanding"])
+    with pytest.raises(ScenarioError, match="deployment.fleet_simulation.*'pooled'"):
+        mcsim.run(scenario, samples=1, requests=500, workers=1,
+                  overrides=[*DENSE_NODE_FIXED, "deployment.fleet_simulation=replicas"])

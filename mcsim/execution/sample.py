@@ -232,11 +232,13 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
         from mcsim.perf.fleet import performance
 
         m = performance(p, measured, cached, passes, model, rng_for(seed, sample, STREAM_BATCHING),
-                        step_log=step_log)
+                        step_log=step_log, all_requests=shared["requests"])
         m.update(experts)
         m.update(money(p, m))
-        m.update(steady_outputs(shared["cache_steady_state"], m.pop("_batching_steady_state", None),
-                               shared["requests"].n))
+        # The replicas' own caches, when they ran, else the cache stage's replay.
+        cache_steady = m.pop("_cache_steady_state", None)
+        cache_steady = shared["cache_steady_state"] if cache_steady is None else cache_steady
+        m.update(steady_outputs(cache_steady, m.pop("_batching_steady_state", None), shared["requests"].n))
         results[variant] = m
     return results
 

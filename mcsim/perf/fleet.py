@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
+from mcsim.perf.fleet_batching import REPLICA_NEEDS, replica_mismatch
 from mcsim.perf.policies import policy_for
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.results.variables import QUANTILES
@@ -86,8 +87,20 @@ def infeasible(reason: str, b_mem: float, tpp: float, classes: tuple = ("chat",)
     return out
 
 
+def cache_figures(prompt, cached_tokens, kv_bytes_per_token: float) -> dict:
+    """The cache's figures over some requests: hit rates (all tiers and per tier), restored GB per request, and
+    the hit and miss token totals economics reads."""
+    cached = cached_tokens.sum(axis=1)
+    total_in = float(np.sum(prompt))
+    restore_bytes = cached_tokens[:, 1:] * kv_bytes_per_token  # DRAM, NVMe
+    return {"cache_hit_rate": float(cached.sum()) / total_in,
+            "cache_hit_rate_by_tier": cached_tokens.sum(axis=0) / total_in,
+            "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / len(prompt) / 1e9]),
+            "_hit_tokens": float(cached.sum()), "_miss_tokens": float((prompt - cached).sum())}
+
+
 def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model, rng,
-                step_log: int = 0) -> dict:
+                step_log: int = 0, all_requests=None) -> dict:
     """Throughput, latency and fleet of one sample from its :class:`~mcsim.perf.factor.StepModel`.
 
     Parameters
@@ -105,6 +118,11 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         The sample's stream for the batching simulator (closed-loop think times).
     step_log : int
         With the batching simulator, keep its first ``step_log`` steps under ``"_step_log"``.
+    all_requests : mcsim.stages.workload.Requests, optional
+        Every request of the sample, warm-up included (``requests`` is its tail): what
+        ``deployment.fleet_simulation = "replicas"`` replays, its caches filling on its own clock. The cache
+        figures, prefill work and the cache's steady-state check (``"_cache_steady_state"``) then come from that
+        run's measured requests; ``cached_tokens`` (the cache stage's replay) only sizes the fleet's first guess.
 
     Returns
     -------
@@ -124,16 +142,17 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     tpp = model.tokens_per_pass
     mode = p["deployment.fleet"]
 
-    cached = cached_tokens.sum(axis=1)
-    miss = prompt - cached
-    by_tier = cached_tokens.sum(axis=0) / total_in
+    message = replica_mismatch({path: p[path] for path in (*REPLICA_NEEDS, "deployment.fleet_simulation")
+                                if path in p})
+    if message:  # a value drawn from a distribution (plain values are checked when the scenario loads)
+        raise ValueError(f"deployment.fleet_simulation: {message}")
+    replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
+    miss = prompt - cached_tokens.sum(axis=1)
     restore_bytes = cached_tokens[:, 1:] * kvb  # DRAM, NVMe
     stage = {
-        "cache_hit_rate": float(cached.sum()) / total_in, "cache_hit_rate_by_tier": by_tier,
-        "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / n / 1e9]),
+        **cache_figures(prompt, cached_tokens, kvb),
         "kv_bytes_per_token": kvb, "requests": n, "mean_input_tokens": total_in / n,
-        "mean_output_tokens": total_out / n, "trace_duration_s": duration, "_hit_tokens": float(cached.sum()),
-        "_miss_tokens": float(miss.sum()), "_output_tokens": total_out,
+        "mean_output_tokens": total_out / n, "trace_duration_s": duration, "_output_tokens": total_out,
     }
 
     # -- can it run at all: memory of both pools, the TPOT target at a batch of one --------------------------
@@ -160,8 +179,12 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     hw = model.hardware
     host_bw = hw.host_link_gb_s * 1e9
     nvme_bw_per_gpu = p["cache.nvme_gb_s_per_node"] * 1e9 / hw.gpus_per_node
-    prefill_gpu_s = float(miss.sum()) / x_prefill + float(restore_bytes[:, 0].sum()) / host_bw \
-        + float(restore_bytes[:, 1].sum()) / nvme_bw_per_gpu
+
+    def prefill_work(miss_tokens, restored_bytes):  # GPU-seconds of prefill: compute and restores
+        return float(miss_tokens.sum()) / x_prefill + float(restored_bytes[:, 0].sum()) / host_bw \
+            + float(restored_bytes[:, 1].sum()) / nvme_bw_per_gpu
+
+    prefill_gpu_s = prefill_work(miss, restore_bytes)
     demand = total_out / duration  # decode tokens/s
     prefill_load = prefill_gpu_s / duration  # GPUs' worth of prefill work
     # Instances that the load needs at the batch cap, at 100 % busy: fewer cannot keep up.
@@ -191,10 +214,20 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     simulate = bool(p["performance.simulate_batching"]) or mode in ("fixed", "slo")
     sim = None
     if simulate:
-        from mcsim.perf.latency import PoolSimulator, prepare
+        from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
 
         max_seqs = max(int(round(b_cap * g)), 1)
-        workload = prepare(p, requests, miss, restore_s, transfer_s, passes_r, max_seqs, rng)
+        if replicas:
+            from mcsim.stages.kvcache import Inputs, warmup_requests
+
+            all_requests = requests if all_requests is None else all_requests
+            warm = 0 if all_requests is requests else warmup_requests(all_requests.n, p["mc.warmup_fraction"])
+            per_token = (0.0, kvb / (host_bw * gp), kvb / (nvme_bw_per_gpu * hw.gpus_per_node * nodes_prefill))
+            workload = prepare_stream(p, all_requests, warm, passes_r,
+                                      Inputs.from_params(p, requests.block_tokens, kvb).capacity_blocks, per_token,
+                                      rng)
+        else:
+            workload = prepare(p, requests, miss, restore_s, transfer_s, passes_r, max_seqs, rng)
         mean_blocks = math.ceil(model.decode_context / requests.block_tokens)
         sim = PoolSimulator(p, model, workload, max_seqs, int(max(b_mem, 1.0) * g * mean_blocks))
 
@@ -225,15 +258,29 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
                 lambda k: meets(sim.disaggregated(k, n_p), check_ttft=False), _whole(needed_d) - 1, cap)
         else:
             n_p = 0
-            n_d = smallest_fleet(lambda k: meets(sim.colocated(k)), _whole(needed_d) - 1, cap)
+            # The replicas' own cache hits may need fewer instances than the cache stage's estimate says.
+            n_d = smallest_fleet(lambda k: meets(sim.colocated(k)), 0 if replicas else _whole(needed_d) - 1, cap)
         if n_d is None or n_p is None:
             return {**infeasible("SLO not met", b_mem, tpp, requests.class_names), **stage}
 
     # -- the fleet's latencies: simulated (the charged fleet) or service times ---------------------------------
     steps_kept = None
+    cache_steady = None
     if simulate:
         lat = sim.disaggregated(n_d, n_p, step_log) if disagg else sim.colocated(n_d, step_log)
         b_sim = lat["mean_decode_batch"] / g
+        if "cached_tokens" in lat:  # replicas: the cache figures and prefill work of the run's own caches
+            from mcsim.stages.kvcache import steady_state
+
+            every = lat["cached_tokens"]
+            measured_cached = every[workload.measured_from:]
+            stage.update(cache_figures(prompt, measured_cached, kvb))
+            miss = prompt - measured_cached.sum(axis=1)
+            prefill_gpu_s = prefill_work(miss, measured_cached[:, 1:] * kvb)
+            prefill_load = prefill_gpu_s / duration
+            if all_requests is not requests:
+                cache_steady = steady_state(every, all_requests.prompt_tokens, p["mc.warmup_fraction"],
+                                            p["mc.steady_state_tolerance"])
     decode_gpus, prefill_gpus = float(n_d * g), float(n_p * gp)
     available = decode_gpus - (0.0 if disagg else prefill_load)
     b_little = largest(lambda b: throughput(b) * max(available, 1e-9) <= demand, 1e-6, b_cap)
@@ -308,6 +355,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         "_served_fraction": served,
         "_step_log": steps_kept,
         "_batching_steady_state": lat["steady_state"] if simulate else None,
+        "_cache_steady_state": cache_steady,
     }
 
 

@@ -3,34 +3,53 @@
 :func:`simulate_fleet_batching` replays a workload through :mod:`mcsim.kernels.fleet_batching` (whose
 docstring states every rule): each arrival is routed, from the instances' state at its arrival time, by one of
 :data:`ROUTERS`, and every instance runs continuous batching (FCFS, mixed prefill/decode, whole-request KV
-reservation, so no preemption) with the same step-time table. The latency quantiles are over the requests of
-all instances; ``instance_load_imbalance`` is the largest number of measured requests one instance served
-over the mean.
+reservation, so no preemption) with the same step-time table and, when given one, its own tiered prefix cache,
+looked up and filled as it admits requests. The latency quantiles are over the requests of all instances;
+``instance_load_imbalance`` is the largest number of measured requests one instance served over the mean.
 
 This is the ``deployment.fleet_simulation = "replicas"`` mode; the default, ``"representative"``, simulates
-one instance that receives ``1/K`` of the arrivals (:func:`mcsim.perf.batching.simulate_batching`).
+one instance that receives ``1/K`` of the arrivals (:func:`mcsim.perf.batching.simulate_batching`) with hits
+from the cache stage's replay in arrival order (:mod:`mcsim.stages.kvcache`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mcsim.perf.batching import (QUANTILES, _as_int, _per_request, _quantiles, base_params, check_requests,
-                                 check_step_model)
+from mcsim.perf.batching import (QUANTILES, _as_int, _per_request, _quantiles, _summary, base_params,
+                                 check_requests, check_step_model)
 
-ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv")
+#: ``deployment.routing`` values the replicas simulate (``pooled``, one cache shared by every instance, is the
+#: representative mode's only).
+ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv", "prefix-affinity", "cache-aware")
+#: ``deployment.routing`` values the representative mode's cache replay takes (no clock, so no current load).
+REPRESENTATIVE_ROUTERS = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
+#: Every ``deployment.routing`` value.
+ROUTING_POLICIES = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled", "least-outstanding",
+                    "least-kv")
 FLEET_SIMULATIONS = ("representative", "replicas")
 #: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
-#: colocated continuous FCFS (chunked prefill included) in an open loop, no admission cap. Read by the scenario
-#: check (plain values) and the pool simulator (values drawn from distributions).
+#: colocated continuous FCFS (chunked prefill included) in an open loop, no admission cap, a router of
+#: :data:`ROUTERS`. Read by the scenario check (plain values) and the pool simulator (values drawn from
+#: distributions).
 REPLICA_NEEDS = {"deployment.disaggregated": (False,), "deployment.batching": ("continuous",),
                  "deployment.scheduler": ("fcfs", "chunked-prefill"), "deployment.max_new_per_step": (0,),
-                 "performance.closed_loop_users": (0,)}
+                 "performance.closed_loop_users": (0,), "deployment.routing": ROUTERS}
+#: The replicas' prefix caches hold one row of 16 bytes per (instance, distinct block): more rows than this
+#: (2 GiB) is refused rather than swapped.
+MAX_CACHE_ROWS = 1 << 27
 
 
 def replica_mismatch(values) -> str | None:
     """The first requirement of :data:`REPLICA_NEEDS` that ``values`` (path -> value) break, as a message, or
-    None; paths missing from ``values`` are not checked."""
+    None; paths missing from ``values`` are not checked. In the representative mode (``values`` without
+    ``deployment.fleet_simulation = "replicas"``), a router of the current load is the one requirement."""
+    if values.get("deployment.fleet_simulation", "representative") != "replicas":
+        routing = values.get("deployment.routing", "prefix-affinity")
+        if routing not in REPRESENTATIVE_ROUTERS:
+            return (f"deployment.routing = {routing!r} routes on the instances' current load, which only "
+                    "deployment.fleet_simulation = 'replicas' simulates")
+        return None
     for path, allowed in REPLICA_NEEDS.items():
         if path in values and values[path] not in allowed:
             return f"'replicas' needs {path} = {' or '.join(map(repr, allowed))}, got {values[path]!r}"
@@ -42,15 +61,44 @@ def router_code(router: str) -> int:
     from mcsim.kernels import fleet_batching as kernel
 
     codes = {"round-robin": kernel.ROUTER_ROUND_ROBIN, "random": kernel.ROUTER_RANDOM,
-             "least-outstanding": kernel.ROUTER_LEAST_OUTSTANDING, "least-kv": kernel.ROUTER_LEAST_KV}
+             "least-outstanding": kernel.ROUTER_LEAST_OUTSTANDING, "least-kv": kernel.ROUTER_LEAST_KV,
+             "prefix-affinity": kernel.ROUTER_FIXED, "cache-aware": kernel.ROUTER_CACHE_AWARE}
     if router not in codes:
-        raise ValueError(f"deployment.router must be one of {', '.join(ROUTERS)}; got {router!r}")
+        raise ValueError(f"deployment.routing must be one of {', '.join(ROUTERS)} with replicas; got {router!r}")
     return codes[router]
+
+
+def affinity_instances(block_ptr, block_ids, uniform, n_instances: int) -> np.ndarray:
+    """``prefix-affinity``: the instance of each request by a hash of its first block (the rule of
+    :func:`mcsim.stages.kvcache.route`); a request without a whole block goes to ``floor(u * K)``."""
+    from mcsim.stages.kvcache import _mix64
+
+    block_ptr = np.asarray(block_ptr, dtype=np.int64)
+    n = len(block_ptr) - 1
+    spread = np.minimum((np.asarray(uniform) * n_instances).astype(np.int64), n_instances - 1)
+    if len(block_ids) == 0:
+        return spread
+    first = np.asarray(block_ids)[np.minimum(block_ptr[:-1], len(block_ids) - 1)]
+    by_prefix = (_mix64(first) % np.uint64(n_instances)).astype(np.int64)
+    return np.where(np.diff(block_ptr) > 0, by_prefix, spread)
+
+
+def dense_blocks(block_ids) -> tuple[np.ndarray, int]:
+    """Block ids as keys in ``0 .. U - 1`` (the caches' key space per instance), and ``U``: as given when they are
+    already small non-negative integers (the generator's, Mooncake's), else renumbered by ``np.unique``."""
+    block_ids = np.asarray(block_ids, dtype=np.int64)
+    if block_ids.size == 0:
+        return block_ids, 1
+    lo, hi = int(block_ids.min()), int(block_ids.max())
+    if lo >= 0 and hi < 2 * block_ids.size + (1 << 20):
+        return block_ids, hi + 1
+    unique, dense = np.unique(block_ids, return_inverse=True)
+    return dense.astype(np.int64).reshape(-1), len(unique)
 
 
 def simulate_fleet_batching(
     arrival_s,
-    prefill_tokens,
+    prompt_tokens,
     context_tokens,
     output_tokens,
     passes=None,
@@ -58,6 +106,11 @@ def simulate_fleet_batching(
     n_instances: int,
     router: str,
     router_uniform=None,
+    block_ptr=None,
+    block_ids=None,
+    capacity_blocks=(0, 0, 0),
+    balance: float = 0.25,
+    balance_requests: int = 64,
     step_time_table,
     decode_edges,
     prefill_edges,
@@ -70,32 +123,50 @@ def simulate_fleet_batching(
     chunk_tokens: int = 0,
     verify_tokens: int = 1,
     warmup_s: float = 0.0,
+    measured_from: int | None = None,
+    steady_tolerance: float = 0.1,
 ) -> dict:
     """Simulate ``n_instances`` replicas behind a router and summarise the fleet's latency.
 
     Parameters
     ----------
-    arrival_s, prefill_tokens, context_tokens, output_tokens, passes
+    arrival_s, context_tokens, output_tokens, passes
         The fleet's whole workload, as in :func:`mcsim.perf.batching.simulate_batching` (open loop, sorted).
+    prompt_tokens : array_like of int
+        Prompt tokens per request: the prefill is what the instance's prefix cache does not hold (without a
+        cache, all of it; pass the tokens left to compute then).
     n_instances : int
         Replicas, >= 1.
     router : str
         One of :data:`ROUTERS`.
     router_uniform : array_like of float, shape (n,), optional
-        Uniforms in [0, 1) that the ``"random"`` router reads, one per request (from the sample's seeded
-        stream); required by ``"random"``, ignored by the others.
+        Uniforms in [0, 1), one per request (from the sample's seeded stream): where ``"random"`` sends each
+        request, and ``"prefix-affinity"`` a request without a whole block; required by those two.
+    block_ptr, block_ids : array_like of int, optional
+        CSR prompt blocks of each request (as :class:`mcsim.stages.workload.Requests` holds them); required with
+        a cache (without them, no request has a whole block).
+    capacity_blocks : (int, int, int)
+        One instance's HBM, DRAM and NVMe prefix-cache capacity, blocks; HBM 0 (default) = no cache.
+    balance, balance_requests : float, int
+        ``"cache-aware"``'s imbalance thresholds (``deployment.routing_balance``,
+        ``deployment.routing_balance_requests``).
     step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, token_budget, max_seqs, kv_blocks,
-    block_tokens, chunk_tokens, verify_tokens, warmup_s
+    block_tokens, chunk_tokens, verify_tokens, warmup_s, steady_tolerance
         Per instance, as in :func:`mcsim.perf.batching.simulate_batching` (``kv_blocks`` is one instance's pool;
-        default: room for every request at once).
+        default: room for every request at once; ``block_tokens`` is also the cache's block).
+    measured_from : int, optional
+        Measure requests ``measured_from:`` (by index, the cache's warm-up before them); the window then starts
+        at that request's arrival and ``warmup_s`` is not read.
 
     Returns
     -------
     dict
-        ``per_request``: arrays ``instance``, ``arrival_s``, ``first_token_s``, ``finish_s``, ``queue_s``,
-        ``ttft_s``, ``tpot_s``, ``e2e_s``, ``measured``. ``summary``: ``quantiles``; ``ttft_s``, ``tpot_s``,
-        ``e2e_s`` (one value per quantile over measured requests of all instances); ``requests_per_instance``
-        (measured requests each instance served); ``instance_load_imbalance`` (their max over their mean);
+        ``per_request``: arrays ``instance``, ``cached_tokens`` (n, 3: reused from HBM, DRAM, NVMe),
+        ``arrival_s``, ``first_token_s``, ``finish_s``, ``queue_s``, ``ttft_s``, ``tpot_s``, ``e2e_s``,
+        ``measured``. ``summary``: the fleet-wide figures of :func:`mcsim.perf.batching.simulate_batching`'s
+        summary (``throughput_tok_s`` of the whole fleet; ``mean_decode_batch`` per instance step;
+        ``busy_fraction`` the mean over instances; ``queue_steady_state``), plus ``requests_per_instance``
+        (measured requests each instance served), ``instance_load_imbalance`` (their max over their mean) and
         ``instance_steps``.
 
     Examples
@@ -107,13 +178,16 @@ def simulate_fleet_batching(
     >>> result["per_request"]["instance"].tolist(), float(result["summary"]["instance_load_imbalance"])
     ([0, 1], 1.0)
     """
+    from mcsim.kernels import batching as one_instance
     from mcsim.kernels import fleet_batching as kernel
+    from mcsim.kernels.kv_tiers import _workspace
+    from mcsim.perf.batching import queue_steady_state
 
     arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
     n = arrival.shape[0]
     if arrival.ndim != 1 or n == 0:
         raise ValueError("arrival_s must be a non-empty 1-D array")
-    prefill = _as_int(prefill_tokens, "prefill_tokens", n)
+    prompt = _as_int(prompt_tokens, "prompt_tokens", n)
     context = _as_int(context_tokens, "context_tokens", n)
     output = _as_int(output_tokens, "output_tokens", n)
     passes = output - 1 if passes is None else _as_int(passes, "passes", n)
@@ -122,41 +196,72 @@ def simulate_fleet_batching(
     p_edges = np.ascontiguousarray(prefill_edges, dtype=np.float64)
     slope = np.zeros(d_edges.shape) if kv_slope is None else np.ascontiguousarray(kv_slope, dtype=np.float64)
     code = router_code(router)
-    if code == kernel.ROUTER_RANDOM and router_uniform is None:
-        raise ValueError("router_uniform is required by the random router")
-    uniform = np.zeros(n) if router_uniform is None else np.ascontiguousarray(router_uniform, dtype=np.float64)
-
+    if measured_from is not None:
+        if not 0 <= int(measured_from) < n:
+            raise ValueError(f"measured_from must be in [0, {n}), got {measured_from!r}")
+        warmup_s = float(arrival[int(measured_from)])
     if int(n_instances) != n_instances or n_instances < 1:
         raise ValueError(f"n_instances must be an integer >= 1, got {n_instances!r}")
+    k = int(n_instances)
+    if code in (kernel.ROUTER_RANDOM, kernel.ROUTER_FIXED) and router_uniform is None:
+        raise ValueError(f"router_uniform is required by the {router} router")
+    uniform = np.zeros(n) if router_uniform is None else np.ascontiguousarray(router_uniform, dtype=np.float64)
+    capacity = np.ascontiguousarray(capacity_blocks, dtype=np.int64)
+    caching = capacity.shape == (3,) and capacity[0] > 0
+    if caching and (block_ptr is None or block_ids is None):
+        raise ValueError("block_ptr and block_ids are required by a prefix cache")
+    # Without blocks no request has a whole block: prefix-affinity then spreads them by router_uniform.
+    ptr = np.zeros(n + 1, np.int64) if block_ptr is None else np.ascontiguousarray(block_ptr, dtype=np.int64)
+    ids = np.zeros(0, np.int64) if block_ids is None else np.ascontiguousarray(block_ids, dtype=np.int64)
+    keys, stride = dense_blocks(ids) if caching else (ids, 1)
+
     if not np.all(np.isfinite(arrival)) or np.any(np.diff(arrival) < 0):
         raise ValueError("arrival_s must be finite and sorted")
-    check_requests(prefill, context, output, passes)
+    check_requests(prompt, context, output, passes)
     if uniform.shape != (n,) or np.any(uniform < 0) or np.any(uniform >= 1):
         raise ValueError("router_uniform must be n values in [0, 1)")
+    if capacity.shape != (3,) or np.any(capacity < 0):
+        raise ValueError("capacity_blocks must be 3 values >= 0 (HBM, DRAM, NVMe)")
+    if ptr.shape != (n + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or ptr[-1] > len(keys):
+        raise ValueError("block_ptr must be n + 1 non-decreasing pointers from 0 into block_ids")
+    if balance < 0 or balance_requests < 0:
+        raise ValueError("balance and balance_requests must be >= 0")
     check_step_model(d_edges, p_edges, table, slope, kv_ref_context)
     if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or chunk_tokens < 0:
         raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens >= 0")
     params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                                     verify_tokens)
+    # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
+    fixed = affinity_instances(ptr, ids, uniform, k) if code == kernel.ROUTER_FIXED else np.zeros(n, np.int64)
+    rows = k * stride if caching else 0
+    if rows > MAX_CACHE_ROWS:
+        raise ValueError(f"the replicas' prefix caches would need {rows * 16 / 2**30:.1f} GiB ({k} instances x "
+                         f"{stride} distinct blocks); use fewer requests or instances, or fleet_simulation = "
+                         "'representative'")
+    # The tier stage's per-thread workspace: reused, so its pages are not faulted in again for every run.
+    cache_state = _workspace(rows) if rows else np.empty((0, 4), np.int32)
     instance = np.empty(n, np.int64)
     first_token, finish, queue = (np.empty(n) for _ in range(3))
-    instance_steps = np.zeros(int(n_instances), np.int64)
-    status = kernel.simulate_fleet(arrival, prefill, context, output, passes, uniform, params, code, table, d_edges,
-                                   p_edges, slope, float(kv_ref_context), instance, first_token, finish, queue,
-                                   instance_steps)
+    cached = np.zeros((n, 3), np.int64)
+    instance_steps = np.zeros(k, np.int64)
+    stats = np.zeros(one_instance.N_STATS)
+    status = kernel.simulate_fleet(arrival, prompt, context, output, passes, uniform, fixed, ptr, keys, stride,
+                                   capacity, params, code, float(balance), int(balance_requests), float(warmup_s),
+                                   table, d_edges, p_edges, slope, float(kv_ref_context), cache_state, instance,
+                                   first_token, finish, queue, cached, instance_steps, stats)
     if status != kernel.STATUS_OK:
         raise RuntimeError("the fleet simulation stalled (a step with nothing to run)")
-    per_request = {"instance": instance, **_per_request(arrival, first_token, finish, queue, output, warmup_s)}
+    per_request = {"instance": instance, "cached_tokens": cached,
+                   **_per_request(arrival, first_token, finish, queue, output, warmup_s)}
+    if measured_from is not None:
+        per_request["measured"] = np.arange(n) >= int(measured_from)
     measured = per_request["measured"]
-    served = np.bincount(instance[measured], minlength=int(n_instances))
-    imbalance = float(served.max() / served.mean()) if served.sum() > 0 else float("nan")
-    summary = {
-        "quantiles": np.array(QUANTILES),
-        "ttft_s": _quantiles(per_request["ttft_s"][measured]),
-        "tpot_s": _quantiles(per_request["tpot_s"][measured]),
-        "e2e_s": _quantiles(per_request["e2e_s"][measured]),
-        "requests_per_instance": served,
-        "instance_load_imbalance": imbalance,
-        "instance_steps": instance_steps,
-    }
+    served = np.bincount(instance[measured], minlength=k)
+    summary = _summary(per_request, output, warmup_s, stats, one_instance)
+    window = summary["window_s"][1] - summary["window_s"][0]
+    summary["busy_fraction"] = min(stats[one_instance.STAT_WINDOW_STEP_S_SUM] / (k * window), 1.0) \
+        if window > 0 else float("nan")
+    summary["queue_steady_state"] = queue_steady_state(per_request, summary, float(steady_tolerance))
+    summary.update(requests_per_instance=served, instance_steps=instance_steps,
+                   instance_load_imbalance=float(served.max() / served.mean()) if served.sum() > 0 else float("nan"))
     return {"per_request": per_request, "summary": summary}

@@ -10,6 +10,11 @@ costs, and the simulator and the throughput/cost path price the same steps.
 Colocated: one simulation, prefill chunks and decode passes share the steps. Disaggregated: the prefill pool is
 simulated first (prefill-only steps; a request's first token ends its prefill), its KV crosses the network, then
 the decode pool is simulated with those arrival times.
+
+With ``deployment.fleet_simulation = "replicas"`` (colocated only) the pool's N instances are simulated together
+behind ``deployment.routing`` (:mod:`mcsim.perf.fleet_batching`) over the sample's whole request stream, the
+cache's warm-up requests included and not tiled: each instance's prefix cache is looked up and filled as it
+admits requests, so the cache hits, restores and prefill work of those latencies are the run's own.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 
 from mcsim.perf import policies
 from mcsim.perf.batching import simulate_batching
-from mcsim.perf.fleet_batching import REPLICA_NEEDS, replica_mismatch, simulate_fleet_batching
+from mcsim.perf.fleet_batching import simulate_fleet_batching
 
 #: The simulated requests are at least this many times one instance's largest concurrency ...
 MIN_TURNOVER = 30
@@ -72,7 +77,14 @@ class Workload:
     block: int
     class_id: np.ndarray
     priority: np.ndarray
-    router_uniform: np.ndarray | None = None  #: the random router's uniforms (replicas mode only)
+    router_uniform: np.ndarray | None = None  #: the router's uniforms (replicas mode only)
+    #: Replicas mode: the whole stream's prompt blocks (CSR), the first measured request, one instance's cache
+    #: capacity per tier (blocks) and the restore seconds per reused token of each tier.
+    block_ptr: np.ndarray | None = None
+    block_ids: np.ndarray | None = None
+    measured_from: int = 0
+    capacity_blocks: tuple = (0, 0, 0)
+    restore_s_per_token: tuple = (0.0, 0.0, 0.0)
 
 
 def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per_instance: float,
@@ -106,12 +118,35 @@ def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per
     think = rng.exponential(max(p["workload.think_time_s"], 0.0), len(arrival)) if users else None
     class_id = tile(requests.class_id).astype(np.int64)
     class_priority = np.array([p.get(f"workload.classes.{c}.priority", 0) for c in requests.class_names], np.int64)
-    # Drawn last and only when used, so that the default mode's stream (and results) stay as they were.
-    replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
-    router_uniform = rng.uniform(size=len(arrival)) if replicas and p["deployment.router"] == "random" else None
     return Workload(arrival, np.maximum(tile(miss), 1).astype(np.int64), tile(requests.prompt_tokens).astype(np.int64),
                     out, decode_passes, tile(restore_s), tile(transfer_s), think, users, requests.block_tokens,
-                    class_id, class_priority[class_id], router_uniform)
+                    class_id, class_priority[class_id])
+
+
+def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks, restore_s_per_token,
+                   rng: np.random.Generator) -> Workload:
+    """The replicas' workload: every request of the sample in arrival order, the cache's warm-up ones included.
+
+    ``passes`` are the measured requests' (``stream.tail(measured_from)``); a warm-up request, which is served
+    but not measured, makes the passes of its output tokens at the measured requests' mean rate. The router's
+    uniforms are drawn from ``rng`` for every request.
+    """
+    out = stream.output_tokens.astype(np.int64)
+    rate = float(np.sum(passes)) / max(float(np.sum(out[measured_from:])), 1.0)
+    every = np.concatenate([np.rint(out[:measured_from] * rate), np.asarray(passes, dtype=float)])
+    every = np.where(out > 0, np.maximum(every, 1), 0)
+    decode_passes = np.maximum(np.rint((out - 1) * every / np.maximum(out, 1)), 0).astype(np.int64)
+    decode_passes = np.where(out > 1, np.maximum(decode_passes, 1), 0)
+    class_id = stream.class_id.astype(np.int64)
+    class_priority = np.array([p.get(f"workload.classes.{c}.priority", 0) for c in stream.class_names], np.int64)
+    n = stream.n
+    prompt = stream.prompt_tokens.astype(np.int64)
+    arrival = (stream.arrival_s - stream.arrival_s[0]).astype(float)
+    return Workload(arrival, prompt, prompt, out, decode_passes, np.zeros(n), np.zeros(n), None, 0,
+                    stream.block_tokens, class_id, class_priority[class_id], rng.uniform(size=n),
+                    block_ptr=stream.block_ptr, block_ids=stream.block_ids, measured_from=int(measured_from),
+                    capacity_blocks=tuple(int(c) for c in capacity_blocks),
+                    restore_s_per_token=tuple(float(s) for s in restore_s_per_token))
 
 
 def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges, p_edges, seqs, blocks, budget,
@@ -125,9 +160,7 @@ def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges
         kv_ref_context=kv_ref_context, token_budget=budget,
         max_seqs=seqs, kv_blocks=blocks, block_tokens=w.block, chunk_tokens=chunk, policy=policy,
         priority=w.priority[order], max_new_per_step=max_new_per_step,
-        # the replicas reserve whole-request KV: so does the representative run whose batch, busy-fraction and
-        # steady-state figures stand beside their latencies
-        preempt=bool(p["performance.preempt"]) and p.get("deployment.fleet_simulation") != "replicas",
+        preempt=bool(p["performance.preempt"]),
         closed_users=w.users,
         think_s=None if w.think is None else w.think[order] * n_instances,
         warmup_s=float(np.quantile(scaled, 1 / 3)), max_steps=max_steps,
@@ -167,11 +200,8 @@ class PoolSimulator:
         self.d_edges = edges(self.max_seqs, 16)
         self.kv_slope = kv_slopes(model, self.d_edges)
         self._runs: dict = {}  # simulations already run, by pool and instances
+        # What the replicas need is checked by mcsim.perf.fleet.performance, before this is built.
         self.replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
-        if self.replicas:
-            message = replica_mismatch({path: p[path] for path in REPLICA_NEEDS if path in p})
-            if message:
-                raise ValueError(f"deployment.fleet_simulation: {message}")
 
     def colocated(self, n_instances: int, max_steps: int = 0) -> dict:
         """Latencies when prefill chunks and decode passes share the steps of ``n_instances`` instances."""
@@ -184,26 +214,35 @@ class PoolSimulator:
         w = self.w
         p_edges = edges(self.budget, 10)
         table = step_table(self.model, self.d_edges, p_edges)
+        if self.replicas:
+            return self._replicas(n_instances, table, p_edges)
         per, summary = _run(self.p, w, w.arrival, w.miss, w.output, w.decode_passes, table, self.d_edges, p_edges,
                             self.max_seqs, self.kv_blocks, self.budget, self.chunk, n_instances, self.policy.name,
                             max_steps, self.kv_slope, self.model.decode_context, self.max_new)
-        if not self.replicas:
-            ttft = per["ttft_s"] + w.restore_s
-            e2e = per["e2e_s"] + w.restore_s
-            return self._result(ttft, e2e, per["queue_s"], per["measured"], summary, summary["saturated"])
-        # Replicas: latencies from all n_instances instances behind the router; the batch, busy-fraction,
-        # saturation and steady-state figures stay those of the representative instance simulated above.
+        ttft = per["ttft_s"] + w.restore_s
+        e2e = per["e2e_s"] + w.restore_s
+        return self._result(ttft, e2e, per["queue_s"], per["measured"], summary, summary["saturated"])
+
+    def _replicas(self, n_instances: int, table, p_edges) -> dict:
+        """All ``n_instances`` instances behind the router, each with its own prefix cache: latencies, batch,
+        busy time, saturation and steady state of that one run, and every request's reused tokens per tier."""
+        w, p = self.w, self.p
         fleet = simulate_fleet_batching(
-            w.arrival, w.miss, w.context, w.output, w.decode_passes, n_instances=n_instances,
-            router=self.p["deployment.router"], router_uniform=w.router_uniform, step_time_table=table,
+            w.arrival, w.context, w.context, w.output, w.decode_passes, n_instances=n_instances,
+            router=p["deployment.routing"], router_uniform=w.router_uniform, block_ptr=w.block_ptr,
+            block_ids=w.block_ids, capacity_blocks=w.capacity_blocks, balance=p["deployment.routing_balance"],
+            balance_requests=p["deployment.routing_balance_requests"], step_time_table=table,
             decode_edges=self.d_edges, prefill_edges=p_edges, kv_slope=self.kv_slope,
             kv_ref_context=self.model.decode_context, token_budget=self.budget, max_seqs=self.max_seqs,
-            kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk,
-            warmup_s=float(np.quantile(w.arrival, 1 / 3)))
-        fp = fleet["per_request"]
-        out = self._result(fp["ttft_s"] + w.restore_s, fp["e2e_s"] + w.restore_s, fp["queue_s"], fp["measured"],
-                           summary, summary["saturated"])
-        out["instance_load_imbalance"] = fleet["summary"]["instance_load_imbalance"]
+            kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk, measured_from=w.measured_from,
+            steady_tolerance=p["mc.queue_steady_state_tolerance"])
+        fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=None)
+        restore = fp["cached_tokens"] @ np.asarray(w.restore_s_per_token)
+        out = self._result(fp["ttft_s"] + restore, fp["e2e_s"] + restore, fp["queue_s"], fp["measured"], summary,
+                           summary["saturated"])
+        out["throughput_tok_s"] = float(summary["throughput_tok_s"]) / n_instances  # per instance, as elsewhere
+        out["instance_load_imbalance"] = summary["instance_load_imbalance"]
+        out["cached_tokens"] = fp["cached_tokens"]
         return out
 
     def prefill(self, n_instances: int) -> dict:

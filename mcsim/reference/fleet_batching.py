@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 
 from mcsim.perf.fleet_batching import ROUTERS  # the names only; the rules are written out here
 from mcsim.reference.batching import bracket, _step_time
+from mcsim.reference.kv_tiers import TieredCache
 
 
 @dataclass
 class _Request:
     index: int
     arrival: float
-    prefill: int
+    prompt: int
+    blocks: list
     context: int
     output: int
     passes: int
@@ -38,35 +40,47 @@ class _Instance:
     waiting: deque = field(default_factory=deque)
     running: list = field(default_factory=list)
     steps: int = 0
+    cache: TieredCache | None = None
 
     def busy(self) -> bool:
         return bool(self.waiting) or bool(self.running)
 
 
-def simulate_fleet_reference(arrival_s, prefill_tokens, context_tokens, output_tokens, passes, router_uniform, *,
+def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, router_uniform, *,
                              n_instances, router, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                              verify_tokens, step_time_table, decode_edges, prefill_edges, kv_slope=None,
-                             kv_ref_context=0.0):
+                             kv_ref_context=0.0, block_lists=None, fixed_instance=None, capacity_blocks=(0, 0, 0),
+                             balance=0.25, balance_requests=64, warmup_s=0.0):
     """Simulate ``n_instances`` replicas behind a router, one fleet-wide event at a time.
 
     Parameters are those of :func:`mcsim.kernels.fleet_batching.simulate_fleet` as Python sequences and
-    scalars, with ``router`` by name (one of :data:`ROUTERS`) and the per-instance settings by keyword.
+    scalars, with ``router`` by name (one of :data:`ROUTERS`), the per-instance settings by keyword, the prompt
+    blocks as one list per request (``block_lists``) and the prefix-affinity instances as ``fixed_instance``.
 
     Returns
     -------
     dict
         ``instance`` (list of int), ``first_token_s``, ``finish_s``, ``queue_s`` (lists of float, one per
-        request) and ``instance_steps`` (list of int, one per instance).
+        request), ``cached`` (per request, reused tokens from HBM, DRAM, NVMe), ``instance_steps`` (list of
+        int, one per instance) and ``stats`` (the window's sums, by the names of the kernel's ``STAT_*``, in
+        lower case without the prefix).
     """
     n = len(arrival_s)
     table = [list(map(float, row)) for row in step_time_table]
     decode_edges = [float(e) for e in decode_edges]
     prefill_edges = [float(e) for e in prefill_edges]
     kv_slope = [0.0] * len(decode_edges) if kv_slope is None else [float(s) for s in kv_slope]
-    requests = [_Request(r, float(arrival_s[r]), int(prefill_tokens[r]), int(context_tokens[r]),
+    block_lists = [[] for _ in range(n)] if block_lists is None else [list(b) for b in block_lists]
+    requests = [_Request(r, float(arrival_s[r]), int(prompt_tokens[r]), block_lists[r], int(context_tokens[r]),
                          int(output_tokens[r]), int(passes[r])) for r in range(n)]
-    fleet = [_Instance(kv_blocks) for _ in range(n_instances)]
+    caching = capacity_blocks[0] > 0
+    fleet = [_Instance(kv_blocks, cache=TieredCache(capacity_blocks) if caching else None)
+             for _ in range(n_instances)]
     instance = [-1] * n
+    cached = [(0, 0, 0)] * n
+    stats = dict(steps=0, window_end_s=float(arrival_s[-1]), in_system_integral=0.0, window_steps=0,
+                 window_step_s_sum=0.0, window_decode_seqs_sum=0, window_decode_steps=0,
+                 waiting_at_window_end=0, end_s=0.0)
     first_token = [math.nan] * n
     finish = [math.nan] * n
     queue = [math.nan] * n
@@ -75,8 +89,9 @@ def simulate_fleet_reference(arrival_s, prefill_tokens, context_tokens, output_t
         size = min(req.prefill_left, budget_left)
         return min(size, chunk_tokens) if chunk_tokens > 0 else size
 
-    def step(node):
+    def step(node, inside_window):
         t = node.clock
+        in_flight = len(node.waiting) + len(node.running)
         decoders = [q for q in node.running if q.decoding]
         budget_left = max(0, token_budget - len(decoders) * verify_tokens)
         chunks = []
@@ -95,7 +110,16 @@ def simulate_fleet_reference(arrival_s, prefill_tokens, context_tokens, output_t
             node.waiting.popleft()
             node.free_blocks -= need
             q.held_blocks = need
-            q.prefill_left = q.prefill
+            reused = [0, 0, 0]
+            if node.cache is not None:
+                reused = [h * block_tokens for h in node.cache.admit(q.blocks)]
+                excess = sum(reused) - (q.prompt - 1)  # at least one prompt token is computed
+                for tier in range(3):
+                    take = min(max(excess, 0), reused[tier])
+                    reused[tier] -= take
+                    excess -= take
+            cached[q.index] = tuple(reused)
+            q.prefill_left = max(q.prompt - sum(reused), 1)
             queue[q.index] = t - q.arrival
             node.running.append(q)
             c = chunk(q, budget_left)
@@ -115,6 +139,17 @@ def simulate_fleet_reference(arrival_s, prefill_tokens, context_tokens, output_t
                 step_s = max(step_s + slope * (kv - len(decoders) * kv_ref_context), 1e-12)
         t_end = t + step_s
         node.steps += 1
+        stats["steps"] += 1
+        stats["end_s"] = max(stats["end_s"], t_end)
+        if inside_window:
+            if t_end > warmup_s:
+                stats["in_system_integral"] += in_flight * (t_end - max(t, warmup_s))
+            if t >= warmup_s:
+                stats["window_steps"] += 1
+                stats["window_step_s_sum"] += step_s
+                if decoders:
+                    stats["window_decode_seqs_sum"] += len(decoders)
+                    stats["window_decode_steps"] += 1
         finished = []
         for q in decoders:
             q.passes_done += 1
@@ -135,7 +170,21 @@ def simulate_fleet_reference(arrival_s, prefill_tokens, context_tokens, output_t
             node.running.remove(q)
         node.clock = t_end
 
+    def load(node):
+        return len(node.waiting) + len(node.running)
+
     def route(r):
+        if router == "prefix-affinity":
+            return fixed_instance[r]
+        if router == "cache-aware":
+            loads = [load(node) for node in fleet]
+            least = loads.index(min(loads))
+            if max(loads) - min(loads) > balance_requests and max(loads) > (1 + balance) * min(loads):
+                return least  # imbalanced: the least loaded instance
+            if not caching:
+                return least
+            matched = [node.cache.prefix(requests[r].blocks) for node in fleet]
+            return min(range(n_instances), key=lambda i: (-matched[i], loads[i], i))
         if router == "round-robin":
             return r % n_instances
         if router == "random":
@@ -154,7 +203,7 @@ def simulate_fleet_reference(arrival_s, prefill_tokens, context_tokens, output_t
         arrival_t = requests[next_arrival].arrival if next_arrival < n else math.inf
         earliest = min(busy, key=lambda node: node.clock) if busy else None
         if earliest is not None and earliest.clock < arrival_t:
-            step(earliest)
+            step(earliest, next_arrival < n)
             continue
         if next_arrival == n:
             break
@@ -166,5 +215,7 @@ def simulate_fleet_reference(arrival_s, prefill_tokens, context_tokens, output_t
             node.clock = max(node.clock, q.arrival)
         node.waiting.append(q)
         next_arrival += 1
-    return dict(instance=instance, first_token_s=first_token, finish_s=finish, queue_s=queue,
-                instance_steps=[node.steps for node in fleet])
+        if next_arrival == n:
+            stats["waiting_at_window_end"] = sum(len(node.waiting) for node in fleet)
+    return dict(instance=instance, first_token_s=first_token, finish_s=finish, queue_s=queue, cached=cached,
+                instance_steps=[node.steps for node in fleet], stats=stats)

@@ -10,6 +10,55 @@ from __future__ import annotations
 from collections import OrderedDict
 
 
+class TieredCache:
+    """One instance's HBM → DRAM → NVMe LRU prefix cache: three ordered dicts, first item least recently used.
+
+    Examples
+    --------
+    >>> cache = TieredCache((8, 0, 0))
+    >>> cache.admit([0, 1]), cache.prefix([0, 2]), cache.admit([0, 2])
+    ((0, 0, 0), 1, (1, 0, 0))
+    """
+
+    def __init__(self, capacity_blocks):
+        self.capacity = tuple(int(c) for c in capacity_blocks)
+        self.present = [t for t in range(3) if self.capacity[t] > 0]
+        self.tiers = [OrderedDict(), OrderedDict(), OrderedDict()]
+
+    def prefix(self, blocks) -> int:
+        """Leading blocks of ``blocks`` that some tier holds."""
+        length = 0
+        for block in blocks:
+            if not any(block in t for t in self.tiers):
+                break
+            length += 1
+        return length
+
+    def admit(self, blocks) -> tuple[int, int, int]:
+        """Reused blocks per tier of a request, then every block to the MRU end of HBM (last block first),
+        overflow cascading down the tiers. Nothing is cached when HBM's capacity is 0."""
+        if self.capacity[0] == 0:
+            return (0, 0, 0)
+        tiers = self.tiers
+        # Exact prefix: stop at the first block no tier holds.
+        hits = [0, 0, 0]
+        for block in blocks:
+            found = [t for t in range(3) if block in tiers[t]]
+            if not found:
+                break
+            hits[found[0]] += 1
+        for block in reversed(blocks):
+            for tier in tiers:
+                tier.pop(block, None)
+            tiers[0][block] = None
+            for position, t in enumerate(self.present):
+                while len(tiers[t]) > self.capacity[t]:
+                    victim, _ = tiers[t].popitem(last=False)
+                    if position + 1 < len(self.present):
+                        tiers[self.present[position + 1]][victim] = None
+        return tuple(hits)
+
+
 def lookup_tiers_reference(
     block_lists: list[list[int]],
     instance: list[int],
@@ -47,8 +96,7 @@ def lookup_tiers_reference(
     """
     if capacity_blocks[0] == 0:
         return [(0, 0, 0) for _ in block_lists]
-    present = [t for t in range(3) if capacity_blocks[t] > 0]
-    caches: dict[int, list[OrderedDict]] = {}
+    caches: dict[int, TieredCache] = {}
     results = []
     load: dict[int, int] = {}
     for blocks, inst in zip(block_lists, instance, strict=True):
@@ -57,13 +105,7 @@ def lookup_tiers_reference(
             least = min(candidates, key=lambda i: (load.get(i, 0), i))
 
             def cached_prefix(i):
-                tiers_i = caches.get(i, [{}, {}, {}])
-                length = 0
-                for block in blocks:
-                    if not any(block in t for t in tiers_i):
-                        break
-                    length += 1
-                return length
+                return caches[i].prefix(blocks) if i in caches else 0
 
             inst = min(candidates, key=lambda i: (-cached_prefix(i), load.get(i, 0), i))
             if load.get(inst, 0) > (1 + balance) * load.get(least, 0):
@@ -71,25 +113,6 @@ def lookup_tiers_reference(
         if chosen is not None:
             chosen.append(inst)
         load[inst] = load.get(inst, 0) + len(blocks)
-        tiers = caches.setdefault(inst, [OrderedDict(), OrderedDict(), OrderedDict()])
-
-        # Exact prefix: stop at the first block no tier holds.
-        hits = [0, 0, 0]
-        for block in blocks:
-            found = [t for t in range(3) if block in tiers[t]]
-            if not found:
-                break
-            hits[found[0]] += 1
-        results.append(tuple(hits))
-
-        # Every block moves to the MRU end of HBM, last block first; overflow cascades down the tiers.
-        for block in reversed(blocks):
-            for tier in tiers:
-                tier.pop(block, None)
-            tiers[0][block] = None
-            for position, t in enumerate(present):
-                while len(tiers[t]) > capacity_blocks[t]:
-                    victim, _ = tiers[t].popitem(last=False)
-                    if position + 1 < len(present):
-                        tiers[present[position + 1]][victim] = None
+        cache = caches.setdefault(inst, TieredCache(capacity_blocks))
+        results.append(cache.admit(blocks))
     return results

@@ -528,11 +528,14 @@ def _check_replicas(scn: Scenario, v: dict):
     a value drawn from a distribution is checked when drawn."""
     from mcsim.perf.fleet_batching import REPLICA_NEEDS, replica_mismatch
 
-    if v.get("deployment.fleet_simulation", "representative") != "replicas":
+    mode = v.get("deployment.fleet_simulation", "representative")
+    if isinstance(mode, Dist):
         return
-    message = replica_mismatch({k: v[k] for k in REPLICA_NEEDS if not isinstance(v[k], Dist)})
+    paths = (*REPLICA_NEEDS, "deployment.fleet_simulation")
+    message = replica_mismatch({k: v[k] for k in paths if k in v and not isinstance(v[k], Dist)})
     if message:
-        raise ScenarioError(scn.source, "deployment.fleet_simulation", message)
+        key = "deployment.fleet_simulation" if mode == "replicas" else "deployment.routing"
+        raise ScenarioError(scn.source, key, message)
 
 
 def _check_expert_layout(scn: Scenario, v: dict):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mcsim.errors import McsimError
-from mcsim.perf.fleet_batching import FLEET_SIMULATIONS, ROUTERS
+from mcsim.perf.fleet_batching import FLEET_SIMULATIONS, ROUTING_POLICIES
 from mcsim.perf.policies import SCHEDULERS
 from mcsim.scenario import catalog
 
@@ -137,21 +137,32 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                                "first); chunked-prefill (Sarathi-style, as fcfs). Static batching ignores it.",
                        *SCHEDULERS),
         "max_new_per_step": I(0, "Sequences a continuous-batching step admits at most (0 = no cap).", 0, 1_000_000),
-        "routing": C("prefix-affinity", "How requests are routed to instances (and their caches): cache-aware "
-                     "picks the instance with the longest cached prefix unless it is overloaded.",
-                     "random", "round-robin", "prefix-affinity", "cache-aware", "pooled"),
+        "routing": C("prefix-affinity", "How requests are routed to instances (and their prefix caches): random; "
+                     "round-robin; prefix-affinity (by a hash of the first block: one system prompt or session, "
+                     "one instance); cache-aware (the longest cached prefix, unless the instances' loads are "
+                     "imbalanced, SGLang's rule); pooled (one cache of all instances' capacity: a shared KV "
+                     "store; representative only); least-outstanding (fewest requests in flight) and least-kv "
+                     "(most free KV blocks), which read the instances' current state (replicas only). With "
+                     "fleet_simulation = 'replicas' the router sees each instance's queue and cache at the "
+                     "arrival; with 'representative' the caches are replayed in arrival order and cache-aware's "
+                     "load is the blocks routed so far.", *ROUTING_POLICIES),
         "fleet_simulation": C("representative", "How the batching simulator models a pool's instances: "
-                              "representative simulates one instance receiving 1/N of the arrivals; replicas "
-                              "simulates all N on one clock behind deployment.router (colocated, open-loop, "
-                              "continuous fcfs / chunked-prefill only; whole-request KV reservation, no "
-                              "preemption), and the latency quantiles come from every instance's requests.",
-                              *FLEET_SIMULATIONS),
-        "router": C("round-robin", "fleet_simulation = 'replicas': how arrivals are placed on instances, from their "
-                    "state at the arrival: round-robin; random (the sample's seeded stream); least-outstanding "
-                    "(fewest queued + running); least-kv (most free KV blocks). Cache placement keeps following "
-                    "routing.", *ROUTERS),
-        "routing_balance": F(0.25, "Cache-aware routing's load guard: an instance more than (1 + this) x the "
-                                   "least loaded one's load is passed over.", 0, None),
+                              "representative (fast) simulates one instance receiving 1/N of the arrivals, with "
+                              "cache hits from the cache stage's replay in arrival order, and tiles the measured "
+                              "requests to fill its queue; replicas simulates all N on one clock behind "
+                              "deployment.routing, each with its own prefix cache looked up and filled as it "
+                              "admits requests, over the whole request stream (warm-up requests included, "
+                              "latencies from the measured ones), and cost, hit rate and busy time come from "
+                              "that run. Replicas needs colocated, open-loop, continuous fcfs / chunked-prefill "
+                              "batching; it reserves whole-request KV (no preemption).", *FLEET_SIMULATIONS),
+        "routing_balance": F(0.25, "Cache-aware routing's relative load guard. Representative: an instance more "
+                                   "than (1 + this) x the least loaded one's load (blocks routed so far) is passed "
+                                   "over. Replicas: the fleet counts as imbalanced, and the request goes to the "
+                                   "least loaded instance, when the largest in-flight count exceeds (1 + this) x "
+                                   "the smallest and by more than routing_balance_requests.", 0, None),
+        "routing_balance_requests": I(64, "fleet_simulation = 'replicas', cache-aware routing: the absolute load "
+                                          "guard, requests in flight (SGLang's balance_abs_threshold, 64).",
+                                      0, 1_000_000),
         "max_batch_per_gpu": F(256, "Cap on concurrent decode sequences per GPU.", 1, None),
         "tpot_target_s": F(0.05, "Time-per-output-token target; the operating batch is the largest that meets it.",
                            0, None, lo_open=True),

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 ROUTING = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
+#: Routers of the instances' current load, which only the replicas' simulation has (:mod:`mcsim.perf.fleet_batching`).
+LOAD_ROUTERS = ("least-outstanding", "least-kv")
 
 
 @dataclass(frozen=True)
@@ -35,17 +37,22 @@ class Inputs:
 
     @classmethod
     def from_params(cls, p: dict, block_tokens: int, kv_bytes_per_token: float) -> "Inputs":
+        routing = p["deployment.routing"]
+        if routing in LOAD_ROUTERS:
+            # Replicas only: their run routes on the current load and keeps its own caches; this replay (the
+            # estimate the fleet is sized on) spreads the requests evenly instead.
+            routing = "round-robin"
         disagg = p["deployment.disaggregated"]
         caches = (p["deployment.prefill_instances"] or p["deployment.instances"]) if disagg \
             else p["deployment.instances"]
         if not p["cache.enabled"]:
-            return cls((0, 0, 0), p["deployment.routing"], int(caches), float(p["deployment.routing_balance"]))
+            return cls((0, 0, 0), routing, int(caches), float(p["deployment.routing_balance"]))
         # The prefix cache serves prefill: it lives on the prefill pool when disaggregated.
         gpus = p["deployment.prefill_gpus_per_instance"] if disagg else p["deployment.gpus_per_instance"]
         nodes = max(-(-gpus // p["hardware.gpus_per_node"]), 1)
         capacity = capacity_blocks(p["cache.hbm_gb_per_instance"] * 1e9, p["cache.dram_gb_per_node"] * 1e9 * nodes,
                                    p["cache.nvme_gb_per_node"] * 1e9 * nodes, kv_bytes_per_token, block_tokens)
-        return cls(tuple(int(c) for c in capacity), p["deployment.routing"], int(caches),
+        return cls(tuple(int(c) for c in capacity), routing, int(caches),
                    float(p["deployment.routing_balance"]))
 
 
