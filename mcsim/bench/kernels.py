@@ -24,6 +24,9 @@ Workloads (fixed seeds):
   8 groups. Routing counts token-expert assignments; placement and rank loads count calls and steps.
 * ``batching`` — Poisson arrivals at 80 % of the instance's measured capacity, lognormal prompts (median
   800 tokens) and outputs (mean ~500 tokens); one item is one request simulated from arrival to last token.
+  The fleet case runs 8 replicas at 80 % of 8 instances' capacity behind cache-aware routing, each with an
+  HBM/DRAM/NVMe prefix cache that overflows, on the ``kv_tiers`` prompts (one item: one request, routed,
+  looked up and simulated).
 """
 
 from __future__ import annotations
@@ -451,4 +454,58 @@ def batching_cases(sizes: KernelSizes = FULL) -> list[dict]:
                 w, p, e, k),
             "items_numpy": 0, "numpy": None, "target": TARGET_BATCHING,
         })
+    out.append(fleet_case(sizes))
     return out
+
+
+FLEET_REPLICAS = 8
+FLEET_CACHE_BLOCKS = (2_000, 4_000, 8_000)  # one replica's HBM, DRAM, NVMe prefix cache, blocks
+
+
+def fleet_workload(n_requests: int, rate_per_s: float, seed: int = 0):
+    """Arrivals and outputs of :func:`batching_workload`; prompts of :func:`kv_workload` (their blocks x 16
+    tokens plus a partial block), as CSR blocks."""
+    arrival, _, _, output = batching_workload(n_requests, rate_per_s, seed)
+    block_ptr, block_ids, _, _ = kv_workload(n_requests, n_instances=1, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    prompt = np.diff(block_ptr) * BATCH_SETTINGS["block_tokens"] + rng.integers(0, 16, n_requests)
+    return arrival, prompt.astype(np.int64), output, block_ptr, block_ids
+
+
+def _fleet_settings():
+    return {key: BATCH_SETTINGS[key] for key in ("token_budget", "max_seqs", "block_tokens", "chunk_tokens",
+                                                 "verify_tokens")}
+
+
+def fleet_case(sizes: KernelSizes) -> dict:
+    """The replicas' kernel (8 instances, cache-aware, tiered caches) against the fleet event-loop reference."""
+    from mcsim.perf.fleet_batching import simulate_fleet_batching
+    from mcsim.reference.fleet_batching import simulate_fleet_reference
+
+    rate = BATCH_LOAD * FLEET_REPLICAS * batching_capacity_per_s("continuous", False, 40_000,
+                                                                 sizes.batch_capacity_requests)
+    table = {"step_time_table": BATCH_STEP_TIME_TABLE, "decode_edges": BATCH_DECODE_EDGES,
+             "prefill_edges": BATCH_PREFILL_EDGES}
+
+    def fast(workload=fleet_workload(sizes.batch_requests, rate, seed=1)):
+        arrival, prompt, output, ptr, ids = workload
+        return simulate_fleet_batching(arrival, prompt, prompt, output, n_instances=FLEET_REPLICAS,
+                                       router="cache-aware", block_ptr=ptr, block_ids=ids,
+                                       capacity_blocks=FLEET_CACHE_BLOCKS, kv_blocks=40_000, **table,
+                                       **_fleet_settings())
+
+    reference_workload = fleet_workload(sizes.batch_reference_requests, rate, seed=1)
+
+    def reference(workload=reference_workload):
+        arrival, prompt, output, ptr, ids = workload
+        lists = [ids[ptr[r]:ptr[r + 1]].tolist() for r in range(len(arrival))]
+        return simulate_fleet_reference(arrival.tolist(), prompt.tolist(), prompt.tolist(), output.tolist(),
+                                        (output - 1).tolist(), [0.0] * len(arrival), n_instances=FLEET_REPLICAS,
+                                        router="cache-aware", kv_blocks=40_000, block_lists=lists,
+                                        capacity_blocks=FLEET_CACHE_BLOCKS, **table, **_fleet_settings())
+
+    fast()  # compiles (or loads) the kernel
+    return {"stage": "batching", "name": f"fleet of {FLEET_REPLICAS} replicas, cache-aware, tiered caches",
+            "unit": "simulated requests", "items_fast": sizes.batch_requests, "fast": fast,
+            "items_reference": sizes.batch_reference_requests, "reference": reference,
+            "items_numpy": 0, "numpy": None, "target": TARGET_BATCHING}
