@@ -8,10 +8,10 @@ instances share one clock and every arrival is placed by a router that looks at 
 Event order
 -----------
 Arrivals are processed in order of (arrival time, index). Before request ``r`` arriving at ``t`` is routed,
-every instance runs each of its steps that *starts* before ``t`` (a step that starts at ``t`` or later sees
-the arrival, as arrivals at or before a step's start join its queue in the one-instance simulator). Then
-the router picks an instance from the state the instances have at ``t``, their load being the requests in
-flight (waiting + running):
+every step of the fleet that *starts* before ``t`` runs, in order of (start time, instance index) (a step
+that starts at ``t`` or later sees the arrival, as arrivals at or before a step's start join its queue in the
+one-instance simulator). Then the router picks an instance from the state the instances have at ``t``, their
+load being the requests in flight (waiting + running):
 
 - ``ROUTER_ROUND_ROBIN``: instance ``r mod K``;
 - ``ROUTER_RANDOM``: instance ``floor(u[r] * K)`` for a uniform ``u[r]`` in [0, 1) drawn by the caller;
@@ -30,9 +30,9 @@ last arrival every instance drains.
 Prefix caches on the same clock
 -------------------------------
 When ``capacity_blocks[0] > 0`` every instance keeps its own tiered LRU prefix cache (HBM -> DRAM -> NVMe,
-the rules and code of :mod:`mcsim.kernels.kv_tiers`). A request is looked up and its blocks are inserted
-when its instance *admits* it (step 2 below), so a hit depends on what that instance had admitted before,
-in its own order. Its reused tokens are its reused blocks x ``block_tokens``, less what would leave no
+the rules and code of :mod:`mcsim.kernels.kv_tiers`), or, with ``pooled``, all of them share one (a KV
+store). A request is looked up and its blocks are inserted when its instance *admits* it (step 2 below), so
+a hit depends on what that cache had admitted before, in the fleet's time order. Its reused tokens are its reused blocks x ``block_tokens``, less what would leave no
 prompt token to compute (at least one is computed, taken from HBM's share first, then DRAM's, then NVMe's),
 and its prefill is the rest of the prompt. With ``capacity_blocks[0] == 0`` nothing is cached and the
 prefill is the whole prompt.
@@ -93,6 +93,44 @@ STATUS_STALLED = 1  # a step with nothing to run (a validated input never produc
 
 
 @kernel(inline="always")
+def _before(t_a, i_a, t_b, i_b):
+    return t_a < t_b or (t_a == t_b and i_a < i_b)
+
+
+@kernel(inline="always")
+def _sift_up(busy_t, busy_i, size, t, i):
+    """Insert instance ``i`` starting its next step at ``t`` into the heap of ``size`` busy instances."""
+    j = size
+    while j > 0:
+        parent = (j - 1) // 2
+        if not _before(t, i, busy_t[parent], busy_i[parent]):
+            break
+        busy_t[j] = busy_t[parent]
+        busy_i[j] = busy_i[parent]
+        j = parent
+    busy_t[j] = t
+    busy_i[j] = i
+
+
+@kernel(inline="always")
+def _sift_down(busy_t, busy_i, size, j, t, i):
+    """Put (``t``, ``i``) at slot ``j`` of the heap of ``size`` busy instances and sift it down."""
+    while True:
+        child = 2 * j + 1
+        if child >= size:
+            break
+        if child + 1 < size and _before(busy_t[child + 1], busy_i[child + 1], busy_t[child], busy_i[child]):
+            child += 1
+        if not _before(busy_t[child], busy_i[child], t, i):
+            break
+        busy_t[j] = busy_t[child]
+        busy_i[j] = busy_i[child]
+        j = child
+    busy_t[j] = t
+    busy_i[j] = i
+
+
+@kernel(inline="always")
 def _heap_push_min(heap_step, heap_seq, heap_size, i, step, seq):
     """Push (step, seq) onto instance ``i``'s min-heap of finishing steps."""
     j = heap_size[i]
@@ -133,8 +171,8 @@ def _heap_pop_min(heap_step, heap_seq, heap_size, i):
 
 @kernel
 def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, router_uniform, fixed_instance,
-                   block_ptr, block_keys, key_stride, capacity_blocks, params_int, router, balance, balance_requests,
-                   warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, cache_state,
+                   block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, router, balance,
+                   balance_requests, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, cache_state,
                    out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached, out_instance_steps,
                    out_stats):
     """Simulate ``K`` instances behind a global router (rules in the module docstring).
@@ -157,7 +195,10 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     key_stride : int
         Block ids per instance: instance ``i`` keeps block ``b`` under key ``i * key_stride + b``.
     capacity_blocks : int64[3]
-        One instance's HBM, DRAM and NVMe prefix-cache capacity, blocks (0 = tier absent; HBM 0 = no cache).
+        One instance's HBM, DRAM and NVMe prefix-cache capacity, blocks (0 = tier absent; HBM 0 = no cache);
+        with ``pooled``, the one shared cache's.
+    pooled : bool
+        One prefix cache shared by every instance (a KV store all of them read and fill) instead of one each.
     params_int : int64[N_PARAMS]
         Read at ``P_TOKEN_BUDGET``, ``P_MAX_SEQS``, ``P_KV_BLOCKS`` (per instance), ``P_BLOCK_TOKENS`` (also
         the cache's block), ``P_CHUNK_TOKENS`` and ``P_VERIFY_TOKENS``; the other fields are not used.
@@ -169,7 +210,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         Start of the measured window of ``out_stats``, s.
     step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context
         The step-time model, as in :func:`mcsim.kernels.batching.simulate`.
-    cache_state : int32[K * key_stride, 4]
+    cache_state : int32[K * key_stride, 4] (``key_stride`` rows when pooled)
         Workspace of the caches (overwritten); may be empty without a cache.
     out_instance : int64[n]
         Written: the instance each request was routed to.
@@ -237,115 +278,142 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     steps = 0
     end_s = 0.0
 
+    # With a shared cache, the busy instances by (next step start, index): steps run in the fleet's time order, so
+    # the cache sees admissions as they happen.
+    busy_t = np.empty(k)
+    busy_i = np.empty(k, dtype=np.int64)
+    n_busy = 0
     for r in range(n + 1):
         t_next = arrival_s[r] if r < n else np.inf
-        for i in range(k):
-            while (n_prefilling[i] + n_decoding[i] > 0 or queue_len[i] > 0) and clock[i] < t_next:
-                t = clock[i]
-                in_flight = n_prefilling[i] + n_decoding[i] + queue_len[i]
-                decode_seqs = n_decoding[i]
-                kv = kv_sum[i]
-                budget_left = max(0, token_budget - decode_seqs * verify_tokens)
-                prefill = 0
-                for j in range(n_prefilling[i]):
-                    s = prefilling[i, j]
-                    c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens) if budget_left > 0 else 0
-                    chunk[s] = c
-                    prefill += c
-                    budget_left -= c
-                while budget_left > 0 and queue_len[i] > 0 and n_prefilling[i] + n_decoding[i] < max_seqs:
-                    s = queue_head[i]
-                    need = (context_tokens[s] + output_tokens[s] + block_tokens - 1) // block_tokens
-                    if need > free_blocks[i]:
-                        break
-                    queue_head[i] = queue_next[s]
-                    queue_len[i] -= 1
-                    if queue_len[i] == 0:
-                        queue_tail[i] = -1
-                    free_blocks[i] -= need
-                    held[s] = need
-                    cached = 0
-                    if caching:
-                        hits[0, :] = 0
-                        admit_blocks(cache_state, head, tail, count, capacity_blocks, next_tier, block_keys,
-                                     block_ptr[s], block_ptr[s + 1], i * key_stride, i, hits, 0)
-                        # Reused tokens, less what would leave no prompt token to compute (HBM's share first).
-                        excess = (hits[0, 0] + hits[0, 1] + hits[0, 2]) * block_tokens - (prompt_tokens[s] - 1)
-                        for tier in range(N_TIERS):
-                            tokens = hits[0, tier] * block_tokens
-                            take = min(max(excess, 0), tokens)
-                            out_cached[s, tier] = tokens - take
-                            excess -= take
-                            cached += tokens - take
-                    prefill_left[s] = max(prompt_tokens[s] - cached, 1)
-                    out_queue_s[s] = t - arrival_s[s]
-                    prefilling[i, n_prefilling[i]] = s
-                    n_prefilling[i] += 1
-                    c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
-                    chunk[s] = c
-                    prefill += c
-                    budget_left -= c
-                if decode_seqs == 0 and prefill == 0:
-                    return STATUS_STALLED
-                step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill)
-                if decode_seqs > 0:
-                    slope = kv_slope_at(kv_slope, decode_edges, decode_seqs)
-                    if slope != 0.0:
-                        step_s = max(step_s + slope * (kv - decode_seqs * kv_ref_context), 1e-12)
-                t_end = t + step_s
-                out_instance_steps[i] += 1
-                steps += 1
-                end_s = max(end_s, t_end)
-                if r < n:  # the step starts inside the arrival window
-                    if t_end > warmup_s:
-                        in_system_integral += in_flight * (t_end - max(t, warmup_s))
-                    if t >= warmup_s:
-                        window_steps += 1
-                        window_step_s += step_s
-                        if decode_seqs > 0:
-                            window_decode_seqs += decode_seqs
-                            window_decode_steps += 1
+        sweep = 0
+        while True:
+            # The next step to run: the fleet's earliest with a shared cache; else instance by instance, which
+            # runs the same steps (nothing an instance does reaches another before the arrival) and keeps each
+            # instance's cache rows warm.
+            if pooled:
+                if n_busy == 0 or busy_t[0] >= t_next:
+                    break
+                i = busy_i[0]
+            else:
+                while sweep < k and not (n_prefilling[sweep] + n_decoding[sweep] + queue_len[sweep] > 0
+                                         and clock[sweep] < t_next):
+                    sweep += 1
+                if sweep == k:
+                    break
+                i = sweep
+            t = clock[i]
+            in_flight = n_prefilling[i] + n_decoding[i] + queue_len[i]
+            decode_seqs = n_decoding[i]
+            kv = kv_sum[i]
+            budget_left = max(0, token_budget - decode_seqs * verify_tokens)
+            prefill = 0
+            for j in range(n_prefilling[i]):
+                s = prefilling[i, j]
+                c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens) if budget_left > 0 else 0
+                chunk[s] = c
+                prefill += c
+                budget_left -= c
+            while budget_left > 0 and queue_len[i] > 0 and n_prefilling[i] + n_decoding[i] < max_seqs:
+                s = queue_head[i]
+                need = (context_tokens[s] + output_tokens[s] + block_tokens - 1) // block_tokens
+                if need > free_blocks[i]:
+                    break
+                queue_head[i] = queue_next[s]
+                queue_len[i] -= 1
+                if queue_len[i] == 0:
+                    queue_tail[i] = -1
+                free_blocks[i] -= need
+                held[s] = need
+                cached = 0
+                if caching:
+                    hits[0, :] = 0
+                    owner = 0 if pooled else i
+                    admit_blocks(cache_state, head, tail, count, capacity_blocks, next_tier, block_keys,
+                                 block_ptr[s], block_ptr[s + 1], owner * key_stride, owner, hits, 0)
+                    # Reused tokens, less what would leave no prompt token to compute (HBM's share first).
+                    excess = (hits[0, 0] + hits[0, 1] + hits[0, 2]) * block_tokens - (prompt_tokens[s] - 1)
+                    for tier in range(N_TIERS):
+                        tokens = hits[0, tier] * block_tokens
+                        take = min(max(excess, 0), tokens)
+                        out_cached[s, tier] = tokens - take
+                        excess -= take
+                        cached += tokens - take
+                prefill_left[s] = max(prompt_tokens[s] - cached, 1)
+                out_queue_s[s] = t - arrival_s[s]
+                prefilling[i, n_prefilling[i]] = s
+                n_prefilling[i] += 1
+                c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
+                chunk[s] = c
+                prefill += c
+                budget_left -= c
+            if decode_seqs == 0 and prefill == 0:
+                return STATUS_STALLED
+            step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill)
+            if decode_seqs > 0:
+                slope = kv_slope_at(kv_slope, decode_edges, decode_seqs)
+                if slope != 0.0:
+                    step_s = max(step_s + slope * (kv - decode_seqs * kv_ref_context), 1e-12)
+            t_end = t + step_s
+            out_instance_steps[i] += 1
+            steps += 1
+            end_s = max(end_s, t_end)
+            if r < n:  # the step starts inside the arrival window
+                if t_end > warmup_s:
+                    in_system_integral += in_flight * (t_end - max(t, warmup_s))
+                if t >= warmup_s:
+                    window_steps += 1
+                    window_step_s += step_s
+                    if decode_seqs > 0:
+                        window_decode_seqs += decode_seqs
+                        window_decode_steps += 1
 
-                # Every decoding sequence ran its pass; those at their last one finish.
-                step_of[i] += 1
-                kv_sum[i] += kv_rate[i]
-                while heap_size[i] > 0 and heap_step[i, 0] == step_of[i]:
-                    s = heap_seq[i, 0]
-                    _heap_pop_min(heap_step, heap_seq, heap_size, i)
-                    rate = _kv_rate(output_tokens[s], passes[s])
-                    kv_sum[i] -= context_tokens[s] + 1 + passes[s] * rate
-                    kv_rate[i] -= rate
-                    n_decoding[i] -= 1
-                    free_blocks[i] += held[s]
-                    held[s] = 0
-                    out_finish_s[s] = t_end
-                if n_decoding[i] == 0:  # no drift from the sums' rounding
-                    kv_sum[i] = 0.0
-                    kv_rate[i] = 0.0
-                # Prefill progress: a completed prefill emits the first token and decodes from the next step.
-                kept = 0
-                for j in range(n_prefilling[i]):
-                    s = prefilling[i, j]
-                    if chunk[s] > 0:
-                        prefill_left[s] -= chunk[s]
-                        chunk[s] = 0
-                        if prefill_left[s] == 0:
-                            out_first_token_s[s] = t_end
-                            if passes[s] == 0:
-                                free_blocks[i] += held[s]
-                                held[s] = 0
-                                out_finish_s[s] = t_end
-                            else:
-                                rate = _kv_rate(output_tokens[s], passes[s])
-                                kv_sum[i] += context_tokens[s] + 1
-                                kv_rate[i] += rate
-                                n_decoding[i] += 1
-                                _heap_push_min(heap_step, heap_seq, heap_size, i, step_of[i] + passes[s], s)
-                            continue
-                    prefilling[i, kept] = s
-                    kept += 1
-                n_prefilling[i] = kept
-                clock[i] = t_end
+            # Every decoding sequence ran its pass; those at their last one finish.
+            step_of[i] += 1
+            kv_sum[i] += kv_rate[i]
+            while heap_size[i] > 0 and heap_step[i, 0] == step_of[i]:
+                s = heap_seq[i, 0]
+                _heap_pop_min(heap_step, heap_seq, heap_size, i)
+                rate = _kv_rate(output_tokens[s], passes[s])
+                kv_sum[i] -= context_tokens[s] + 1 + passes[s] * rate
+                kv_rate[i] -= rate
+                n_decoding[i] -= 1
+                free_blocks[i] += held[s]
+                held[s] = 0
+                out_finish_s[s] = t_end
+            if n_decoding[i] == 0:  # no drift from the sums' rounding
+                kv_sum[i] = 0.0
+                kv_rate[i] = 0.0
+            # Prefill progress: a completed prefill emits the first token and decodes from the next step.
+            kept = 0
+            for j in range(n_prefilling[i]):
+                s = prefilling[i, j]
+                if chunk[s] > 0:
+                    prefill_left[s] -= chunk[s]
+                    chunk[s] = 0
+                    if prefill_left[s] == 0:
+                        out_first_token_s[s] = t_end
+                        if passes[s] == 0:
+                            free_blocks[i] += held[s]
+                            held[s] = 0
+                            out_finish_s[s] = t_end
+                        else:
+                            rate = _kv_rate(output_tokens[s], passes[s])
+                            kv_sum[i] += context_tokens[s] + 1
+                            kv_rate[i] += rate
+                            n_decoding[i] += 1
+                            _heap_push_min(heap_step, heap_seq, heap_size, i, step_of[i] + passes[s], s)
+                        continue
+                prefilling[i, kept] = s
+                kept += 1
+            n_prefilling[i] = kept
+            clock[i] = t_end
+            if pooled:
+                if n_prefilling[i] + n_decoding[i] + queue_len[i] > 0:
+                    _sift_down(busy_t, busy_i, n_busy, 0, t_end, i)
+                else:
+                    n_busy -= 1
+                    if n_busy > 0:
+                        _sift_down(busy_t, busy_i, n_busy, 0, busy_t[n_busy], busy_i[n_busy])
         if r == n:
             break
 
@@ -373,7 +441,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             low = queue_len[least] + n_prefilling[least] + n_decoding[least]
             high = queue_len[most] + n_prefilling[most] + n_decoding[most]
             imbalanced = high - low > balance_requests and high > (1.0 + balance) * low
-            if router == ROUTER_CACHE_AWARE and caching and not imbalanced:
+            if router == ROUTER_CACHE_AWARE and caching and not pooled and not imbalanced:
                 best_len = -1
                 for i in range(k):
                     length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1], i * key_stride)
@@ -385,6 +453,9 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         out_instance[r] = chosen
         if n_prefilling[chosen] + n_decoding[chosen] == 0 and queue_len[chosen] == 0:
             clock[chosen] = max(clock[chosen], arrival_s[r])
+            if pooled:
+                _sift_up(busy_t, busy_i, n_busy, clock[chosen], chosen)
+                n_busy += 1
         if queue_tail[chosen] >= 0:
             queue_next[queue_tail[chosen]] = r
         else:

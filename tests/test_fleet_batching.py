@@ -112,6 +112,27 @@ def test_kernel_matches_fleet_reference_exactly(router):
                 stats["window_decode_seqs_sum"] / stats["window_decode_steps"], rel=1e-12)
 
 
+def test_a_pooled_cache_sees_the_fleet_admissions_in_time_order():
+    """One cache shared by every replica: when each request is served before the next arrives, admissions come
+    in arrival order whatever instance admits them, so the hits are the tier reference's replay of one cache of
+    all the replicas' capacity."""
+    from mcsim.reference.kv_tiers import lookup_tiers_reference
+
+    for seed in range(10):
+        rng = np.random.default_rng([seed, 11])
+        n, k, block_tokens = int(rng.integers(5, 60)), int(rng.integers(2, 6)), int(rng.integers(1, 8))
+        lists, prompt, ptr, ids = random_blocks(rng, n, block_tokens)
+        arrival = np.arange(n) * 100.0  # steps take well under a second: the fleet is idle at every arrival
+        capacity = tuple(int(c) for c in rng.integers([1, 0, 0], [4, 3, 3]))
+        result = simulate_fleet_batching(arrival, prompt, prompt, np.full(n, 3), n_instances=k, router="pooled",
+                                         block_ptr=ptr, block_ids=ids, capacity_blocks=capacity,
+                                         block_tokens=block_tokens, **TABLE)
+        assert result["per_request"]["instance"].tolist() == [0] * n  # all idle: the lowest index
+        blocks = np.array(lookup_tiers_reference(lists, [0] * n, tuple(c * k for c in capacity))) * block_tokens
+        np.testing.assert_array_equal(result["per_request"]["cached_tokens"].sum(axis=1),
+                                      np.minimum(blocks.sum(axis=1), prompt - 1), err_msg=f"seed {seed}")
+
+
 def test_replica_caches_are_the_tier_replay_of_their_admissions():
     """FCFS admits each instance's requests in arrival order, so with prefix-affinity (a fixed instance per
     request) the replicas' reused blocks are the tier reference's replay of the requests in arrival order, on
@@ -226,16 +247,29 @@ def test_replicas_mode_end_to_end():
         assert ds.instance_load_imbalance.attrs["units"] == "1"
 
 
-def test_replicas_mode_rejects_disaggregation():
+def test_disaggregated_replicas_hold_the_cache_on_the_prefill_pool():
+    """One prefill replica admits in arrival order, so its pooled cache (the KV store of the factory scenario)
+    holds exactly what the cache stage's replay holds; random routing over per-instance caches reuses far less
+    and then needs more instances for the same SLOs."""
     from pathlib import Path
 
     import mcsim
 
-    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "dense-node.toml"
-    with pytest.raises(Exception, match="deployment.fleet_simulation"):
-        mcsim.run(scenario, samples=1, requests=500, workers=1,
-                  overrides=["deployment.fleet=fixed", "deployment.disaggregated=true",
-                             "deployment.fleet_simulation=replicas"])
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    fixed = ["deployment.fleet=fixed", "deployment.instances=2", "deployment.prefill_instances=1"]
+    representative = mcsim.run(root / "factory.toml", samples=1, requests=6000, workers=1, overrides=fixed)
+    replicas = mcsim.run(root / "factory.toml", samples=1, requests=6000, workers=1,
+                         overrides=[*fixed, "deployment.fleet_simulation=replicas"])
+    assert float(representative.cache_hit_rate.min()) > 0.3
+    for name in ("cache_hit_rate", "cache_hit_rate_by_tier", "cache_hit_rate_drift"):
+        np.testing.assert_array_equal(replicas[name].values, representative[name].values, err_msg=name)
+    assert np.isfinite(replicas.ttft_s.values).all() and np.isfinite(replicas.tpot_s.values).all()
+
+    slo = {routing: mcsim.run(root / "deepseek-disaggregated.toml", samples=1, requests=6000, workers=1,
+                              overrides=["deployment.fleet_simulation=replicas", f"deployment.routing={routing}"])
+           for routing in ("pooled", "random")}
+    assert float(slo["random"].cache_hit_rate.max()) < float(slo["pooled"].cache_hit_rate.min()) - 0.2
+    assert float(slo["random"].prefill_instances.min()) > float(slo["pooled"].prefill_instances.max())
 
 
 DENSE_NODE_FIXED = ["deployment.fleet=fixed", "deployment.instances=4", "deployment.disaggregated=false"]
@@ -284,6 +318,7 @@ def test_load_routers_need_the_replicas():
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "dense-node.toml"
     with pytest.raises(ScenarioError, match="deployment.routing.*current load"):
         mcsim.run(scenario, samples=1, requests=500, workers=1, overrides=["deployment.routing=least-outstanding"])
-    with pytest.raises(ScenarioError, match="deployment.fleet_simulation.*'pooled'"):
+    with pytest.raises(ScenarioError, match="deployment.fleet_simulation.*closed_loop_users"):
         mcsim.run(scenario, samples=1, requests=500, workers=1,
-                  overrides=[*DENSE_NODE_FIXED, "deployment.fleet_simulation=replicas"])
+                  overrides=[*DENSE_NODE_FIXED, "deployment.fleet_simulation=replicas",
+                             "performance.closed_loop_users=8"])

@@ -223,9 +223,11 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
             all_requests = requests if all_requests is None else all_requests
             warm = 0 if all_requests is requests else warmup_requests(all_requests.n, p["mc.warmup_fraction"])
             per_token = (0.0, kvb / (host_bw * gp), kvb / (nvme_bw_per_gpu * hw.gpus_per_node * nodes_prefill))
+            transfer = (kvb / (hw.scale_out_gb_s * 1e9 * gp), p["efficiency.kv_transfer_latency_s"]) if disagg \
+                else (0.0, 0.0)
             workload = prepare_stream(p, all_requests, warm, passes_r,
                                       Inputs.from_params(p, requests.block_tokens, kvb).capacity_blocks, per_token,
-                                      rng)
+                                      *transfer, rng)
         else:
             workload = prepare(p, requests, miss, restore_s, transfer_s, passes_r, max_seqs, rng)
         mean_blocks = math.ceil(model.decode_context / requests.block_tokens)
@@ -253,7 +255,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         cap = p["deployment.max_instances"]
         if disagg:
             n_p = smallest_fleet(lambda k: _prefill_meets(sim, k, with_host, ttft_target, slo_q),
-                                 _whole(needed_p) - 1, cap)
+                                 0 if replicas else _whole(needed_p) - 1, cap)
             n_d = None if n_p is None else smallest_fleet(
                 lambda k: meets(sim.disaggregated(k, n_p), check_ttft=False), _whole(needed_d) - 1, cap)
         else:

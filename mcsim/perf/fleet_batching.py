@@ -19,9 +19,13 @@ import numpy as np
 from mcsim.perf.batching import (QUANTILES, _as_int, _per_request, _quantiles, _summary, base_params,
                                  check_requests, check_step_model)
 
-#: ``deployment.routing`` values the replicas simulate (``pooled``, one cache shared by every instance, is the
-#: representative mode's only).
-ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv", "prefix-affinity", "cache-aware")
+#: ``deployment.routing`` values the replicas simulate (``pooled``: one cache shared by every instance, requests
+#: placed by least-outstanding).
+ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv", "prefix-affinity", "cache-aware", "pooled")
+#: Where a decode pool (fed by a prefill pool, no prefix cache of its own) places requests: these keep their
+#: meaning there; the cache-minded ones (prefix-affinity, cache-aware, pooled) become least-outstanding, which
+#: is what cache-aware does without a cache.
+DECODE_ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv")
 #: ``deployment.routing`` values the representative mode's cache replay takes (no clock, so no current load).
 REPRESENTATIVE_ROUTERS = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
 #: Every ``deployment.routing`` value.
@@ -29,10 +33,9 @@ ROUTING_POLICIES = ("random", "round-robin", "prefix-affinity", "cache-aware", "
                     "least-kv")
 FLEET_SIMULATIONS = ("representative", "replicas")
 #: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
-#: colocated continuous FCFS (chunked prefill included) in an open loop, no admission cap, a router of
-#: :data:`ROUTERS`. Read by the scenario check (plain values) and the pool simulator (values drawn from
+#: continuous FCFS (chunked prefill included) in an open loop, no admission cap, a router of :data:`ROUTERS`. Read by the scenario check (plain values) and the pool simulator (values drawn from
 #: distributions).
-REPLICA_NEEDS = {"deployment.disaggregated": (False,), "deployment.batching": ("continuous",),
+REPLICA_NEEDS = {"deployment.batching": ("continuous",),
                  "deployment.scheduler": ("fcfs", "chunked-prefill"), "deployment.max_new_per_step": (0,),
                  "performance.closed_loop_users": (0,), "deployment.routing": ROUTERS}
 #: The replicas' prefix caches hold one row of 16 bytes per (instance, distinct block): more rows than this
@@ -62,7 +65,8 @@ def router_code(router: str) -> int:
 
     codes = {"round-robin": kernel.ROUTER_ROUND_ROBIN, "random": kernel.ROUTER_RANDOM,
              "least-outstanding": kernel.ROUTER_LEAST_OUTSTANDING, "least-kv": kernel.ROUTER_LEAST_KV,
-             "prefix-affinity": kernel.ROUTER_FIXED, "cache-aware": kernel.ROUTER_CACHE_AWARE}
+             "prefix-affinity": kernel.ROUTER_FIXED, "cache-aware": kernel.ROUTER_CACHE_AWARE,
+             "pooled": kernel.ROUTER_LEAST_OUTSTANDING}
     if router not in codes:
         raise ValueError(f"deployment.routing must be one of {', '.join(ROUTERS)} with replicas; got {router!r}")
     return codes[router]
@@ -124,6 +128,7 @@ def simulate_fleet_batching(
     verify_tokens: int = 1,
     warmup_s: float = 0.0,
     measured_from: int | None = None,
+    measured=None,
     steady_tolerance: float = 0.1,
 ) -> dict:
     """Simulate ``n_instances`` replicas behind a router and summarise the fleet's latency.
@@ -146,7 +151,8 @@ def simulate_fleet_batching(
         CSR prompt blocks of each request (as :class:`mcsim.stages.workload.Requests` holds them); required with
         a cache (without them, no request has a whole block).
     capacity_blocks : (int, int, int)
-        One instance's HBM, DRAM and NVMe prefix-cache capacity, blocks; HBM 0 (default) = no cache.
+        One instance's HBM, DRAM and NVMe prefix-cache capacity, blocks; HBM 0 (default) = no cache. Under
+        ``"pooled"`` the instances share one cache of ``n_instances`` times this.
     balance, balance_requests : float, int
         ``"cache-aware"``'s imbalance thresholds (``deployment.routing_balance``,
         ``deployment.routing_balance_requests``).
@@ -157,6 +163,9 @@ def simulate_fleet_batching(
     measured_from : int, optional
         Measure requests ``measured_from:`` (by index, the cache's warm-up before them); the window then starts
         at that request's arrival and ``warmup_s`` is not read.
+    measured : array_like of bool, optional
+        Or measure these requests (a pool fed by another, whose measured requests arrive out of order); the
+        window then starts at the earliest one's arrival.
 
     Returns
     -------
@@ -200,6 +209,12 @@ def simulate_fleet_batching(
         if not 0 <= int(measured_from) < n:
             raise ValueError(f"measured_from must be in [0, {n}), got {measured_from!r}")
         warmup_s = float(arrival[int(measured_from)])
+        measured = np.arange(n) >= int(measured_from)
+    if measured is not None:
+        measured = np.asarray(measured, dtype=bool)
+        if measured.shape != (n,) or not measured.any():
+            raise ValueError("measured must be n booleans, at least one true")
+        warmup_s = float(arrival[measured].min())
     if int(n_instances) != n_instances or n_instances < 1:
         raise ValueError(f"n_instances must be an integer >= 1, got {n_instances!r}")
     k = int(n_instances)
@@ -233,7 +248,10 @@ def simulate_fleet_batching(
                                     verify_tokens)
     # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
     fixed = affinity_instances(ptr, ids, uniform, k) if code == kernel.ROUTER_FIXED else np.zeros(n, np.int64)
-    rows = k * stride if caching else 0
+    pooled = router == "pooled"
+    if pooled:
+        capacity = capacity * k
+    rows = (stride if pooled else k * stride) if caching else 0
     if rows > MAX_CACHE_ROWS:
         raise ValueError(f"the replicas' prefix caches would need {rows * 16 / 2**30:.1f} GiB ({k} instances x "
                          f"{stride} distinct blocks); use fewer requests or instances, or fleet_simulation = "
@@ -246,15 +264,15 @@ def simulate_fleet_batching(
     instance_steps = np.zeros(k, np.int64)
     stats = np.zeros(one_instance.N_STATS)
     status = kernel.simulate_fleet(arrival, prompt, context, output, passes, uniform, fixed, ptr, keys, stride,
-                                   capacity, params, code, float(balance), int(balance_requests), float(warmup_s),
+                                   capacity, pooled, params, code, float(balance), int(balance_requests), float(warmup_s),
                                    table, d_edges, p_edges, slope, float(kv_ref_context), cache_state, instance,
                                    first_token, finish, queue, cached, instance_steps, stats)
     if status != kernel.STATUS_OK:
         raise RuntimeError("the fleet simulation stalled (a step with nothing to run)")
     per_request = {"instance": instance, "cached_tokens": cached,
                    **_per_request(arrival, first_token, finish, queue, output, warmup_s)}
-    if measured_from is not None:
-        per_request["measured"] = np.arange(n) >= int(measured_from)
+    if measured is not None:
+        per_request["measured"] = measured
     measured = per_request["measured"]
     served = np.bincount(instance[measured], minlength=k)
     summary = _summary(per_request, output, warmup_s, stats, one_instance)

@@ -11,10 +11,12 @@ Colocated: one simulation, prefill chunks and decode passes share the steps. Dis
 simulated first (prefill-only steps; a request's first token ends its prefill), its KV crosses the network, then
 the decode pool is simulated with those arrival times.
 
-With ``deployment.fleet_simulation = "replicas"`` (colocated only) the pool's N instances are simulated together
-behind ``deployment.routing`` (:mod:`mcsim.perf.fleet_batching`) over the sample's whole request stream, the
-cache's warm-up requests included and not tiled: each instance's prefix cache is looked up and filled as it
-admits requests, so the cache hits, restores and prefill work of those latencies are the run's own.
+With ``deployment.fleet_simulation = "replicas"`` a pool's N instances are simulated together behind
+``deployment.routing`` (:mod:`mcsim.perf.fleet_batching`) over the sample's whole request stream, the cache's
+warm-up requests included and not tiled: each instance's prefix cache (or the pooled one) is looked up and filled
+as it admits requests, so the cache hits, restores and prefill work of those latencies are the run's own.
+Disaggregated, the prefill pool's replicas hold the caches and hand each request, after its restores and KV
+transfer, to the decode pool's replicas (placed by :data:`~mcsim.perf.fleet_batching.DECODE_ROUTERS`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 
 from mcsim.perf import policies
 from mcsim.perf.batching import simulate_batching
-from mcsim.perf.fleet_batching import simulate_fleet_batching
+from mcsim.perf.fleet_batching import DECODE_ROUTERS, simulate_fleet_batching
 
 #: The simulated requests are at least this many times one instance's largest concurrency ...
 MIN_TURNOVER = 30
@@ -124,12 +126,13 @@ def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per
 
 
 def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks, restore_s_per_token,
-                   rng: np.random.Generator) -> Workload:
+                   transfer_s_per_token: float, transfer_latency_s: float, rng: np.random.Generator) -> Workload:
     """The replicas' workload: every request of the sample in arrival order, the cache's warm-up ones included.
 
     ``passes`` are the measured requests' (``stream.tail(measured_from)``); a warm-up request, which is served
-    but not measured, makes the passes of its output tokens at the measured requests' mean rate. The router's
-    uniforms are drawn from ``rng`` for every request.
+    but not measured, makes the passes of its output tokens at the measured requests' mean rate. A request's KV
+    transfer to the decode pool takes ``transfer_latency_s`` plus ``transfer_s_per_token`` per prompt token (0
+    and 0 when colocated). The router's uniforms are drawn from ``rng`` for every request.
     """
     out = stream.output_tokens.astype(np.int64)
     rate = float(np.sum(passes)) / max(float(np.sum(out[measured_from:])), 1.0)
@@ -142,7 +145,8 @@ def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks,
     n = stream.n
     prompt = stream.prompt_tokens.astype(np.int64)
     arrival = (stream.arrival_s - stream.arrival_s[0]).astype(float)
-    return Workload(arrival, prompt, prompt, out, decode_passes, np.zeros(n), np.zeros(n), None, 0,
+    transfer = prompt * float(transfer_s_per_token) + float(transfer_latency_s)
+    return Workload(arrival, prompt, prompt, out, decode_passes, np.zeros(n), transfer, None, 0,
                     stream.block_tokens, class_id, class_priority[class_id], rng.uniform(size=n),
                     block_ptr=stream.block_ptr, block_ids=stream.block_ids, measured_from=int(measured_from),
                     capacity_blocks=tuple(int(c) for c in capacity_blocks),
@@ -248,15 +252,12 @@ class PoolSimulator:
     def prefill(self, n_instances: int) -> dict:
         """The prefill pool alone (disaggregated): per-request hand-off time to the decode pool."""
         key = ("prefill", n_instances)
+        if key not in self._runs and self.replicas:
+            self._runs[key] = self._prefill_replicas(n_instances)
         if key not in self._runs:
             w = self.w
-            budget = int(self.model.prefill_budget)
-            p_edges = edges(budget, 10)
-            d_edges = np.array([0.0, 1.0])
-            table = step_table(self.model, d_edges, p_edges, pool="prefill")
+            budget, chunk, d_edges, p_edges, table = self._prefill_table()
             m = len(w.arrival)
-            groups = max(round(self.model.prefill_budget / self.p["performance.token_budget"]), 1)
-            chunk = int(self.p["performance.chunk_tokens"]) * groups
             pre, summary = _run(self.p, w, w.arrival, w.miss, np.ones(m, np.int64), np.zeros(m, np.int64), table,
                                 d_edges, p_edges, 1 << 20, 1 << 40, budget, chunk, n_instances, self._prefill_policy(), 0,
                                 max_new_per_step=self.max_new)
@@ -266,8 +267,72 @@ class PoolSimulator:
                 "busy_fraction": summary["busy_fraction"], "steady_state": summary["queue_steady_state"]}
         return self._runs[key]
 
+    def _prefill_table(self):
+        """The prefill pool's token budget, chunk, step-table edges and table."""
+        budget = int(self.model.prefill_budget)
+        p_edges = edges(budget, 10)
+        d_edges = np.array([0.0, 1.0])
+        groups = max(round(self.model.prefill_budget / self.p["performance.token_budget"]), 1)
+        chunk = int(self.p["performance.chunk_tokens"]) * groups
+        return budget, chunk, d_edges, p_edges, step_table(self.model, d_edges, p_edges, pool="prefill")
+
+    def _prefill_replicas(self, n_instances: int) -> dict:
+        """The prefill pool's replicas behind the router, holding the prefix caches: prefill-only steps, a
+        request handed off when its prefill, restores and KV transfer are done."""
+        w, p = self.w, self.p
+        budget, chunk, d_edges, p_edges, table = self._prefill_table()
+        m = len(w.arrival)
+        fleet = simulate_fleet_batching(
+            w.arrival, w.context, w.context, np.ones(m, np.int64), np.zeros(m, np.int64), n_instances=n_instances,
+            router=p["deployment.routing"], router_uniform=w.router_uniform, block_ptr=w.block_ptr,
+            block_ids=w.block_ids, capacity_blocks=w.capacity_blocks, balance=p["deployment.routing_balance"],
+            balance_requests=p["deployment.routing_balance_requests"], step_time_table=table, decode_edges=d_edges,
+            prefill_edges=p_edges, token_budget=budget, max_seqs=max(min(m, budget), 1), block_tokens=w.block,
+            chunk_tokens=chunk, measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"])
+        fp, summary = fleet["per_request"], fleet["summary"]
+        restore = fp["cached_tokens"] @ np.asarray(w.restore_s_per_token)
+        return {"handoff": fp["ttft_s"] + restore + w.transfer_s, "queue": fp["queue_s"], "measured": fp["measured"],
+                "saturated": bool(summary["saturated"]), "busy_fraction": summary["busy_fraction"],
+                "steady_state": summary["queue_steady_state"], "cached_tokens": fp["cached_tokens"],
+                "instance_load_imbalance": summary["instance_load_imbalance"]}
+
+    def _decode_replicas(self, n_instances: int, prefill: dict) -> dict:
+        """The decode pool's replicas fed, in real time, by the prefill replicas' hand-offs."""
+        w, p = self.w, self.p
+        p_edges = np.array([0.0, 1.0])
+        table = step_table(self.model, self.d_edges, p_edges)
+        m = len(w.arrival)
+        handoff = prefill["handoff"]
+        arrive = w.arrival + handoff
+        order = np.argsort(arrive, kind="stable")
+        routing = p["deployment.routing"]
+        fleet = simulate_fleet_batching(
+            arrive[order], np.ones(m, np.int64), w.context[order], w.output[order], w.decode_passes[order],
+            n_instances=n_instances, router=routing if routing in DECODE_ROUTERS else "least-outstanding",
+            router_uniform=w.router_uniform[order], step_time_table=table, decode_edges=self.d_edges,
+            prefill_edges=p_edges, kv_slope=self.kv_slope, kv_ref_context=self.model.decode_context,
+            token_budget=self.budget, max_seqs=self.max_seqs, kv_blocks=self.kv_blocks, block_tokens=w.block,
+            chunk_tokens=self.chunk, measured=prefill["measured"][order],
+            steady_tolerance=p["mc.queue_steady_state_tolerance"])
+        back = np.empty_like(order)
+        back[order] = np.arange(m)
+        fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=None)
+        measured = prefill["measured"]
+        out = self._result(handoff, handoff + fp["e2e_s"][back], prefill["queue"] + fp["queue_s"][back], measured,
+                           summary, prefill["saturated"] or summary["saturated"])
+        out["throughput_tok_s"] = float(summary["throughput_tok_s"]) / n_instances  # per instance, as elsewhere
+        out["prefill_busy_fraction"] = prefill["busy_fraction"]
+        out["steady_state"] = min((prefill["steady_state"], out["steady_state"]),
+                                  key=lambda s: (s.steady, -s.requests_needed))
+        # The pool whose instances are further apart.
+        out["instance_load_imbalance"] = max(prefill["instance_load_imbalance"], summary["instance_load_imbalance"])
+        out["cached_tokens"] = prefill["cached_tokens"]
+        return out
+
     def decode(self, n_instances: int, prefill: dict, max_steps: int = 0) -> dict:
         """The decode pool of ``n_instances`` instances fed by the prefill pool's hand-offs."""
+        if self.replicas:
+            return self._decode_replicas(n_instances, prefill)
         w = self.w
         p_edges = np.array([0.0, 1.0])
         table = step_table(self.model, self.d_edges, p_edges)

@@ -74,8 +74,12 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
     requests = [_Request(r, float(arrival_s[r]), int(prompt_tokens[r]), block_lists[r], int(context_tokens[r]),
                          int(output_tokens[r]), int(passes[r])) for r in range(n)]
     caching = capacity_blocks[0] > 0
-    fleet = [_Instance(kv_blocks, cache=TieredCache(capacity_blocks) if caching else None)
-             for _ in range(n_instances)]
+    if router == "pooled":  # one cache of every instance's capacity, shared
+        shared = TieredCache([c * n_instances for c in capacity_blocks]) if caching else None
+        fleet = [_Instance(kv_blocks, cache=shared) for _ in range(n_instances)]
+    else:
+        fleet = [_Instance(kv_blocks, cache=TieredCache(capacity_blocks) if caching else None)
+                 for _ in range(n_instances)]
     instance = [-1] * n
     cached = [(0, 0, 0)] * n
     stats = dict(steps=0, window_end_s=float(arrival_s[-1]), in_system_integral=0.0, window_steps=0,
@@ -189,7 +193,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
             return r % n_instances
         if router == "random":
             return min(int(router_uniform[r] * n_instances), n_instances - 1)
-        if router == "least-outstanding":
+        if router in ("least-outstanding", "pooled"):
             loads = [len(node.waiting) + len(node.running) for node in fleet]
             return loads.index(min(loads))
         if router == "least-kv":
