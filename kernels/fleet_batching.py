@@ -1,9 +1,10 @@
 """Several replicas of one pool on one clock behind a global router: a step-level simulator of the fleet.
 
-Each of ``K`` instances runs the continuous-batching scheduler of :mod:`mcsim.kernels.batching` in its
-simplest form -- FCFS waiting queue, mixed prefill/decode steps, whole-request KV reservation at admission
-and therefore no preemption, open-loop arrivals -- with the same step-time table. What is new is that the
-instances share one clock and every arrival is placed by a router that looks at their *current* state.
+Each of ``K`` instances runs the continuous-batching scheduler of :mod:`mcsim.kernels.batching` with an FCFS
+waiting queue, mixed prefill/decode steps and open-loop arrivals -- whole-request KV reservation at admission,
+or (``P_PREEMPT``) KV growth and preemption by recompute under that module's rules -- with the same step-time
+table. What is new is that the instances share one clock and every arrival is placed by a router that looks
+at their *current* state.
 
 Event order
 -----------
@@ -31,26 +32,33 @@ Prefix caches on the same clock
 -------------------------------
 When ``capacity_blocks[0] > 0`` every instance keeps its own tiered LRU prefix cache (HBM -> DRAM -> NVMe,
 the rules and code of :mod:`mcsim.kernels.kv_tiers`), or, with ``pooled``, all of them share one (a KV
-store). A request is looked up and its blocks are inserted when its instance *admits* it (step 2 below), so
-a hit depends on what that cache had admitted before, in the fleet's time order. Its reused tokens are its reused blocks x ``block_tokens``, less what would leave no
-prompt token to compute (at least one is computed, taken from HBM's share first, then DRAM's, then NVMe's),
-and its prefill is the rest of the prompt. With ``capacity_blocks[0] == 0`` nothing is cached and the
-prefill is the whole prompt.
+store). A request is looked up and its blocks are inserted when its instance first *admits* it (step 3
+below), so a hit depends on what that cache had admitted before, in the fleet's time order. Its reused tokens
+are its reused blocks x ``block_tokens``, less what would leave no prompt token to compute (at least one is
+computed, taken from HBM's share first, then DRAM's, then NVMe's), and its prefill is the rest of the
+prompt. With ``capacity_blocks[0] == 0`` nothing is cached and the prefill is the whole prompt.
 
-Step of one instance (continuous, FCFS, mixed, no preemption)
--------------------------------------------------------------
-1. Every decoding sequence runs one pass and costs ``verify_tokens`` of the ``token_budget``.
-2. The remaining budget goes, in admission order, to running sequences whose prefill is unfinished, each
-   ``min(prefill left, budget left, chunk_tokens)`` (``chunk_tokens == 0``: no cap); then requests are
-   admitted from the queue head, without skipping, while budget is left, fewer than ``max_seqs`` run and the
-   pool holds ``ceil((context + output) / block_tokens)`` blocks for the request; each is looked up in and
-   inserted into the instance's prefix cache, then gets its first chunk.
-3. Step time: bilinear in ``step_time_table`` at (decoding sequences, prefill tokens), clamped, plus
+Step of one instance (continuous, FCFS, mixed)
+----------------------------------------------
+1. KV growth (``P_PREEMPT`` only): every decoding sequence, oldest admission first, that needs more KV
+   blocks for this step's pass takes them; if the pool is short, the most recently admitted running sequence
+   is preempted (possibly the one asking) until the need fits. The victim loses its KV and prefill progress
+   and goes back to the head of the queue (victims of one step keep their admission order); its output so far
+   stays produced, and its recompute prefills the prompt tokens its first admission computed plus that
+   output (no second cache look-up) and emits no first token.
+2. Every decoding sequence runs one pass and costs ``verify_tokens`` of the ``token_budget``.
+3. The remaining budget goes, in admission order, to running sequences whose prefill is unfinished, each
+   ``min(prefill left, budget left, chunk_tokens)`` (``chunk_tokens == 0``: no cap); then, unless the step
+   preempted, requests are admitted from the queue head, without skipping, while budget is left, fewer than
+   ``max_seqs`` run and the pool holds the request's blocks -- ``ceil((context + output) / block_tokens)``,
+   or with ``P_PREEMPT`` those of the context and the output produced so far; a first admission is looked up
+   in and inserted into the prefix cache, then every admitted request gets its first chunk.
+4. Step time: bilinear in ``step_time_table`` at (decoding sequences, prefill tokens), clamped, plus
    ``kv_slope(d) x (S - d x kv_ref_context)`` with ``S`` the summed KV length of the decoding sequences
    (``context + 1 + j x (output - 1) / P`` after ``j`` of ``P`` passes), kept up to date step by step (as in
    the one-instance simulator; equal to a fresh sum up to rounding).
-4. At the end of the step a completed prefill emits the first token (the request finishes there if it has
-   no passes, else decodes from the next step); a sequence that ran its last pass finishes.
+5. At the end of the step a completed prefill emits the first token (the request finishes there if it has
+   no passes left, else decodes from the next step); a sequence that ran its last pass finishes.
 
 Statistics
 ----------
@@ -72,10 +80,10 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
-    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_SEQS, P_TOKEN_BUDGET, P_VERIFY_TOKENS, STAT_END_S,
-    STAT_IN_SYSTEM_INTEGRAL, STAT_STEPS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_DECODE_SEQS_SUM,
-    STAT_WINDOW_DECODE_STEPS, STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _kv_rate, kv_slope_at,
-    prefill_chunk, step_time,
+    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_SEQS, P_PREEMPT, P_TOKEN_BUDGET, P_VERIFY_TOKENS, STAT_END_S,
+    STAT_IN_SYSTEM_INTEGRAL, STAT_PREEMPTIONS, STAT_STEPS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_DECODE_SEQS_SUM,
+    STAT_WINDOW_DECODE_STEPS, STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _kv_rate,
+    _next_block_step, _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
 )
 from mcsim.kernels.kv_tiers import HBM, N_TIERS, admit_blocks, cached_prefix, next_tiers, reset_caches
 
@@ -131,49 +139,86 @@ def _sift_down(busy_t, busy_i, size, j, t, i):
 
 
 @kernel(inline="always")
-def _heap_push_min(heap_step, heap_seq, heap_size, i, step, seq):
-    """Push (step, seq) onto instance ``i``'s min-heap of finishing steps."""
-    j = heap_size[i]
-    heap_size[i] += 1
+def _heap_up(hk1, hk2, hs, pos, i, j):
+    """Sift slot ``j`` of instance ``i``'s heap of sequences ``hs`` (ordered by ``(hk1, hk2)``, kept beside them
+    so that comparisons read contiguous memory; ``pos[s]`` is sequence ``s``'s slot) up."""
+    k1 = hk1[i, j]
+    k2 = hk2[i, j]
+    s = hs[i, j]
     while j > 0:
         parent = (j - 1) // 2
-        if heap_step[i, parent] <= step:
+        if not (k1 < hk1[i, parent] or (k1 == hk1[i, parent] and k2 < hk2[i, parent])):
             break
-        heap_step[i, j] = heap_step[i, parent]
-        heap_seq[i, j] = heap_seq[i, parent]
+        hk1[i, j] = hk1[i, parent]
+        hk2[i, j] = hk2[i, parent]
+        hs[i, j] = hs[i, parent]
+        pos[hs[i, j]] = j
         j = parent
-    heap_step[i, j] = step
-    heap_seq[i, j] = seq
+    hk1[i, j] = k1
+    hk2[i, j] = k2
+    hs[i, j] = s
+    pos[s] = j
 
 
 @kernel(inline="always")
-def _heap_pop_min(heap_step, heap_seq, heap_size, i):
-    """Drop the top of instance ``i``'s min-heap."""
-    heap_size[i] -= 1
-    size = heap_size[i]
-    step = heap_step[i, size]
-    seq = heap_seq[i, size]
-    j = 0
+def _heap_down(hk1, hk2, hs, pos, size, i, j):
+    """Sift slot ``j`` of instance ``i``'s heap of ``size`` sequences down."""
+    k1 = hk1[i, j]
+    k2 = hk2[i, j]
+    s = hs[i, j]
     while True:
         child = 2 * j + 1
         if child >= size:
             break
-        if child + 1 < size and heap_step[i, child + 1] < heap_step[i, child]:
+        if child + 1 < size and (hk1[i, child + 1] < hk1[i, child]
+                                 or (hk1[i, child + 1] == hk1[i, child] and hk2[i, child + 1] < hk2[i, child])):
             child += 1
-        if heap_step[i, child] >= step:
+        if not (hk1[i, child] < k1 or (hk1[i, child] == k1 and hk2[i, child] < k2)):
             break
-        heap_step[i, j] = heap_step[i, child]
-        heap_seq[i, j] = heap_seq[i, child]
+        hk1[i, j] = hk1[i, child]
+        hk2[i, j] = hk2[i, child]
+        hs[i, j] = hs[i, child]
+        pos[hs[i, j]] = j
         j = child
-    heap_step[i, j] = step
-    heap_seq[i, j] = seq
+    hk1[i, j] = k1
+    hk2[i, j] = k2
+    hs[i, j] = s
+    pos[s] = j
+
+
+@kernel(inline="always")
+def _heap_push(hk1, hk2, hs, pos, sizes, i, k1, k2, s):
+    """Add sequence ``s`` under key ``(k1, k2)`` to instance ``i``'s heap."""
+    j = sizes[i]
+    sizes[i] += 1
+    hk1[i, j] = k1
+    hk2[i, j] = k2
+    hs[i, j] = s
+    _heap_up(hk1, hk2, hs, pos, i, j)
+
+
+@kernel(inline="always")
+def _heap_remove(hk1, hk2, hs, pos, sizes, i, s):
+    """Take sequence ``s`` out of instance ``i``'s heap, wherever it is."""
+    j = pos[s]
+    pos[s] = -1
+    sizes[i] -= 1
+    last = sizes[i]
+    if j != last:
+        moved = hs[i, last]
+        hk1[i, j] = hk1[i, last]
+        hk2[i, j] = hk2[i, last]
+        hs[i, j] = moved
+        pos[moved] = j
+        _heap_up(hk1, hk2, hs, pos, i, j)
+        _heap_down(hk1, hk2, hs, pos, sizes[i], i, pos[moved])
 
 
 @kernel
 def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, router_uniform, fixed_instance,
                    block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, router, balance,
-                   balance_requests, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, cache_state,
-                   out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached, out_instance_steps,
+                   balance_requests, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
+                   cache_state, out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached, out_instance_steps,
                    out_stats):
     """Simulate ``K`` instances behind a global router (rules in the module docstring).
 
@@ -242,17 +287,42 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     queue_tail = np.full(k, -1, dtype=np.int64)
     queue_len = np.zeros(k, dtype=np.int64)
     queue_next = np.full(n, -1, dtype=np.int64)
-    # Running = prefilling (a list in admission order) + decoding (counted, their KV summed incrementally, their
-    # finishing steps in a min-heap): a step costs O(prefilling + finishing x log max_seqs), not O(running).
+    preempt = params_int[P_PREEMPT] != 0
+    # Running = prefilling (a list in admission order) + decoding (counted, their KV summed incrementally, the
+    # steps they finish at and, with preemption, next need a KV block at in heaps): a step costs
+    # O(prefilling + (finishing + growing) x log max_seqs), not O(running).
     prefilling = np.empty((k, max_seqs), dtype=np.int64)
     n_prefilling = np.zeros(k, dtype=np.int64)
     n_decoding = np.zeros(k, dtype=np.int64)
+    decoding = np.zeros(n, dtype=np.bool_)
     kv_sum = np.zeros(k)  # summed KV length of the decoding sequences at the next step's pass
     kv_rate = np.zeros(k)  # KV tokens one pass of every decoding sequence adds
-    heap_step = np.empty((k, max_seqs), dtype=np.int64)  # the step (of its instance) a sequence finishes at
-    heap_seq = np.empty((k, max_seqs), dtype=np.int64)
-    heap_size = np.zeros(k, dtype=np.int64)
     step_of = np.zeros(k, dtype=np.int64)  # steps each instance has run
+    # The heaps: per instance, sequences with their keys beside them; a sequence's slot in ``*_pos``.
+    finish_k1 = np.empty((k, max_seqs), dtype=np.int64)  # the step (of its instance) it finishes at
+    finish_k2 = np.empty((k, max_seqs), dtype=np.int64)
+    finish_s = np.empty((k, max_seqs), dtype=np.int64)
+    finish_size = np.zeros(k, dtype=np.int64)
+    finish_pos = np.full(n, -1, dtype=np.int64)
+    n_grow = max_seqs if preempt else 1
+    grow_k1 = np.empty((k, n_grow), dtype=np.int64)  # the step it next needs a KV block at
+    grow_k2 = np.empty((k, n_grow), dtype=np.int64)  # its admission rank: oldest first
+    grow_s = np.empty((k, n_grow), dtype=np.int64)
+    grow_size = np.zeros(k, dtype=np.int64)
+    grow_pos = np.full(n, -1, dtype=np.int64)
+    stamp = np.zeros(n, dtype=np.int64)  # admission rank: the grow heap's tie-break, oldest first
+    admissions = 0
+    # Preemption: running sequences in admission order (doubly linked; the victim is the tail), the passes a
+    # sequence had run before its current stint of decoding and the step that stint began at.
+    run_prev = np.full(n, -1, dtype=np.int64)
+    run_next = np.full(n, -1, dtype=np.int64)
+    run_tail = np.full(k, -1, dtype=np.int64)
+    passes_done = np.zeros(n, dtype=np.int64)
+    decode_start = np.zeros(n, dtype=np.int64)
+    first_done = np.zeros(n, dtype=np.bool_)
+    admitted_once = np.zeros(n, dtype=np.bool_)
+    miss = np.zeros(n, dtype=np.int64)  # prompt tokens the first admission had to compute
+    preemptions = 0
     prefill_left = np.zeros(n, dtype=np.int64)
     held = np.zeros(n, dtype=np.int64)
     chunk = np.zeros(n, dtype=np.int64)
@@ -303,6 +373,54 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 i = sweep
             t = clock[i]
             in_flight = n_prefilling[i] + n_decoding[i] + queue_len[i]
+            this_step = step_of[i] + 1
+            preempted = False
+            if preempt:
+                # KV growth, oldest admission first; the newest running sequence is preempted until it fits.
+                while grow_size[i] > 0 and grow_k1[i, 0] <= this_step:
+                    g = grow_s[i, 0]
+                    _heap_remove(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, g)
+                    this_pass = passes_done[g] + (this_step - decode_start[g]) + 1
+                    tokens = context_tokens[g] + _tokens_after(output_tokens[g], passes[g], this_pass)
+                    need = (tokens + block_tokens - 1) // block_tokens - held[g]
+                    while free_blocks[i] < need:
+                        victim = run_tail[i]
+                        run_tail[i] = run_prev[victim]
+                        if run_tail[i] >= 0:
+                            run_next[run_tail[i]] = -1
+                        if decoding[victim]:
+                            passes_done[victim] += this_step - decode_start[victim]
+                            _heap_remove(finish_k1, finish_k2, finish_s, finish_pos, finish_size, i, victim)
+                            if grow_pos[victim] >= 0:
+                                _heap_remove(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, victim)
+                            decoding[victim] = False
+                            n_decoding[i] -= 1
+                            rate = _kv_rate(output_tokens[victim], passes[victim])
+                            kv_sum[i] -= context_tokens[victim] + 1 + passes_done[victim] * rate
+                            kv_rate[i] -= rate
+                        else:  # the newest running sequence still prefilling is the prefilling list's last
+                            n_prefilling[i] -= 1
+                        free_blocks[i] += held[victim]
+                        held[victim] = 0
+                        queue_next[victim] = queue_head[i]  # back at the head of the queue
+                        queue_head[i] = victim
+                        if queue_tail[i] < 0:
+                            queue_tail[i] = victim
+                        queue_len[i] += 1
+                        preemptions += 1
+                        preempted = True
+                        if victim == g:
+                            break
+                    if decoding[g]:
+                        free_blocks[i] -= need
+                        held[g] += need
+                        grow = _next_block_step(context_tokens[g], output_tokens[g], passes[g], block_tokens,
+                                                held[g], passes_done[g], decode_start[g])
+                        if grow >= 0:
+                            _heap_push(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, grow, stamp[g], g)
+                if n_decoding[i] == 0:
+                    kv_sum[i] = 0.0
+                    kv_rate[i] = 0.0
             decode_seqs = n_decoding[i]
             kv = kv_sum[i]
             budget_left = max(0, token_budget - decode_seqs * verify_tokens)
@@ -313,9 +431,13 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 chunk[s] = c
                 prefill += c
                 budget_left -= c
-            while budget_left > 0 and queue_len[i] > 0 and n_prefilling[i] + n_decoding[i] < max_seqs:
+            while not preempted and budget_left > 0 and queue_len[i] > 0 and n_prefilling[i] + n_decoding[i] < max_seqs:
                 s = queue_head[i]
-                need = (context_tokens[s] + output_tokens[s] + block_tokens - 1) // block_tokens
+                if preempt:
+                    tokens = context_tokens[s] + _tokens_after(output_tokens[s], passes[s], passes_done[s])
+                else:
+                    tokens = context_tokens[s] + output_tokens[s]
+                need = (tokens + block_tokens - 1) // block_tokens
                 if need > free_blocks[i]:
                     break
                 queue_head[i] = queue_next[s]
@@ -324,6 +446,26 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                     queue_tail[i] = -1
                 free_blocks[i] -= need
                 held[s] = need
+                stamp[s] = admissions
+                admissions += 1
+                if preempt:
+                    run_prev[s] = run_tail[i]
+                    run_next[s] = -1
+                    if run_tail[i] >= 0:
+                        run_next[run_tail[i]] = s
+                    run_tail[i] = s
+                prefilling[i, n_prefilling[i]] = s
+                n_prefilling[i] += 1
+                if admitted_once[s]:  # a recompute after preemption: the prompt and the output produced so far
+                    prefill_left[s] = miss[s]
+                    if first_done[s]:
+                        prefill_left[s] += _tokens_after(output_tokens[s], passes[s], passes_done[s])
+                    c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
+                    chunk[s] = c
+                    prefill += c
+                    budget_left -= c
+                    continue
+                admitted_once[s] = True
                 cached = 0
                 if caching:
                     hits[0, :] = 0
@@ -338,10 +480,9 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                         out_cached[s, tier] = tokens - take
                         excess -= take
                         cached += tokens - take
-                prefill_left[s] = max(prompt_tokens[s] - cached, 1)
+                miss[s] = max(prompt_tokens[s] - cached, 1)
+                prefill_left[s] = miss[s]
                 out_queue_s[s] = t - arrival_s[s]
-                prefilling[i, n_prefilling[i]] = s
-                n_prefilling[i] += 1
                 c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
                 chunk[s] = c
                 prefill += c
@@ -370,9 +511,14 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             # Every decoding sequence ran its pass; those at their last one finish.
             step_of[i] += 1
             kv_sum[i] += kv_rate[i]
-            while heap_size[i] > 0 and heap_step[i, 0] == step_of[i]:
-                s = heap_seq[i, 0]
-                _heap_pop_min(heap_step, heap_seq, heap_size, i)
+            while finish_size[i] > 0 and finish_k1[i, 0] == step_of[i]:
+                s = finish_s[i, 0]
+                _heap_remove(finish_k1, finish_k2, finish_s, finish_pos, finish_size, i, s)
+                if grow_pos[s] >= 0:
+                    _heap_remove(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, s)
+                if preempt:
+                    run_tail[i] = unlink_running(run_prev, run_next, run_tail[i], s)
+                decoding[s] = False
                 rate = _kv_rate(output_tokens[s], passes[s])
                 kv_sum[i] -= context_tokens[s] + 1 + passes[s] * rate
                 kv_rate[i] -= rate
@@ -391,17 +537,30 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                     prefill_left[s] -= chunk[s]
                     chunk[s] = 0
                     if prefill_left[s] == 0:
-                        out_first_token_s[s] = t_end
-                        if passes[s] == 0:
+                        if not first_done[s]:  # (not after a recompute)
+                            first_done[s] = True
+                            out_first_token_s[s] = t_end
+                        passes_left = passes[s] - passes_done[s]
+                        if passes_left == 0:
                             free_blocks[i] += held[s]
                             held[s] = 0
+                            if preempt:
+                                run_tail[i] = unlink_running(run_prev, run_next, run_tail[i], s)
                             out_finish_s[s] = t_end
                         else:
                             rate = _kv_rate(output_tokens[s], passes[s])
-                            kv_sum[i] += context_tokens[s] + 1
+                            kv_sum[i] += context_tokens[s] + 1 + passes_done[s] * rate
                             kv_rate[i] += rate
                             n_decoding[i] += 1
-                            _heap_push_min(heap_step, heap_seq, heap_size, i, step_of[i] + passes[s], s)
+                            decoding[s] = True
+                            decode_start[s] = step_of[i] + 1
+                            _heap_push(finish_k1, finish_k2, finish_s, finish_pos, finish_size, i,
+                                       step_of[i] + passes_left, s, s)
+                            if preempt:
+                                grow = _next_block_step(context_tokens[s], output_tokens[s], passes[s],
+                                                        block_tokens, held[s], passes_done[s], decode_start[s])
+                                if grow >= 0:
+                                    _heap_push(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, grow, stamp[s], s)
                         continue
                 prefilling[i, kept] = s
                 kept += 1
@@ -469,6 +628,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             out_stats[STAT_WAITING_AT_WINDOW_END] = waiting
 
     out_stats[STAT_STEPS] = steps
+    out_stats[STAT_PREEMPTIONS] = preemptions
     out_stats[STAT_WINDOW_END_S] = window_end
     out_stats[STAT_IN_SYSTEM_INTEGRAL] = in_system_integral
     out_stats[STAT_WINDOW_STEPS] = window_steps

@@ -3,9 +3,9 @@
 :func:`simulate_fleet_batching` replays a workload through :mod:`mcsim.kernels.fleet_batching` (whose
 docstring states every rule): each arrival is routed, from the instances' state at its arrival time, by one of
 :data:`ROUTERS`, and every instance runs continuous batching (FCFS, mixed prefill/decode, whole-request KV
-reservation, so no preemption) with the same step-time table and, when given one, its own tiered prefix cache,
-looked up and filled as it admits requests. The latency quantiles are over the requests of all instances;
-``instance_load_imbalance`` is the largest number of measured requests one instance served over the mean.
+reservation, or KV growth with preemption by recompute) with the same step-time table and, when given one, its
+own tiered prefix cache (or a pooled one), looked up and filled as it admits requests. The latency quantiles
+are over the requests of all instances; ``instance_load_imbalance`` is the largest number of measured requests one instance served over the mean.
 
 This is the ``deployment.fleet_simulation = "replicas"`` mode; the default, ``"representative"``, simulates
 one instance that receives ``1/K`` of the arrivals (:func:`mcsim.perf.batching.simulate_batching`) with hits
@@ -33,8 +33,8 @@ ROUTING_POLICIES = ("random", "round-robin", "prefix-affinity", "cache-aware", "
                     "least-kv")
 FLEET_SIMULATIONS = ("representative", "replicas")
 #: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
-#: continuous FCFS (chunked prefill included) in an open loop, no admission cap, a router of :data:`ROUTERS`. Read by the scenario check (plain values) and the pool simulator (values drawn from
-#: distributions).
+#: continuous FCFS (chunked prefill included) in an open loop, no admission cap, a router of :data:`ROUTERS`.
+#: Read by the scenario check (plain values) and the pool simulator (values drawn from distributions).
 REPLICA_NEEDS = {"deployment.batching": ("continuous",),
                  "deployment.scheduler": ("fcfs", "chunked-prefill"), "deployment.max_new_per_step": (0,),
                  "performance.closed_loop_users": (0,), "deployment.routing": ROUTERS}
@@ -126,6 +126,7 @@ def simulate_fleet_batching(
     block_tokens: int = 16,
     chunk_tokens: int = 0,
     verify_tokens: int = 1,
+    preempt: bool = False,
     warmup_s: float = 0.0,
     measured_from: int | None = None,
     measured=None,
@@ -160,6 +161,9 @@ def simulate_fleet_batching(
     block_tokens, chunk_tokens, verify_tokens, warmup_s, steady_tolerance
         Per instance, as in :func:`mcsim.perf.batching.simulate_batching` (``kv_blocks`` is one instance's pool;
         default: room for every request at once; ``block_tokens`` is also the cache's block).
+    preempt : bool
+        Allocate KV as sequences grow and preempt (recompute) the newest running sequence when an instance's
+        pool runs out (``performance.preempt``); False: admission reserves the whole request.
     measured_from : int, optional
         Measure requests ``measured_from:`` (by index, the cache's warm-up before them); the window then starts
         at that request's arrival and ``warmup_s`` is not read.
@@ -246,6 +250,7 @@ def simulate_fleet_batching(
         raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens >= 0")
     params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                                     verify_tokens)
+    params[one_instance.P_PREEMPT] = int(bool(preempt))
     # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
     fixed = affinity_instances(ptr, ids, uniform, k) if code == kernel.ROUTER_FIXED else np.zeros(n, np.int64)
     pooled = router == "pooled"
@@ -264,9 +269,9 @@ def simulate_fleet_batching(
     instance_steps = np.zeros(k, np.int64)
     stats = np.zeros(one_instance.N_STATS)
     status = kernel.simulate_fleet(arrival, prompt, context, output, passes, uniform, fixed, ptr, keys, stride,
-                                   capacity, pooled, params, code, float(balance), int(balance_requests), float(warmup_s),
-                                   table, d_edges, p_edges, slope, float(kv_ref_context), cache_state, instance,
-                                   first_token, finish, queue, cached, instance_steps, stats)
+                                   capacity, pooled, params, code, float(balance), int(balance_requests),
+                                   float(warmup_s), table, d_edges, p_edges, slope, float(kv_ref_context), cache_state,
+                                   instance, first_token, finish, queue, cached, instance_steps, stats)
     if status != kernel.STATUS_OK:
         raise RuntimeError("the fleet simulation stalled (a step with nothing to run)")
     per_request = {"instance": instance, "cached_tokens": cached,

@@ -238,7 +238,8 @@ class PoolSimulator:
             balance_requests=p["deployment.routing_balance_requests"], step_time_table=table,
             decode_edges=self.d_edges, prefill_edges=p_edges, kv_slope=self.kv_slope,
             kv_ref_context=self.model.decode_context, token_budget=self.budget, max_seqs=self.max_seqs,
-            kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk, measured_from=w.measured_from,
+            kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk,
+            preempt=bool(p["performance.preempt"]), measured_from=w.measured_from,
             steady_tolerance=p["mc.queue_steady_state_tolerance"])
         fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=None)
         restore = fp["cached_tokens"] @ np.asarray(w.restore_s_per_token)
@@ -312,7 +313,7 @@ class PoolSimulator:
             router_uniform=w.router_uniform[order], step_time_table=table, decode_edges=self.d_edges,
             prefill_edges=p_edges, kv_slope=self.kv_slope, kv_ref_context=self.model.decode_context,
             token_budget=self.budget, max_seqs=self.max_seqs, kv_blocks=self.kv_blocks, block_tokens=w.block,
-            chunk_tokens=self.chunk, measured=prefill["measured"][order],
+            chunk_tokens=self.chunk, preempt=bool(p["performance.preempt"]), measured=prefill["measured"][order],
             steady_tolerance=p["mc.queue_steady_state_tolerance"])
         back = np.empty_like(order)
         back[order] = np.arange(m)

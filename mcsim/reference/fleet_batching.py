@@ -31,6 +31,15 @@ class _Request:
     passes_done: int = 0
     decoding: bool = False
     held_blocks: int = 0
+    admitted_once: bool = False
+    first_token_done: bool = False
+    miss: int = 0
+
+    def tokens_after(self, passes_done: int) -> int:
+        """Output tokens produced once ``passes_done`` decode passes ran (the first token included)."""
+        if self.passes == 0:
+            return 1
+        return 1 + passes_done * (self.output - 1) // self.passes
 
 
 @dataclass
@@ -50,12 +59,14 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                              n_instances, router, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                              verify_tokens, step_time_table, decode_edges, prefill_edges, kv_slope=None,
                              kv_ref_context=0.0, block_lists=None, fixed_instance=None, capacity_blocks=(0, 0, 0),
-                             balance=0.25, balance_requests=64, warmup_s=0.0):
+                             balance=0.25, balance_requests=64, warmup_s=0.0, preempt=False):
     """Simulate ``n_instances`` replicas behind a router, one fleet-wide event at a time.
 
     Parameters are those of :func:`mcsim.kernels.fleet_batching.simulate_fleet` as Python sequences and
     scalars, with ``router`` by name (one of :data:`ROUTERS`), the per-instance settings by keyword, the prompt
     blocks as one list per request (``block_lists``) and the prefix-affinity instances as ``fixed_instance``.
+    ``preempt``: KV grows with each pass and the newest running sequence is preempted (recomputed) when an
+    instance's pool runs out, the rules of :func:`mcsim.reference.batching.simulate_reference`.
 
     Returns
     -------
@@ -84,7 +95,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
     cached = [(0, 0, 0)] * n
     stats = dict(steps=0, window_end_s=float(arrival_s[-1]), in_system_integral=0.0, window_steps=0,
                  window_step_s_sum=0.0, window_decode_seqs_sum=0, window_decode_steps=0,
-                 waiting_at_window_end=0, end_s=0.0)
+                 waiting_at_window_end=0, end_s=0.0, preemptions=0)
     first_token = [math.nan] * n
     finish = [math.nan] * n
     queue = [math.nan] * n
@@ -93,9 +104,33 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
         size = min(req.prefill_left, budget_left)
         return min(size, chunk_tokens) if chunk_tokens > 0 else size
 
+    def blocks(tokens):
+        return -(-tokens // block_tokens)
+
     def step(node, inside_window):
         t = node.clock
         in_flight = len(node.waiting) + len(node.running)
+        preempted = False
+        if preempt:  # KV growth, oldest admission first; the newest running sequence goes until it fits
+            for s in [q for q in node.running if q.decoding]:
+                if not s.decoding:
+                    continue
+                need = blocks(s.context + s.tokens_after(s.passes_done + 1)) - s.held_blocks
+                if need <= 0:
+                    continue
+                while node.free_blocks < need:
+                    victim = node.running.pop()
+                    preempted = True
+                    stats["preemptions"] += 1
+                    node.free_blocks += victim.held_blocks
+                    victim.held_blocks = 0
+                    victim.decoding = False
+                    node.waiting.appendleft(victim)
+                    if victim is s:
+                        break
+                if s.decoding:
+                    node.free_blocks -= need
+                    s.held_blocks += need
         decoders = [q for q in node.running if q.decoding]
         budget_left = max(0, token_budget - len(decoders) * verify_tokens)
         chunks = []
@@ -106,14 +141,22 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                 c = chunk(q, budget_left)
                 chunks.append((q, c))
                 budget_left -= c
-        while budget_left > 0 and node.waiting and len(node.running) < max_seqs:
+        while not preempted and budget_left > 0 and node.waiting and len(node.running) < max_seqs:
             q = node.waiting[0]
-            need = -(-(q.context + q.output) // block_tokens)
+            need = blocks(q.context + (q.tokens_after(q.passes_done) if preempt else q.output))
             if need > node.free_blocks:
                 break
             node.waiting.popleft()
             node.free_blocks -= need
             q.held_blocks = need
+            node.running.append(q)
+            if q.admitted_once:  # a recompute: the prompt left to compute and the output produced so far
+                q.prefill_left = q.miss + (q.tokens_after(q.passes_done) if q.first_token_done else 0)
+                c = chunk(q, budget_left)
+                chunks.append((q, c))
+                budget_left -= c
+                continue
+            q.admitted_once = True
             reused = [0, 0, 0]
             if node.cache is not None:
                 reused = [h * block_tokens for h in node.cache.admit(q.blocks)]
@@ -123,9 +166,9 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                     reused[tier] -= take
                     excess -= take
             cached[q.index] = tuple(reused)
-            q.prefill_left = max(q.prompt - sum(reused), 1)
+            q.miss = max(q.prompt - sum(reused), 1)
+            q.prefill_left = q.miss
             queue[q.index] = t - q.arrival
-            node.running.append(q)
             c = chunk(q, budget_left)
             chunks.append((q, c))
             budget_left -= c
@@ -162,8 +205,10 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
         for q, c in chunks:
             q.prefill_left -= c
             if q.prefill_left == 0:
-                first_token[q.index] = t_end
-                if q.passes == 0:
+                if not q.first_token_done:  # (not after a recompute)
+                    q.first_token_done = True
+                    first_token[q.index] = t_end
+                if q.passes_done == q.passes:
                     finished.append(q)
                 else:
                     q.decoding = True
