@@ -85,6 +85,7 @@ from mcsim.kernels.batching_helpers import (
     STAT_WINDOW_DECODE_STEPS, STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _kv_rate,
     _next_block_step, _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
 )
+from mcsim.kernels.fleet_heaps import heap_push, heap_remove, sift_down, sift_up
 from mcsim.kernels.kv_tiers import HBM, N_TIERS, admit_blocks, cached_prefix, next_tiers, reset_caches
 
 # Router codes (mcsim.perf.fleet_batching names them).
@@ -98,120 +99,6 @@ ROUTER_CACHE_AWARE = 5
 # Return codes.
 STATUS_OK = 0
 STATUS_STALLED = 1  # a step with nothing to run (a validated input never produces one)
-
-
-@kernel(inline="always")
-def _before(t_a, i_a, t_b, i_b):
-    return t_a < t_b or (t_a == t_b and i_a < i_b)
-
-
-@kernel(inline="always")
-def _sift_up(busy_t, busy_i, size, t, i):
-    """Insert instance ``i`` starting its next step at ``t`` into the heap of ``size`` busy instances."""
-    j = size
-    while j > 0:
-        parent = (j - 1) // 2
-        if not _before(t, i, busy_t[parent], busy_i[parent]):
-            break
-        busy_t[j] = busy_t[parent]
-        busy_i[j] = busy_i[parent]
-        j = parent
-    busy_t[j] = t
-    busy_i[j] = i
-
-
-@kernel(inline="always")
-def _sift_down(busy_t, busy_i, size, j, t, i):
-    """Put (``t``, ``i``) at slot ``j`` of the heap of ``size`` busy instances and sift it down."""
-    while True:
-        child = 2 * j + 1
-        if child >= size:
-            break
-        if child + 1 < size and _before(busy_t[child + 1], busy_i[child + 1], busy_t[child], busy_i[child]):
-            child += 1
-        if not _before(busy_t[child], busy_i[child], t, i):
-            break
-        busy_t[j] = busy_t[child]
-        busy_i[j] = busy_i[child]
-        j = child
-    busy_t[j] = t
-    busy_i[j] = i
-
-
-@kernel(inline="always")
-def _heap_up(hk1, hk2, hs, pos, i, j):
-    """Sift slot ``j`` of instance ``i``'s heap of sequences ``hs`` (ordered by ``(hk1, hk2)``, kept beside them
-    so that comparisons read contiguous memory; ``pos[s]`` is sequence ``s``'s slot) up."""
-    k1 = hk1[i, j]
-    k2 = hk2[i, j]
-    s = hs[i, j]
-    while j > 0:
-        parent = (j - 1) // 2
-        if not (k1 < hk1[i, parent] or (k1 == hk1[i, parent] and k2 < hk2[i, parent])):
-            break
-        hk1[i, j] = hk1[i, parent]
-        hk2[i, j] = hk2[i, parent]
-        hs[i, j] = hs[i, parent]
-        pos[hs[i, j]] = j
-        j = parent
-    hk1[i, j] = k1
-    hk2[i, j] = k2
-    hs[i, j] = s
-    pos[s] = j
-
-
-@kernel(inline="always")
-def _heap_down(hk1, hk2, hs, pos, size, i, j):
-    """Sift slot ``j`` of instance ``i``'s heap of ``size`` sequences down."""
-    k1 = hk1[i, j]
-    k2 = hk2[i, j]
-    s = hs[i, j]
-    while True:
-        child = 2 * j + 1
-        if child >= size:
-            break
-        if child + 1 < size and (hk1[i, child + 1] < hk1[i, child]
-                                 or (hk1[i, child + 1] == hk1[i, child] and hk2[i, child + 1] < hk2[i, child])):
-            child += 1
-        if not (hk1[i, child] < k1 or (hk1[i, child] == k1 and hk2[i, child] < k2)):
-            break
-        hk1[i, j] = hk1[i, child]
-        hk2[i, j] = hk2[i, child]
-        hs[i, j] = hs[i, child]
-        pos[hs[i, j]] = j
-        j = child
-    hk1[i, j] = k1
-    hk2[i, j] = k2
-    hs[i, j] = s
-    pos[s] = j
-
-
-@kernel(inline="always")
-def _heap_push(hk1, hk2, hs, pos, sizes, i, k1, k2, s):
-    """Add sequence ``s`` under key ``(k1, k2)`` to instance ``i``'s heap."""
-    j = sizes[i]
-    sizes[i] += 1
-    hk1[i, j] = k1
-    hk2[i, j] = k2
-    hs[i, j] = s
-    _heap_up(hk1, hk2, hs, pos, i, j)
-
-
-@kernel(inline="always")
-def _heap_remove(hk1, hk2, hs, pos, sizes, i, s):
-    """Take sequence ``s`` out of instance ``i``'s heap, wherever it is."""
-    j = pos[s]
-    pos[s] = -1
-    sizes[i] -= 1
-    last = sizes[i]
-    if j != last:
-        moved = hs[i, last]
-        hk1[i, j] = hk1[i, last]
-        hk2[i, j] = hk2[i, last]
-        hs[i, j] = moved
-        pos[moved] = j
-        _heap_up(hk1, hk2, hs, pos, i, j)
-        _heap_down(hk1, hk2, hs, pos, sizes[i], i, pos[moved])
 
 
 @kernel
@@ -379,7 +266,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 # KV growth, oldest admission first; the newest running sequence is preempted until it fits.
                 while grow_size[i] > 0 and grow_k1[i, 0] <= this_step:
                     g = grow_s[i, 0]
-                    _heap_remove(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, g)
+                    heap_remove(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, g)
                     this_pass = passes_done[g] + (this_step - decode_start[g]) + 1
                     tokens = context_tokens[g] + _tokens_after(output_tokens[g], passes[g], this_pass)
                     need = (tokens + block_tokens - 1) // block_tokens - held[g]
@@ -390,9 +277,9 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                             run_next[run_tail[i]] = -1
                         if decoding[victim]:
                             passes_done[victim] += this_step - decode_start[victim]
-                            _heap_remove(finish_k1, finish_k2, finish_s, finish_pos, finish_size, i, victim)
+                            heap_remove(finish_k1, finish_k2, finish_s, finish_pos, finish_size, i, victim)
                             if grow_pos[victim] >= 0:
-                                _heap_remove(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, victim)
+                                heap_remove(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, victim)
                             decoding[victim] = False
                             n_decoding[i] -= 1
                             rate = _kv_rate(output_tokens[victim], passes[victim])
@@ -417,7 +304,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                         grow = _next_block_step(context_tokens[g], output_tokens[g], passes[g], block_tokens,
                                                 held[g], passes_done[g], decode_start[g])
                         if grow >= 0:
-                            _heap_push(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, grow, stamp[g], g)
+                            heap_push(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, grow, stamp[g], g)
                 if n_decoding[i] == 0:
                     kv_sum[i] = 0.0
                     kv_rate[i] = 0.0
@@ -513,9 +400,9 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             kv_sum[i] += kv_rate[i]
             while finish_size[i] > 0 and finish_k1[i, 0] == step_of[i]:
                 s = finish_s[i, 0]
-                _heap_remove(finish_k1, finish_k2, finish_s, finish_pos, finish_size, i, s)
+                heap_remove(finish_k1, finish_k2, finish_s, finish_pos, finish_size, i, s)
                 if grow_pos[s] >= 0:
-                    _heap_remove(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, s)
+                    heap_remove(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, s)
                 if preempt:
                     run_tail[i] = unlink_running(run_prev, run_next, run_tail[i], s)
                 decoding[s] = False
@@ -554,13 +441,13 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                             n_decoding[i] += 1
                             decoding[s] = True
                             decode_start[s] = step_of[i] + 1
-                            _heap_push(finish_k1, finish_k2, finish_s, finish_pos, finish_size, i,
+                            heap_push(finish_k1, finish_k2, finish_s, finish_pos, finish_size, i,
                                        step_of[i] + passes_left, s, s)
                             if preempt:
                                 grow = _next_block_step(context_tokens[s], output_tokens[s], passes[s],
                                                         block_tokens, held[s], passes_done[s], decode_start[s])
                                 if grow >= 0:
-                                    _heap_push(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, grow, stamp[s], s)
+                                    heap_push(grow_k1, grow_k2, grow_s, grow_pos, grow_size, i, grow, stamp[s], s)
                         continue
                 prefilling[i, kept] = s
                 kept += 1
@@ -568,11 +455,11 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             clock[i] = t_end
             if pooled:
                 if n_prefilling[i] + n_decoding[i] + queue_len[i] > 0:
-                    _sift_down(busy_t, busy_i, n_busy, 0, t_end, i)
+                    sift_down(busy_t, busy_i, n_busy, 0, t_end, i)
                 else:
                     n_busy -= 1
                     if n_busy > 0:
-                        _sift_down(busy_t, busy_i, n_busy, 0, busy_t[n_busy], busy_i[n_busy])
+                        sift_down(busy_t, busy_i, n_busy, 0, busy_t[n_busy], busy_i[n_busy])
         if r == n:
             break
 
@@ -613,7 +500,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         if n_prefilling[chosen] + n_decoding[chosen] == 0 and queue_len[chosen] == 0:
             clock[chosen] = max(clock[chosen], arrival_s[r])
             if pooled:
-                _sift_up(busy_t, busy_i, n_busy, clock[chosen], chosen)
+                sift_up(busy_t, busy_i, n_busy, clock[chosen], chosen)
                 n_busy += 1
         if queue_tail[chosen] >= 0:
             queue_next[queue_tail[chosen]] = r

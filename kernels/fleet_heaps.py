@@ -1,0 +1,129 @@
+"""Inline heaps of the fleet simulator (:mod:`mcsim.kernels.fleet_batching`).
+
+- The busy instances by (next step start, instance index): ``sift_up`` / ``sift_down`` on flat arrays, used
+  when a pooled cache makes the fleet run its steps in time order.
+- Per instance, heaps of sequences under an integer key pair (the step a sequence finishes at, or next needs a
+  KV block at, and a tie-break), the keys kept beside the ids so that comparisons read contiguous memory and a
+  sequence's slot kept in ``pos`` so that a preempted sequence leaves them wherever it is: ``heap_push``,
+  ``heap_remove`` (and ``heap_up`` / ``heap_down``).
+
+They are ``inline="always"``, as the step loop's other helpers (:mod:`mcsim.kernels.batching_helpers`).
+"""
+
+from __future__ import annotations
+
+from mcsim.accelerate import kernel
+
+
+@kernel(inline="always")
+def _before(t_a, i_a, t_b, i_b):
+    return t_a < t_b or (t_a == t_b and i_a < i_b)
+
+
+@kernel(inline="always")
+def sift_up(busy_t, busy_i, size, t, i):
+    """Insert instance ``i`` starting its next step at ``t`` into the heap of ``size`` busy instances."""
+    j = size
+    while j > 0:
+        parent = (j - 1) // 2
+        if not _before(t, i, busy_t[parent], busy_i[parent]):
+            break
+        busy_t[j] = busy_t[parent]
+        busy_i[j] = busy_i[parent]
+        j = parent
+    busy_t[j] = t
+    busy_i[j] = i
+
+
+@kernel(inline="always")
+def sift_down(busy_t, busy_i, size, j, t, i):
+    """Put (``t``, ``i``) at slot ``j`` of the heap of ``size`` busy instances and sift it down."""
+    while True:
+        child = 2 * j + 1
+        if child >= size:
+            break
+        if child + 1 < size and _before(busy_t[child + 1], busy_i[child + 1], busy_t[child], busy_i[child]):
+            child += 1
+        if not _before(busy_t[child], busy_i[child], t, i):
+            break
+        busy_t[j] = busy_t[child]
+        busy_i[j] = busy_i[child]
+        j = child
+    busy_t[j] = t
+    busy_i[j] = i
+
+
+@kernel(inline="always")
+def heap_up(hk1, hk2, hs, pos, i, j):
+    """Sift slot ``j`` of instance ``i``'s heap of sequences ``hs`` (ordered by ``(hk1, hk2)``, kept beside them
+    so that comparisons read contiguous memory; ``pos[s]`` is sequence ``s``'s slot) up."""
+    k1 = hk1[i, j]
+    k2 = hk2[i, j]
+    s = hs[i, j]
+    while j > 0:
+        parent = (j - 1) // 2
+        if not (k1 < hk1[i, parent] or (k1 == hk1[i, parent] and k2 < hk2[i, parent])):
+            break
+        hk1[i, j] = hk1[i, parent]
+        hk2[i, j] = hk2[i, parent]
+        hs[i, j] = hs[i, parent]
+        pos[hs[i, j]] = j
+        j = parent
+    hk1[i, j] = k1
+    hk2[i, j] = k2
+    hs[i, j] = s
+    pos[s] = j
+
+
+@kernel(inline="always")
+def heap_down(hk1, hk2, hs, pos, size, i, j):
+    """Sift slot ``j`` of instance ``i``'s heap of ``size`` sequences down."""
+    k1 = hk1[i, j]
+    k2 = hk2[i, j]
+    s = hs[i, j]
+    while True:
+        child = 2 * j + 1
+        if child >= size:
+            break
+        if child + 1 < size and (hk1[i, child + 1] < hk1[i, child]
+                                 or (hk1[i, child + 1] == hk1[i, child] and hk2[i, child + 1] < hk2[i, child])):
+            child += 1
+        if not (hk1[i, child] < k1 or (hk1[i, child] == k1 and hk2[i, child] < k2)):
+            break
+        hk1[i, j] = hk1[i, child]
+        hk2[i, j] = hk2[i, child]
+        hs[i, j] = hs[i, child]
+        pos[hs[i, j]] = j
+        j = child
+    hk1[i, j] = k1
+    hk2[i, j] = k2
+    hs[i, j] = s
+    pos[s] = j
+
+
+@kernel(inline="always")
+def heap_push(hk1, hk2, hs, pos, sizes, i, k1, k2, s):
+    """Add sequence ``s`` under key ``(k1, k2)`` to instance ``i``'s heap."""
+    j = sizes[i]
+    sizes[i] += 1
+    hk1[i, j] = k1
+    hk2[i, j] = k2
+    hs[i, j] = s
+    heap_up(hk1, hk2, hs, pos, i, j)
+
+
+@kernel(inline="always")
+def heap_remove(hk1, hk2, hs, pos, sizes, i, s):
+    """Take sequence ``s`` out of instance ``i``'s heap, wherever it is."""
+    j = pos[s]
+    pos[s] = -1
+    sizes[i] -= 1
+    last = sizes[i]
+    if j != last:
+        moved = hs[i, last]
+        hk1[i, j] = hk1[i, last]
+        hk2[i, j] = hk2[i, last]
+        hs[i, j] = moved
+        pos[moved] = j
+        heap_up(hk1, hk2, hs, pos, i, j)
+        heap_down(hk1, hk2, hs, pos, sizes[i], i, pos[moved])
