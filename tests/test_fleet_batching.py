@@ -303,6 +303,8 @@ def test_replicas_with_prefix_affinity_reproduce_the_cache_stage():
         np.testing.assert_array_equal(replicas[name].values, representative[name].values, err_msg=name)
     assert np.isnan(representative.instance_load_imbalance.values).all()
     assert np.all(replicas.instance_load_imbalance.values >= 1.0)
+    assert (representative.attrs["fleet_simulation"], replicas.attrs["fleet_simulation"]) == ("representative",
+                                                                                              "replicas")
 
 
 def test_cache_aware_replicas_reuse_more_than_random_and_answer_sooner():

@@ -480,7 +480,8 @@ def run_attrs(plan: Plan, command: str | None, fingerprint: str, reused: int, re
         "parts_recomputed": recomputed,
     })
     attrs["workload"] = _workload_over_grid(plan, attrs["workload"])
-    for path, key in (("performance.fidelity", "fidelity"), ("deployment.fleet", "fleet")):
+    for path, key in (("performance.fidelity", "fidelity"), ("deployment.fleet", "fleet"),
+                      ("deployment.fleet_simulation", "fleet_simulation")):
         if any(axis.path == path for axis in plan.axes):
             attrs[key] = f"swept: see the {results.dataset_name(path)} coordinate"
     note = pricing_note(plan.scn, list(plan.axes))

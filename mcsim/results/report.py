@@ -140,6 +140,8 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False, at: di
 def _write_report_files(ds, layout, metrics, out: Path) -> None:
     if metrics is None:
         quantity_names = [n for n in HEADLINE if n in ds] + [n for n in ("ttft_s", "tpot_s") if n in ds]
+        # Simulated replicas: how evenly the router spread the requests.
+        quantity_names += [n for n in ("instance_load_imbalance",) if n in ds and bool(np.isfinite(ds[n]).any())]
         sensitivity_names = [n for n in SENSITIVITY_OUTPUTS if n in ds]
     else:
         quantity_names = sensitivity_names = list(dict.fromkeys(metrics))
@@ -317,6 +319,8 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
            ("uncertain inputs", f"{len(inputs)}" + (f": {', '.join(f'`{path_of(ds, n)}`' for n in inputs)}"
                                                      if inputs else "")),
            ("workload", markdown_text(attrs.get("workload", "?"))),
+           ("model", markdown_text(f"fidelity {attrs.get('fidelity', '?')}; fleet {attrs.get('fleet', '?')}; "
+                                   f"fleet simulation {attrs.get('fleet_simulation', 'representative')}")),
            ("mcsim", f"{attrs.get('mcsim_version', '?')}, created {attrs.get('created', '?')}"),
            ("overrides", markdown_text(attrs.get("overrides")) if attrs.get("overrides") else "none")]
     if attrs.get("pricing_note"):
