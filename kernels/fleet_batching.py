@@ -50,7 +50,8 @@ Step of one instance (continuous, FCFS, mixed)
 3. The remaining budget goes, in admission order, to running sequences whose prefill is unfinished, each
    ``min(prefill left, budget left, chunk_tokens)`` (``chunk_tokens == 0``: no cap); then, unless the step
    preempted, requests are admitted from the queue head, without skipping, while budget is left, fewer than
-   ``max_seqs`` run and the pool holds the request's blocks -- ``ceil((context + output) / block_tokens)``,
+   ``max_seqs`` run, fewer than ``P_MAX_NEW`` were admitted in this step (0: no cap) and the pool holds the
+   request's blocks -- ``ceil((context + output) / block_tokens)``,
    or with ``P_PREEMPT`` those of the context and the output produced so far; a first admission is looked up
    in and inserted into the prefix cache, then every admitted request gets its first chunk.
 4. Step time: bilinear in ``step_time_table`` at (decoding sequences, prefill tokens), clamped, plus
@@ -80,7 +81,7 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
-    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_SEQS, P_PREEMPT, P_TOKEN_BUDGET, P_VERIFY_TOKENS, STAT_END_S,
+    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_PREEMPT, P_TOKEN_BUDGET, P_VERIFY_TOKENS, STAT_END_S,
     STAT_IN_SYSTEM_INTEGRAL, STAT_PREEMPTIONS, STAT_STEPS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_DECODE_SEQS_SUM,
     STAT_WINDOW_DECODE_STEPS, STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _kv_rate,
     _next_block_step, _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
@@ -175,6 +176,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     queue_len = np.zeros(k, dtype=np.int64)
     queue_next = np.full(n, -1, dtype=np.int64)
     preempt = params_int[P_PREEMPT] != 0
+    max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 else max_seqs  # admissions per step
     # Running = prefilling (a list in admission order) + decoding (counted, their KV summed incrementally, the
     # steps they finish at and, with preemption, next need a KV block at in heaps): a step costs
     # O(prefilling + (finishing + growing) x log max_seqs), not O(running).
@@ -318,7 +320,9 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 chunk[s] = c
                 prefill += c
                 budget_left -= c
-            while not preempted and budget_left > 0 and queue_len[i] > 0 and n_prefilling[i] + n_decoding[i] < max_seqs:
+            admitted = 0
+            while (not preempted and budget_left > 0 and queue_len[i] > 0 and admitted < max_new
+                   and n_prefilling[i] + n_decoding[i] < max_seqs):
                 s = queue_head[i]
                 if preempt:
                     tokens = context_tokens[s] + _tokens_after(output_tokens[s], passes[s], passes_done[s])
@@ -333,6 +337,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                     queue_tail[i] = -1
                 free_blocks[i] -= need
                 held[s] = need
+                admitted += 1
                 stamp[s] = admissions
                 admissions += 1
                 if preempt:

@@ -77,7 +77,8 @@ def test_kernel_matches_fleet_reference_exactly(router):
             + int(rng.integers(0, 40))
         capacity = (0, 0, 0) if seed % 4 == 0 else tuple(int(c) for c in rng.integers([1, 0, 0], [12, 8, 8]))
         cache = {"capacity_blocks": capacity, "balance": float(rng.uniform(0, 1)),
-                 "balance_requests": int(rng.integers(0, 4)), "preempt": seed % 3 == 1}
+                 "balance_requests": int(rng.integers(0, 4)), "preempt": seed % 3 == 1,
+                 "max_new_per_step": int(rng.integers(0, 3)) if seed % 5 == 2 else 0}
         uniform = rng.uniform(size=n)
         affinity = affinity_instances(ptr, ids, uniform, n_instances)
         kv_slope = rng.uniform(0.0, 1e-5, DECODE_EDGES.size) if seed % 2 else None
@@ -164,20 +165,23 @@ def test_replica_caches_are_the_tier_replay_of_their_admissions():
 @pytest.mark.parametrize("preempt", [False, True])
 def test_one_replica_is_the_one_instance_simulator(preempt):
     """With K = 1 every router sends everything to the one instance: the one-instance reference's timeline,
-    with whole-request reservation or with KV growth and preemption by recompute."""
+    with whole-request reservation or with KV growth and preemption by recompute, with or without a cap on the
+    requests admitted per step."""
     preemptions = 0
     for seed in range(30):
         rng = np.random.default_rng([seed, 99])
         n = int(rng.integers(1, 60))
         arrival, prefill, context, output, passes = random_workload(rng, n, rng.uniform(5.0, 200.0))
         settings = random_settings(rng, output, context)
+        max_new = int(rng.integers(0, 3)) if seed % 3 == 0 else 0  # a cap on admissions per step
         reference = simulate_reference(arrival, prefill, context, output, passes, np.zeros(n), policy="continuous",
-                                       preempt=preempt, closed_users=0, warmup_s=0.0, **TABLE, **settings)
+                                       preempt=preempt, closed_users=0, warmup_s=0.0, max_new_per_step=max_new,
+                                       **TABLE, **settings)
         preemptions += reference["preemptions"]
         for router in ROUTERS:
             result = simulate_fleet_batching(arrival, prefill, context, output, passes, n_instances=1,
                                              router=router, router_uniform=rng.uniform(size=n), preempt=preempt,
-                                             **TABLE, **settings)
+                                             max_new_per_step=max_new, **TABLE, **settings)
             per_request = result["per_request"]
             assert np.all(per_request["instance"] == 0)
             for key in ("first_token_s", "finish_s", "queue_s"):

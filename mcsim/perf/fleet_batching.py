@@ -33,11 +33,11 @@ ROUTING_POLICIES = ("random", "round-robin", "prefix-affinity", "cache-aware", "
                     "least-kv")
 FLEET_SIMULATIONS = ("representative", "replicas")
 #: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
-#: continuous FCFS (chunked prefill included) in an open loop, no admission cap, a router of :data:`ROUTERS`.
+#: continuous FCFS (chunked prefill included) in an open loop, a router of :data:`ROUTERS`.
 #: Read by the scenario check (plain values) and the pool simulator (values drawn from distributions).
 REPLICA_NEEDS = {"deployment.batching": ("continuous",),
-                 "deployment.scheduler": ("fcfs", "chunked-prefill"), "deployment.max_new_per_step": (0,),
-                 "performance.closed_loop_users": (0,), "deployment.routing": ROUTERS}
+                 "deployment.scheduler": ("fcfs", "chunked-prefill"), "performance.closed_loop_users": (0,),
+                 "deployment.routing": ROUTERS}
 #: The replicas' prefix caches hold one row of 16 bytes per (instance, distinct block): more rows than this
 #: (2 GiB) is refused rather than swapped.
 MAX_CACHE_ROWS = 1 << 27
@@ -127,6 +127,7 @@ def simulate_fleet_batching(
     chunk_tokens: int = 0,
     verify_tokens: int = 1,
     preempt: bool = False,
+    max_new_per_step: int = 0,
     warmup_s: float = 0.0,
     measured_from: int | None = None,
     measured=None,
@@ -164,6 +165,8 @@ def simulate_fleet_batching(
     preempt : bool
         Allocate KV as sequences grow and preempt (recompute) the newest running sequence when an instance's
         pool runs out (``performance.preempt``); False: admission reserves the whole request.
+    max_new_per_step : int
+        Requests one instance admits per step at most (``deployment.max_new_per_step``; 0: no cap).
     measured_from : int, optional
         Measure requests ``measured_from:`` (by index, the cache's warm-up before them); the window then starts
         at that request's arrival and ``warmup_s`` is not read.
@@ -251,6 +254,9 @@ def simulate_fleet_batching(
     params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                                     verify_tokens)
     params[one_instance.P_PREEMPT] = int(bool(preempt))
+    if max_new_per_step < 0:
+        raise ValueError("max_new_per_step must be >= 0")
+    params[one_instance.P_MAX_NEW] = int(max_new_per_step)
     # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
     fixed = affinity_instances(ptr, ids, uniform, k) if code == kernel.ROUTER_FIXED else np.zeros(n, np.int64)
     pooled = router == "pooled"

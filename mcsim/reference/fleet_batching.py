@@ -59,7 +59,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                              n_instances, router, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                              verify_tokens, step_time_table, decode_edges, prefill_edges, kv_slope=None,
                              kv_ref_context=0.0, block_lists=None, fixed_instance=None, capacity_blocks=(0, 0, 0),
-                             balance=0.25, balance_requests=64, warmup_s=0.0, preempt=False):
+                             balance=0.25, balance_requests=64, warmup_s=0.0, preempt=False, max_new_per_step=0):
     """Simulate ``n_instances`` replicas behind a router, one fleet-wide event at a time.
 
     Parameters are those of :func:`mcsim.kernels.fleet_batching.simulate_fleet` as Python sequences and
@@ -141,7 +141,9 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                 c = chunk(q, budget_left)
                 chunks.append((q, c))
                 budget_left -= c
-        while not preempted and budget_left > 0 and node.waiting and len(node.running) < max_seqs:
+        admitted = 0
+        while (not preempted and budget_left > 0 and node.waiting and len(node.running) < max_seqs
+               and (max_new_per_step == 0 or admitted < max_new_per_step)):
             q = node.waiting[0]
             need = blocks(q.context + (q.tokens_after(q.passes_done) if preempt else q.output))
             if need > node.free_blocks:
@@ -149,6 +151,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
             node.waiting.popleft()
             node.free_blocks -= need
             q.held_blocks = need
+            admitted += 1
             node.running.append(q)
             if q.admitted_once:  # a recompute: the prompt left to compute and the output produced so far
                 q.prefill_left = q.miss + (q.tokens_after(q.passes_done) if q.first_token_done else 0)
