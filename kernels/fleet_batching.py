@@ -107,7 +107,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                    block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, router, balance,
                    balance_requests, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
                    cache_state, out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached, out_instance_steps,
-                   out_stats):
+                   out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting):
     """Simulate ``K`` instances behind a global router (rules in the module docstring).
 
     Parameters
@@ -155,6 +155,9 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         Written: steps each instance ran; its length sets ``K``.
     out_stats : float64[N_STATS]
         Written at the ``STAT_*`` indices named in the module docstring.
+    log_start_s, log_step_s : float64[K, L]; log_decode_seqs, log_prefill_tokens, log_waiting : int64[K, L]
+        Written: each instance's first ``L`` steps (start, decoding sequences, prefill tokens, step time,
+        requests waiting at its start), ``min(L, out_instance_steps[i])`` of them; ``L`` may be 0.
 
     Returns
     -------
@@ -387,6 +390,13 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 if slope != 0.0:
                     step_s = max(step_s + slope * (kv - decode_seqs * kv_ref_context), 1e-12)
             t_end = t + step_s
+            logged = out_instance_steps[i]
+            if logged < log_start_s.shape[1]:
+                log_start_s[i, logged] = t
+                log_decode_seqs[i, logged] = decode_seqs
+                log_prefill_tokens[i, logged] = prefill
+                log_step_s[i, logged] = step_s
+                log_waiting[i, logged] = queue_len[i]
             out_instance_steps[i] += 1
             steps += 1
             end_s = max(end_s, t_end)

@@ -336,3 +336,28 @@ def test_load_routers_need_the_replicas():
         mcsim.run(scenario, samples=1, requests=500, workers=1,
                   overrides=[*DENSE_NODE_FIXED, "deployment.fleet_simulation=replicas",
                              "performance.closed_loop_users=8"])
+
+
+def test_the_fleet_step_log_accounts_for_every_prompt_token():
+    """A log long enough for every step holds each instance's steps, in order of start, one after another on
+    each instance; its prefill tokens are the prompts less what the caches supplied, and its decode slots are
+    the requests' passes."""
+    rng = np.random.default_rng(5)
+    n, block_tokens = 300, 4
+    lists, prompt, ptr, ids = random_blocks(rng, n, block_tokens)
+    arrival = np.sort(rng.uniform(0, 3.0, n))
+    output = rng.integers(1, 30, n)
+    result = simulate_fleet_batching(arrival, prompt, prompt, output, n_instances=3, router="cache-aware",
+                                     block_ptr=ptr, block_ids=ids, capacity_blocks=(20, 10, 0),
+                                     block_tokens=block_tokens, token_budget=256, max_seqs=8, max_steps=100_000,
+                                     **TABLE)
+    log, steps = result["step_log"], result["summary"]["instance_steps"]
+    np.testing.assert_array_equal(np.bincount(log["instance"], minlength=3), steps)
+    assert np.all(np.diff(log["start_s"]) >= 0)
+    for i in range(3):
+        mine = log["instance"] == i
+        assert np.all(log["start_s"][mine][1:] >= (log["start_s"] + log["step_s"])[mine][:-1] - 1e-12)
+    cached = result["per_request"]["cached_tokens"].sum(axis=1)
+    assert cached.sum() > 0
+    assert log["prefill_tokens"].sum() == np.maximum(prompt - cached, 1).sum()
+    assert log["decode_seqs"].sum() == (output - 1).sum()  # one pass per output token after the first

@@ -115,7 +115,8 @@ def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: 
 
     Re-runs sample ``sample`` (same draws and streams as in a run) with ``performance.simulate_batching`` on and
     returns its decode (or colocated) pool's first ``max_steps`` steps as a Dataset with dim ``step``:
-    ``start_s``, ``decode_seqs``, ``prefill_tokens``, ``step_s`` and ``waiting`` (requests queued).
+    ``start_s``, ``decode_seqs``, ``prefill_tokens``, ``step_s`` and ``waiting`` (requests queued); with
+    ``deployment.fleet_simulation = "replicas"`` every instance's steps in order of start, with ``instance``.
     """
     import numpy as np
     import xarray as xr
@@ -131,12 +132,15 @@ def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: 
                      step_log=max_steps)
     log = row[variant]["_step_log"]
     units = {"start_s": "s", "decode_seqs": "sequences", "prefill_tokens": "tokens", "step_s": "s",
-             "waiting": "requests"}
+             "waiting": "requests", "instance": "1"}
+    replicas = scn["deployment.fleet_simulation"] == "replicas"
+    description = ("per-step log of every instance of the pool simulated as replicas (the decode pool when "
+                   "disaggregated), in order of start; real time" if replicas else
+                   "per-step log of one instance of the batching simulator (the decode pool when disaggregated); "
+                   "arrival times are stretched by the pool's instance count")
     return xr.Dataset({k: ("step", np.asarray(v), {"units": units[k], "source": "modelled"}) for k, v in log.items()},
                       attrs={"scenario_name": scn.name, "sample": sample, "variant": variant,
-                             "description": "per-step log of one instance of the batching simulator (the decode "
-                                            "pool when disaggregated); arrival times are stretched by the pool's "
-                                            "instance count"})
+                             "description": description})
 
 
 def step_time(scenario, *, decode_seqs: float = 1.0, context: float | None = None, prefill_tokens: float = 0.0,

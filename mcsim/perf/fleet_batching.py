@@ -132,6 +132,7 @@ def simulate_fleet_batching(
     measured_from: int | None = None,
     measured=None,
     steady_tolerance: float = 0.1,
+    max_steps: int = 0,
 ) -> dict:
     """Simulate ``n_instances`` replicas behind a router and summarise the fleet's latency.
 
@@ -173,6 +174,9 @@ def simulate_fleet_batching(
     measured : array_like of bool, optional
         Or measure these requests (a pool fed by another, whose measured requests arrive out of order); the
         window then starts at the earliest one's arrival.
+    max_steps : int
+        Keep the fleet's first steps in ``step_log`` (0: none): every instance's steps in order of (start,
+        instance), up to the time by which some instance had run ``max_steps`` steps, at most ``max_steps``.
 
     Returns
     -------
@@ -183,7 +187,8 @@ def simulate_fleet_batching(
         summary (``throughput_tok_s`` of the whole fleet; ``mean_decode_batch`` per instance step;
         ``busy_fraction`` the mean over instances; ``queue_steady_state``), plus ``requests_per_instance``
         (measured requests each instance served), ``instance_load_imbalance`` (their max over their mean) and
-        ``instance_steps``.
+        ``instance_steps``. ``step_log``: None, or arrays ``start_s``, ``instance``, ``decode_seqs``,
+        ``prefill_tokens``, ``step_s``, ``waiting`` (requests queued at the instance).
 
     Examples
     --------
@@ -274,10 +279,16 @@ def simulate_fleet_batching(
     cached = np.zeros((n, 3), np.int64)
     instance_steps = np.zeros(k, np.int64)
     stats = np.zeros(one_instance.N_STATS)
+    cap = max(int(max_steps), 0)
+    log = {"start_s": np.empty((k, cap)), "decode_seqs": np.empty((k, cap), np.int64),
+           "prefill_tokens": np.empty((k, cap), np.int64), "step_s": np.empty((k, cap)),
+           "waiting": np.empty((k, cap), np.int64)}
     status = kernel.simulate_fleet(arrival, prompt, context, output, passes, uniform, fixed, ptr, keys, stride,
                                    capacity, pooled, params, code, float(balance), int(balance_requests),
                                    float(warmup_s), table, d_edges, p_edges, slope, float(kv_ref_context), cache_state,
-                                   instance, first_token, finish, queue, cached, instance_steps, stats)
+                                   instance, first_token, finish, queue, cached, instance_steps, stats,
+                                   log["start_s"], log["decode_seqs"], log["prefill_tokens"], log["step_s"],
+                                   log["waiting"])
     if status != kernel.STATUS_OK:
         raise RuntimeError("the fleet simulation stalled (a step with nothing to run)")
     per_request = {"instance": instance, "cached_tokens": cached,
@@ -293,4 +304,22 @@ def simulate_fleet_batching(
     summary["queue_steady_state"] = queue_steady_state(per_request, summary, float(steady_tolerance))
     summary.update(requests_per_instance=served, instance_steps=instance_steps,
                    instance_load_imbalance=float(served.max() / served.mean()) if served.sum() > 0 else float("nan"))
-    return {"per_request": per_request, "summary": summary}
+    return {"per_request": per_request, "summary": summary, "step_log": _fleet_log(log, instance_steps, cap)}
+
+
+def _fleet_log(log: dict, instance_steps, cap: int):
+    """The instances' logged steps as one log in order of (start, instance): complete up to the earliest time an
+    instance's log filled, at most ``cap`` steps."""
+    if cap == 0:
+        return None
+    kept = np.minimum(instance_steps, cap)
+    mine = np.arange(cap)[None, :] < kept[:, None]
+    full = kept == cap  # instances whose log filled before they stopped
+    until = min((log["start_s"][i, cap - 1] for i in np.flatnonzero(full) if instance_steps[i] > cap), default=np.inf)
+    mine &= log["start_s"] <= until
+    instance = np.broadcast_to(np.arange(len(kept))[:, None], mine.shape)[mine]
+    start = log["start_s"][mine]
+    order = np.lexsort((instance, start))[:cap]
+    out = {"start_s": start[order], "instance": instance[order]}
+    out.update({key: log[key][mine][order] for key in ("decode_seqs", "prefill_tokens", "step_s", "waiting")})
+    return out

@@ -219,7 +219,7 @@ class PoolSimulator:
         p_edges = edges(self.budget, 10)
         table = step_table(self.model, self.d_edges, p_edges)
         if self.replicas:
-            return self._replicas(n_instances, table, p_edges)
+            return self._replicas(n_instances, table, p_edges, max_steps)
         per, summary = _run(self.p, w, w.arrival, w.miss, w.output, w.decode_passes, table, self.d_edges, p_edges,
                             self.max_seqs, self.kv_blocks, self.budget, self.chunk, n_instances, self.policy.name,
                             max_steps, self.kv_slope, self.model.decode_context, self.max_new)
@@ -227,7 +227,7 @@ class PoolSimulator:
         e2e = per["e2e_s"] + w.restore_s
         return self._result(ttft, e2e, per["queue_s"], per["measured"], summary, summary["saturated"])
 
-    def _replicas(self, n_instances: int, table, p_edges) -> dict:
+    def _replicas(self, n_instances: int, table, p_edges, max_steps: int = 0) -> dict:
         """All ``n_instances`` instances behind the router, each with its own prefix cache: latencies, batch,
         busy time, saturation and steady state of that one run, and every request's reused tokens per tier."""
         w, p = self.w, self.p
@@ -240,8 +240,8 @@ class PoolSimulator:
             kv_ref_context=self.model.decode_context, token_budget=self.budget, max_seqs=self.max_seqs,
             kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk,
             preempt=bool(p["performance.preempt"]), max_new_per_step=self.max_new, measured_from=w.measured_from,
-            steady_tolerance=p["mc.queue_steady_state_tolerance"])
-        fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=None)
+            steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
+        fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=fleet["step_log"])
         restore = fp["cached_tokens"] @ np.asarray(w.restore_s_per_token)
         out = self._result(fp["ttft_s"] + restore, fp["e2e_s"] + restore, fp["queue_s"], fp["measured"], summary,
                            summary["saturated"])
@@ -297,7 +297,7 @@ class PoolSimulator:
                 "steady_state": summary["queue_steady_state"], "cached_tokens": fp["cached_tokens"],
                 "instance_load_imbalance": summary["instance_load_imbalance"]}
 
-    def _decode_replicas(self, n_instances: int, prefill: dict) -> dict:
+    def _decode_replicas(self, n_instances: int, prefill: dict, max_steps: int = 0) -> dict:
         """The decode pool's replicas fed, in real time, by the prefill replicas' hand-offs."""
         w, p = self.w, self.p
         p_edges = np.array([0.0, 1.0])
@@ -315,10 +315,10 @@ class PoolSimulator:
             token_budget=self.budget, max_seqs=self.max_seqs, kv_blocks=self.kv_blocks, block_tokens=w.block,
             chunk_tokens=self.chunk, preempt=bool(p["performance.preempt"]), max_new_per_step=self.max_new,
             measured=prefill["measured"][order],
-            steady_tolerance=p["mc.queue_steady_state_tolerance"])
+            steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
         back = np.empty_like(order)
         back[order] = np.arange(m)
-        fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=None)
+        fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=fleet["step_log"])
         measured = prefill["measured"]
         out = self._result(handoff, handoff + fp["e2e_s"][back], prefill["queue"] + fp["queue_s"][back], measured,
                            summary, prefill["saturated"] or summary["saturated"])
@@ -334,7 +334,7 @@ class PoolSimulator:
     def decode(self, n_instances: int, prefill: dict, max_steps: int = 0) -> dict:
         """The decode pool of ``n_instances`` instances fed by the prefill pool's hand-offs."""
         if self.replicas:
-            return self._decode_replicas(n_instances, prefill)
+            return self._decode_replicas(n_instances, prefill, max_steps)
         w = self.w
         p_edges = np.array([0.0, 1.0])
         table = step_table(self.model, self.d_edges, p_edges)
