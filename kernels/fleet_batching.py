@@ -81,10 +81,9 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
-    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_PREEMPT, P_TOKEN_BUDGET, P_VERIFY_TOKENS, STAT_END_S,
-    STAT_IN_SYSTEM_INTEGRAL, STAT_PREEMPTIONS, STAT_STEPS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_DECODE_SEQS_SUM,
-    STAT_WINDOW_DECODE_STEPS, STAT_WINDOW_END_S, STAT_WINDOW_STEP_S_SUM, STAT_WINDOW_STEPS, _kv_rate,
-    _next_block_step, _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
+    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_PREEMPT, P_TOKEN_BUDGET, P_VERIFY_TOKENS,
+    STAT_PREEMPTIONS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_END_S, _kv_rate, _next_block_step, _store_window,
+    _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
 )
 from mcsim.kernels.fleet_heaps import heap_push, heap_remove, sift_down, sift_up
 from mcsim.kernels.kv_tiers import HBM, N_TIERS, admit_blocks, cached_prefix, next_tiers, reset_caches
@@ -529,13 +528,8 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 waiting += queue_len[i]
             out_stats[STAT_WAITING_AT_WINDOW_END] = waiting
 
-    out_stats[STAT_STEPS] = steps
+    _store_window(out_stats, in_system_integral, window_steps, window_step_s, window_decode_seqs,
+                  window_decode_steps, steps, end_s)
     out_stats[STAT_PREEMPTIONS] = preemptions
     out_stats[STAT_WINDOW_END_S] = window_end
-    out_stats[STAT_IN_SYSTEM_INTEGRAL] = in_system_integral
-    out_stats[STAT_WINDOW_STEPS] = window_steps
-    out_stats[STAT_WINDOW_STEP_S_SUM] = window_step_s
-    out_stats[STAT_WINDOW_DECODE_SEQS_SUM] = window_decode_seqs
-    out_stats[STAT_WINDOW_DECODE_STEPS] = window_decode_steps
-    out_stats[STAT_END_S] = end_s
     return STATUS_OK
