@@ -276,6 +276,10 @@ def test_disaggregated_replicas_hold_the_cache_on_the_prefill_pool():
     for name in ("cache_hit_rate", "cache_hit_rate_by_tier", "cache_hit_rate_drift"):
         np.testing.assert_array_equal(replicas[name].values, representative[name].values, err_msg=name)
     assert np.isfinite(replicas.ttft_s.values).all() and np.isfinite(replicas.tpot_s.values).all()
+    # The scenario's own fleet mode (utilization) without simulate_batching: asking for replicas simulates them.
+    sized = mcsim.run(root / "factory.toml", samples=1, requests=6000, workers=1,
+                      overrides=["deployment.fleet_simulation=replicas", "performance.simulate_batching=false"])
+    assert np.all(sized.instance_load_imbalance.values >= 1.0)
 
     slo = {routing: mcsim.run(root / "deepseek-disaggregated.toml", samples=1, requests=6000, workers=1,
                               overrides=["deployment.fleet_simulation=replicas", f"deployment.routing={routing}"])

@@ -211,7 +211,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         # chunk waits for stream_interval tokens.
         return ttft + host_first + stream * np.nan_to_num(tpot), e2e + host_first + host_last
 
-    simulate = bool(p["performance.simulate_batching"]) or mode in ("fixed", "slo")
+    simulate = bool(p["performance.simulate_batching"]) or mode in ("fixed", "slo") or replicas
     sim = None
     if simulate:
         from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
