@@ -365,3 +365,11 @@ def test_the_fleet_step_log_accounts_for_every_prompt_token():
     assert cached.sum() > 0
     assert log["prefill_tokens"].sum() == np.maximum(prompt - cached, 1).sum()
     assert log["decode_seqs"].sum() == (output - 1).sum()  # one pass per output token after the first
+
+
+def test_caches_too_large_are_refused_in_one_line_naming_the_key():
+    from mcsim.scenario.schema import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"deployment.fleet_simulation: .*3000 instances x \d+ distinct blocks"):
+        _dense_node(["deployment.instances=3000", "deployment.fleet_simulation=replicas",
+                     "deployment.routing=cache-aware"], requests=2000, samples=1)

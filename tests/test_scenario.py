@@ -563,3 +563,16 @@ def test_resolve_gives_concrete_parameters(factory):
     # fixed values pass through with their types
     assert p["mc.samples"] == 32 and p["deployment.routing"] == "pooled"
     assert not any(isinstance(v, Dist) and not v.is_fixed and v.nested() for v in p.values())
+
+
+def test_scenario_errors_cross_to_worker_processes_intact():
+    """A sample that fails in a Dask worker process sends its error back by pickle: the message and key hold."""
+    import pickle
+
+    from mcsim.scenario.distributions import DistributionError
+    from mcsim.scenario.schema import ScenarioError
+
+    for err in (ScenarioError("a.toml", "deployment.tp", "must divide gpus_per_instance (8)"),
+                DistributionError("workload.rate_rps", "low must be below high")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.key == err.key

@@ -145,7 +145,9 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     message = replica_mismatch({path: p[path] for path in (*REPLICA_NEEDS, "deployment.fleet_simulation")
                                 if path in p})
     if message:  # a value drawn from a distribution (plain values are checked when the scenario loads)
-        raise ValueError(f"deployment.fleet_simulation: {message}")
+        from mcsim.scenario.schema import ScenarioError
+
+        raise ScenarioError("", "deployment.fleet_simulation", f"a drawn value: {message}")
     replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
     miss = prompt - cached_tokens.sum(axis=1)
     restore_bytes = cached_tokens[:, 1:] * kvb  # DRAM, NVMe

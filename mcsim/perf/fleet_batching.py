@@ -269,9 +269,12 @@ def simulate_fleet_batching(
         capacity = capacity * k
     rows = (stride if pooled else k * stride) if caching else 0
     if rows > MAX_CACHE_ROWS:
-        raise ValueError(f"the replicas' prefix caches would need {rows * 16 / 2**30:.1f} GiB ({k} instances x "
-                         f"{stride} distinct blocks); use fewer requests or instances, or fleet_simulation = "
-                         "'representative'")
+        from mcsim.scenario.schema import ScenarioError  # (the schema imports this module)
+
+        raise ScenarioError("", "deployment.fleet_simulation", f"the replicas' prefix caches would need "
+                            f"{rows * 16 / 2**30:.1f} GiB ({k} instances x {stride} distinct blocks), more than "
+                            f"{MAX_CACHE_ROWS * 16 / 2**30:.0f} GiB; use fewer requests or instances, or "
+                            "fleet_simulation = 'representative'")
     # The tier stage's per-thread workspace: reused, so its pages are not faulted in again for every run.
     cache_state = _workspace(rows) if rows else np.empty((0, 4), np.int32)
     instance = np.empty(n, np.int64)

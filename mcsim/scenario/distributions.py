@@ -51,6 +51,9 @@ class DistributionError(McsimError, ValueError):
         self.key = key
         self.detail = message
 
+    def __reduce__(self):  # rebuilt from its parts when it crosses to another process (a Dask worker)
+        return type(self), (self.key, self.detail)
+
 
 @dataclass(frozen=True)
 class Dist:

@@ -444,6 +444,9 @@ class ScenarioError(McsimError, ValueError):
         super().__init__(f"{where}{keypart}{message}")
         self.source, self.key, self.detail = source, key, message
 
+    def __reduce__(self):  # rebuilt from its three parts when it crosses to another process (a Dask worker)
+        return type(self), (self.source, self.key, self.detail)
+
 
 def field_for(path: str) -> Field | None:
     """The schema Field of a dotted path (catalog fields are typed ``float``/``int``/``str``)."""
