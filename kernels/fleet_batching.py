@@ -12,7 +12,9 @@ Arrivals are processed in order of (arrival time, index). Before request ``r`` a
 every step of the fleet that *starts* before ``t`` runs, in order of (start time, instance index) (a step
 that starts at ``t`` or later sees the arrival, as arrivals at or before a step's start join its queue in the
 one-instance simulator). Then the router picks an instance from the state the instances have at ``t``, their
-load being the requests in flight (waiting + running):
+load being the requests in flight (waiting + running). A step runs whole when it starts, so a step that
+started before ``t`` and ends after it still counts the requests finishing at its end as in flight, and
+their KV blocks as held:
 
 - ``ROUTER_ROUND_ROBIN``: instance ``r mod K``;
 - ``ROUTER_RANDOM``: instance ``floor(u[r] * K)`` for a uniform ``u[r]`` in [0, 1) drawn by the caller;
@@ -105,8 +107,8 @@ STATUS_STALLED = 1  # a step with nothing to run (a validated input never produc
 def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, router_uniform, fixed_instance,
                    block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, router, balance,
                    balance_requests, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
-                   cache_state, out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached, out_instance_steps,
-                   out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting):
+                   cache_state, out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached,
+                   out_instance_steps, out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting):
     """Simulate ``K`` instances behind a global router (rules in the module docstring).
 
     Parameters
@@ -214,6 +216,12 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     admitted_once = np.zeros(n, dtype=np.bool_)
     miss = np.zeros(n, dtype=np.int64)  # prompt tokens the first admission had to compute
     preemptions = 0
+    # The requests that finish at the end of each instance's last step, and the KV blocks they free: while that
+    # step runs (its end is after an arrival) they are still in flight, and their blocks still held.
+    ending = np.zeros(k, dtype=np.int64)
+    freeing = np.zeros(k, dtype=np.int64)
+    load = np.zeros(k, dtype=np.int64)  # the router's view at an arrival
+    free_now = np.zeros(k, dtype=np.int64)
     prefill_left = np.zeros(n, dtype=np.int64)
     held = np.zeros(n, dtype=np.int64)
     chunk = np.zeros(n, dtype=np.int64)
@@ -410,6 +418,8 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                         window_decode_steps += 1
 
             # Every decoding sequence ran its pass; those at their last one finish.
+            ending[i] = 0
+            freeing[i] = 0
             step_of[i] += 1
             kv_sum[i] += kv_rate[i]
             while finish_size[i] > 0 and finish_k1[i, 0] == step_of[i]:
@@ -424,6 +434,8 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 kv_sum[i] -= context_tokens[s] + 1 + passes[s] * rate
                 kv_rate[i] -= rate
                 n_decoding[i] -= 1
+                ending[i] += 1
+                freeing[i] += held[s]
                 free_blocks[i] += held[s]
                 held[s] = 0
                 out_finish_s[s] = t_end
@@ -443,6 +455,8 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                             out_first_token_s[s] = t_end
                         passes_left = passes[s] - passes_done[s]
                         if passes_left == 0:
+                            ending[i] += 1
+                            freeing[i] += held[s]
                             free_blocks[i] += held[s]
                             held[s] = 0
                             if preempt:
@@ -484,32 +498,34 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             chosen = min(int(router_uniform[r] * k), k - 1)
         elif router == ROUTER_FIXED:
             chosen = fixed_instance[r]
-        elif router == ROUTER_LEAST_KV:
-            for i in range(1, k):
-                if free_blocks[i] > free_blocks[chosen]:
-                    chosen = i
         else:
-            least = 0
-            most = 0
-            for i in range(1, k):
-                load = queue_len[i] + n_prefilling[i] + n_decoding[i]
-                if load < queue_len[least] + n_prefilling[least] + n_decoding[least]:
-                    least = i
-                if load > queue_len[most] + n_prefilling[most] + n_decoding[most]:
-                    most = i
-            chosen = least
-            low = queue_len[least] + n_prefilling[least] + n_decoding[least]
-            high = queue_len[most] + n_prefilling[most] + n_decoding[most]
-            imbalanced = high - low > balance_requests and high > (1.0 + balance) * low
-            if router == ROUTER_CACHE_AWARE and caching and not pooled and not imbalanced:
-                best_len = -1
-                for i in range(k):
-                    length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1], i * key_stride)
-                    load = queue_len[i] + n_prefilling[i] + n_decoding[i]
-                    if length > best_len or (length == best_len
-                                             and load < queue_len[chosen] + n_prefilling[chosen] + n_decoding[chosen]):
+            # The instances as they are at the arrival: a step still running holds its finishing requests.
+            for i in range(k):
+                running_late = clock[i] > arrival_s[r]
+                load[i] = queue_len[i] + n_prefilling[i] + n_decoding[i] + (ending[i] if running_late else 0)
+                free_now[i] = free_blocks[i] - (freeing[i] if running_late else 0)
+            if router == ROUTER_LEAST_KV:
+                for i in range(1, k):
+                    if free_now[i] > free_now[chosen]:
                         chosen = i
-                        best_len = length
+            else:
+                least = 0
+                most = 0
+                for i in range(1, k):
+                    if load[i] < load[least]:
+                        least = i
+                    if load[i] > load[most]:
+                        most = i
+                chosen = least
+                imbalanced = load[most] - load[least] > balance_requests and load[most] > (1.0 + balance) * load[least]
+                if router == ROUTER_CACHE_AWARE and caching and not pooled and not imbalanced:
+                    best_len = -1
+                    for i in range(k):
+                        length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
+                                               i * key_stride)
+                        if length > best_len or (length == best_len and load[i] < load[chosen]):
+                            chosen = i
+                            best_len = length
         out_instance[r] = chosen
         if n_prefilling[chosen] + n_decoding[chosen] == 0 and queue_len[chosen] == 0:
             clock[chosen] = max(clock[chosen], arrival_s[r])

@@ -267,6 +267,44 @@ def batching_checks(quick: bool) -> list[Check]:
     return checks
 
 
+def fleet_checks(quick: bool) -> list[Check]:
+    """Replicas behind random routing are independent M/D/1 queues: Poisson arrivals split at random stay Poisson
+    at 1/K the rate, and one request per step of a fixed time is a deterministic server. Their mean wait is
+    Pollaczek-Khinchine's; routing to the least loaded replica must wait less."""
+    from mcsim.perf.fleet_batching import simulate_fleet_batching
+
+    replicas, service_s, rho = 8, 0.01, 0.7
+    n = 40_000 if quick else 200_000
+    rng = np.random.default_rng(11)
+    arrival = np.cumsum(rng.exponential(service_s / (rho * replicas), n))
+    uniform = rng.uniform(size=n)
+    prompt = np.full(n, 100)
+    one_step = {"step_time_table": np.full((2, 2), service_s), "decode_edges": np.array([0.0, 1.0]),
+                "prefill_edges": np.array([0.0, 1024.0]), "max_seqs": 1, "token_budget": 1024}
+    waits = {}
+    for router in ("random", "least-outstanding"):
+        per = simulate_fleet_batching(arrival, prompt, prompt, np.ones(n, np.int64), np.zeros(n, np.int64),
+                                      n_instances=replicas, router=router, router_uniform=uniform,
+                                      warmup_s=float(arrival[n // 10]), **one_step)["per_request"]
+        waits[router] = (per["queue_s"][per["measured"]], per["instance"][per["measured"]])
+    wait, instance = waits["random"]
+    # The waits of one queue are correlated: the standard error from 20 batch means per replica.
+    batch_means = [b.mean() for i in range(replicas) for b in np.array_split(wait[instance == i], 20)]
+    se = float(np.std(batch_means, ddof=1) / math.sqrt(len(batch_means)))
+    pollaczek = rho * service_s / (2 * (1 - rho))
+    source = "M/D/1 mean wait, Pollaczek-Khinchine: rho D / (2 (1 - rho)); Poisson splitting (random routing)"
+    shorter = float(waits["least-outstanding"][0].mean())
+    return [
+        _check(f"Fleet, {replicas} replicas, random routing at rho={rho}: mean queue wait", wait.mean(), pollaczek,
+               Z * se, source, "s", f"{Z:g} SE from batch means"),
+        # One-sided: least-outstanding's wait lies anywhere in [0, the M/D/1 figure); the check puts the bound
+        # at the interval's middle and allows half of it either side.
+        _check(f"Fleet, {replicas} replicas, least-outstanding routing: mean wait below random's M/D/1 wait",
+               shorter, pollaczek / 2, pollaczek / 2, "join-the-shortest-queue never waits longer than random "
+               "splitting (Winston, J. Appl. Prob. 1977)", "s", "one-sided: in [0, M/D/1 wait]"),
+    ]
+
+
 def allreduce_errors(cluster: str, preset: str):
     """Per-row relative error of mcsim's all-reduce (default algorithm ``auto``, the catalog's fitted figures)
     against one DGX cluster's measured median NCCL times inside a node: ``(relative error, workers, bytes)``."""
@@ -478,7 +516,7 @@ def run_validation(out_dir: str | os.PathLike | None = None, quick: bool = False
     """
     started = time.perf_counter()
     checks = (speculative_checks(quick) + expert_checks(quick) + kv_bytes_checks() + trace_checks()
-              + batching_checks(quick) + collective_checks() + linear_checks() + calibration_checks(quick)
+              + batching_checks(quick) + fleet_checks(quick) + collective_checks() + linear_checks() + calibration_checks(quick)
               + economics_checks())
     if out_dir is not None:
         write_reports(checks, out_dir, quick=quick, seconds=time.perf_counter() - started)

@@ -373,3 +373,38 @@ def test_caches_too_large_are_refused_in_one_line_naming_the_key():
     with pytest.raises(ScenarioError, match=r"deployment.fleet_simulation: .*3000 instances x \d+ distinct blocks"):
         _dense_node(["deployment.instances=3000", "deployment.fleet_simulation=replicas",
                      "deployment.routing=cache-aware"], requests=2000, samples=1)
+
+
+def _jsq_waits(arrival, service_s, servers):
+    """Join the shortest queue with deterministic service, written from departure times alone: a request joins
+    the server with the fewest requests not yet departed (lowest index on ties) and starts when it frees."""
+    from collections import deque
+
+    in_system = [deque() for _ in range(servers)]  # departure times, in order
+    free_at = [0.0] * servers
+    waits = []
+    for t in arrival:
+        for queue in in_system:
+            while queue and queue[0] <= t:
+                queue.popleft()
+        chosen = min(range(servers), key=lambda i: (len(in_system[i]), i))
+        start = max(t, free_at[chosen])
+        waits.append(start - t)
+        free_at[chosen] = start + service_s
+        in_system[chosen].append(free_at[chosen])
+    return np.array(waits)
+
+
+def test_least_outstanding_is_join_the_shortest_queue():
+    """One request per step of a fixed time makes each replica a deterministic server: least-outstanding routing
+    is then join-the-shortest-queue, and the router must count a request as in flight until its step ends."""
+    rng = np.random.default_rng(3)
+    n, servers, service_s = 4000, 8, 0.01
+    arrival = np.cumsum(rng.exponential(service_s / (0.8 * servers), n))
+    prompt = np.full(n, 100)
+    result = simulate_fleet_batching(arrival, prompt, prompt, np.ones(n, np.int64), np.zeros(n, np.int64),
+                                     n_instances=servers, router="least-outstanding", max_seqs=1, token_budget=1024,
+                                     step_time_table=np.full((2, 2), service_s), decode_edges=[0.0, 1.0],
+                                     prefill_edges=[0.0, 1024.0])
+    np.testing.assert_allclose(result["per_request"]["queue_s"], _jsq_waits(arrival, service_s, servers),
+                               rtol=0, atol=1e-12)

@@ -45,6 +45,8 @@ def test_the_checks_cover_every_stage(checks):
                      "Azure 2023 code: mean input", "Azure 2023 conversation: mean output",
                      "Batching simulator: Little's law L / (lambda W), stable run",
                      "Batching simulator: one request at a time, E2E = sum of its step times",
+                     "Fleet, 8 replicas, random routing at rho=0.7: mean queue wait",
+                     "Fleet, 8 replicas, least-outstanding routing: mean wait below random's M/D/1 wait",
                      "DeepSeek day: cost", "DeepSeek day: cost-profit margin"):
         assert expected in names
     by_name = {c.name: c for c in checks}

@@ -50,6 +50,17 @@ class _Instance:
     running: list = field(default_factory=list)
     steps: int = 0
     cache: TieredCache | None = None
+    finished_last: list = field(default_factory=list)  # (request, blocks) that finished in the last step
+
+    def load_at(self, t: float) -> int:
+        """Requests in flight at ``t``: those of a step still running at ``t`` have not finished yet."""
+        late = len(self.finished_last) if self.clock > t else 0
+        return len(self.waiting) + len(self.running) + late
+
+    def free_at(self, t: float) -> int:
+        """Free KV blocks at ``t``: a step still running at ``t`` still holds its finishing requests' blocks."""
+        late = sum(blocks for _, blocks in self.finished_last) if self.clock > t else 0
+        return self.free_blocks - late
 
     def busy(self) -> bool:
         return bool(self.waiting) or bool(self.running)
@@ -215,6 +226,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                     finished.append(q)
                 else:
                     q.decoding = True
+        node.finished_last = [(q, q.held_blocks) for q in finished]
         for q in finished:
             node.free_blocks += q.held_blocks
             q.held_blocks = 0
@@ -222,14 +234,12 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
             node.running.remove(q)
         node.clock = t_end
 
-    def load(node):
-        return len(node.waiting) + len(node.running)
-
     def route(r):
+        t = requests[r].arrival
         if router == "prefix-affinity":
             return fixed_instance[r]
         if router == "cache-aware":
-            loads = [load(node) for node in fleet]
+            loads = [node.load_at(t) for node in fleet]
             least = loads.index(min(loads))
             if max(loads) - min(loads) > balance_requests and max(loads) > (1 + balance) * min(loads):
                 return least  # imbalanced: the least loaded instance
@@ -242,10 +252,10 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
         if router == "random":
             return min(int(router_uniform[r] * n_instances), n_instances - 1)
         if router in ("least-outstanding", "pooled"):
-            loads = [len(node.waiting) + len(node.running) for node in fleet]
+            loads = [node.load_at(t) for node in fleet]
             return loads.index(min(loads))
         if router == "least-kv":
-            free = [node.free_blocks for node in fleet]
+            free = [node.free_at(t) for node in fleet]
             return free.index(max(free))
         raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
 
