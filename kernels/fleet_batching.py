@@ -1,7 +1,8 @@
 """Several replicas of one pool on one clock behind a global router: a step-level simulator of the fleet.
 
 Each of ``K`` instances runs the continuous-batching scheduler of :mod:`mcsim.kernels.batching` with an FCFS
-waiting queue, mixed prefill/decode steps and open-loop arrivals -- whole-request KV reservation at admission,
+waiting queue (or, ``P_ORDER == ORDER_KEY``, a heap on a key and arrival), mixed prefill/decode steps and
+open-loop arrivals -- whole-request KV reservation at admission,
 or (``P_PREEMPT``) KV growth and preemption by recompute under that module's rules -- with the same step-time
 table. What is new is that the instances share one clock and every arrival is placed by a router that looks
 at their *current* state.
@@ -40,12 +41,13 @@ are its reused blocks x ``block_tokens``, less what would leave no prompt token 
 computed, taken from HBM's share first, then DRAM's, then NVMe's), and its prefill is the rest of the
 prompt. With ``capacity_blocks[0] == 0`` nothing is cached and the prefill is the whole prompt.
 
-Step of one instance (continuous, FCFS, mixed)
-----------------------------------------------
+Step of one instance (continuous, mixed)
+----------------------------------------
 1. KV growth (``P_PREEMPT`` only): every decoding sequence, oldest admission first, that needs more KV
    blocks for this step's pass takes them; if the pool is short, the most recently admitted running sequence
    is preempted (possibly the one asking) until the need fits. The victim loses its KV and prefill progress
-   and goes back to the head of the queue (victims of one step keep their admission order); its output so far
+   and goes back to the head of the queue (victims of one step keep their admission order; under a keyed order,
+   back under its own key and arrival); its output so far
    stays produced, and its recompute prefills the prompt tokens its first admission computed plus that
    output (no second cache look-up) and emits no first token.
 2. Every decoding sequence runs one pass and costs ``verify_tokens`` of the ``token_budget``.
@@ -83,11 +85,12 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
-    P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_PREEMPT, P_TOKEN_BUDGET, P_VERIFY_TOKENS,
+    ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_ORDER, P_PREEMPT, P_TOKEN_BUDGET,
+    P_VERIFY_TOKENS,
     STAT_PREEMPTIONS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_END_S, _kv_rate, _next_block_step, _store_window,
     _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
 )
-from mcsim.kernels.fleet_heaps import heap_push, heap_remove, sift_down, sift_up
+from mcsim.kernels.fleet_heaps import _grown, heap_push, heap_remove, sift_down, sift_up
 from mcsim.kernels.kv_tiers import HBM, N_TIERS, admit_blocks, cached_prefix, next_tiers, reset_caches
 
 # Router codes (mcsim.perf.fleet_batching names them).
@@ -105,10 +108,12 @@ STATUS_STALLED = 1  # a step with nothing to run (a validated input never produc
 
 @kernel
 def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, router_uniform, fixed_instance,
+                   queue_key, key_uncached,
                    block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, router, balance,
                    balance_requests, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
                    cache_state, out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached,
-                   out_instance_steps, out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting):
+                   out_instance_steps, out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s,
+                   log_waiting):
     """Simulate ``K`` instances behind a global router (rules in the module docstring).
 
     Parameters
@@ -123,6 +128,10 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         Uniforms in [0, 1), one per request, read by ``ROUTER_RANDOM`` only.
     fixed_instance : int64[n]
         Instances in [0, K), read by ``ROUTER_FIXED`` only.
+    queue_key : int64[n]; key_uncached : bool
+        ``P_ORDER == ORDER_KEY``: each instance's waiting queue is a heap on (key, arrival index), lowest first.
+        The key is ``queue_key`` (minus priority, say), or with ``key_uncached`` the prompt tokens its instance's
+        cache does not hold when it joins the queue (``queue_key`` holding the prompt tokens).
     block_ptr, block_keys : int64[n + 1], int64[nnz]
         CSR prompt blocks of each request, in prompt order; block ids in ``[0, key_stride)``, distinct within a
         request. Read only with a cache (``capacity_blocks[0] > 0``).
@@ -179,6 +188,14 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     queue_tail = np.full(k, -1, dtype=np.int64)
     queue_len = np.zeros(k, dtype=np.int64)
     queue_next = np.full(n, -1, dtype=np.int64)
+    # Keyed orders: per-instance heaps on (key, arrival index), grown when one fills.
+    keyed = params_int[P_ORDER] == ORDER_KEY
+    key = np.zeros(n, dtype=np.int64)
+    q_cap = 64 if keyed else 1
+    q_k1 = np.empty((k, q_cap), dtype=np.int64)
+    q_k2 = np.empty((k, q_cap), dtype=np.int64)
+    q_s = np.empty((k, q_cap), dtype=np.int64)
+    q_pos = np.full(n, -1, dtype=np.int64)
     preempt = params_int[P_PREEMPT] != 0
     max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 else max_seqs  # admissions per step
     # Running = prefilling (a list in admission order) + decoding (counted, their KV summed incrementally, the
@@ -301,11 +318,16 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                             n_prefilling[i] -= 1
                         free_blocks[i] += held[victim]
                         held[victim] = 0
-                        queue_next[victim] = queue_head[i]  # back at the head of the queue
-                        queue_head[i] = victim
-                        if queue_tail[i] < 0:
-                            queue_tail[i] = victim
-                        queue_len[i] += 1
+                        if keyed:  # back in the queue under its own key and arrival
+                            if queue_len[i] == q_cap:
+                                q_k1, q_k2, q_s, q_cap = _grown(q_k1, q_k2, q_s)
+                            heap_push(q_k1, q_k2, q_s, q_pos, queue_len, i, key[victim], victim, victim)
+                        else:  # back at the head of the queue
+                            queue_next[victim] = queue_head[i]
+                            queue_head[i] = victim
+                            if queue_tail[i] < 0:
+                                queue_tail[i] = victim
+                            queue_len[i] += 1
                         preemptions += 1
                         preempted = True
                         if victim == g:
@@ -333,7 +355,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             admitted = 0
             while (not preempted and budget_left > 0 and queue_len[i] > 0 and admitted < max_new
                    and n_prefilling[i] + n_decoding[i] < max_seqs):
-                s = queue_head[i]
+                s = q_s[i, 0] if keyed else queue_head[i]
                 if preempt:
                     tokens = context_tokens[s] + _tokens_after(output_tokens[s], passes[s], passes_done[s])
                 else:
@@ -341,10 +363,13 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 need = (tokens + block_tokens - 1) // block_tokens
                 if need > free_blocks[i]:
                     break
-                queue_head[i] = queue_next[s]
-                queue_len[i] -= 1
-                if queue_len[i] == 0:
-                    queue_tail[i] = -1
+                if keyed:
+                    heap_remove(q_k1, q_k2, q_s, q_pos, queue_len, i, s)
+                else:
+                    queue_head[i] = queue_next[s]
+                    queue_len[i] -= 1
+                    if queue_len[i] == 0:
+                        queue_tail[i] = -1
                 free_blocks[i] -= need
                 held[s] = need
                 admitted += 1
@@ -532,12 +557,23 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             if pooled:
                 sift_up(busy_t, busy_i, n_busy, clock[chosen], chosen)
                 n_busy += 1
-        if queue_tail[chosen] >= 0:
-            queue_next[queue_tail[chosen]] = r
+        if keyed:
+            key[r] = queue_key[r]
+            if key_uncached and caching:  # the prompt tokens the instance's cache does not hold now
+                owner = 0 if pooled else chosen
+                held_prefix = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
+                                            owner * key_stride) * block_tokens
+                key[r] = max(queue_key[r] - held_prefix, 1)
+            if queue_len[chosen] == q_cap:
+                q_k1, q_k2, q_s, q_cap = _grown(q_k1, q_k2, q_s)
+            heap_push(q_k1, q_k2, q_s, q_pos, queue_len, chosen, key[r], r, r)
         else:
-            queue_head[chosen] = r
-        queue_tail[chosen] = r
-        queue_len[chosen] += 1
+            if queue_tail[chosen] >= 0:
+                queue_next[queue_tail[chosen]] = r
+            else:
+                queue_head[chosen] = r
+            queue_tail[chosen] = r
+            queue_len[chosen] += 1
         if r == n - 1:
             waiting = 0
             for i in range(k):

@@ -7,10 +7,13 @@
   sequence's slot kept in ``pos`` so that a preempted sequence leaves them wherever it is: ``heap_push``,
   ``heap_remove`` (and ``heap_up`` / ``heap_down``).
 
-They are ``inline="always"``, as the step loop's other helpers (:mod:`mcsim.kernels.batching_helpers`).
+They are ``inline="always"``, as the step loop's other helpers (:mod:`mcsim.kernels.batching_helpers`), but
+for ``_grown``, which doubles a waiting queue's heap when one instance's fills (rarely: not worth inlining).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from mcsim.accelerate import kernel
 
@@ -127,3 +130,17 @@ def heap_remove(hk1, hk2, hs, pos, sizes, i, s):
         pos[moved] = j
         heap_up(hk1, hk2, hs, pos, i, j)
         heap_down(hk1, hk2, hs, pos, sizes[i], i, pos[moved])
+
+
+@kernel
+def _grown(hk1, hk2, hs):
+    """The per-instance heap arrays with twice the room, their slots copied, and the new room (the waiting
+    queues' heaps have no bound known in advance)."""
+    k, cap = hs.shape
+    grown = (np.empty((k, 2 * cap), np.int64), np.empty((k, 2 * cap), np.int64), np.empty((k, 2 * cap), np.int64))
+    for i in range(k):
+        for j in range(cap):
+            grown[0][i, j] = hk1[i, j]
+            grown[1][i, j] = hk2[i, j]
+            grown[2][i, j] = hs[i, j]
+    return grown[0], grown[1], grown[2], 2 * cap

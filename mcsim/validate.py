@@ -516,7 +516,8 @@ def run_validation(out_dir: str | os.PathLike | None = None, quick: bool = False
     """
     started = time.perf_counter()
     checks = (speculative_checks(quick) + expert_checks(quick) + kv_bytes_checks() + trace_checks()
-              + batching_checks(quick) + fleet_checks(quick) + collective_checks() + linear_checks() + calibration_checks(quick)
+              + batching_checks(quick) + fleet_checks(quick) + collective_checks() + linear_checks()
+              + calibration_checks(quick)
               + economics_checks())
     if out_dir is not None:
         write_reports(checks, out_dir, quick=quick, seconds=time.perf_counter() - started)

@@ -2,10 +2,11 @@
 
 :func:`simulate_fleet_batching` replays a workload through :mod:`mcsim.kernels.fleet_batching` (whose
 docstring states every rule): each arrival is routed, from the instances' state at its arrival time, by one of
-:data:`ROUTERS`, and every instance runs continuous batching (FCFS, mixed prefill/decode, whole-request KV
-reservation, or KV growth with preemption by recompute) with the same step-time table and, when given one, its
-own tiered prefix cache (or a pooled one), looked up and filled as it admits requests. The latency quantiles
-are over the requests of all instances; ``instance_load_imbalance`` is the largest number of measured requests one instance served over the mean.
+:data:`ROUTERS`, and every instance runs continuous batching (a policy of :data:`REPLICA_SCHEDULERS`, mixed
+prefill/decode, whole-request KV reservation or KV growth with preemption by recompute) with the same
+step-time table and, when given one, its own tiered prefix cache (or a pooled one), looked up and filled as it
+admits requests. The latency quantiles are over the requests of all instances; ``instance_load_imbalance`` is
+the largest number of measured requests one instance served over the mean.
 
 This is the ``deployment.fleet_simulation = "replicas"`` mode; the default, ``"representative"``, simulates
 one instance that receives ``1/K`` of the arrivals (:func:`mcsim.perf.batching.simulate_batching`) with hits
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mcsim.perf import policies
 from mcsim.perf.batching import (QUANTILES, _as_int, _per_request, _quantiles, _summary, base_params,
                                  check_requests, check_step_model)
 
@@ -32,11 +34,14 @@ REPRESENTATIVE_ROUTERS = ("random", "round-robin", "prefix-affinity", "cache-awa
 ROUTING_POLICIES = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled", "least-outstanding",
                     "least-kv")
 FLEET_SIMULATIONS = ("representative", "replicas")
+#: The scheduler policies the replicas run: the table's continuous ones whose prefill and decode share a step.
+REPLICA_SCHEDULERS = tuple(p.name for p in policies.POLICIES.values()
+                           if p.admission == "continuous" and p.mixing == "mixed")
 #: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
-#: continuous FCFS (chunked prefill included) in an open loop, a router of :data:`ROUTERS`.
+#: continuous batching with a policy of :data:`REPLICA_SCHEDULERS` in an open loop, a router of :data:`ROUTERS`.
 #: Read by the scenario check (plain values) and the pool simulator (values drawn from distributions).
 REPLICA_NEEDS = {"deployment.batching": ("continuous",),
-                 "deployment.scheduler": ("fcfs", "chunked-prefill"), "performance.closed_loop_users": (0,),
+                 "deployment.scheduler": REPLICA_SCHEDULERS, "performance.closed_loop_users": (0,),
                  "deployment.routing": ROUTERS}
 #: The replicas' prefix caches hold one row of 16 bytes per (instance, distinct block): more rows than this
 #: (2 GiB) is refused rather than swapped.
@@ -128,6 +133,8 @@ def simulate_fleet_batching(
     verify_tokens: int = 1,
     preempt: bool = False,
     max_new_per_step: int = 0,
+    policy: str = "fcfs",
+    priority=None,
     warmup_s: float = 0.0,
     measured_from: int | None = None,
     measured=None,
@@ -168,6 +175,12 @@ def simulate_fleet_batching(
         pool runs out (``performance.preempt``); False: admission reserves the whole request.
     max_new_per_step : int
         Requests one instance admits per step at most (``deployment.max_new_per_step``; 0: no cap).
+    policy : str
+        A continuous, mixed policy of :mod:`mcsim.perf.policies` (:data:`REPLICA_SCHEDULERS`): its queue order
+        rules each instance's waiting queue. ``shortest-prompt-first`` orders by the prompt tokens the instance's
+        cache does not hold when the request joins its queue.
+    priority : array_like of int, optional
+        Per request, its class priority (higher first), read by ``priority``.
     measured_from : int, optional
         Measure requests ``measured_from:`` (by index, the cache's warm-up before them); the window then starts
         at that request's arrival and ``warmup_s`` is not read.
@@ -261,7 +274,14 @@ def simulate_fleet_batching(
     params[one_instance.P_PREEMPT] = int(bool(preempt))
     if max_new_per_step < 0:
         raise ValueError("max_new_per_step must be >= 0")
-    params[one_instance.P_MAX_NEW] = int(max_new_per_step)
+    scheduler = policies.get(policy)
+    if scheduler.name not in REPLICA_SCHEDULERS:
+        raise ValueError(f"the replicas run {', '.join(REPLICA_SCHEDULERS)}; got {policy!r}")
+    codes = scheduler.codes(max_new_per_step)
+    params[one_instance.P_MAX_NEW] = codes["max_new_per_step"]
+    params[one_instance.P_ORDER] = codes["order"]
+    key_uncached = scheduler.order == "shortest-prompt"
+    queue_key = scheduler.queue_key(prompt, None if priority is None else _as_int(priority, "priority", n))
     # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
     fixed = affinity_instances(ptr, ids, uniform, k) if code == kernel.ROUTER_FIXED else np.zeros(n, np.int64)
     pooled = router == "pooled"
@@ -286,7 +306,8 @@ def simulate_fleet_batching(
     log = {"start_s": np.empty((k, cap)), "decode_seqs": np.empty((k, cap), np.int64),
            "prefill_tokens": np.empty((k, cap), np.int64), "step_s": np.empty((k, cap)),
            "waiting": np.empty((k, cap), np.int64)}
-    status = kernel.simulate_fleet(arrival, prompt, context, output, passes, uniform, fixed, ptr, keys, stride,
+    status = kernel.simulate_fleet(arrival, prompt, context, output, passes, uniform, fixed, queue_key, key_uncached,
+                                   ptr, keys, stride,
                                    capacity, pooled, params, code, float(balance), int(balance_requests),
                                    float(warmup_s), table, d_edges, p_edges, slope, float(kv_ref_context), cache_state,
                                    instance, first_token, finish, queue, cached, instance_steps, stats,

@@ -239,8 +239,9 @@ class PoolSimulator:
             decode_edges=self.d_edges, prefill_edges=p_edges, kv_slope=self.kv_slope,
             kv_ref_context=self.model.decode_context, token_budget=self.budget, max_seqs=self.max_seqs,
             kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk,
-            preempt=bool(p["performance.preempt"]), max_new_per_step=self.max_new, measured_from=w.measured_from,
-            steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
+            preempt=bool(p["performance.preempt"]), max_new_per_step=self.max_new, policy=self.policy.name,
+            priority=w.priority, measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"],
+            max_steps=max_steps)
         fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=fleet["step_log"])
         restore = fp["cached_tokens"] @ np.asarray(w.restore_s_per_token)
         out = self._result(fp["ttft_s"] + restore, fp["e2e_s"] + restore, fp["queue_s"], fp["measured"], summary,
@@ -289,7 +290,8 @@ class PoolSimulator:
             block_ids=w.block_ids, capacity_blocks=w.capacity_blocks, balance=p["deployment.routing_balance"],
             balance_requests=p["deployment.routing_balance_requests"], step_time_table=table, decode_edges=d_edges,
             prefill_edges=p_edges, token_budget=budget, max_seqs=max(min(m, budget), 1), block_tokens=w.block,
-            chunk_tokens=chunk, max_new_per_step=self.max_new, measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"])
+            chunk_tokens=chunk, max_new_per_step=self.max_new, policy=self._prefill_policy(), priority=w.priority,
+            measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"])
         fp, summary = fleet["per_request"], fleet["summary"]
         restore = fp["cached_tokens"] @ np.asarray(w.restore_s_per_token)
         return {"handoff": fp["ttft_s"] + restore + w.transfer_s, "queue": fp["queue_s"], "measured": fp["measured"],
@@ -314,7 +316,7 @@ class PoolSimulator:
             prefill_edges=p_edges, kv_slope=self.kv_slope, kv_ref_context=self.model.decode_context,
             token_budget=self.budget, max_seqs=self.max_seqs, kv_blocks=self.kv_blocks, block_tokens=w.block,
             chunk_tokens=self.chunk, preempt=bool(p["performance.preempt"]), max_new_per_step=self.max_new,
-            measured=prefill["measured"][order],
+            policy=self.policy.name, priority=w.priority[order], measured=prefill["measured"][order],
             steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
         back = np.empty_like(order)
         back[order] = np.arange(m)

@@ -3,17 +3,20 @@
 Same rules as the kernel (its module docstring states them), written for obviousness and in a different
 shape: one global loop repeatedly takes the earliest event of the whole fleet -- the next step start of a busy
 instance, or the next arrival -- and a step wins only when it starts strictly before the arrival. Each
-instance is a small object with a ``deque`` for its waiting queue and a list, in admission order, for its
+instance is a small object with a ``deque`` for its waiting queue (a list sorted by key and arrival under a keyed
+order) and a list, in admission order, for its
 running set.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
 from mcsim.perf.fleet_batching import ROUTERS  # the names only; the rules are written out here
+from mcsim.perf.policies import POLICIES
 from mcsim.reference.batching import bracket, _step_time
 from mcsim.reference.kv_tiers import TieredCache
 
@@ -34,6 +37,7 @@ class _Request:
     admitted_once: bool = False
     first_token_done: bool = False
     miss: int = 0
+    key: int = 0
 
     def tokens_after(self, passes_done: int) -> int:
         """Output tokens produced once ``passes_done`` decode passes ran (the first token included)."""
@@ -46,7 +50,7 @@ class _Request:
 class _Instance:
     free_blocks: int
     clock: float = -math.inf
-    waiting: deque = field(default_factory=deque)
+    waiting: deque = field(default_factory=deque)  # FCFS; keyed orders keep it sorted by (key, index)
     running: list = field(default_factory=list)
     steps: int = 0
     cache: TieredCache | None = None
@@ -70,14 +74,17 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                              n_instances, router, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                              verify_tokens, step_time_table, decode_edges, prefill_edges, kv_slope=None,
                              kv_ref_context=0.0, block_lists=None, fixed_instance=None, capacity_blocks=(0, 0, 0),
-                             balance=0.25, balance_requests=64, warmup_s=0.0, preempt=False, max_new_per_step=0):
+                             balance=0.25, balance_requests=64, warmup_s=0.0, preempt=False, max_new_per_step=0,
+                             policy="fcfs", priority=None):
     """Simulate ``n_instances`` replicas behind a router, one fleet-wide event at a time.
 
     Parameters are those of :func:`mcsim.kernels.fleet_batching.simulate_fleet` as Python sequences and
     scalars, with ``router`` by name (one of :data:`ROUTERS`), the per-instance settings by keyword, the prompt
     blocks as one list per request (``block_lists``) and the prefix-affinity instances as ``fixed_instance``.
     ``preempt``: KV grows with each pass and the newest running sequence is preempted (recomputed) when an
-    instance's pool runs out, the rules of :func:`mcsim.reference.batching.simulate_reference`.
+    instance's pool runs out, the rules of :func:`mcsim.reference.batching.simulate_reference`. ``policy``: a
+    policy of :data:`~mcsim.perf.fleet_batching.REPLICA_SCHEDULERS` by name; ``priority``: per request, for
+    ``"priority"``.
 
     Returns
     -------
@@ -136,7 +143,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                     node.free_blocks += victim.held_blocks
                     victim.held_blocks = 0
                     victim.decoding = False
-                    node.waiting.appendleft(victim)
+                    enqueue(node, victim, again=True)
                     if victim is s:
                         break
                 if s.decoding:
@@ -234,6 +241,27 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
             node.running.remove(q)
         node.clock = t_end
 
+    order = POLICIES[policy].order
+
+    def enqueue(node, q, again=False):
+        """FCFS: a new request at the tail, a preempted one at the head. Keyed: both by (key, index), the key
+        fixed when the request first arrives (for shortest-prompt, the prompt tokens its instance's cache does
+        not hold then)."""
+        if order == "fcfs":
+            if again:
+                node.waiting.appendleft(q)
+            else:
+                node.waiting.append(q)
+            return
+        if not again:
+            if order == "priority":
+                q.key = -int(priority[q.index])
+            else:
+                held = node.cache.prefix(q.blocks) * block_tokens if node.cache is not None else 0
+                q.key = max(q.prompt - held, 1)
+        position = bisect.bisect([(p.key, p.index) for p in node.waiting], (q.key, q.index))
+        node.waiting.insert(position, q)
+
     def route(r):
         t = requests[r].arrival
         if router == "prefix-affinity":
@@ -275,7 +303,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
         instance[q.index] = chosen
         if not node.busy():
             node.clock = max(node.clock, q.arrival)
-        node.waiting.append(q)
+        enqueue(node, q)
         next_arrival += 1
         if next_arrival == n:
             stats["waiting_at_window_end"] = sum(len(node.waiting) for node in fleet)

@@ -141,8 +141,9 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                      "round-robin; prefix-affinity (by a hash of the first block: one system prompt or session, "
                      "one instance); cache-aware (the longest cached prefix, unless the instances' loads are "
                      "imbalanced, SGLang's rule); pooled (one cache of all instances' capacity: a shared KV "
-                     "store, requests placed by least-outstanding); least-outstanding (fewest requests in flight) and least-kv "
-                     "(most free KV blocks), which read the instances' current state (replicas only). With "
+                     "store, requests placed by least-outstanding); least-outstanding (fewest requests in "
+                     "flight) and least-kv (most free KV blocks), which read the instances' current state "
+                     "(replicas only). With "
                      "fleet_simulation = 'replicas' the router sees each instance's queue and cache at the "
                      "arrival; with 'representative' the caches are replayed in arrival order and cache-aware's "
                      "load is the blocks routed so far.", *ROUTING_POLICIES),
@@ -155,7 +156,8 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                               "included, latencies from the measured ones), and cost, hit rate and busy time "
                               "come from that run; disaggregated, the prefill replicas hold the caches and feed "
                               "the decode replicas. Replicas always run (as fleet = 'fixed' and 'slo' do) and need "
-                              "open-loop, continuous fcfs / chunked-prefill batching (performance.preempt and "
+                              "an open loop and continuous batching whose prefill and decode share a step (fcfs, "
+                              "chunked-prefill, priority, shortest-prompt-first; performance.preempt and "
                               "max_new_per_step apply).", *FLEET_SIMULATIONS),
         "routing_balance": F(0.25, "Cache-aware routing's relative load guard. Representative: an instance more "
                                    "than (1 + this) x the least loaded one's load (blocks routed so far) is passed "
