@@ -12,3 +12,9 @@ class McsimError(Exception):
 class OutputError(McsimError, OSError):
     """An output the run cannot write (a folder where the file should go, a path under a file, a folder that is
     not writable); found before any work starts."""
+
+
+class RunLimitError(McsimError, ValueError):
+    """A scenario value the simulation cannot run with, found while a sample runs (a value drawn from a
+    distribution, or a workload too large for a mode's memory). ``str(err)`` is the one-line message, naming the
+    key."""

@@ -376,11 +376,15 @@ def test_the_fleet_step_log_accounts_for_every_prompt_token():
 
 
 def test_caches_too_large_are_refused_in_one_line_naming_the_key():
-    from mcsim.scenario.schema import ScenarioError
+    import pickle
 
-    with pytest.raises(ScenarioError, match=r"deployment.fleet_simulation: .*3000 instances x \d+ distinct blocks"):
+    from mcsim.errors import McsimError, RunLimitError
+
+    with pytest.raises(RunLimitError, match=r"deployment.fleet_simulation: .*3000 instances x \d+ distinct blocks"):
         _dense_node(["deployment.instances=3000", "deployment.fleet_simulation=replicas",
                      "deployment.routing=cache-aware"], requests=2000, samples=1)
+    err = RunLimitError("deployment.fleet_simulation: too large")
+    assert isinstance(err, McsimError) and str(pickle.loads(pickle.dumps(err))) == str(err)  # crosses processes
 
 
 def _jsq_waits(arrival, service_s, servers):

@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from mcsim.errors import RunLimitError
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
 from mcsim.perf.fleet_batching import REPLICA_NEEDS, replica_mismatch
 from mcsim.perf.policies import policy_for
@@ -145,9 +146,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     message = replica_mismatch({path: p[path] for path in (*REPLICA_NEEDS, "deployment.fleet_simulation")
                                 if path in p})
     if message:  # a value drawn from a distribution (plain values are checked when the scenario loads)
-        from mcsim.scenario.schema import ScenarioError
-
-        raise ScenarioError("", "deployment.fleet_simulation", f"a drawn value: {message}")
+        raise RunLimitError(f"deployment.fleet_simulation: a drawn value: {message}")
     replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
     miss = prompt - cached_tokens.sum(axis=1)
     restore_bytes = cached_tokens[:, 1:] * kvb  # DRAM, NVMe

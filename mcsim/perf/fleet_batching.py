@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mcsim.errors import RunLimitError
 from mcsim.perf import policies
 from mcsim.perf.batching import (QUANTILES, _as_int, _per_request, _quantiles, _summary, base_params,
                                  check_requests, check_step_model)
@@ -289,9 +290,7 @@ def simulate_fleet_batching(
         capacity = capacity * k
     rows = (stride if pooled else k * stride) if caching else 0
     if rows > MAX_CACHE_ROWS:
-        from mcsim.scenario.schema import ScenarioError  # (the schema imports this module)
-
-        raise ScenarioError("", "deployment.fleet_simulation", f"the replicas' prefix caches would need "
+        raise RunLimitError(f"deployment.fleet_simulation: the replicas' prefix caches would need "
                             f"{rows * 16 / 2**30:.1f} GiB ({k} instances x {stride} distinct blocks), more than "
                             f"{MAX_CACHE_ROWS * 16 / 2**30:.0f} GiB; use fewer requests or instances, or "
                             "fleet_simulation = 'representative'")
