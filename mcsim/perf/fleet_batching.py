@@ -47,6 +47,9 @@ REPLICA_NEEDS = {"deployment.batching": ("continuous",),
 #: The replicas' prefix caches hold one row of 16 bytes per (instance, distinct block): more rows than this
 #: (2 GiB) is refused rather than swapped.
 MAX_CACHE_ROWS = 1 << 27
+#: Each replica keeps eight int64 rows of ``max_seqs`` slots (its prefilling list and the heaps of its decoding
+#: sequences): more than this in all (2 GiB) is refused rather than swapped.
+MAX_RUNNING_BYTES = 1 << 31
 
 
 def replica_mismatch(values) -> str | None:
@@ -294,6 +297,12 @@ def simulate_fleet_batching(
                             f"{rows * 16 / 2**30:.1f} GiB ({k} instances x {stride} distinct blocks), more than "
                             f"{MAX_CACHE_ROWS * 16 / 2**30:.0f} GiB; use fewer requests or instances, or "
                             "fleet_simulation = 'representative'")
+    running_bytes = 8 * 8 * k * int(max_seqs)
+    if running_bytes > MAX_RUNNING_BYTES:
+        raise RunLimitError(f"deployment.fleet_simulation: the replicas' running sets would need "
+                            f"{running_bytes / 2**30:.1f} GiB ({k} instances x {int(max_seqs)} sequences), more "
+                            f"than {MAX_RUNNING_BYTES / 2**30:.0f} GiB; use fewer instances or a lower "
+                            "max_batch_per_gpu, or fleet_simulation = 'representative'")
     # The tier stage's per-thread workspace: reused, so its pages are not faulted in again for every run.
     cache_state = _workspace(rows) if rows else np.empty((0, 4), np.int32)
     instance = np.empty(n, np.int64)
