@@ -31,6 +31,11 @@ Ties go to the lowest instance index. The request joins the tail of that instanc
 instance's clock jumps to the arrival (or stays at the end of its last step if that is later). After the
 last arrival every instance drains.
 
+Closed loop (``P_CLOSED_USERS = U > 0``): requests ``0 .. U-1`` arrive at ``arrival_s``, and request ``r >= U``
+arrives ``think_s[r]`` after request ``r - U`` (the same user's previous one) finishes, in order of (time, index)
+among the pending ones. The fleet's steps then run in time order, as with a pooled cache, so a follower is routed
+before any step that starts after it arrives.
+
 Prefix caches on the same clock
 -------------------------------
 When ``capacity_blocks[0] > 0`` every instance keeps its own tiered LRU prefix cache (HBM -> DRAM -> NVMe,
@@ -85,8 +90,8 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
-    ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_ORDER, P_PREEMPT, P_TOKEN_BUDGET,
-    P_VERIFY_TOKENS,
+    ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_ORDER, P_PREEMPT,
+    P_TOKEN_BUDGET, P_VERIFY_TOKENS,
     STAT_PREEMPTIONS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_END_S, _kv_rate, _next_block_step, _store_window,
     _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
 )
@@ -107,11 +112,11 @@ STATUS_STALLED = 1  # a step with nothing to run (a validated input never produc
 
 
 @kernel
-def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, router_uniform, fixed_instance,
-                   queue_key, key_uncached,
+def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, router_uniform,
+                   fixed_instance, queue_key, key_uncached,
                    block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, router, balance,
-                   balance_requests, warmup_s, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
-                   cache_state, out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached,
+                   balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
+                   cache_state, out_arrival_s, out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached,
                    out_instance_steps, out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s,
                    log_waiting):
     """Simulate ``K`` instances behind a global router (rules in the module docstring).
@@ -119,7 +124,10 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     Parameters
     ----------
     arrival_s : float64[n]
-        Arrival times, s, sorted.
+        Arrival times, s, sorted (open loop); in a closed loop (``P_CLOSED_USERS = U > 0``) those of requests
+        ``0 .. U-1`` (any order).
+    think_s : float64[n]
+        Closed loop: request ``r >= U`` arrives ``think_s[r]`` after request ``r - U`` finishes.
     prompt_tokens : int64[n]
         Prompt tokens; the prefill is what the instance's prefix cache does not hold (all of it without a cache).
     context_tokens, output_tokens, passes : int64[n]
@@ -151,10 +159,15 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         Cache-aware routing's relative and absolute imbalance thresholds.
     warmup_s : float
         Start of the measured window of ``out_stats``, s.
+    warmup_request : int
+        ``>= 0``: the window starts instead when this request arrives (a closed loop's arrivals are not known in
+        advance); ``warmup_s`` is then not read.
     step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context
         The step-time model, as in :func:`mcsim.kernels.batching.simulate`.
     cache_state : int32[K * key_stride, 4] (``key_stride`` rows when pooled)
         Workspace of the caches (overwritten); may be empty without a cache.
+    out_arrival_s : float64[n]
+        Written: each request's arrival time (a closed loop's followers' included).
     out_instance : int64[n]
         Written: the instance each request was routed to.
     out_first_token_s, out_finish_s, out_queue_s : float64[n]
@@ -197,6 +210,11 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     q_s = np.empty((k, q_cap), dtype=np.int64)
     q_pos = np.full(n, -1, dtype=np.int64)
     preempt = params_int[P_PREEMPT] != 0
+    users = params_int[P_CLOSED_USERS]
+    closed = users > 0
+    ordered = pooled or closed  # steps in the fleet's time order: a shared cache, or followers of finishing requests
+    if warmup_request >= 0:
+        warmup_s = np.inf  # until that request arrives
     max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 else max_seqs  # admissions per step
     # Running = prefilling (a list in admission order) + decoding (counted, their KV summed incrementally, the
     # steps they finish at and, with preemption, next need a KV block at in heaps): a step costs
@@ -255,7 +273,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         reset_caches(cache_state, head, tail, count)
     hits = np.zeros((1, N_TIERS), np.int64)
 
-    window_end = arrival_s[n - 1]
+    window_end = np.inf if closed else arrival_s[n - 1]  # a closed loop's: when its last request arrives
     in_system_integral = 0.0
     window_steps = 0
     window_step_s = 0.0
@@ -269,14 +287,28 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     busy_t = np.empty(k)
     busy_i = np.empty(k, dtype=np.int64)
     n_busy = 0
-    for r in range(n + 1):
-        t_next = arrival_s[r] if r < n else np.inf
+    # A closed loop's pending arrivals by (time, index): at most one per user.
+    arrive_t = np.empty(max(users, 1))
+    arrive_r = np.empty(max(users, 1), dtype=np.int64)
+    n_pending = 0
+    if closed:
+        for r in range(min(users, n)):
+            sift_up(arrive_t, arrive_r, n_pending, arrival_s[r], r)
+            n_pending += 1
+    released = 0  # requests routed so far
+    while True:
+        if closed:
+            r = arrive_r[0] if n_pending > 0 else n
+            t_next = arrive_t[0] if n_pending > 0 else np.inf
+        else:
+            r = released
+            t_next = arrival_s[r] if r < n else np.inf
         sweep = 0
         while True:
-            # The next step to run: the fleet's earliest with a shared cache; else instance by instance, which
-            # runs the same steps (nothing an instance does reaches another before the arrival) and keeps each
-            # instance's cache rows warm.
-            if pooled:
+            # The next step to run: the fleet's earliest in time order; else instance by instance, which runs the
+            # same steps (nothing an instance does reaches another before the arrival) and keeps each instance's
+            # cache rows warm.
+            if ordered:
                 if n_busy == 0 or busy_t[0] >= t_next:
                     break
                 i = busy_i[0]
@@ -409,7 +441,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                         cached += tokens - take
                 miss[s] = max(prompt_tokens[s] - cached, 1)
                 prefill_left[s] = miss[s]
-                out_queue_s[s] = t - arrival_s[s]
+                out_queue_s[s] = t - out_arrival_s[s]
                 c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
                 chunk[s] = c
                 prefill += c
@@ -432,7 +464,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             out_instance_steps[i] += 1
             steps += 1
             end_s = max(end_s, t_end)
-            if r < n:  # the step starts inside the arrival window
+            if released < n:  # the step starts inside the arrival window
                 if t_end > warmup_s:
                     in_system_integral += in_flight * (t_end - max(t, warmup_s))
                 if t >= warmup_s:
@@ -464,6 +496,9 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 free_blocks[i] += held[s]
                 held[s] = 0
                 out_finish_s[s] = t_end
+                if closed and s + users < n:  # this user's next request
+                    sift_up(arrive_t, arrive_r, n_pending, t_end + think_s[s + users], s + users)
+                    n_pending += 1
             if n_decoding[i] == 0:  # no drift from the sums' rounding
                 kv_sum[i] = 0.0
                 kv_rate[i] = 0.0
@@ -487,6 +522,9 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                             if preempt:
                                 run_tail[i] = unlink_running(run_prev, run_next, run_tail[i], s)
                             out_finish_s[s] = t_end
+                            if closed and s + users < n:  # this user's next request
+                                sift_up(arrive_t, arrive_r, n_pending, t_end + think_s[s + users], s + users)
+                                n_pending += 1
                         else:
                             rate = _kv_rate(output_tokens[s], passes[s])
                             kv_sum[i] += context_tokens[s] + 1 + passes_done[s] * rate
@@ -506,15 +544,25 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 kept += 1
             n_prefilling[i] = kept
             clock[i] = t_end
-            if pooled:
+            if ordered:
                 if n_prefilling[i] + n_decoding[i] + queue_len[i] > 0:
                     sift_down(busy_t, busy_i, n_busy, 0, t_end, i)
                 else:
                     n_busy -= 1
                     if n_busy > 0:
                         sift_down(busy_t, busy_i, n_busy, 0, busy_t[n_busy], busy_i[n_busy])
+            if closed and n_pending > 0 and (arrive_t[0] < t_next or (arrive_t[0] == t_next and arrive_r[0] < r)):
+                r = arrive_r[0]  # a follower of this step arrives before the arrival in hand
+                t_next = arrive_t[0]
         if r == n:
             break
+        if closed:
+            n_pending -= 1
+            if n_pending > 0:
+                sift_down(arrive_t, arrive_r, n_pending, 0, arrive_t[n_pending], arrive_r[n_pending])
+        out_arrival_s[r] = t_next
+        if r == warmup_request:
+            warmup_s = t_next
 
         chosen = 0
         if router == ROUTER_ROUND_ROBIN:
@@ -526,7 +574,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         else:
             # The instances as they are at the arrival: a step still running holds its finishing requests.
             for i in range(k):
-                running_late = clock[i] > arrival_s[r]
+                running_late = clock[i] > t_next
                 load[i] = queue_len[i] + n_prefilling[i] + n_decoding[i] + (ending[i] if running_late else 0)
                 free_now[i] = free_blocks[i] - (freeing[i] if running_late else 0)
             if router == ROUTER_LEAST_KV:
@@ -553,8 +601,8 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                             best_len = length
         out_instance[r] = chosen
         if n_prefilling[chosen] + n_decoding[chosen] == 0 and queue_len[chosen] == 0:
-            clock[chosen] = max(clock[chosen], arrival_s[r])
-            if pooled:
+            clock[chosen] = max(clock[chosen], t_next)
+            if ordered:
                 sift_up(busy_t, busy_i, n_busy, clock[chosen], chosen)
                 n_busy += 1
         if keyed:
@@ -574,11 +622,13 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 queue_head[chosen] = r
             queue_tail[chosen] = r
             queue_len[chosen] += 1
-        if r == n - 1:
+        released += 1
+        if released == n:
             waiting = 0
             for i in range(k):
                 waiting += queue_len[i]
             out_stats[STAT_WAITING_AT_WINDOW_END] = waiting
+            window_end = t_next
 
     _store_window(out_stats, in_system_integral, window_steps, window_step_s, window_decode_seqs,
                   window_decode_steps, steps, end_s)

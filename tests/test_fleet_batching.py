@@ -85,17 +85,26 @@ def test_kernel_matches_fleet_reference_exactly(router):
         affinity = affinity_instances(ptr, ids, uniform, n_instances)
         kv_slope = rng.uniform(0.0, 1e-5, DECODE_EDGES.size) if seed % 2 else None
         warmup_s = float(rng.uniform(0, arrival[-1]))
+        loop = {}
+        if seed % 6 == 5:  # a closed loop of a few users, thinking between requests; the window from a request
+            users = int(rng.integers(1, 8))
+            loop = {"closed_users": users, "think_s": rng.exponential(0.05, n)}
+            window = {"measured_from": int(rng.integers(0, n))}
+        else:
+            window = {"warmup_s": warmup_s}
         result = simulate_fleet_batching(arrival, prompt, prompt, output, passes, n_instances=n_instances,
                                          router=router, router_uniform=uniform, block_ptr=ptr, block_ids=ids,
-                                         kv_slope=kv_slope, kv_ref_context=50.0, warmup_s=warmup_s, **cache,
+                                         kv_slope=kv_slope, kv_ref_context=50.0, **window, **loop, **cache,
                                          **TABLE, **settings)
+        if "measured_from" in window:  # the reference starts its window at that request's arrival as well
+            window = {"warmup_request": window["measured_from"]}
         reference = simulate_fleet_reference(arrival, prompt, prompt, output, passes, uniform,
                                              n_instances=n_instances, router=router, kv_slope=kv_slope,
                                              kv_ref_context=50.0, block_lists=lists, fixed_instance=affinity,
-                                             warmup_s=warmup_s, **cache, **TABLE, **settings)
+                                             **window, **loop, **cache, **TABLE, **settings)
         per_request, summary, stats = result["per_request"], result["summary"], reference["stats"]
         np.testing.assert_array_equal(per_request["instance"], reference["instance"], err_msg=f"seed {seed}")
-        for key in ("first_token_s", "finish_s", "queue_s"):
+        for key in ("arrival_s", "first_token_s", "finish_s", "queue_s"):
             if kv_slope is None:
                 np.testing.assert_array_equal(per_request[key], reference[key], err_msg=f"{key}, seed {seed}")
             else:  # the kernel keeps the KV sum step by step, the reference sums it afresh: equal up to rounding
@@ -106,7 +115,10 @@ def test_kernel_matches_fleet_reference_exactly(router):
         assert summary["steps"] == stats["steps"]
         assert summary["preemptions"] == stats["preemptions"]
         assert summary["waiting_at_window_end"] == stats["waiting_at_window_end"]
-        window = stats["window_end_s"] - warmup_s
+        start = float(result["per_request"]["arrival_s"][window["warmup_request"]]) if "warmup_request" in window \
+            else warmup_s
+        window = stats["window_end_s"] - start
+        assert summary["window_s"][1] == pytest.approx(stats["window_end_s"], rel=1e-9)
         if window > 0:
             assert summary["mean_in_system"] == pytest.approx(stats["in_system_integral"] / window, rel=1e-12)
             assert summary["busy_fraction"] == pytest.approx(
@@ -344,10 +356,10 @@ def test_load_routers_need_the_replicas():
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "dense-node.toml"
     with pytest.raises(ScenarioError, match="deployment.routing.*current load"):
         mcsim.run(scenario, samples=1, requests=500, workers=1, overrides=["deployment.routing=least-outstanding"])
-    with pytest.raises(ScenarioError, match="deployment.fleet_simulation.*closed_loop_users"):
+    with pytest.raises(ScenarioError, match="deployment.fleet_simulation.*closed loop on a colocated pool only"):
         mcsim.run(scenario, samples=1, requests=500, workers=1,
-                  overrides=[*DENSE_NODE_FIXED, "deployment.fleet_simulation=replicas",
-                             "performance.closed_loop_users=8"])
+                  overrides=["deployment.fleet=fixed", "deployment.disaggregated=true",
+                             "deployment.fleet_simulation=replicas", "performance.closed_loop_users=8"])
 
 
 def test_the_fleet_step_log_accounts_for_every_prompt_token():
@@ -439,3 +451,25 @@ def test_priority_replicas_serve_their_high_class_first():
         p99[policy] = [float(np.quantile(per["ttft_s"][per["measured"] & mine], 0.99)) for mine in (high, ~high)]
     assert p99["priority"][0] < 0.5 * p99["fcfs"][0], p99
     assert p99["priority"][1] > p99["fcfs"][1], p99
+
+
+@pytest.mark.parametrize("preempt", [False, True])
+def test_one_replica_closed_loop_is_the_one_instance_closed_loop(preempt):
+    """A closed loop of U users through one replica: the one-instance reference's arrivals and timeline."""
+    for seed in range(20):
+        rng = np.random.default_rng([seed, 17])
+        n = int(rng.integers(2, 60))
+        arrival, prefill, context, output, passes = random_workload(rng, n, rng.uniform(5.0, 200.0))
+        settings = random_settings(rng, output, context)
+        users = int(rng.integers(1, 6))
+        first = np.zeros(n)
+        first[:users] = rng.uniform(0, 0.5, min(users, n))
+        think = rng.exponential(0.1, n)
+        reference = simulate_reference(first, prefill, context, output, passes, think, policy="continuous",
+                                       preempt=preempt, closed_users=users, warmup_s=0.0, **TABLE, **settings)
+        result = simulate_fleet_batching(first, prefill, context, output, passes, n_instances=1,
+                                         router="least-outstanding", preempt=preempt, closed_users=users,
+                                         think_s=think, **TABLE, **settings)
+        for key in ("arrival_s", "first_token_s", "finish_s", "queue_s"):
+            np.testing.assert_array_equal(result["per_request"][key], np.array(reference[key]),
+                                          err_msg=f"{key}, seed {seed}")

@@ -33,7 +33,7 @@ import numpy as np
 
 from mcsim.errors import RunLimitError
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
-from mcsim.perf.fleet_batching import REPLICA_NEEDS, replica_mismatch
+from mcsim.perf.fleet_batching import REPLICA_KEYS, replica_mismatch
 from mcsim.perf.policies import policy_for
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.results.variables import QUANTILES
@@ -143,8 +143,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     tpp = model.tokens_per_pass
     mode = p["deployment.fleet"]
 
-    message = replica_mismatch({path: p[path] for path in (*REPLICA_NEEDS, "deployment.fleet_simulation")
-                                if path in p})
+    message = replica_mismatch({path: p[path] for path in REPLICA_KEYS if path in p})
     if message:  # a value drawn from a distribution (plain values are checked when the scenario loads)
         raise RunLimitError(f"deployment.fleet_simulation: a drawn value: {message}")
     replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"

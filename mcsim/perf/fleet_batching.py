@@ -39,17 +39,22 @@ FLEET_SIMULATIONS = ("representative", "replicas")
 REPLICA_SCHEDULERS = tuple(p.name for p in policies.POLICIES.values()
                            if p.admission == "continuous" and p.mixing == "mixed")
 #: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
-#: continuous batching with a policy of :data:`REPLICA_SCHEDULERS` in an open loop, a router of :data:`ROUTERS`.
+#: continuous batching with a policy of :data:`REPLICA_SCHEDULERS`, a router of :data:`ROUTERS` (and, checked
+#: apart, no closed loop on a disaggregated pool).
 #: Read by the scenario check (plain values) and the pool simulator (values drawn from distributions).
 REPLICA_NEEDS = {"deployment.batching": ("continuous",),
-                 "deployment.scheduler": REPLICA_SCHEDULERS, "performance.closed_loop_users": (0,),
-                 "deployment.routing": ROUTERS}
+                 "deployment.scheduler": REPLICA_SCHEDULERS, "deployment.routing": ROUTERS}
 #: The replicas' prefix caches hold one row of 16 bytes per (instance, distinct block): more rows than this
 #: (2 GiB) is refused rather than swapped.
 MAX_CACHE_ROWS = 1 << 27
 #: Each replica keeps eight int64 rows of ``max_seqs`` slots (its prefilling list and the heaps of its decoding
 #: sequences): more than this in all (2 GiB) is refused rather than swapped.
 MAX_RUNNING_BYTES = 1 << 31
+
+
+#: Every key :func:`replica_mismatch` reads.
+REPLICA_KEYS = (*REPLICA_NEEDS, "deployment.fleet_simulation", "deployment.disaggregated",
+                "performance.closed_loop_users")
 
 
 def replica_mismatch(values) -> str | None:
@@ -65,6 +70,9 @@ def replica_mismatch(values) -> str | None:
     for path, allowed in REPLICA_NEEDS.items():
         if path in values and values[path] not in allowed:
             return f"'replicas' needs {path} = {' or '.join(map(repr, allowed))}, got {values[path]!r}"
+    if values.get("deployment.disaggregated") is True and values.get("performance.closed_loop_users", 0) > 0:
+        return ("'replicas' runs a closed loop on a colocated pool only (a disaggregated user's next request "
+                "would follow the decode pool); set performance.closed_loop_users = 0 or disaggregated = false")
     return None
 
 
@@ -139,6 +147,8 @@ def simulate_fleet_batching(
     max_new_per_step: int = 0,
     policy: str = "fcfs",
     priority=None,
+    closed_users: int = 0,
+    think_s=None,
     warmup_s: float = 0.0,
     measured_from: int | None = None,
     measured=None,
@@ -185,6 +195,10 @@ def simulate_fleet_batching(
         cache does not hold when the request joins its queue.
     priority : array_like of int, optional
         Per request, its class priority (higher first), read by ``priority``.
+    closed_users, think_s
+        A closed loop of ``closed_users`` users, as in :func:`mcsim.perf.batching.simulate_batching`: requests
+        ``0 .. U-1`` arrive at ``arrival_s``, request ``r >= U`` ``think_s[r]`` after request ``r - U`` finishes;
+        ``per_request["arrival_s"]`` then holds the arrivals that happened.
     measured_from : int, optional
         Measure requests ``measured_from:`` (by index, the cache's warm-up before them); the window then starts
         at that request's arrival and ``warmup_s`` is not read.
@@ -234,16 +248,23 @@ def simulate_fleet_batching(
     p_edges = np.ascontiguousarray(prefill_edges, dtype=np.float64)
     slope = np.zeros(d_edges.shape) if kv_slope is None else np.ascontiguousarray(kv_slope, dtype=np.float64)
     code = router_code(router)
+    warmup_request = -1
     if measured_from is not None:
         if not 0 <= int(measured_from) < n:
             raise ValueError(f"measured_from must be in [0, {n}), got {measured_from!r}")
-        warmup_s = float(arrival[int(measured_from)])
+        if closed_users:  # its arrival is known only as the loop runs
+            warmup_request = int(measured_from)
+        else:
+            warmup_s = float(arrival[int(measured_from)])
         measured = np.arange(n) >= int(measured_from)
     if measured is not None:
         measured = np.asarray(measured, dtype=bool)
         if measured.shape != (n,) or not measured.any():
             raise ValueError("measured must be n booleans, at least one true")
-        warmup_s = float(arrival[measured].min())
+        if warmup_request < 0:
+            if closed_users:
+                raise ValueError("a closed loop's measured requests are given by measured_from")
+            warmup_s = float(arrival[measured].min())
     if int(n_instances) != n_instances or n_instances < 1:
         raise ValueError(f"n_instances must be an integer >= 1, got {n_instances!r}")
     k = int(n_instances)
@@ -259,8 +280,14 @@ def simulate_fleet_batching(
     ids = np.zeros(0, np.int64) if block_ids is None else np.ascontiguousarray(block_ids, dtype=np.int64)
     keys, stride = dense_blocks(ids) if caching else (ids, 1)
 
-    if not np.all(np.isfinite(arrival)) or np.any(np.diff(arrival) < 0):
-        raise ValueError("arrival_s must be finite and sorted")
+    users = int(closed_users)
+    think = np.zeros(n) if think_s is None else np.ascontiguousarray(think_s, dtype=np.float64)
+    if users < 0:
+        raise ValueError("closed_users must be >= 0")
+    if not np.all(np.isfinite(arrival[: users or n])) or (users == 0 and np.any(np.diff(arrival) < 0)):
+        raise ValueError("arrival_s must be finite (and sorted in an open loop)")
+    if think.shape != (n,) or np.any(think < 0) or not np.all(np.isfinite(think)):
+        raise ValueError("think_s must be n finite values >= 0")
     check_requests(prompt, context, output, passes)
     if uniform.shape != (n,) or np.any(uniform < 0) or np.any(uniform >= 1):
         raise ValueError("router_uniform must be n values in [0, 1)")
@@ -284,6 +311,7 @@ def simulate_fleet_batching(
     codes = scheduler.codes(max_new_per_step)
     params[one_instance.P_MAX_NEW] = codes["max_new_per_step"]
     params[one_instance.P_ORDER] = codes["order"]
+    params[one_instance.P_CLOSED_USERS] = users
     key_uncached = scheduler.order == "shortest-prompt"
     queue_key = scheduler.queue_key(prompt, None if priority is None else _as_int(priority, "priority", n))
     # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
@@ -314,17 +342,20 @@ def simulate_fleet_batching(
     log = {"start_s": np.empty((k, cap)), "decode_seqs": np.empty((k, cap), np.int64),
            "prefill_tokens": np.empty((k, cap), np.int64), "step_s": np.empty((k, cap)),
            "waiting": np.empty((k, cap), np.int64)}
-    status = kernel.simulate_fleet(arrival, prompt, context, output, passes, uniform, fixed, queue_key, key_uncached,
-                                   ptr, keys, stride,
+    arrival_out = np.empty(n)
+    status = kernel.simulate_fleet(arrival, prompt, context, output, passes, think, uniform, fixed, queue_key,
+                                   key_uncached, ptr, keys, stride,
                                    capacity, pooled, params, code, float(balance), int(balance_requests),
-                                   float(warmup_s), table, d_edges, p_edges, slope, float(kv_ref_context), cache_state,
-                                   instance, first_token, finish, queue, cached, instance_steps, stats,
+                                   float(warmup_s), warmup_request, table, d_edges, p_edges, slope,
+                                   float(kv_ref_context), cache_state, arrival_out, instance, first_token, finish, queue, cached, instance_steps, stats,
                                    log["start_s"], log["decode_seqs"], log["prefill_tokens"], log["step_s"],
                                    log["waiting"])
     if status != kernel.STATUS_OK:
         raise RuntimeError("the fleet simulation stalled (a step with nothing to run)")
+    if warmup_request >= 0:
+        warmup_s = float(arrival_out[warmup_request])
     per_request = {"instance": instance, "cached_tokens": cached,
-                   **_per_request(arrival, first_token, finish, queue, output, warmup_s)}
+                   **_per_request(arrival_out, first_token, finish, queue, output, warmup_s)}
     if measured is not None:
         per_request["measured"] = measured
     measured = per_request["measured"]

@@ -132,7 +132,8 @@ def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks,
     ``passes`` are the measured requests' (``stream.tail(measured_from)``); a warm-up request, which is served
     but not measured, makes the passes of its output tokens at the measured requests' mean rate. A request's KV
     transfer to the decode pool takes ``transfer_latency_s`` plus ``transfer_s_per_token`` per prompt token (0
-    and 0 when colocated). The router's uniforms are drawn from ``rng`` for every request.
+    and 0 when colocated). The router's uniforms are drawn from ``rng`` for every request, then, in a closed
+    loop (``performance.closed_loop_users``), the think times.
     """
     out = stream.output_tokens.astype(np.int64)
     rate = float(np.sum(passes)) / max(float(np.sum(out[measured_from:])), 1.0)
@@ -146,8 +147,11 @@ def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks,
     prompt = stream.prompt_tokens.astype(np.int64)
     arrival = (stream.arrival_s - stream.arrival_s[0]).astype(float)
     transfer = prompt * float(transfer_s_per_token) + float(transfer_latency_s)
-    return Workload(arrival, prompt, prompt, out, decode_passes, np.zeros(n), transfer, None, 0,
-                    stream.block_tokens, class_id, class_priority[class_id], rng.uniform(size=n),
+    uniform = rng.uniform(size=n)
+    users = int(p["performance.closed_loop_users"])
+    think = rng.exponential(max(p["workload.think_time_s"], 0.0), n) if users else None  # drawn after, if used
+    return Workload(arrival, prompt, prompt, out, decode_passes, np.zeros(n), transfer, think, users,
+                    stream.block_tokens, class_id, class_priority[class_id], uniform,
                     block_ptr=stream.block_ptr, block_ids=stream.block_ids, measured_from=int(measured_from),
                     capacity_blocks=tuple(int(c) for c in capacity_blocks),
                     restore_s_per_token=tuple(float(s) for s in restore_s_per_token))
@@ -240,8 +244,8 @@ class PoolSimulator:
             kv_ref_context=self.model.decode_context, token_budget=self.budget, max_seqs=self.max_seqs,
             kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk,
             preempt=bool(p["performance.preempt"]), max_new_per_step=self.max_new, policy=self.policy.name,
-            priority=w.priority, measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"],
-            max_steps=max_steps)
+            priority=w.priority, closed_users=w.users, think_s=w.think, measured_from=w.measured_from,
+            steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
         fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=fleet["step_log"])
         restore = fp["cached_tokens"] @ np.asarray(w.restore_s_per_token)
         out = self._result(fp["ttft_s"] + restore, fp["e2e_s"] + restore, fp["queue_s"], fp["measured"], summary,

@@ -11,6 +11,7 @@ running set.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                              verify_tokens, step_time_table, decode_edges, prefill_edges, kv_slope=None,
                              kv_ref_context=0.0, block_lists=None, fixed_instance=None, capacity_blocks=(0, 0, 0),
                              balance=0.25, balance_requests=64, warmup_s=0.0, preempt=False, max_new_per_step=0,
-                             policy="fcfs", priority=None):
+                             policy="fcfs", priority=None, closed_users=0, think_s=None, warmup_request=-1):
     """Simulate ``n_instances`` replicas behind a router, one fleet-wide event at a time.
 
     Parameters are those of :func:`mcsim.kernels.fleet_batching.simulate_fleet` as Python sequences and
@@ -84,15 +85,17 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
     ``preempt``: KV grows with each pass and the newest running sequence is preempted (recomputed) when an
     instance's pool runs out, the rules of :func:`mcsim.reference.batching.simulate_reference`. ``policy``: a
     policy of :data:`~mcsim.perf.fleet_batching.REPLICA_SCHEDULERS` by name; ``priority``: per request, for
-    ``"priority"``.
+    ``"priority"``. ``closed_users`` (``U``), ``think_s``: a closed loop, request ``r >= U`` arriving
+    ``think_s[r]`` after request ``r - U`` finishes; ``warmup_request``: the window starts when that request
+    arrives (``warmup_s`` is then not read).
 
     Returns
     -------
     dict
         ``instance`` (list of int), ``first_token_s``, ``finish_s``, ``queue_s`` (lists of float, one per
         request), ``cached`` (per request, reused tokens from HBM, DRAM, NVMe), ``instance_steps`` (list of
-        int, one per instance) and ``stats`` (the window's sums, by the names of the kernel's ``STAT_*``, in
-        lower case without the prefix).
+        int, one per instance), ``arrival_s`` (the arrivals that happened) and ``stats`` (the window's sums, by
+        the names of the kernel's ``STAT_*``, in lower case without the prefix).
     """
     n = len(arrival_s)
     table = [list(map(float, row)) for row in step_time_table]
@@ -125,7 +128,12 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
     def blocks(tokens):
         return -(-tokens // block_tokens)
 
+    pending = [(float(arrival_s[r]), r) for r in range(min(closed_users, n) if closed_users else n)]
+    heapq.heapify(pending)
+    window = {"start": math.inf if warmup_request >= 0 else warmup_s}
+
     def step(node, inside_window):
+        warmup_s = window["start"]
         t = node.clock
         in_flight = len(node.waiting) + len(node.running)
         preempted = False
@@ -239,6 +247,10 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
             q.held_blocks = 0
             finish[q.index] = t_end
             node.running.remove(q)
+            follower = q.index + closed_users
+            if closed_users and follower < n:  # the same user's next request
+                requests[follower].arrival = t_end + float(think_s[follower])
+                heapq.heappush(pending, (requests[follower].arrival, follower))
         node.clock = t_end
 
     order = POLICIES[policy].order
@@ -287,25 +299,30 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
             return free.index(max(free))
         raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
 
-    next_arrival = 0
+    released = 0
     while True:
         busy = [node for node in fleet if node.busy()]
-        arrival_t = requests[next_arrival].arrival if next_arrival < n else math.inf
+        arrival_t = pending[0][0] if pending else math.inf
         earliest = min(busy, key=lambda node: node.clock) if busy else None
         if earliest is not None and earliest.clock < arrival_t:
-            step(earliest, next_arrival < n)
+            step(earliest, released < n)
             continue
-        if next_arrival == n:
+        if not pending:
             break
-        q = requests[next_arrival]
-        chosen = route(next_arrival)
+        _, index = heapq.heappop(pending)
+        q = requests[index]
+        if index == warmup_request:
+            window["start"] = q.arrival
+        chosen = route(index)
         node = fleet[chosen]
         instance[q.index] = chosen
         if not node.busy():
             node.clock = max(node.clock, q.arrival)
         enqueue(node, q)
-        next_arrival += 1
-        if next_arrival == n:
+        released += 1
+        if released == n:
             stats["waiting_at_window_end"] = sum(len(node.waiting) for node in fleet)
-    return dict(instance=instance, first_token_s=first_token, finish_s=finish, queue_s=queue, cached=cached,
+            stats["window_end_s"] = q.arrival
+    return dict(arrival_s=[q.arrival for q in requests], instance=instance, first_token_s=first_token,
+                finish_s=finish, queue_s=queue, cached=cached,
                 instance_steps=[node.steps for node in fleet], stats=stats)

@@ -526,13 +526,12 @@ def _cross_checks(scn: Scenario):
 def _check_replicas(scn: Scenario, v: dict):
     """What deployment.fleet_simulation = 'replicas' simulates (:data:`mcsim.perf.fleet_batching.REPLICA_NEEDS`);
     a value drawn from a distribution is checked when drawn."""
-    from mcsim.perf.fleet_batching import REPLICA_NEEDS, replica_mismatch
+    from mcsim.perf.fleet_batching import REPLICA_KEYS, replica_mismatch
 
     mode = v.get("deployment.fleet_simulation", "representative")
     if isinstance(mode, Dist):
         return
-    paths = (*REPLICA_NEEDS, "deployment.fleet_simulation")
-    message = replica_mismatch({k: v[k] for k in paths if k in v and not isinstance(v[k], Dist)})
+    message = replica_mismatch({k: v[k] for k in REPLICA_KEYS if k in v and not isinstance(v[k], Dist)})
     if message:
         key = "deployment.fleet_simulation" if mode == "replicas" else "deployment.routing"
         raise ScenarioError(scn.source, key, message)
