@@ -162,8 +162,7 @@ def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges
          max_new_per_step: int = 0):
     scaled = arrive * n_instances
     order = np.argsort(scaled, kind="stable")
-    res = simulate_batching(
-        scaled[order], prefill_tokens[order], w.context[order], outputs[order], decode[order],
+    run = dict(
         step_time_table=table, decode_edges=d_edges, prefill_edges=p_edges, kv_slope=kv_slope,
         kv_ref_context=kv_ref_context, token_budget=budget,
         max_seqs=seqs, kv_blocks=blocks, block_tokens=w.block, chunk_tokens=chunk, policy=policy,
@@ -171,8 +170,14 @@ def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges
         preempt=bool(p["performance.preempt"]),
         closed_users=w.users,
         think_s=None if w.think is None else w.think[order] * n_instances,
-        warmup_s=float(np.quantile(scaled, 1 / 3)), max_steps=max_steps,
         steady_tolerance=p["mc.queue_steady_state_tolerance"])
+    requests = (scaled[order], prefill_tokens[order], w.context[order], outputs[order], decode[order])
+    warmup = float(np.quantile(scaled, 1 / 3))
+    if w.users:
+        # A closed loop's arrivals follow its finishes, not the trace's clock (they may all be over before a third
+        # of its span): the warm-up is the first third of the arrivals that happen.
+        warmup = float(np.quantile(simulate_batching(*requests, **run)["per_request"]["arrival_s"], 1 / 3))
+    res = simulate_batching(*requests, **run, warmup_s=warmup, max_steps=max_steps)
     back = np.empty_like(order)
     back[order] = np.arange(len(order))
     per = {k: (v[back] if isinstance(v, np.ndarray) and v.shape == order.shape else v)
