@@ -90,12 +90,12 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
-    ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_ORDER, P_PREEMPT,
-    P_TOKEN_BUDGET, P_VERIFY_TOKENS,
-    STAT_PREEMPTIONS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_END_S, _kv_rate, _next_block_step, _store_window,
-    _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
+    _HEAP_SIZE, ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS, P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS,
+    P_ORDER, P_PREEMPT, P_TOKEN_BUDGET, P_VERIFY_TOKENS, STAT_PREEMPTIONS, STAT_WAITING_AT_WINDOW_END,
+    STAT_WINDOW_END_S, _heap_pop, _heap_push, _kv_rate, _next_block_step, _store_window, _tokens_after, kv_slope_at,
+    prefill_chunk, step_time, unlink_running,
 )
-from mcsim.kernels.fleet_heaps import _grown, heap_push, heap_remove, sift_down, sift_up
+from mcsim.kernels.fleet_heaps import _grown, heap_push, heap_remove
 from mcsim.kernels.kv_tiers import HBM, N_TIERS, admit_blocks, cached_prefix, next_tiers, reset_caches
 
 # Router codes (mcsim.perf.fleet_batching names them).
@@ -115,10 +115,10 @@ STATUS_STALLED = 1  # a step with nothing to run (a validated input never produc
 def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, router_uniform,
                    fixed_instance, queue_key, key_uncached,
                    block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, router, balance,
-                   balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context,
-                   cache_state, out_arrival_s, out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached,
-                   out_instance_steps, out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s,
-                   log_waiting):
+                   balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope,
+                   kv_ref_context, cache_state, out_arrival_s, out_instance, out_first_token_s, out_finish_s,
+                   out_queue_s, out_cached, out_instance_steps, out_stats, log_start_s, log_decode_seqs,
+                   log_prefill_tokens, log_step_s, log_waiting):
     """Simulate ``K`` instances behind a global router (rules in the module docstring).
 
     Parameters
@@ -284,22 +284,22 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
 
     # With a shared cache, the busy instances by (next step start, index): steps run in the fleet's time order, so
     # the cache sees admissions as they happen.
+    # (The one-instance simulator's arrival heap on (time, index); ``*_size[_HEAP_SIZE]`` is each one's size.)
     busy_t = np.empty(k)
     busy_i = np.empty(k, dtype=np.int64)
-    n_busy = 0
+    busy_size = np.zeros(5, np.int64)
     # A closed loop's pending arrivals by (time, index): at most one per user.
     arrive_t = np.empty(max(users, 1))
     arrive_r = np.empty(max(users, 1), dtype=np.int64)
-    n_pending = 0
+    pending = np.zeros(5, np.int64)
     if closed:
         for r in range(min(users, n)):
-            sift_up(arrive_t, arrive_r, n_pending, arrival_s[r], r)
-            n_pending += 1
+            _heap_push(arrive_t, arrive_r, pending, arrival_s[r], r)
     released = 0  # requests routed so far
     while True:
         if closed:
-            r = arrive_r[0] if n_pending > 0 else n
-            t_next = arrive_t[0] if n_pending > 0 else np.inf
+            r = arrive_r[0] if pending[_HEAP_SIZE] > 0 else n
+            t_next = arrive_t[0] if pending[_HEAP_SIZE] > 0 else np.inf
         else:
             r = released
             t_next = arrival_s[r] if r < n else np.inf
@@ -309,7 +309,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             # same steps (nothing an instance does reaches another before the arrival) and keeps each instance's
             # cache rows warm.
             if ordered:
-                if n_busy == 0 or busy_t[0] >= t_next:
+                if busy_size[_HEAP_SIZE] == 0 or busy_t[0] >= t_next:
                     break
                 i = busy_i[0]
             else:
@@ -497,8 +497,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                 held[s] = 0
                 out_finish_s[s] = t_end
                 if closed and s + users < n:  # this user's next request
-                    sift_up(arrive_t, arrive_r, n_pending, t_end + think_s[s + users], s + users)
-                    n_pending += 1
+                    _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
             if n_decoding[i] == 0:  # no drift from the sums' rounding
                 kv_sum[i] = 0.0
                 kv_rate[i] = 0.0
@@ -523,8 +522,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                                 run_tail[i] = unlink_running(run_prev, run_next, run_tail[i], s)
                             out_finish_s[s] = t_end
                             if closed and s + users < n:  # this user's next request
-                                sift_up(arrive_t, arrive_r, n_pending, t_end + think_s[s + users], s + users)
-                                n_pending += 1
+                                _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
                         else:
                             rate = _kv_rate(output_tokens[s], passes[s])
                             kv_sum[i] += context_tokens[s] + 1 + passes_done[s] * rate
@@ -545,21 +543,17 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
             n_prefilling[i] = kept
             clock[i] = t_end
             if ordered:
+                _heap_pop(busy_t, busy_i, busy_size)  # i was the top
                 if n_prefilling[i] + n_decoding[i] + queue_len[i] > 0:
-                    sift_down(busy_t, busy_i, n_busy, 0, t_end, i)
-                else:
-                    n_busy -= 1
-                    if n_busy > 0:
-                        sift_down(busy_t, busy_i, n_busy, 0, busy_t[n_busy], busy_i[n_busy])
-            if closed and n_pending > 0 and (arrive_t[0] < t_next or (arrive_t[0] == t_next and arrive_r[0] < r)):
+                    _heap_push(busy_t, busy_i, busy_size, t_end, i)
+            if closed and pending[_HEAP_SIZE] > 0 and (arrive_t[0] < t_next
+                                                       or (arrive_t[0] == t_next and arrive_r[0] < r)):
                 r = arrive_r[0]  # a follower of this step arrives before the arrival in hand
                 t_next = arrive_t[0]
         if r == n:
             break
         if closed:
-            n_pending -= 1
-            if n_pending > 0:
-                sift_down(arrive_t, arrive_r, n_pending, 0, arrive_t[n_pending], arrive_r[n_pending])
+            _heap_pop(arrive_t, arrive_r, pending)
         out_arrival_s[r] = t_next
         if r == warmup_request:
             warmup_s = t_next
@@ -603,8 +597,7 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         if n_prefilling[chosen] + n_decoding[chosen] == 0 and queue_len[chosen] == 0:
             clock[chosen] = max(clock[chosen], t_next)
             if ordered:
-                sift_up(busy_t, busy_i, n_busy, clock[chosen], chosen)
-                n_busy += 1
+                _heap_push(busy_t, busy_i, busy_size, clock[chosen], chosen)
         if keyed:
             key[r] = queue_key[r]
             if key_uncached and caching:  # the prompt tokens the instance's cache does not hold now

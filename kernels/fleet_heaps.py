@@ -1,11 +1,11 @@
 """Inline heaps of the fleet simulator (:mod:`mcsim.kernels.fleet_batching`).
 
-- The busy instances by (next step start, instance index): ``sift_up`` / ``sift_down`` on flat arrays, used
-  when a pooled cache makes the fleet run its steps in time order.
-- Per instance, heaps of sequences under an integer key pair (the step a sequence finishes at, or next needs a
-  KV block at, and a tie-break), the keys kept beside the ids so that comparisons read contiguous memory and a
-  sequence's slot kept in ``pos`` so that a preempted sequence leaves them wherever it is: ``heap_push``,
-  ``heap_remove`` (and ``heap_up`` / ``heap_down``).
+Per instance, heaps of sequences under an integer key pair (the step a sequence finishes at, or next needs a KV
+block at, or a waiting queue's key, and a tie-break), the keys kept beside the ids so that comparisons read
+contiguous memory and a sequence's slot kept in ``pos`` so that a preempted sequence leaves them wherever it is:
+``heap_push``, ``heap_remove`` (and ``heap_up`` / ``heap_down``). The heaps on (time, index) -- busy instances,
+a closed loop's arrivals -- are the one-instance simulator's (``_heap_push`` / ``_heap_pop`` of
+:mod:`mcsim.kernels.batching_helpers`).
 
 They are ``inline="always"``, as the step loop's other helpers (:mod:`mcsim.kernels.batching_helpers`), but
 for ``_grown``, which doubles a waiting queue's heap when one instance's fills (rarely: not worth inlining).
@@ -16,44 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from mcsim.accelerate import kernel
-
-
-@kernel(inline="always")
-def _before(t_a, i_a, t_b, i_b):
-    return t_a < t_b or (t_a == t_b and i_a < i_b)
-
-
-@kernel(inline="always")
-def sift_up(busy_t, busy_i, size, t, i):
-    """Insert instance ``i`` starting its next step at ``t`` into the heap of ``size`` busy instances."""
-    j = size
-    while j > 0:
-        parent = (j - 1) // 2
-        if not _before(t, i, busy_t[parent], busy_i[parent]):
-            break
-        busy_t[j] = busy_t[parent]
-        busy_i[j] = busy_i[parent]
-        j = parent
-    busy_t[j] = t
-    busy_i[j] = i
-
-
-@kernel(inline="always")
-def sift_down(busy_t, busy_i, size, j, t, i):
-    """Put (``t``, ``i``) at slot ``j`` of the heap of ``size`` busy instances and sift it down."""
-    while True:
-        child = 2 * j + 1
-        if child >= size:
-            break
-        if child + 1 < size and _before(busy_t[child + 1], busy_i[child + 1], busy_t[child], busy_i[child]):
-            child += 1
-        if not _before(busy_t[child], busy_i[child], t, i):
-            break
-        busy_t[j] = busy_t[child]
-        busy_i[j] = busy_i[child]
-        j = child
-    busy_t[j] = t
-    busy_i[j] = i
 
 
 @kernel(inline="always")
