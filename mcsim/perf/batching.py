@@ -41,6 +41,19 @@ def check_requests(prefill, context, output, passes) -> None:
         raise ValueError("passes must be in [1, output_tokens - 1] (0 for single-token outputs)")
 
 
+def check_arrivals(arrival, think, closed_users: int) -> None:
+    """The arrival checks of every batching simulator: finite (the first ``closed_users`` in a closed loop),
+    sorted in an open loop, and think times finite and >= 0."""
+    if closed_users < 0:
+        raise ValueError("closed_users must be >= 0")
+    if not np.all(np.isfinite(arrival[: closed_users or len(arrival)])):
+        raise ValueError("arrival_s must be finite")
+    if closed_users == 0 and np.any(np.diff(arrival) < 0):
+        raise ValueError("arrival_s must be sorted in an open loop")
+    if think.shape != arrival.shape or np.any(think < 0) or not np.all(np.isfinite(think)):
+        raise ValueError("think_s must be n finite values >= 0")
+
+
 def check_step_model(d_edges, p_edges, table, slope, kv_ref_context) -> None:
     """The checks of a step-time table, its edges and its KV slope."""
     for edges, name in ((d_edges, "decode_edges"), (p_edges, "prefill_edges")):
@@ -211,13 +224,8 @@ def simulate_batching(
     p_edges = np.ascontiguousarray(prefill_edges, dtype=np.float64)
     slope = np.zeros(d_edges.shape) if kv_slope is None else np.ascontiguousarray(kv_slope, dtype=np.float64)
 
-    if not np.all(np.isfinite(arrival[: closed_users or n])):
-        raise ValueError("arrival_s must be finite")
-    if closed_users == 0 and np.any(np.diff(arrival) < 0):
-        raise ValueError("arrival_s must be sorted in an open loop")
+    check_arrivals(arrival, think, closed_users)
     check_requests(prefill, context, output, passes)
-    if think.shape != (n,) or np.any(think < 0) or not np.all(np.isfinite(think)):
-        raise ValueError("think_s must be n finite values >= 0")
     check_step_model(d_edges, p_edges, table, slope, kv_ref_context)
     scheduler = policies.get(policy)
     if priority is not None:

@@ -271,7 +271,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     if simulate:
         lat = sim.disaggregated(n_d, n_p, step_log) if disagg else sim.colocated(n_d, step_log)
         b_sim = lat["mean_decode_batch"] / g
-        if "cached_tokens" in lat:  # replicas: the cache figures and prefill work of the run's own caches
+        if replicas:  # the cache figures and prefill work of the run's own caches
             from mcsim.stages.kvcache import steady_state
 
             every = lat["cached_tokens"]

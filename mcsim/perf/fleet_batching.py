@@ -19,8 +19,8 @@ import numpy as np
 
 from mcsim.errors import RunLimitError
 from mcsim.perf import policies
-from mcsim.perf.batching import (QUANTILES, _as_int, _per_request, _quantiles, _summary, base_params,
-                                 check_requests, check_step_model)
+from mcsim.perf.batching import (_as_int, _per_request, _summary, base_params,
+                                 check_arrivals, check_requests, check_step_model)
 
 #: ``deployment.routing`` values the replicas simulate (``pooled``: one cache shared by every instance, requests
 #: placed by least-outstanding).
@@ -92,16 +92,11 @@ def router_code(router: str) -> int:
 def affinity_instances(block_ptr, block_ids, uniform, n_instances: int) -> np.ndarray:
     """``prefix-affinity``: the instance of each request by a hash of its first block (the rule of
     :func:`mcsim.stages.kvcache.route`); a request without a whole block goes to ``floor(u * K)``."""
-    from mcsim.stages.kvcache import _mix64
+    from mcsim.stages.kvcache import first_block_instances
 
-    block_ptr = np.asarray(block_ptr, dtype=np.int64)
-    n = len(block_ptr) - 1
     spread = np.minimum((np.asarray(uniform) * n_instances).astype(np.int64), n_instances - 1)
-    if len(block_ids) == 0:
-        return spread
-    first = np.asarray(block_ids)[np.minimum(block_ptr[:-1], len(block_ids) - 1)]
-    by_prefix = (_mix64(first) % np.uint64(n_instances)).astype(np.int64)
-    return np.where(np.diff(block_ptr) > 0, by_prefix, spread)
+    has_block, by_prefix = first_block_instances(block_ptr, block_ids, n_instances)
+    return np.where(has_block, by_prefix, spread)
 
 
 def dense_blocks(block_ids) -> tuple[np.ndarray, int]:
@@ -282,12 +277,7 @@ def simulate_fleet_batching(
 
     users = int(closed_users)
     think = np.zeros(n) if think_s is None else np.ascontiguousarray(think_s, dtype=np.float64)
-    if users < 0:
-        raise ValueError("closed_users must be >= 0")
-    if not np.all(np.isfinite(arrival[: users or n])) or (users == 0 and np.any(np.diff(arrival) < 0)):
-        raise ValueError("arrival_s must be finite (and sorted in an open loop)")
-    if think.shape != (n,) or np.any(think < 0) or not np.all(np.isfinite(think)):
-        raise ValueError("think_s must be n finite values >= 0")
+    check_arrivals(arrival, think, users)
     check_requests(prompt, context, output, passes)
     if uniform.shape != (n,) or np.any(uniform < 0) or np.any(uniform >= 1):
         raise ValueError("router_uniform must be n values in [0, 1)")

@@ -83,6 +83,17 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def first_block_instances(block_ptr, block_ids, n_instances: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix affinity's rule: whether each request has a whole block, and the instance a hash of its first block
+    picks (meaningless where it has none)."""
+    block_ptr = np.asarray(block_ptr, dtype=np.int64)
+    has_block = np.diff(block_ptr) > 0
+    if len(block_ids) == 0:
+        return has_block, np.zeros(len(has_block), np.int64)
+    first = np.asarray(block_ids)[np.minimum(block_ptr[:-1], len(block_ids) - 1)]
+    return has_block, (_mix64(first) % np.uint64(n_instances)).astype(np.int64)
+
+
 def route(policy: str, block_ptr: np.ndarray, block_ids: np.ndarray, n_instances: int, rng) -> np.ndarray:
     """Instance of each request.
 
@@ -102,10 +113,8 @@ def route(policy: str, block_ptr: np.ndarray, block_ids: np.ndarray, n_instances
     if policy == "random":
         return random_choice
     if policy == "prefix-affinity":
-        has_block = np.diff(block_ptr) > 0
-        first = block_ids[np.minimum(block_ptr[:-1], max(len(block_ids) - 1, 0))] if len(block_ids) else np.zeros(n)
-        by_prefix = (_mix64(np.asarray(first)) % np.uint64(n_instances)).astype(np.int32)
-        return np.where(has_block, by_prefix, random_choice)
+        has_block, by_prefix = first_block_instances(block_ptr, block_ids, n_instances)
+        return np.where(has_block, by_prefix, random_choice).astype(np.int32)
     raise ValueError(f"unknown routing policy {policy!r}; expected one of {', '.join(ROUTING)}")
 
 
