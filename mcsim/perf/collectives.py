@@ -62,6 +62,7 @@ import math
 import numpy as np
 
 from mcsim.perf.hardware import as_hardware
+from mcsim.scenario.choices import ALLREDUCE_ALGORITHMS, ALLTOALL_ALGORITHMS
 
 __all__ = [
     "ALLREDUCE_ALGORITHMS",
@@ -74,10 +75,8 @@ __all__ = [
     "send_time",
 ]
 
-ALLREDUCE_ALGORITHMS = ("auto", "ring", "one-shot", "two-shot", "tree", "hierarchical")
 #: Latency per hop where neither the hardware nor the caller gives one, s.
 DEFAULT_HOP_S = 5e-6
-ALLTOALL_ALGORITHMS = ("direct", "hierarchical")
 
 
 def group_layout(group: int, hw) -> tuple[int, int]:

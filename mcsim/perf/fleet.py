@@ -33,10 +33,10 @@ import numpy as np
 
 from mcsim.errors import RunLimitError
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
-from mcsim.perf.fleet_batching import REPLICA_KEYS, replica_mismatch
+from mcsim.perf.batching import QUANTILES
 from mcsim.perf.policies import policy_for
 from mcsim.perf.search import integer_boundary, largest
-from mcsim.results.variables import QUANTILES
+from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
 
 #: Figures that describe a deployment that ran; NaN when it could not.
 PERFORMANCE_OUTPUTS = (

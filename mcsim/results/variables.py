@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mcsim.perf.batching import QUANTILES
+
 TIERS = ("hbm", "dram", "nvme")
-#: Per-request quantiles of the latency variables, along the ``request_quantile`` dim (not ``quantile``, which
-#: xarray's own ``.quantile()`` over samples creates).
-QUANTILES = (0.5, 0.9, 0.99)
+#: The performance stage's per-request quantiles of the latency variables (:data:`QUANTILES`) lie along the
+#: ``request_quantile`` dim (not ``quantile``, which xarray's own ``.quantile()`` over samples creates).
 REQUEST_QUANTILE = "request_quantile"
 #: The scenario's workload classes, for per-class latency (not ``class``: a Python keyword, so ``ds.sel(class=...)``
 #: could not be written).

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from mcsim.scenario import catalog, distributions
+from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
 from mcsim.scenario.distributions import Dist, DistributionError
 from mcsim.scenario.schema import (
     CLASS_FIELDS,
@@ -524,10 +525,8 @@ def _cross_checks(scn: Scenario):
 
 
 def _check_replicas(scn: Scenario, v: dict):
-    """What deployment.fleet_simulation = 'replicas' simulates (:data:`mcsim.perf.fleet_batching.REPLICA_NEEDS`);
+    """What deployment.fleet_simulation = 'replicas' simulates (:data:`mcsim.scenario.choices.REPLICA_NEEDS`);
     a value drawn from a distribution is checked when drawn."""
-    from mcsim.perf.fleet_batching import REPLICA_KEYS, replica_mismatch
-
     mode = v.get("deployment.fleet_simulation", "representative")
     if isinstance(mode, Dist):
         return

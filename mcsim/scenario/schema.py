@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mcsim.errors import McsimError
-from mcsim.perf.fleet_batching import FLEET_SIMULATIONS, ROUTING_POLICIES
-from mcsim.perf.policies import SCHEDULERS
 from mcsim.scenario import catalog
+from mcsim.scenario.choices import (ALLREDUCE_ALGORITHMS, ALLTOALL_ALGORITHMS, FLEET_SIMULATIONS, ROUTING_POLICIES,
+                                    SCHEDULERS)
 
 
 @dataclass(frozen=True)
@@ -288,13 +288,11 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "network_fraction": F(0.7, "Achievable fraction of scale-up/scale-out bandwidth (roofline).", 0, 1,
                               lo_open=True, fidelity="roofline"),
         "allreduce": C("auto", "TP all-reduce algorithm; auto: the fastest for each message size and group (as NCCL's "
-                       "tuner and custom all-reduces pick).", "auto", "ring", "one-shot", "two-shot", "tree",
-                       "hierarchical", fidelity="roofline"),
+                       "tuner and custom all-reduces pick).", *ALLREDUCE_ALGORITHMS, fidelity="roofline"),
         "prefill_allreduce": C("same", "TP all-reduce algorithm of prefill steps (a disaggregated prefill pool, or "
                                "every step with prefill tokens in a colocated one); same: performance.allreduce.",
-                               "same", "auto", "ring", "one-shot", "two-shot", "tree", "hierarchical",
-                               fidelity="roofline"),
-        "alltoall": C("hierarchical", "EP all-to-all algorithm.", "direct", "hierarchical", fidelity="roofline"),
+                               "same", *ALLREDUCE_ALGORITHMS, fidelity="roofline"),
+        "alltoall": C("hierarchical", "EP all-to-all algorithm.", *ALLTOALL_ALGORITHMS, fidelity="roofline"),
         "collective_latency_s": F(0.0, "Latency per collective step (hop), s; 0 = the hardware catalog's, fitted to "
                                        "measured NCCL times where it has one (hardware.collective_hop_us), else "
                                        "5 us.", 0, None, fidelity="roofline"),
