@@ -24,7 +24,10 @@ P_CLOSED_USERS = 8
 P_ORDER = 9
 P_MIXING = 10
 P_MAX_NEW = 11
-N_PARAMS = 12
+P_ROUTE_PICK = 12
+P_ROUTE_MEASURE = 13
+P_ROUTE_PREFIX = 14
+N_PARAMS = 15
 
 # Codes of the policy fields (mcsim.perf.policies names them). P_POLICY: when requests are admitted.
 POLICY_CONTINUOUS = 0
@@ -35,6 +38,13 @@ ORDER_KEY = 1  # by (queue_key, order of arrival): lower key first
 # P_MIXING: what one step may hold.
 MIXING_MIXED = 0  # decodes and prefill chunks share a step
 MIXING_EXCLUSIVE = 1  # a step is prefill only (when there is prefill to do) or decode only
+# Codes of a router's fields (mcsim.scenario.routing names them). P_ROUTE_PICK: how the instance is chosen.
+PICK_GIVEN = 0  # the caller's placement of each request (round-robin, random, prefix affinity)
+PICK_LEAST = 1  # the instance of least load, by P_ROUTE_MEASURE
+# P_ROUTE_MEASURE: the load a least-load router compares.
+MEASURE_OUTSTANDING = 0  # requests in flight (waiting + running)
+MEASURE_FREE_KV = 1  # free KV blocks (most free first)
+# P_ROUTE_PREFIX: 1 = the longest cached prefix wins unless the fleet is imbalanced (SGLang's cache-aware rule).
 
 # Indices into out_stats.
 STAT_STEPS = 0

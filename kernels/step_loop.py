@@ -1,0 +1,945 @@
+"""The step loop: ``K >= 1`` replicas of one pool on one clock behind a router, each a step-level scheduler.
+
+One kernel, :func:`simulate`, runs every batching simulation of mcsim: one serving instance is ``K = 1``.
+Each instance builds its steps as vLLM's scheduler does; what differs between scheduler policies and between
+routers are integer hooks in ``params_int`` that the loop reads (:mod:`mcsim.perf.policies` and
+:mod:`mcsim.scenario.routing` name them), not loops of their own.
+
+Step of one instance (continuous batching)
+------------------------------------------
+1. Arrivals: a request routed to the instance at or before the step's start is in its waiting queue (FCFS, or
+   ``P_ORDER == ORDER_KEY``: a binary heap on ``(key, rank of release)``, the lowest key at the head, FCFS among
+   equal keys).
+2. KV growth (``P_PREEMPT`` only): every decoding sequence, oldest admission first, that needs more KV blocks for
+   the tokens of this step's pass takes them from the pool. If the pool is short, the most recently admitted
+   running sequence is preempted (possibly the one asking) until the need fits. Preemption is by *recompute*:
+   the victim loses its KV and its prefill progress and goes back to the head of the waiting queue (several
+   victims of one step keep their admission order there; under a keyed order, back under its own key and rank);
+   output already produced stays produced.
+3. Decodes: every decoding sequence runs one pass and costs ``verify_tokens`` tokens of the step's
+   ``token_budget`` (``k + 1`` with speculative decoding, 1 without). Decodes are never deferred.
+4. Prefill chunks: the remaining budget goes, in admission order, to admitted sequences whose prefill is
+   unfinished, each getting ``min(prefill left, budget left, chunk_tokens)`` (``chunk_tokens == 0``: no
+   per-request cap); then waiting requests are admitted from the queue head, without skipping, while budget is
+   left, fewer than ``max_seqs`` sequences run, fewer than ``P_MAX_NEW`` were admitted in this step (0: no cap)
+   and the pool holds the request's blocks; each admitted request gets its first chunk in the same step. No
+   admission happens in a step that preempted. A first admission looks the request up in the instance's prefix
+   cache (below) and inserts its blocks; its prefill is the prompt less the reused tokens.
+5. Step time: bilinear interpolation of ``step_time_table`` at (decoding sequences, prefill tokens), clamped to
+   the table's edges, plus ``kv_slope(d) x (S - d x kv_ref_context)``, where ``S`` is the summed KV length of the
+   ``d`` decoding sequences. A decoding sequence that has run ``j`` of its ``P`` passes attends over
+   ``context + 1 + j x (output - 1) / P`` tokens (the linear form of the tokens it has produced, so that ``S`` is
+   updated in O(1) per step); a static batch's finished members stay at ``context + output``.
+6. At the end of the step, a sequence whose prefill completed emits its first token (not after a recompute) and
+   decodes from the next step (it finishes there if it has no passes); a decoding sequence that ran its last pass
+   finishes.
+
+KV blocks: a request with ``c`` context tokens that has produced ``g`` output tokens holds
+``ceil((c + g) / block_tokens)`` blocks; after ``j`` of its ``P`` passes it has produced
+``g(j) = 1 + floor(j * (output - 1) / P)`` tokens. Without ``P_PREEMPT`` admission reserves the whole request,
+``ceil((c + output) / block_tokens)`` blocks; with it, admission takes ``ceil((c + g(j)) / block_tokens)`` and
+the sequence grows before each pass that crosses a block. A recompute prefills the tokens its first admission
+computed plus ``g(j)`` and runs no pass of its own.
+
+Policy hooks
+------------
+- ``P_POLICY == POLICY_STATIC``: when no batch is in progress and requests wait, a batch is formed from the queue
+  head (FCFS): up to ``max_seqs`` requests while the pool holds their whole reservations (``P_PREEMPT`` ignored).
+  It is prefilled (steps of ``token_budget`` prefill tokens, chunked as above, no decodes), each member's first
+  token emitted at the end of the step that completes its prefill; then decoded for as many steps as its longest
+  member has passes, every member counting as a decoding sequence throughout. All members finish, and their
+  blocks return, at the end of the batch's last step.
+- ``P_MIXING == MIXING_EXCLUSIVE``: a step is prefill only (the whole ``token_budget``, no decodes) when a running
+  sequence has prefill left or the queue head can be admitted, else decode only (no admission). Decoding
+  sequences do not advance in a prefill step: the per-instance *decode clock* counts the steps that run the
+  decodes. A decode step whose KV growth preempts every decoding sequence is not run.
+- ``P_MAX_NEW > 0``: step 4 admits at most that many requests.
+
+Routers
+-------
+Arrivals are taken in order of (arrival time, index). Before request ``r`` arriving at ``t`` is routed, every step
+of the fleet that *starts* before ``t`` runs. The router then picks an instance from the state the instances have
+at ``t``, their load being the requests in flight (waiting + running); a step runs whole when it starts, so a step
+that started before ``t`` and ends after it still counts its finishing requests as in flight and their blocks as
+held. The router's hooks:
+
+- ``P_ROUTE_PICK == PICK_GIVEN``: instance ``given_instance[r]`` (the caller computes round-robin, random and
+  prefix affinity, which need nothing of the instances' state);
+- ``PICK_LEAST``: the least load (``P_ROUTE_MEASURE == MEASURE_OUTSTANDING``) or the most free KV blocks
+  (``MEASURE_FREE_KV``), ties to the lowest index; with ``P_ROUTE_PREFIX`` (SGLang's cache-aware rule), unless
+  the fleet is imbalanced (the largest load exceeds the smallest by more than ``balance_requests`` *and* by more
+  than ``(1 + balance)`` times), the instance whose prefix cache holds the longest leading run of the request's
+  blocks *now*, ties to the lower load.
+
+The request joins the tail of that instance's waiting queue; an idle instance's clock jumps to the arrival (or
+stays at the end of its last step if that is later). After the last arrival every instance drains.
+
+Closed loop (``P_CLOSED_USERS = U > 0``): requests ``0 .. U-1`` arrive at ``arrival_s``, and request ``r >= U``
+arrives ``think_s[r]`` after request ``r - U`` (the same user's previous one) finishes, in order of (time, index)
+among the pending ones. The fleet's steps then run in time order (as with a pooled cache), so a follower is
+routed before any step that starts after it arrives; otherwise each instance runs its steps up to the next
+arrival in turn, which gives the same steps and keeps its rows warm.
+
+Prefix caches on the same clock
+-------------------------------
+When ``capacity_blocks[0] > 0`` every instance keeps its own tiered LRU prefix cache (the tiers of
+``capacity_blocks``, with the rules and code of :mod:`mcsim.kernels.kv_tiers`), or, with ``pooled``, all of them
+share one. A request is looked up and its blocks inserted when its instance first admits it. Its reused tokens are
+its reused blocks x ``block_tokens``, less what would leave no prompt token to compute (at least one is computed,
+taken from the first tier's share first, then the next's).
+
+Measured window and statistics
+------------------------------
+The window runs from ``warmup_s`` (or, ``warmup_request >= 0``, from that request's arrival) to the time the last
+request is first seen by its instance's scheduler: its arrival, or the end of the step its instance is running
+then. Over the steps that start inside it (at or after its start, before the last request is routed) ``out_stats``
+sums, at the ``STAT_*`` indices of :mod:`mcsim.kernels.batching_helpers` and over all instances: steps, their step
+time, decoding sequences over the steps that decode and those steps; the requests in flight integrated over time
+(each step weighs its instance's in-flight count at its start by its length within the window); the requests
+waiting when the last one has been routed; the total steps, the window end, the end of the last step and a status.
+
+Cost
+----
+Per-sequence progress is implicit: every decoding sequence advances one pass per decode step, so a sequence that
+starts decoding after step ``s`` with ``R`` passes left finishes at step ``s + R`` and is filed under that step in a
+timing wheel (per instance, a ring of doubly linked lists over its decode clock; a ring shorter than the longest
+stretch holds, in a slot, the sequences of every step congruent to it and the loop takes those of the current
+step); likewise the next step at which it needs a KV block. A step costs O(1 + finishing + block growths + prefill
+chunks), not O(running). An arrival costs O(1) under a given placement, O(K) under a least-load router and
+O(K x its blocks) under the cache-aware one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mcsim.accelerate import kernel
+from mcsim.kernels.batching_helpers import (
+    _DECODING, _DONE, _HEAP_SIZE, _PREFILLING, _WAITING, MIXING_EXCLUSIVE, ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS,
+    P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_MIXING, P_ORDER, P_POLICY, P_PREEMPT, P_ROUTE_MEASURE,
+    P_ROUTE_PICK, P_ROUTE_PREFIX, P_TOKEN_BUDGET, P_VERIFY_TOKENS, PICK_GIVEN, MEASURE_FREE_KV, POLICY_STATIC,
+    STAT_PREEMPTIONS, STAT_STATUS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_END_S, _heap_pop, _heap_push, _kv_rate,
+    _next_block_step, _store_window, _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
+)
+from mcsim.kernels.fleet_heaps import _grown, heap_push, heap_remove
+from mcsim.kernels.kv_tiers import admit_blocks, cached_prefix, next_tiers, reset_caches
+
+STATUS_OK = 0
+STATUS_STALLED = 1  # a step with nothing to run (a validated input never produces one)
+
+#: Largest timing-wheel slots of all instances together; beyond it each instance's ring is shortened (results do
+#: not depend on its length).
+WHEEL_SLOTS = 1 << 22
+
+
+@kernel(inline="always")
+def _first_admission(s, owner, caching, cache_state, head, tail, count, capacity_blocks, next_tier, block_keys,
+                     block_ptr, key_stride, hits, block_tokens, prompt_tokens, out_cached):
+    """Look request ``s`` up in cache ``owner`` and insert its blocks; returns the prompt tokens to compute."""
+    cached = 0
+    if caching:
+        n_tiers = capacity_blocks.shape[0]
+        hits[0, :] = 0
+        admit_blocks(cache_state, head, tail, count, capacity_blocks, next_tier, block_keys, block_ptr[s],
+                     block_ptr[s + 1], owner * key_stride, owner, hits, 0)
+        # Reused tokens, less what would leave no prompt token to compute (the first tier's share first).
+        excess = -(prompt_tokens[s] - 1)
+        for tier in range(n_tiers):
+            excess += hits[0, tier] * block_tokens
+        for tier in range(n_tiers):
+            tokens = hits[0, tier] * block_tokens
+            take = min(max(excess, 0), tokens)
+            out_cached[s, tier] = tokens - take
+            excess -= take
+            cached += tokens - take
+    return max(prompt_tokens[s] - cached, 1)
+
+
+@kernel(inline="always")
+def _file(head, nxt, prv, at, base, mask, r, when):
+    """File ``r`` under step ``when`` of an instance's timing wheel (ring ``head[base:base + mask + 1]``)."""
+    at[r] = when
+    prv[r] = -1
+    slot = base + (when & mask)
+    nxt[r] = head[slot]
+    if nxt[r] >= 0:
+        prv[nxt[r]] = r
+    head[slot] = r
+
+
+@kernel(inline="always")
+def _unfile(head, nxt, prv, at, base, mask, r):
+    """Take ``r`` out of the wheel list it is filed in (nothing if it is in none)."""
+    if at[r] < 0:
+        return
+    if prv[r] >= 0:
+        nxt[prv[r]] = nxt[r]
+    else:
+        head[base + (at[r] & mask)] = nxt[r]
+    if nxt[r] >= 0:
+        prv[nxt[r]] = prv[r]
+    at[r] = -1
+
+
+@kernel
+def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance, queue_key,
+             key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, balance,
+             balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope,
+             kv_ref_context, cache_state, out_arrival_s, out_instance, out_first_token_s, out_finish_s, out_queue_s,
+             out_cached, out_instance_steps, out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s,
+             log_waiting):
+    """Simulate ``K`` instances behind a router (rules in the module docstring); ``K = 1`` is one instance.
+
+    Parameters
+    ----------
+    arrival_s : float64[n]
+        Arrival times, s, sorted (open loop); in a closed loop (``P_CLOSED_USERS = U > 0``) those of requests
+        ``0 .. U-1`` (any order).
+    prompt_tokens : int64[n]
+        Prompt tokens; the prefill is what the instance's prefix cache does not hold (all of them, >= 1, without a
+        cache: pass the tokens left to compute then).
+    context_tokens : int64[n]
+        Full prompt length, tokens (>= prompt_tokens); sets the KV footprint.
+    output_tokens : int64[n]
+        Tokens generated (>= 1), the first one by prefill.
+    passes : int64[n]
+        Decode passes after the first token (0 iff output_tokens == 1; output_tokens - 1 without speculative
+        decoding, fewer with it).
+    think_s : float64[n]
+        Closed loop: request ``r >= U`` arrives ``think_s[r]`` after request ``r - U`` finishes.
+    given_instance : int64[n]
+        Instances in [0, K), read under ``PICK_GIVEN``.
+    queue_key : int64[n]; key_uncached : bool
+        ``P_ORDER == ORDER_KEY``: the key of each request (lower first); with ``key_uncached``, the prompt tokens its
+        instance's cache does not hold when it joins the queue (``queue_key`` holding the prompt tokens).
+    block_ptr, block_keys : int64[n + 1], int64[nnz]
+        CSR prompt blocks of each request, in prompt order; block ids in ``[0, key_stride)``, distinct within a
+        request. Read only with a cache.
+    key_stride : int
+        Block ids per cache: cache ``i`` keeps block ``b`` under key ``i * key_stride + b``.
+    capacity_blocks : int64[T]
+        One cache's capacity per tier, blocks, first tier first (0 = tier absent; first tier 0 = no cache); with
+        ``pooled``, the one shared cache's.
+    pooled : bool
+        One prefix cache shared by every instance instead of one each.
+    params_int : int64[N_PARAMS]
+        At the ``P_*`` indices of :mod:`mcsim.kernels.batching_helpers`: token_budget, max_seqs, kv_blocks (per
+        instance), block_tokens (also the cache's block), chunk_tokens (0 = no cap), verify_tokens, policy,
+        preempt, closed_users, order, mixing, max_new, and the router's pick, measure and prefix hooks.
+    balance, balance_requests : float, int
+        The cache-aware rule's relative and absolute imbalance thresholds.
+    warmup_s : float
+        Start of the measured window, s.
+    warmup_request : int
+        ``>= 0``: the window starts instead when this request arrives; ``warmup_s`` is then not read.
+    step_time_table : float64[n_decode_edges, n_prefill_edges]
+        Step time, s, at each (decoding sequences, prefill tokens) edge pair.
+    decode_edges, prefill_edges : float64[:]
+        Strictly increasing grids of the table (sequences; tokens).
+    kv_slope : float64[n_decode_edges]
+        Seconds one more KV token of a decoding sequence adds to a step, at each decode edge (0: the table alone).
+    kv_ref_context : float
+        KV length per decoding sequence at which the table was computed, tokens.
+    cache_state : int32[K * key_stride, 4] (``key_stride`` rows when pooled)
+        Workspace of the caches (overwritten); may be empty without a cache.
+    out_arrival_s, out_first_token_s, out_finish_s, out_queue_s : float64[n]
+        Written: each request's arrival (a closed loop's followers' included), first-token and finish times (s)
+        and its wait from arrival to first admission (s).
+    out_instance : int64[n]
+        Written: the instance each request was routed to.
+    out_cached : int64[n, T]
+        Written: prompt tokens each request reused from each tier.
+    out_instance_steps : int64[K]
+        Written: steps each instance ran; its length sets ``K``.
+    out_stats : float64[N_STATS]
+        Written at the ``STAT_*`` indices.
+    log_start_s, log_step_s : float64[K, L]; log_decode_seqs, log_prefill_tokens, log_waiting : int64[K, L]
+        Written: each instance's first ``L`` steps (start, decoding sequences, prefill tokens, step time, requests
+        waiting after admission); ``L`` may be 0.
+
+    Returns
+    -------
+    int
+        ``STATUS_OK``, or ``STATUS_STALLED`` when a step had nothing to run.
+    """
+    n = arrival_s.shape[0]
+    k = out_instance_steps.shape[0]
+    token_budget = params_int[P_TOKEN_BUDGET]
+    max_seqs = params_int[P_MAX_SEQS]
+    block_tokens = params_int[P_BLOCK_TOKENS]
+    chunk_tokens = params_int[P_CHUNK_TOKENS]
+    verify_tokens = params_int[P_VERIFY_TOKENS]
+    static = params_int[P_POLICY] == POLICY_STATIC
+    preempt = params_int[P_PREEMPT] != 0 and not static  # a static batch reserves whole requests
+    keyed = params_int[P_ORDER] == ORDER_KEY and not static  # static batches form first come, first served
+    exclusive = params_int[P_MIXING] == MIXING_EXCLUSIVE and not static
+    max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 and not static else n + 1
+    users = params_int[P_CLOSED_USERS]
+    closed = users > 0
+    pick_given = params_int[P_ROUTE_PICK] == PICK_GIVEN
+    by_free_kv = params_int[P_ROUTE_MEASURE] == MEASURE_FREE_KV
+    caching = capacity_blocks[0] > 0
+    by_prefix = params_int[P_ROUTE_PREFIX] != 0 and caching and not pooled
+    ordered = pooled or closed  # steps in the fleet's time order: a shared cache, or followers of finishing requests
+    if warmup_request >= 0:
+        warmup_s = np.inf  # until that request arrives
+
+    # Per request. Arrays that a policy never reads have one element: allocating and touching n-long arrays costs
+    # more than a static run's whole decode phase.
+    n_cont = 1 if static else n  # read by continuous policies only
+    n_pre = n if preempt else 1  # read with preemption only
+    req_state = np.zeros(n, np.int8)
+    prefill_left = np.zeros(n, np.int64)
+    chunk = np.zeros(n, np.int64)
+    held = np.zeros(n, np.int64)
+    first_done = np.zeros(n, np.bool_)
+    miss = np.zeros(n, np.int64)  # prompt tokens the first admission had to compute
+    passes_done = np.zeros(n_cont, np.int64)  # passes run before the current decode stretch began
+    decode_start = np.zeros(n_cont, np.int64)  # decode-clock step of the current stretch's first pass
+    admitted_once = np.zeros(n_cont, np.bool_)
+    stamp = np.zeros(n_cont, np.int64)  # admission rank: block growth goes oldest first
+    run_prev = np.full(n_pre, -1, np.int64)  # running sequences in admission order (victims from the tail)
+    run_next = np.full(n_pre, -1, np.int64)
+    # Waiting queues: FCFS as singly linked lists; keyed as per-instance heaps on (key, rank of release), grown
+    # when one fills.
+    q_head = np.full(k, -1, np.int64)
+    q_tail = np.full(k, -1, np.int64)
+    q_len = np.zeros(k, np.int64)
+    q_next = np.full(n, -1, np.int64)
+    key = np.zeros(n if keyed else 1, np.int64)
+    tie = np.zeros(n if keyed else 1, np.int64)
+    q_cap = 64 if keyed else 1
+    q_k1 = np.empty((k, q_cap), np.int64)
+    q_k2 = np.empty((k, q_cap), np.int64)
+    q_s = np.empty((k, q_cap), np.int64)
+    q_pos = np.full(n if keyed else 1, -1, np.int64)
+    # Per instance: sequences admitted with prefill left, in admission order (a ring), and a static batch.
+    pf_cap = max(1, min(max_seqs, n))
+    pf = np.empty((k, pf_cap), np.int64)
+    survivors = np.empty(pf_cap, np.int64)
+    growing = np.empty(pf_cap, np.int64)
+    n_batch = pf_cap if static else 1
+    batch = np.empty((k if static else 1, n_batch), np.int64)
+    by_passes = np.empty((k if static else 1, n_batch), np.int64)
+    member_passes = np.empty(n_batch, np.int64)
+    # Timing wheels: per instance and decode-clock step, the sequences finishing at its end and those needing a
+    # block at its start.
+    max_passes = 0
+    for r in range(n):
+        max_passes = max(max_passes, passes[r])
+    wheel = 1
+    while wheel < max_passes + 2:
+        wheel <<= 1
+    while k * wheel > WHEEL_SLOTS and wheel > 2 * pf_cap:
+        wheel >>= 1
+    mask = wheel - 1
+    finish_head = np.full(k * wheel, -1, np.int64)
+    f_next = np.full(n_cont, -1, np.int64)
+    f_prev = np.full(n_cont, -1, np.int64)
+    f_step = np.full(n_cont, -1, np.int64)
+    block_head = np.full(k * wheel if preempt else 1, -1, np.int64)
+    b_next = np.full(n_pre, -1, np.int64)
+    b_prev = np.full(n_pre, -1, np.int64)
+    b_step = np.full(n_pre, -1, np.int64)
+    track_kv = False  # a static batch's KV is followed only when it costs something
+    for e in range(kv_slope.shape[0]):
+        track_kv = track_kv or kv_slope[e] != 0.0
+    # Decode-only steps are most steps: their times are looked up, not interpolated.
+    decode_only_s = np.empty(max_seqs + 1 if max_seqs < n else n + 1)
+    slope_of = np.empty(decode_only_s.shape[0])  # seconds per KV token at d decoding sequences
+    for d in range(decode_only_s.shape[0]):
+        decode_only_s[d] = step_time(step_time_table, decode_edges, prefill_edges, d, 0)
+        slope_of[d] = kv_slope_at(kv_slope, decode_edges, d)
+
+    # The instances' scalar state, loaded into locals while one of them runs its steps.
+    clock = np.full(k, -np.inf)  # start of each instance's next step
+    free_blocks = np.full(k, params_int[P_KV_BLOCKS], np.int64)
+    running = np.zeros(k, np.int64)
+    decoding = np.zeros(k, np.int64)
+    kv_sum = np.zeros(k)  # summed KV length of the decoding sequences at the next step's pass
+    kv_rate = np.zeros(k)  # KV tokens one pass of every decoding sequence adds
+    dclock = np.zeros(k, np.int64)  # decode steps run: the timing wheels' clock
+    pf_head = np.zeros(k, np.int64)
+    pf_len = np.zeros(k, np.int64)
+    run_tail = np.full(k, -1, np.int64)
+    decode_left = np.full(k, -1, np.int64)  # decode steps left in the static batch; -1 while it prefills
+    static_step_s = np.zeros(k)  # the static batch's decode step time before its KV term, and its KV slope
+    static_slope = np.zeros(k)
+    static_done = np.zeros(k, np.int64)  # decode steps the static batch has run
+    static_stop = np.zeros(k, np.int64)  # its members (by passes) whose KV no longer grows
+    # The requests that finish at the end of each instance's last step, and the KV blocks they free: while that
+    # step runs (its end is after an arrival) they are still in flight, and their blocks still held.
+    ending = np.zeros(k, np.int64)
+    freeing = np.zeros(k, np.int64)
+    load = np.zeros(k, np.int64)  # the router's view at an arrival
+    free_now = np.zeros(k, np.int64)
+    out_instance_steps[:] = 0
+    out_cached[:, :] = 0
+    out_stats[:] = 0.0
+    out_stats[STAT_WINDOW_END_S] = np.nan
+    out_first_token_s[:] = np.nan
+    out_finish_s[:] = np.nan
+    out_queue_s[:] = np.nan
+    if closed:
+        out_arrival_s[:] = np.nan
+    else:
+        out_arrival_s[:] = arrival_s
+
+    n_tiers = capacity_blocks.shape[0]
+    head = np.empty(n_tiers * k, np.int32)
+    tail = np.empty(n_tiers * k, np.int32)
+    count = np.empty(n_tiers * k, np.int64)
+    next_tier = next_tiers(capacity_blocks)
+    if caching:
+        reset_caches(cache_state, head, tail, count)
+    hits = np.zeros((1, n_tiers), np.int64)
+    log_cap = log_start_s.shape[1]
+
+    admissions = 0
+    preemptions = 0
+    in_system_integral = 0.0
+    window_steps = 0
+    window_step_s_sum = 0.0
+    window_decode_seqs_sum = 0
+    window_decode_steps = 0
+    steps = 0
+    end_s = 0.0
+    # With a shared cache or a closed loop, the busy instances by (next step start, index).
+    busy_t = np.empty(k)
+    busy_i = np.empty(k, np.int64)
+    busy_size = np.zeros(5, np.int64)
+    # A closed loop's pending arrivals by (time, index): at most one per user.
+    arrive_t = np.empty(max(users, 1))
+    arrive_r = np.empty(max(users, 1), np.int64)
+    pending = np.zeros(5, np.int64)
+    if closed:
+        for r in range(min(users, n)):
+            _heap_push(arrive_t, arrive_r, pending, arrival_s[r], r)
+    released = 0  # requests routed so far
+    while True:
+        if closed:
+            r = arrive_r[0] if pending[_HEAP_SIZE] > 0 else n
+            t_next = arrive_t[0] if pending[_HEAP_SIZE] > 0 else np.inf
+        else:
+            r = released
+            t_next = arrival_s[r] if r < n else np.inf
+        sweep = 0
+        while True:
+            # The next instance to run: the fleet's earliest in time order (one step); else instance by instance,
+            # every step before the arrival, which runs the same steps (nothing an instance does reaches another
+            # before the arrival) and keeps each instance's state in registers and its cache rows warm.
+            if ordered:
+                if busy_size[_HEAP_SIZE] == 0 or busy_t[0] >= t_next:
+                    break
+                i = busy_i[0]
+            else:
+                while sweep < k and not (running[sweep] + q_len[sweep] > 0 and clock[sweep] < t_next):
+                    sweep += 1
+                if sweep == k:
+                    break
+                i = sweep
+            base = i * wheel
+            t = clock[i]
+            free = free_blocks[i]
+            n_running = running[i]
+            n_decoding = decoding[i]
+            kvs = kv_sum[i]
+            kvr = kv_rate[i]
+            dc = dclock[i]
+            pfh = pf_head[i]
+            pfl = pf_len[i]
+            rtail = run_tail[i]
+            dleft = decode_left[i]
+            end_count = ending[i]
+            free_count = freeing[i]
+            own_steps = out_instance_steps[i]
+            ran = 0
+            while n_running + q_len[i] > 0 and t < t_next and (ran == 0 or not ordered):
+                in_system = q_len[i] + n_running
+                if static and dleft > 0:
+                    # The static batch's decode steps: nothing to build, the step time fixed but for the KV term.
+                    step_s0 = static_step_s[i]
+                    slope = static_slope[i]
+                    done = static_done[i]
+                    stop = static_stop[i]
+                    while True:
+                        step_s = step_s0
+                        if track_kv:
+                            if slope != 0.0:
+                                step_s = max(step_s + slope * (kvs - n_decoding * kv_ref_context), 1e-12)
+                            kvs += kvr
+                        t_end = t + step_s
+                        if own_steps < log_cap:
+                            log_start_s[i, own_steps] = t
+                            log_decode_seqs[i, own_steps] = n_decoding
+                            log_prefill_tokens[i, own_steps] = 0
+                            log_step_s[i, own_steps] = step_s
+                            log_waiting[i, own_steps] = q_len[i]
+                        if released < n:  # the step starts inside the arrival window
+                            if t_end > warmup_s:
+                                in_system_integral += in_system * (t_end - max(t, warmup_s))
+                            if t >= warmup_s:
+                                window_steps += 1
+                                window_step_s_sum += step_s
+                                window_decode_seqs_sum += n_decoding
+                                window_decode_steps += 1
+                        dleft -= 1
+                        if track_kv:
+                            done += 1
+                            while stop < n_running and passes[by_passes[i, stop]] == done:
+                                kvr -= _kv_rate(output_tokens[by_passes[i, stop]], passes[by_passes[i, stop]])
+                                stop += 1
+                        own_steps += 1
+                        steps += 1
+                        ran += 1
+                        end_s = max(end_s, t_end)
+                        t = t_end
+                        if dleft == 0 or t >= t_next or ordered:
+                            break
+                    static_done[i] = done
+                    static_stop[i] = stop
+                    if dleft == 0:  # every member finishes, and returns its blocks, at the batch's last step
+                        end_count = n_running
+                        free_count = params_int[P_KV_BLOCKS] - free
+                        for j in range(n_running):
+                            s = batch[i, j]
+                            req_state[s] = _DONE
+                            held[s] = 0
+                            out_finish_s[s] = t
+                            if closed and s + users < n:  # this user's next request
+                                _heap_push(arrive_t, arrive_r, pending, t + think_s[s + users], s + users)
+                        dleft = -1
+                        free = params_int[P_KV_BLOCKS]
+                        n_running = 0
+                        n_decoding = 0
+                        kvs = 0.0
+                        kvr = 0.0
+                    else:
+                        end_count = 0
+                        free_count = 0
+                    continue
+
+                # Exclusive prefill: the step is prefill only when there is prefill to do (a sequence with prefill
+                # left, or a waiting request that can be admitted), else decode only.
+                prefill_step = False
+                if exclusive:
+                    if pfl > 0:
+                        prefill_step = True
+                    elif q_len[i] > 0 and n_running < max_seqs:
+                        s = q_s[i, 0] if keyed else q_head[i]
+                        if preempt:
+                            tokens = context_tokens[s] + _tokens_after(output_tokens[s], passes[s], passes_done[s])
+                        else:
+                            tokens = context_tokens[s] + output_tokens[s]
+                        prefill_step = (tokens + block_tokens - 1) // block_tokens <= free
+
+                preempted = False
+                if preempt and not prefill_step:
+                    # KV growth of this step's pass, oldest admission first.
+                    slot = base + (dc & mask)
+                    m = 0
+                    g = block_head[slot]
+                    while g >= 0:
+                        following = b_next[g]
+                        if b_step[g] == dc:
+                            _unfile(block_head, b_next, b_prev, b_step, base, mask, g)
+                            growing[m] = g
+                            m += 1
+                        g = following
+                    for a in range(1, m):  # oldest admission first
+                        g = growing[a]
+                        j = a - 1
+                        while j >= 0 and stamp[growing[j]] > stamp[g]:
+                            growing[j + 1] = growing[j]
+                            j -= 1
+                        growing[j + 1] = g
+                    for a in range(m):
+                        g = growing[a]
+                        if req_state[g] != _DECODING:
+                            continue
+                        this_pass = passes_done[g] + (dc - decode_start[g]) + 1
+                        tokens = context_tokens[g] + _tokens_after(output_tokens[g], passes[g], this_pass)
+                        need = (tokens + block_tokens - 1) // block_tokens - held[g]
+                        while free < need:
+                            victim = rtail
+                            rtail = run_prev[victim]
+                            if rtail >= 0:
+                                run_next[rtail] = -1
+                            if req_state[victim] == _DECODING:
+                                passes_done[victim] += dc - decode_start[victim]
+                                _unfile(finish_head, f_next, f_prev, f_step, base, mask, victim)
+                                _unfile(block_head, b_next, b_prev, b_step, base, mask, victim)
+                                n_decoding -= 1
+                                rate = _kv_rate(output_tokens[victim], passes[victim])
+                                kvs -= context_tokens[victim] + 1 + passes_done[victim] * rate
+                                kvr -= rate
+                            else:  # the newest running sequence still prefilling is the prefill ring's tail
+                                pfl -= 1
+                            free += held[victim]
+                            held[victim] = 0
+                            req_state[victim] = _WAITING
+                            if keyed:  # back in the queue under its own key and rank of release
+                                if q_len[i] == q_cap:
+                                    q_k1, q_k2, q_s, q_cap = _grown(q_k1, q_k2, q_s)
+                                heap_push(q_k1, q_k2, q_s, q_pos, q_len, i, key[victim], tie[victim], victim)
+                            else:  # back at the head
+                                q_next[victim] = q_head[i]
+                                q_head[i] = victim
+                                if q_tail[i] < 0:
+                                    q_tail[i] = victim
+                                q_len[i] += 1
+                            n_running -= 1
+                            preemptions += 1
+                            preempted = True
+                            if victim == g:
+                                break
+                        if req_state[g] == _DECODING:
+                            free -= need
+                            held[g] += need
+                            grow = _next_block_step(context_tokens[g], output_tokens[g], passes[g], block_tokens,
+                                                    held[g], passes_done[g], decode_start[g])
+                            if grow >= 0:
+                                _file(block_head, b_next, b_prev, b_step, base, mask, g, grow)
+
+                if static and n_running == 0:
+                    # A new static batch: from the queue head while the pool holds whole reservations (no budget
+                    # cap: the batch's prefill spreads over as many steps as it needs).
+                    while q_len[i] > 0 and n_running < max_seqs:
+                        s = q_head[i]
+                        need = (context_tokens[s] + output_tokens[s] + block_tokens - 1) // block_tokens
+                        if need > free:
+                            break
+                        q_head[i] = q_next[s]
+                        q_len[i] -= 1
+                        if q_len[i] == 0:
+                            q_tail[i] = -1
+                        free -= need
+                        held[s] = need
+                        out_queue_s[s] = t - out_arrival_s[s]
+                        req_state[s] = _PREFILLING
+                        miss[s] = _first_admission(s, 0 if pooled else i, caching, cache_state, head, tail, count,
+                                                   capacity_blocks, next_tier, block_keys, block_ptr, key_stride,
+                                                   hits, block_tokens, prompt_tokens, out_cached)
+                        prefill_left[s] = miss[s]
+                        batch[i, n_running] = s
+                        n_running += 1
+                        pf[i, (pfh + pfl) % pf_cap] = s
+                        pfl += 1
+                    dleft = -1
+
+                if prefill_step:  # the decoding sequences wait
+                    decode_seqs = 0
+                    budget_left = token_budget
+                else:
+                    decode_seqs = n_decoding
+                    budget_left = 0 if exclusive else max(0, token_budget - decode_seqs * verify_tokens)
+                prefill = 0
+                touched = 0
+                while budget_left > 0 and touched < pfl:
+                    s = pf[i, (pfh + touched) % pf_cap]
+                    c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
+                    chunk[s] = c
+                    prefill += c
+                    budget_left -= c
+                    touched += 1
+                if not preempted and not static:
+                    admitted = 0
+                    while budget_left > 0 and q_len[i] > 0 and n_running < max_seqs and admitted < max_new:
+                        s = q_s[i, 0] if keyed else q_head[i]
+                        if preempt:
+                            tokens = context_tokens[s] + _tokens_after(output_tokens[s], passes[s], passes_done[s])
+                        else:
+                            tokens = context_tokens[s] + output_tokens[s]
+                        need = (tokens + block_tokens - 1) // block_tokens
+                        if need > free:
+                            break
+                        if keyed:
+                            heap_remove(q_k1, q_k2, q_s, q_pos, q_len, i, s)
+                        else:
+                            q_head[i] = q_next[s]
+                            q_len[i] -= 1
+                            if q_len[i] == 0:
+                                q_tail[i] = -1
+                        free -= need
+                        held[s] = need
+                        req_state[s] = _PREFILLING
+                        if not admitted_once[s]:
+                            admitted_once[s] = True
+                            out_queue_s[s] = t - out_arrival_s[s]
+                            miss[s] = _first_admission(s, 0 if pooled else i, caching, cache_state, head, tail,
+                                                       count, capacity_blocks, next_tier, block_keys, block_ptr,
+                                                       key_stride, hits, block_tokens, prompt_tokens, out_cached)
+                        prefill_left[s] = miss[s]
+                        if first_done[s]:  # recompute after preemption: prompt and the output produced so far
+                            prefill_left[s] += _tokens_after(output_tokens[s], passes[s], passes_done[s])
+                        stamp[s] = admissions
+                        admissions += 1
+                        admitted += 1
+                        if preempt:
+                            run_prev[s] = rtail
+                            run_next[s] = -1
+                            if rtail >= 0:
+                                run_next[rtail] = s
+                            rtail = s
+                        n_running += 1
+                        pf[i, (pfh + pfl) % pf_cap] = s
+                        pfl += 1
+                        c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
+                        chunk[s] = c
+                        prefill += c
+                        budget_left -= c
+                        touched += 1
+                if decode_seqs == 0 and prefill == 0:
+                    if exclusive:  # every decoding sequence was preempted: the next step prefills them again
+                        continue
+                    out_stats[STAT_STATUS] = STATUS_STALLED
+                    return STATUS_STALLED
+                # The decode clock advances at each step that runs the decodes: every step but an exclusive
+                # prefill step.
+                advance = 1 if decode_seqs > 0 or not exclusive else 0
+
+                if prefill == 0 and decode_seqs < decode_only_s.shape[0]:
+                    step_s = decode_only_s[decode_seqs]
+                else:
+                    step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill)
+                if decode_seqs > 0:
+                    slope = slope_of[decode_seqs] if decode_seqs < slope_of.shape[0] else \
+                        kv_slope_at(kv_slope, decode_edges, decode_seqs)
+                    if slope != 0.0:
+                        step_s = max(step_s + slope * (kvs - decode_seqs * kv_ref_context), 1e-12)
+                    kvs += kvr  # every decoding sequence ran its pass
+                t_end = t + step_s
+                if own_steps < log_cap:
+                    log_start_s[i, own_steps] = t
+                    log_decode_seqs[i, own_steps] = decode_seqs
+                    log_prefill_tokens[i, own_steps] = prefill
+                    log_step_s[i, own_steps] = step_s
+                    log_waiting[i, own_steps] = q_len[i]
+                if released < n:  # the step starts inside the arrival window
+                    if t_end > warmup_s:
+                        in_system_integral += in_system * (t_end - max(t, warmup_s))
+                    if t >= warmup_s:
+                        window_steps += 1
+                        window_step_s_sum += step_s
+                        if decode_seqs > 0:
+                            window_decode_seqs_sum += decode_seqs
+                            window_decode_steps += 1
+                end_count = 0
+                free_count = 0
+
+                # Prefill progress; sequences whose prefill completes leave the ring, the others keep their order.
+                if touched > 0:  # (most steps are decode-only)
+                    n_survivors = 0
+                    for j in range(touched):
+                        s = pf[i, (pfh + j) % pf_cap]
+                        prefill_left[s] -= chunk[s]
+                        if prefill_left[s] > 0:
+                            survivors[n_survivors] = s
+                            n_survivors += 1
+                            continue
+                        if not first_done[s]:
+                            first_done[s] = True
+                            out_first_token_s[s] = t_end
+                        if static:  # members decode together once the whole batch is prefilled
+                            continue
+                        passes_left = passes[s] - passes_done[s]
+                        if passes_left == 0:
+                            req_state[s] = _DONE
+                            free += held[s]
+                            end_count += 1
+                            free_count += held[s]
+                            held[s] = 0
+                            n_running -= 1
+                            if preempt:
+                                rtail = unlink_running(run_prev, run_next, rtail, s)
+                            out_finish_s[s] = t_end
+                            if closed and s + users < n:  # this user's next request
+                                _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
+                            continue
+                        req_state[s] = _DECODING
+                        n_decoding += 1
+                        rate = _kv_rate(output_tokens[s], passes[s])
+                        kvs += context_tokens[s] + 1 + passes_done[s] * rate
+                        kvr += rate
+                        decode_start[s] = dc + advance
+                        _file(finish_head, f_next, f_prev, f_step, base, mask, s, decode_start[s] + passes_left - 1)
+                        if preempt:
+                            grow = _next_block_step(context_tokens[s], output_tokens[s], passes[s], block_tokens,
+                                                    held[s], passes_done[s], decode_start[s])
+                            if grow >= 0:
+                                _file(block_head, b_next, b_prev, b_step, base, mask, s, grow)
+                    pfh = (pfh + touched - n_survivors) % pf_cap
+                    for j in range(n_survivors):
+                        pf[i, (pfh + j) % pf_cap] = survivors[j]
+                    pfl -= touched - n_survivors
+
+                if static:  # a prefill step of a static batch (its decode steps take the short path above)
+                    if pfl == 0:  # the whole batch is prefilled: it decodes for its longest member's passes
+                        dleft = 0
+                        for j in range(n_running):
+                            dleft = max(dleft, passes[batch[i, j]])
+                        n_decoding = n_running
+                        static_step_s[i] = decode_only_s[n_running]
+                        static_slope[i] = slope_of[n_running]
+                        static_done[i] = 0
+                        static_stop[i] = 0
+                        if track_kv:
+                            kvs = 0.0
+                            kvr = 0.0
+                            for j in range(n_running):
+                                s = batch[i, j]
+                                kvs += context_tokens[s] + 1
+                                kvr += _kv_rate(output_tokens[s], passes[s])
+                                member_passes[j] = passes[s]
+                            order = np.argsort(member_passes[:n_running], kind="mergesort")
+                            for j in range(n_running):
+                                by_passes[i, j] = batch[i, order[j]]
+                            stop = 0  # members without passes pad the batch from the start
+                            while stop < n_running and passes[by_passes[i, stop]] == 0:
+                                stop += 1
+                            static_stop[i] = stop
+                        if dleft == 0:  # single-token outputs only: the batch ends with its prefill
+                            end_count = n_running
+                            free_count = params_int[P_KV_BLOCKS] - free
+                            for j in range(n_running):
+                                s = batch[i, j]
+                                req_state[s] = _DONE
+                                held[s] = 0
+                                out_finish_s[s] = t_end
+                                if closed and s + users < n:
+                                    _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
+                            dleft = -1
+                            free = params_int[P_KV_BLOCKS]
+                            n_running = 0
+                            n_decoding = 0
+                else:
+                    # Sequences whose last pass ran in this step, in reverse order of filing.
+                    if advance:
+                        slot = base + (dc & mask)
+                        s = finish_head[slot]
+                        while s >= 0:
+                            following = f_next[s]
+                            if f_step[s] == dc:
+                                _unfile(finish_head, f_next, f_prev, f_step, base, mask, s)
+                                req_state[s] = _DONE
+                                free += held[s]
+                                end_count += 1
+                                free_count += held[s]
+                                held[s] = 0
+                                n_running -= 1
+                                n_decoding -= 1
+                                kvs -= context_tokens[s] + output_tokens[s]  # context + 1 + passes x rate
+                                kvr -= _kv_rate(output_tokens[s], passes[s])
+                                if preempt:  # no block growth is pending: the last one was at this step's start
+                                    rtail = unlink_running(run_prev, run_next, rtail, s)
+                                out_finish_s[s] = t_end
+                                if closed and s + users < n:  # this user's next request
+                                    _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
+                            s = following
+                        dc += 1
+                    if n_decoding == 0:  # no rounding carried from one busy period to the next
+                        kvs = 0.0
+                        kvr = 0.0
+                own_steps += 1
+                steps += 1
+                ran += 1
+                end_s = max(end_s, t_end)
+                t = t_end
+            clock[i] = t
+            free_blocks[i] = free
+            running[i] = n_running
+            decoding[i] = n_decoding
+            kv_sum[i] = kvs
+            kv_rate[i] = kvr
+            dclock[i] = dc
+            pf_head[i] = pfh
+            pf_len[i] = pfl
+            run_tail[i] = rtail
+            decode_left[i] = dleft
+            ending[i] = end_count
+            freeing[i] = free_count
+            out_instance_steps[i] = own_steps
+            if ordered:
+                _heap_pop(busy_t, busy_i, busy_size)  # i was the top
+                if n_running + q_len[i] > 0:
+                    _heap_push(busy_t, busy_i, busy_size, t, i)
+                if closed and pending[_HEAP_SIZE] > 0 and (arrive_t[0] < t_next
+                                                           or (arrive_t[0] == t_next and arrive_r[0] < r)):
+                    r = arrive_r[0]  # a follower of this step arrives before the arrival in hand
+                    t_next = arrive_t[0]
+        if r == n:
+            break
+        if closed:
+            _heap_pop(arrive_t, arrive_r, pending)
+            out_arrival_s[r] = t_next
+        if r == warmup_request:
+            warmup_s = t_next
+
+        chosen = 0
+        if pick_given:
+            chosen = given_instance[r]
+        elif k > 1:
+            # The instances as they are at the arrival: a step still running holds its finishing requests.
+            for i in range(k):
+                running_late = clock[i] > t_next
+                load[i] = q_len[i] + running[i] + (ending[i] if running_late else 0)
+                free_now[i] = free_blocks[i] - (freeing[i] if running_late else 0)
+            if by_free_kv:
+                for i in range(1, k):
+                    if free_now[i] > free_now[chosen]:
+                        chosen = i
+            else:
+                least = 0
+                most = 0
+                for i in range(1, k):
+                    if load[i] < load[least]:
+                        least = i
+                    if load[i] > load[most]:
+                        most = i
+                chosen = least
+                imbalanced = load[most] - load[least] > balance_requests and load[most] > (1.0 + balance) * load[least]
+                if by_prefix and not imbalanced:
+                    best_len = -1
+                    for i in range(k):
+                        length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
+                                               i * key_stride)
+                        if length > best_len or (length == best_len and load[i] < load[chosen]):
+                            chosen = i
+                            best_len = length
+        out_instance[r] = chosen
+        if running[chosen] == 0 and q_len[chosen] == 0:
+            clock[chosen] = max(clock[chosen], t_next)
+            if ordered:
+                _heap_push(busy_t, busy_i, busy_size, clock[chosen], chosen)
+        req_state[r] = _WAITING
+        if keyed:
+            key[r] = queue_key[r]
+            if key_uncached and caching:  # the prompt tokens the instance's cache does not hold now
+                owner = 0 if pooled else chosen
+                held_prefix = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
+                                            owner * key_stride) * block_tokens
+                key[r] = max(queue_key[r] - held_prefix, 1)
+            tie[r] = released
+            if q_len[chosen] == q_cap:
+                q_k1, q_k2, q_s, q_cap = _grown(q_k1, q_k2, q_s)
+            heap_push(q_k1, q_k2, q_s, q_pos, q_len, chosen, key[r], tie[r], r)
+        else:
+            if q_tail[chosen] >= 0:
+                q_next[q_tail[chosen]] = r
+            else:
+                q_head[chosen] = r
+            q_tail[chosen] = r
+            q_next[r] = -1
+            q_len[chosen] += 1
+        released += 1
+        if released == n:
+            waiting = 0
+            for i in range(k):
+                waiting += q_len[i]
+            out_stats[STAT_WAITING_AT_WINDOW_END] = waiting
+            out_stats[STAT_WINDOW_END_S] = clock[chosen]  # when the instance's scheduler first sees it
+
+    _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+                  window_decode_steps, steps, end_s)
+    out_stats[STAT_PREEMPTIONS] = preemptions
+    return STATUS_OK
