@@ -38,13 +38,13 @@ before any step that starts after it arrives.
 
 Prefix caches on the same clock
 -------------------------------
-When ``capacity_blocks[0] > 0`` every instance keeps its own tiered LRU prefix cache (HBM -> DRAM -> NVMe,
-the rules and code of :mod:`mcsim.kernels.kv_tiers`), or, with ``pooled``, all of them share one (a KV
-store). A request is looked up and its blocks are inserted when its instance first *admits* it (step 3
-below), so a hit depends on what that cache had admitted before, in the fleet's time order. Its reused tokens
-are its reused blocks x ``block_tokens``, less what would leave no prompt token to compute (at least one is
-computed, taken from HBM's share first, then DRAM's, then NVMe's), and its prefill is the rest of the
-prompt. With ``capacity_blocks[0] == 0`` nothing is cached and the prefill is the whole prompt.
+When ``capacity_blocks[0] > 0`` every instance keeps its own tiered LRU prefix cache (one LRU list per tier, in
+the order of ``capacity_blocks``: the rules and code of :mod:`mcsim.kernels.kv_tiers`), or, with ``pooled``, all
+of them share one (a KV store). A request is looked up and its blocks are inserted when its instance first
+*admits* it (step 3 below), so a hit depends on what that cache had admitted before, in the fleet's time order.
+Its reused tokens are its reused blocks x ``block_tokens``, less what would leave no prompt token to compute (at
+least one is computed, taken from the first tier's share first, then the next tier's, and so on), and its
+prefill is the rest of the prompt. With ``capacity_blocks[0] == 0`` nothing is cached and the prefill is the whole prompt.
 
 Step of one instance (continuous, mixed)
 ----------------------------------------
@@ -96,7 +96,7 @@ from mcsim.kernels.batching_helpers import (
     prefill_chunk, step_time, unlink_running,
 )
 from mcsim.kernels.fleet_heaps import _grown, heap_push, heap_remove
-from mcsim.kernels.kv_tiers import HBM, N_TIERS, admit_blocks, cached_prefix, next_tiers, reset_caches
+from mcsim.kernels.kv_tiers import admit_blocks, cached_prefix, next_tiers, reset_caches
 
 # Router codes (mcsim.perf.fleet_batching names them).
 ROUTER_ROUND_ROBIN = 0
@@ -145,9 +145,9 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         request. Read only with a cache (``capacity_blocks[0] > 0``).
     key_stride : int
         Block ids per instance: instance ``i`` keeps block ``b`` under key ``i * key_stride + b``.
-    capacity_blocks : int64[3]
-        One instance's HBM, DRAM and NVMe prefix-cache capacity, blocks (0 = tier absent; HBM 0 = no cache);
-        with ``pooled``, the one shared cache's.
+    capacity_blocks : int64[T]
+        One instance's prefix-cache capacity per tier, first tier first, blocks (0 = tier absent; first tier 0 =
+        no cache); with ``pooled``, the one shared cache's.
     pooled : bool
         One prefix cache shared by every instance (a KV store all of them read and fill) instead of one each.
     params_int : int64[N_PARAMS]
@@ -172,8 +172,8 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
         Written: the instance each request was routed to.
     out_first_token_s, out_finish_s, out_queue_s : float64[n]
         Written: first-token time, finish time (s) and wait from arrival to admission (s).
-    out_cached : int64[n, 3]
-        Written: prompt tokens each request reused from HBM, DRAM and NVMe.
+    out_cached : int64[n, T]
+        Written: prompt tokens each request reused from each tier.
     out_instance_steps : int64[K]
         Written: steps each instance ran; its length sets ``K``.
     out_stats : float64[N_STATS]
@@ -264,14 +264,15 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
     out_cached[:, :] = 0
     out_stats[:] = 0.0
 
-    caching = capacity_blocks[HBM] > 0
-    head = np.empty(N_TIERS * k, np.int32)
-    tail = np.empty(N_TIERS * k, np.int32)
-    count = np.empty(N_TIERS * k, np.int64)
+    n_tiers = capacity_blocks.shape[0]
+    caching = capacity_blocks[0] > 0
+    head = np.empty(n_tiers * k, np.int32)
+    tail = np.empty(n_tiers * k, np.int32)
+    count = np.empty(n_tiers * k, np.int64)
     next_tier = next_tiers(capacity_blocks)
     if caching:
         reset_caches(cache_state, head, tail, count)
-    hits = np.zeros((1, N_TIERS), np.int64)
+    hits = np.zeros((1, n_tiers), np.int64)
 
     window_end = np.inf if closed else arrival_s[n - 1]  # a closed loop's: when its last request arrives
     in_system_integral = 0.0
@@ -431,9 +432,13 @@ def simulate_fleet(arrival_s, prompt_tokens, context_tokens, output_tokens, pass
                     owner = 0 if pooled else i
                     admit_blocks(cache_state, head, tail, count, capacity_blocks, next_tier, block_keys,
                                  block_ptr[s], block_ptr[s + 1], owner * key_stride, owner, hits, 0)
-                    # Reused tokens, less what would leave no prompt token to compute (HBM's share first).
-                    excess = (hits[0, 0] + hits[0, 1] + hits[0, 2]) * block_tokens - (prompt_tokens[s] - 1)
-                    for tier in range(N_TIERS):
+                    # Reused tokens, less what would leave no prompt token to compute (the first tier's share
+                    # first).
+                    reused = 0
+                    for tier in range(n_tiers):
+                        reused += hits[0, tier]
+                    excess = reused * block_tokens - (prompt_tokens[s] - 1)
+                    for tier in range(n_tiers):
                         tokens = hits[0, tier] * block_tokens
                         take = min(max(excess, 0), tokens)
                         out_cached[s, tier] = tokens - take

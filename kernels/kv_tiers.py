@@ -35,6 +35,8 @@ from mcsim.accelerate import kernel
 
 HBM, DRAM, NVME = 0, 1, 2
 N_TIERS = 3
+#: The most tiers a hierarchy may have.
+MAX_TIERS = 8
 
 # One int32 row per key: links of the LRU list it is in, its tier (or _ABSENT), its instance.
 _ROW = 4

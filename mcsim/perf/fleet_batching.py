@@ -169,9 +169,9 @@ def simulate_fleet_batching(
     block_ptr, block_ids : array_like of int, optional
         CSR prompt blocks of each request (as :class:`mcsim.stages.workload.Requests` holds them); required with
         a cache (without them, no request has a whole block).
-    capacity_blocks : (int, int, int)
-        One instance's HBM, DRAM and NVMe prefix-cache capacity, blocks; HBM 0 (default) = no cache. Under
-        ``"pooled"`` the instances share one cache of ``n_instances`` times this.
+    capacity_blocks : sequence of int
+        One instance's prefix-cache capacity per tier (1 to 8 tiers, first tier first), blocks; a first tier of 0
+        (default) = no cache. Under ``"pooled"`` the instances share one cache of ``n_instances`` times this.
     balance, balance_requests : float, int
         ``"cache-aware"``'s imbalance thresholds (``deployment.routing_balance``,
         ``deployment.routing_balance_requests``).
@@ -207,7 +207,7 @@ def simulate_fleet_batching(
     Returns
     -------
     dict
-        ``per_request``: arrays ``instance``, ``cached_tokens`` (n, 3: reused from HBM, DRAM, NVMe),
+        ``per_request``: arrays ``instance``, ``cached_tokens`` (n, tiers: reused from each tier),
         ``arrival_s``, ``first_token_s``, ``finish_s``, ``queue_s``, ``ttft_s``, ``tpot_s``, ``e2e_s``,
         ``measured``. ``summary``: the fleet-wide figures of :func:`mcsim.perf.batching.simulate_batching`'s
         summary (``throughput_tok_s`` of the whole fleet; ``mean_decode_batch`` per instance step;
@@ -227,7 +227,7 @@ def simulate_fleet_batching(
     """
     from mcsim.kernels import batching as one_instance
     from mcsim.kernels import fleet_batching as kernel
-    from mcsim.kernels.kv_tiers import _workspace
+    from mcsim.kernels.kv_tiers import MAX_TIERS, _workspace
     from mcsim.perf.batching import queue_steady_state
 
     arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
@@ -267,7 +267,7 @@ def simulate_fleet_batching(
         raise ValueError(f"router_uniform is required by the {router} router")
     uniform = np.zeros(n) if router_uniform is None else np.ascontiguousarray(router_uniform, dtype=np.float64)
     capacity = np.ascontiguousarray(capacity_blocks, dtype=np.int64)
-    caching = capacity.shape == (3,) and capacity[0] > 0
+    caching = capacity.ndim == 1 and 1 <= capacity.size <= MAX_TIERS and capacity[0] > 0
     if caching and (block_ptr is None or block_ids is None):
         raise ValueError("block_ptr and block_ids are required by a prefix cache")
     # Without blocks no request has a whole block: prefix-affinity then spreads them by router_uniform.
@@ -281,8 +281,8 @@ def simulate_fleet_batching(
     check_requests(prompt, context, output, passes)
     if uniform.shape != (n,) or np.any(uniform < 0) or np.any(uniform >= 1):
         raise ValueError("router_uniform must be n values in [0, 1)")
-    if capacity.shape != (3,) or np.any(capacity < 0):
-        raise ValueError("capacity_blocks must be 3 values >= 0 (HBM, DRAM, NVMe)")
+    if capacity.ndim != 1 or not 1 <= capacity.size <= MAX_TIERS or np.any(capacity < 0):
+        raise ValueError(f"capacity_blocks must be 1 to {MAX_TIERS} values >= 0, one per tier")
     if ptr.shape != (n + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or ptr[-1] > len(keys):
         raise ValueError("block_ptr must be n + 1 non-decreasing pointers from 0 into block_ids")
     if balance < 0 or balance_requests < 0:
@@ -325,7 +325,7 @@ def simulate_fleet_batching(
     cache_state = _workspace(rows) if rows else np.empty((0, 4), np.int32)
     instance = np.empty(n, np.int64)
     first_token, finish, queue = (np.empty(n) for _ in range(3))
-    cached = np.zeros((n, 3), np.int64)
+    cached = np.zeros((n, capacity.size), np.int64)
     instance_steps = np.zeros(k, np.int64)
     stats = np.zeros(one_instance.N_STATS)
     cap = max(int(max_steps), 0)
