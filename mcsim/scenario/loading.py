@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from mcsim.scenario import catalog, distributions
+from mcsim.scenario.calibration_file import CalibrationError, check_regime, regime_of
+from mcsim.scenario.calibration_file import load as load_calibration
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
 from mcsim.scenario.distributions import Dist, DistributionError
 from mcsim.scenario.schema import (
@@ -80,7 +82,7 @@ class Scenario:
     # model.* / hardware.* paths the scenario sets itself (file, --set, a later with_values): they hold whatever
     # preset a grid point or variant swaps in
     catalog_overrides: tuple = ()
-    calibration: object = None  # the mcsim.calibration.files.Calibration whose parameters the values hold
+    calibration: object = None  # the mcsim.scenario.calibration_file.Calibration whose parameters the values hold
 
     @property
     def name(self) -> str:
@@ -139,8 +141,6 @@ class Scenario:
         scn = replace(self, values=values, catalog_overrides=tuple(sorted(explicit)))
         _cross_checks(scn)  # the same checks as loading a file
         if self.calibration is not None and not origin.startswith(("variant", "calibration")):
-            from mcsim.calibration.files import check_regime, regime_of
-
             check_regime(self.calibration, regime_of(scn.values), f"{origin} of {self.source}")
         return scn
 
@@ -380,16 +380,14 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
 
 
 def attach_calibration(scn: Scenario, path) -> Scenario:
-    """The scenario with a calibration file's parameters as uncertain inputs (:mod:`mcsim.calibration.files`).
+    """The scenario with a calibration file's parameters as uncertain inputs (:mod:`~mcsim.scenario.calibration_file`).
 
     The calibration must describe the scenario's regime (hardware preset, matmul format, fidelity), or it is
     refused with a message naming every difference; a parameter the scenario itself makes uncertain is replaced
     all the same (the calibration is the measurement). Raises
-    :class:`~mcsim.calibration.files.CalibrationError`.
+    :class:`~mcsim.scenario.calibration_file.CalibrationError`.
     """
-    from mcsim.calibration.files import CalibrationError, check_regime, load, regime_of
-
-    cal = load(path)
+    cal = load_calibration(path)
     check_regime(cal, regime_of(scn.values), f"scenario {scn.source}")
     try:
         calibrated = scn.with_values(cal.overrides(), origin=f"calibration {path}")
