@@ -313,3 +313,29 @@ def regret(question: Question, objective: np.ndarray, met: np.ndarray, samples_r
         if gaps.size:
             p50[c], p90[c] = np.quantile(gaps, [0.5, 0.9])
     return {"best_share": share, "regret_p50": p50, "regret_p90": p90}
+
+
+# -- what a search result records per candidate -------------------------------------------------------------------
+
+
+def candidate_figures(question: Question, objective: np.ndarray, met: np.ndarray, samples_run: np.ndarray,
+                      decision: Decision, schedule: list[int], total_samples: int) -> dict:
+    """The search's own variables of every candidate (:data:`mcsim.results.search_dataset.SEARCH_REGISTRY`), by
+    name: samples run, the last round run, the racing rule's outcome and counts, P(constraints met), the objective
+    at the quantile, regret; ``constraints_met`` per sample (-1 where the candidate did not run it)."""
+    runs = samples_run
+    outcome = np.where(decision.infeasible, 1, np.where(decision.dominated, 2, 0)).astype(np.int8)
+    p_sign = np.where(decision.differ > 0, sign_test_p(decision.leader_wins, decision.differ), 1.0)
+    if decision.leader is not None:
+        p_sign[decision.leader] = np.nan
+    met_flag = np.where(np.arange(total_samples)[None, :] < runs[:, None], met, -1).astype(np.int8)
+    regrets = regret(question, objective, met, runs)
+    return {
+        "samples_run": runs, "survived_round": np.searchsorted(schedule, runs, side="right").astype(np.int64),
+        "racing_outcome": outcome, "leader_wins": decision.leader_wins, "leader_differs": decision.differ,
+        "sign_test_p": p_sign,
+        "constraints_met": met_flag, "constraints_met_probability": met_probability(met, runs),
+        "objective_at_quantile": objective_at_quantile(objective, question.quantile),
+        "best_in_sample_share": regrets["best_share"], "regret_p50": regrets["regret_p50"],
+        "regret_p90": regrets["regret_p90"],
+    }

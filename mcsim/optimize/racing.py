@@ -166,7 +166,9 @@ def race(plan: executor.Plan, settings: Settings, *, output=None, resume: bool =
             cluster.close()
     attrs = executor.run_attrs(plan, command, fingerprint, reused, recomputed)
     try:
-        ds = search_dataset(plan, settings, state, decision, schedule, history, parts, attrs)
+        values = criteria.candidate_figures(settings.question, state.objective, state.met, state.runs, decision,
+                                            schedule, plan.samples)
+        ds = search_dataset(plan, settings, state, decision, schedule, history, parts, attrs, values)
         if output is not None:
             results.write_netcdf(ds, output, force=force)
     except KeyboardInterrupt:  # every part is saved: the rerun with --resume only assembles them

@@ -107,10 +107,9 @@ def candidate_text(ds: xr.Dataset, index: int) -> str:
     return ", ".join(f"{ds[n].attrs['path']}={_describe(_plain(ds[n].values[index]))}" for n in names)
 
 
-def search_dataset(plan, settings, state, decision, schedule, history, parts, attrs) -> xr.Dataset:
-    """The Dataset of a finished search (see the module docstring)."""
-    from mcsim.optimize import criteria
-
+def search_dataset(plan, settings, state, decision, schedule, history, parts, attrs, values) -> xr.Dataset:
+    """The Dataset of a finished search (see the module docstring); ``values``: the search's own variables of
+    every candidate, by name (:func:`mcsim.optimize.criteria.candidate_figures`)."""
     q = settings.question
     runs = state.runs
     stacked = xr.concat(_per_candidate(plan, parts, runs), dim="candidate", data_vars="all", coords="minimal",
@@ -125,23 +124,6 @@ def search_dataset(plan, settings, state, decision, schedule, history, parts, at
         names.append(name)
         stacked = stacked.assign_coords({name: ("candidate", [g[axis.path] for g in plan.grid])})
         stacked[name].attrs.update(results.grid_axis_attrs(axis.path))
-    met = state.met
-    p_met = criteria.met_probability(met, runs)
-    regret = criteria.regret(q, state.objective, met, runs)
-    outcome = np.where(decision.infeasible, 1, np.where(decision.dominated, 2, 0)).astype(np.int8)
-    p_sign = np.where(decision.differ > 0, criteria.sign_test_p(decision.leader_wins, decision.differ), 1.0)
-    if decision.leader is not None:
-        p_sign[decision.leader] = np.nan
-    met_flag = np.where(np.arange(plan.samples)[None, :] < runs[:, None], met, -1).astype(np.int8)
-    values = {
-        "samples_run": runs, "survived_round": np.searchsorted(schedule, runs, side="right").astype(np.int64),
-        "racing_outcome": outcome, "leader_wins": decision.leader_wins, "leader_differs": decision.differ,
-        "sign_test_p": p_sign,
-        "constraints_met": met_flag, "constraints_met_probability": p_met,
-        "objective_at_quantile": criteria.objective_at_quantile(state.objective, q.quantile),
-        "best_in_sample_share": regret["best_share"], "regret_p50": regret["regret_p50"],
-        "regret_p90": regret["regret_p90"],
-    }
     for name, data in values.items():
         dims = ("candidate",) + SEARCH_REGISTRY[name].dims
         stacked[name] = (dims, np.asarray(data, dtype=SEARCH_REGISTRY[name].dtype),
