@@ -1,7 +1,9 @@
-"""KV-cache tiers: an exclusive HBM → DRAM → NVMe hierarchy with one LRU list per tier per instance.
+"""KV-cache tiers: an exclusive hierarchy of 1 to 8 tiers with one LRU list per tier per instance.
 
-The loop replays requests in index order (the caller sorts them by arrival) against per-instance prefix
-caches and counts, for every request, how many of its prompt blocks were reused from each tier.
+The tiers are data: ``capacity_blocks`` lists them in order, first (the GPUs' memory, where blocks are used) to
+last (e.g. HBM → DRAM → CXL → NVMe), and nothing here names them. The loop replays requests in index order (the
+caller sorts them by arrival) against per-instance prefix caches and counts, for every request, how many of its
+prompt blocks were reused from each tier.
 
 State lives in flat arrays indexed by a dense block key instead of hash maps: every key has one row
 ``(prev, next, tier, owner)`` of an intrusive doubly linked list, and every (instance, tier) pair has a head
@@ -13,14 +15,14 @@ Semantics (the same as :func:`mcsim.reference.kv_tiers.lookup_tiers_reference`, 
 1. *Exact-prefix reuse.* A request reuses the longest run of leading blocks that are each present in some
    tier of its instance; each such block is counted as a hit in the tier where it was found. A block present
    after the first missing block is not reused (vLLM, SGLang and Mooncake can only reuse a whole prefix).
-2. *Everything ends in HBM.* Then every block of the request is moved (restored, promoted or inserted) to the
-   MRU end of HBM — including present blocks beyond the first miss, because the request now holds them in
-   HBM. Blocks are inserted in *reverse* prompt order, so the first (most shareable) block ends most recently
-   used and tail blocks are evicted first, as vLLM's evictor does.
+2. *Everything ends in the first tier.* Then every block of the request is moved (restored, promoted or
+   inserted) to the MRU end of the first tier — including present blocks beyond the first miss, because the
+   request now holds them there. Blocks are inserted in *reverse* prompt order, so the first (most shareable)
+   block ends most recently used and tail blocks are evicted first, as vLLM's evictor does.
 3. *LRU demotion.* After each insertion, while a tier holds more blocks than its capacity, its LRU block is
    demoted to the MRU end of the next tier with nonzero capacity; overflow of the last such tier drops the
-   block. A tier with capacity 0 is absent and skipped. An HBM capacity of 0 means no caching at all: every
-   hit count stays 0.
+   block. A tier with capacity 0 is absent and skipped. A first tier of capacity 0 means no caching at all:
+   every hit count stays 0.
 
 A block lives in at most one tier (exclusive hierarchy).
 """
@@ -33,8 +35,6 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 
-HBM, DRAM, NVME = 0, 1, 2
-N_TIERS = 3
 #: The most tiers a hierarchy may have.
 MAX_TIERS = 8
 
@@ -73,15 +73,15 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
         Cache instance serving each request, in ``[0, n_instances)``; -1 routes the request cache-aware (see
         Notes) and the chosen instance is written back into ``instance``.
     n_instances : int
-        Number of cache instances; each has its own HBM, DRAM and NVMe capacity.
+        Number of cache instances; each has its own capacity in every tier.
     n_keys : int
         Number of distinct block keys (at most 2**31 - 1).
-    capacity_blocks : int64 array, shape (3,)
-        Capacity of one instance's HBM, DRAM and NVMe tiers, in blocks; 0 means the tier is absent.
-        HBM capacity 0 means no prefix caching at all (all hits stay 0).
-    out_hits : int64 array, shape (n, 3)
+    capacity_blocks : int64 array, shape (T,), 1 <= T <= MAX_TIERS
+        Capacity of one instance's tiers, first tier first, in blocks; 0 means the tier is absent. A first
+        tier of capacity 0 means no prefix caching at all (all hits stay 0).
+    out_hits : int64 array, shape (n, T)
         Zero-initialised by the caller. On return ``out_hits[r, t]`` is the number of request ``r``'s reused
-        blocks found in tier ``t`` (0 = HBM, 1 = DRAM, 2 = NVMe), in blocks. Hits are added to what is there.
+        blocks found in tier ``t`` (in the order of ``capacity_blocks``). Hits are added to what is there.
     key_stride : int, optional
         0 (default): ``block_keys`` are already per-instance keys. > 0: they are block ids in
         ``[0, key_stride)`` and instance ``i`` uses key ``i * key_stride + id`` (needed for cache-aware routing,
@@ -111,7 +111,7 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
     >>> ptr = np.array([0, 2, 4], np.int64); keys = np.array([0, 1, 0, 2], np.int64)
     >>> hits = np.zeros((2, 3), np.int64)
     >>> lookup_tiers(ptr, keys, np.zeros(2, np.int32), 1, 3, np.array([8, 0, 0]), hits)
-    >>> hits[1].tolist()  # block 0 is reused from HBM, block 2 is new
+    >>> hits[1].tolist()  # block 0 is reused from the first tier, block 2 is new
     [1, 0, 0]
     """
     block_ptr = np.ascontiguousarray(block_ptr, dtype=np.int64)
@@ -127,7 +127,10 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
         and out_hits.flags.c_contiguous
         and out_hits.flags.writeable
     ):
-        raise ValueError("out_hits must be a writeable C-contiguous int64 array of shape (len(instance), 3)")
+        raise ValueError("out_hits must be a writeable C-contiguous int64 array of shape (len(instance), tiers)")
+    n_tiers = capacity_blocks.shape[0]
+    if not 1 <= n_tiers <= MAX_TIERS:
+        raise ValueError(f"capacity_blocks must have 1 to {MAX_TIERS} tiers, got {n_tiers}")
     n_instances = int(n_instances)
     n_keys = int(n_keys)
     if not 0 <= n_keys < 2**31 or n_instances < 0:
@@ -137,9 +140,9 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
     # thread and reused by the next call: page faults of threads in one process serialise in the kernel, so
     # fresh allocations every sample would stop threads from scaling.
     state = _workspace(n_keys)
-    head = np.empty(N_TIERS * n_instances, np.int32)
-    tail = np.empty(N_TIERS * n_instances, np.int32)
-    count = np.empty(N_TIERS * n_instances, np.int64)
+    head = np.empty(n_tiers * n_instances, np.int32)
+    tail = np.empty(n_tiers * n_instances, np.int32)
+    count = np.empty(n_tiers * n_instances, np.int64)
     key_stride = int(key_stride)
     if key_stride < 0 or (key_stride > 0 and n_keys != n_instances * key_stride):
         raise ValueError("key_stride must be 0, or > 0 with n_keys == n_instances * key_stride")
@@ -152,9 +155,10 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
 @kernel(inline="always")
 def next_tiers(capacity_blocks):
     """Where each tier's LRU block goes: the next tier with nonzero capacity, or -1 (dropped)."""
-    next_tier = np.full(N_TIERS, -1, np.int64)
-    for t in range(N_TIERS):
-        for u in range(t + 1, N_TIERS):
+    n_tiers = capacity_blocks.shape[0]
+    next_tier = np.full(n_tiers, -1, np.int64)
+    for t in range(n_tiers):
+        for u in range(t + 1, n_tiers):
             if capacity_blocks[u] > 0:
                 next_tier[t] = u
                 break
@@ -176,14 +180,14 @@ def cached_prefix(state, block_keys, start, stop, offset):
 def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_keys, start, stop, offset, inst,
                  out_hits, row):
     """Rules 1-3 of the module docstring for one request of cache ``inst``: add its reused blocks per tier to
-    ``out_hits[row]``, then move every block to the MRU end of HBM, demoting LRU blocks down the tiers.
+    ``out_hits[row]``, then move every block to the MRU end of the first tier, demoting LRU blocks down the tiers.
 
     Inline, and the list operations written out in place: helper calls that pass arrays would add reference
-    counting per call. A no-op when HBM has no capacity.
+    counting per call. A no-op when the first tier has no capacity.
     """
-    if capacity_blocks[HBM] == 0:
+    if capacity_blocks[0] == 0:
         return
-    base = N_TIERS * inst
+    base = capacity_blocks.shape[0] * inst
 
     # 1. Exact-prefix reuse: the leading run of present blocks, counted in the tier where found.
     j = start
@@ -194,7 +198,7 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
         out_hits[row, tier] += 1
         j += 1
 
-    # 2. Every block to the MRU end of HBM, last block first so the first block ends MRU.
+    # 2. Every block to the MRU end of the first tier, last block first so the first block ends MRU.
     for j in range(stop - 1, start - 1, -1):
         key = block_keys[j] + offset
         tier = state[key, _TIER]
@@ -202,8 +206,8 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
             if state[key, _OWNER] != inst:
                 raise ValueError("a block key is cached in two instances; remap keys per instance")
             lst = base + tier
-            if tier == HBM and head[lst] == key:
-                continue  # already the MRU block of HBM
+            if tier == 0 and head[lst] == key:
+                continue  # already the MRU block of the first tier
             # Unlink from its current list.
             prev = state[key, _PREV]
             nxt = state[key, _NEXT]
@@ -218,7 +222,7 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
             count[lst] -= 1
         else:
             state[key, _OWNER] = inst
-        # Push to the MRU end of HBM.
+        # Push to the MRU end of the first tier.
         old = head[base]
         state[key, _PREV] = _NIL
         state[key, _NEXT] = old
@@ -227,11 +231,11 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
         else:
             tail[base] = key
         head[base] = key
-        state[key, _TIER] = HBM
+        state[key, _TIER] = 0
         count[base] += 1
 
         # 3. One insertion overflows each tier by at most one block: demote LRU blocks down the chain.
-        src = HBM
+        src = 0
         while count[base + src] > capacity_blocks[src]:
             lst = base + src
             victim = tail[lst]
@@ -276,18 +280,17 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
     """Loop of :func:`lookup_tiers`: validate indices, reset the workspace, replay the requests.
 
     ``state`` (n_keys, 4) int32 holds one row per key (prev, next, tier, owner); ``head``, ``tail`` (int32)
-    and ``count`` (int64) hold one entry per list, list ``3 * instance + tier``. All are overwritten.
+    and ``count`` (int64) hold one entry per list, list ``tiers * instance + tier``. All are overwritten.
     """
     n_keys = state.shape[0]
     n = instance.shape[0]
     nnz = block_keys.shape[0]
     if block_ptr.shape[0] != n + 1:
         raise ValueError("block_ptr must have len(instance) + 1 entries")
-    if out_hits.shape[0] != n or out_hits.shape[1] != N_TIERS:
-        raise ValueError("out_hits must have shape (len(instance), 3)")
-    if capacity_blocks.shape[0] != N_TIERS:
-        raise ValueError("capacity_blocks must have 3 entries (HBM, DRAM, NVMe)")
-    for t in range(N_TIERS):
+    n_tiers = capacity_blocks.shape[0]
+    if out_hits.shape[0] != n or out_hits.shape[1] != n_tiers:
+        raise ValueError("out_hits must have shape (len(instance), len(capacity_blocks))")
+    for t in range(n_tiers):
         if capacity_blocks[t] < 0:
             raise ValueError("capacity_blocks must be >= 0")
     # Validate everything the loop indexes with, once: Numba does not bounds-check.
@@ -303,8 +306,7 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
         if block_keys[j] < 0 or block_keys[j] >= key_limit:
             raise ValueError("block key out of range [0, n_keys) (or [0, key_stride))")
 
-    capacity_hbm = capacity_blocks[HBM]
-    if capacity_hbm == 0:
+    if capacity_blocks[0] == 0:
         return
 
     next_tier = next_tiers(capacity_blocks)

@@ -28,9 +28,44 @@ def run_kernel(prompts, instances, capacity, n_instances=None):
     block_ptr, block_keys, instance, n_keys = to_arrays(prompts, instances)
     if n_instances is None:
         n_instances = max(instances, default=-1) + 1
-    hits = np.zeros((len(prompts), 3), np.int64)
+    hits = np.zeros((len(prompts), len(capacity)), np.int64)
     lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, np.array(capacity, np.int64), hits)
     return hits
+
+
+def plain_lru_hits(prompts, instances, capacity):
+    """One LRU list per instance, written without either implementation: the leading run of cached blocks is
+    reused, then every block moves to the most recent end (last block first) and the least recent ones beyond
+    ``capacity`` fall out."""
+    lists: dict[int, list] = {}
+    hits = []
+    for prompt, inst in zip(prompts, instances):
+        recent = lists.setdefault(inst, [])  # least recent first
+        run = 0
+        while capacity > 0 and run < len(prompt) and prompt[run] in recent:
+            run += 1
+        hits.append(run)
+        if capacity == 0:
+            continue
+        for block in reversed(prompt):
+            if block in recent:
+                recent.remove(block)
+            recent.append(block)
+        del recent[:max(len(recent) - capacity, 0)]
+    return np.array(hits, np.int64)
+
+
+def random_prompts(rng, n, n_instances, shared=40, blocks=6):
+    """Zipf-popular shared prefixes (chains of ids) followed by fresh tail blocks, routed at random."""
+    popular = rng.zipf(1.3, n) % shared
+    prompts = []
+    next_id = 10_000
+    for r in range(n):
+        depth = int(rng.integers(0, blocks + 1))
+        tail = int(rng.integers(0, blocks + 1))
+        prompts.append([int(popular[r]) * 100 + k for k in range(depth)] + list(range(next_id, next_id + tail)))
+        next_id += tail
+    return prompts, [int(i) for i in rng.integers(0, n_instances, n)]
 
 
 def infinite_cache_hits(prompts, instances):
@@ -124,6 +159,53 @@ def test_instances_are_independent(workload, capacity):
         mine = [r for r, i in enumerate(instances) if i == inst]
         alone = run_kernel([prompts[r] for r in mine], [0] * len(mine), capacity, 1)
         np.testing.assert_array_equal(hits[mine], alone)
+
+
+@pytest.mark.parametrize("n_tiers", [4, 5])
+def test_deep_hierarchies_match_reference(n_tiers):
+    """4 and 5 exclusive tiers against the N-tier reference, with capacities that every workload overflows: each
+    tier demotes into the next and the last one drops (checked: every tier serves hits, and more distinct
+    blocks pass through an instance than all its tiers hold)."""
+    served = np.zeros(n_tiers, np.int64)
+    for seed in range(12):
+        rng = np.random.default_rng([seed, n_tiers])
+        n_instances = int(rng.integers(1, 4))
+        prompts, instances = random_prompts(rng, 400, n_instances)
+        capacity = tuple(int(c) for c in rng.integers(3, 25, n_tiers))
+        if seed % 4 == 3:  # an absent tier in the middle is skipped
+            capacity = capacity[:2] + (0,) + capacity[3:]
+        expected = np.array(lookup_tiers_reference(prompts, instances, capacity), np.int64)
+        hits = run_kernel(prompts, instances, capacity, n_instances)
+        np.testing.assert_array_equal(hits, expected)
+        served += hits.sum(axis=0)
+        for inst in range(n_instances):
+            distinct = {b for p, i in zip(prompts, instances) if i == inst for b in p}
+            assert len(distinct) > sum(capacity)
+    assert (served > 0).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(workload=prefix_workloads(), capacity=st.integers(0, 10))
+def test_one_tier_is_a_plain_lru(workload, capacity):
+    prompts, instances, n_instances, _ = workload
+    hits = run_kernel(prompts, instances, (capacity,), n_instances)
+    np.testing.assert_array_equal(hits[:, 0], plain_lru_hits(prompts, instances, capacity))
+    reference = np.array(lookup_tiers_reference(prompts, instances, (capacity,)), np.int64).reshape(-1, 1)
+    np.testing.assert_array_equal(hits, reference)
+
+
+def test_one_tier_is_a_plain_lru_under_pressure():
+    rng = np.random.default_rng(7)
+    prompts, instances = random_prompts(rng, 600, 2)
+    for capacity in (1, 5, 30, 200):
+        np.testing.assert_array_equal(run_kernel(prompts, instances, (capacity,), 2)[:, 0],
+                                      plain_lru_hits(prompts, instances, capacity))
+
+
+def test_more_than_eight_tiers_are_refused():
+    block_ptr, block_keys, instance, n_keys = to_arrays([[0]], [0])
+    with pytest.raises(ValueError, match="1 to 8 tiers"):
+        lookup_tiers(block_ptr, block_keys, instance, 1, n_keys, np.ones(9, np.int64), np.zeros((1, 9), np.int64))
 
 
 def test_prefix_reused_after_demotion_is_a_dram_hit():

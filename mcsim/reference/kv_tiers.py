@@ -1,8 +1,8 @@
 """Reference for :mod:`mcsim.kernels.kv_tiers`: tiered LRU prefix caches with one ``OrderedDict`` per tier.
 
-Same semantics as the kernel, written for obviousness: each instance has three ordered dicts (HBM, DRAM,
-NVMe) whose insertion order is the LRU order (first item = least recently used). Block ids are used as
-given, per instance, so no key remapping is needed here.
+Same semantics as the kernel, written for obviousness: each instance has one ordered dict per tier, first tier
+first, whose insertion order is the LRU order (first item = least recently used). Block ids are used as given,
+per instance, so no key remapping is needed here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 
 class TieredCache:
-    """One instance's HBM → DRAM → NVMe LRU prefix cache: three ordered dicts, first item least recently used.
+    """One instance's tiered LRU prefix cache: one ordered dict per tier, first item least recently used.
 
     Examples
     --------
@@ -22,8 +22,8 @@ class TieredCache:
 
     def __init__(self, capacity_blocks):
         self.capacity = tuple(int(c) for c in capacity_blocks)
-        self.present = [t for t in range(3) if self.capacity[t] > 0]
-        self.tiers = [OrderedDict(), OrderedDict(), OrderedDict()]
+        self.present = [t for t, c in enumerate(self.capacity) if c > 0]
+        self.tiers = [OrderedDict() for _ in self.capacity]
 
     def prefix(self, blocks) -> int:
         """Leading blocks of ``blocks`` that some tier holds."""
@@ -34,16 +34,16 @@ class TieredCache:
             length += 1
         return length
 
-    def admit(self, blocks) -> tuple[int, int, int]:
-        """Reused blocks per tier of a request, then every block to the MRU end of HBM (last block first),
-        overflow cascading down the tiers. Nothing is cached when HBM's capacity is 0."""
+    def admit(self, blocks) -> tuple[int, ...]:
+        """Reused blocks per tier of a request, then every block to the MRU end of the first tier (last block
+        first), overflow cascading down the tiers. Nothing is cached when the first tier's capacity is 0."""
         if self.capacity[0] == 0:
-            return (0, 0, 0)
+            return (0,) * len(self.capacity)
         tiers = self.tiers
         # Exact prefix: stop at the first block no tier holds.
-        hits = [0, 0, 0]
+        hits = [0] * len(tiers)
         for block in blocks:
-            found = [t for t in range(3) if block in tiers[t]]
+            found = [t for t in range(len(tiers)) if block in tiers[t]]
             if not found:
                 break
             hits[found[0]] += 1
@@ -62,12 +62,12 @@ class TieredCache:
 def lookup_tiers_reference(
     block_lists: list[list[int]],
     instance: list[int],
-    capacity_blocks: tuple[int, int, int],
+    capacity_blocks: tuple[int, ...],
     n_instances: int | None = None,
     balance: float = 0.25,
     chosen: list | None = None,
-) -> list[tuple[int, int, int]]:
-    """Replay requests in order through per-instance HBM → DRAM → NVMe LRU caches.
+) -> list[tuple[int, ...]]:
+    """Replay requests in order through per-instance tiered LRU caches.
 
     Parameters
     ----------
@@ -75,8 +75,9 @@ def lookup_tiers_reference(
         Prompt block ids of each request, in prompt order.
     instance : list of int
         Cache instance serving each request; block ids of different instances never meet.
-    capacity_blocks : (int, int, int)
-        Capacity per instance of HBM, DRAM and NVMe, in blocks; 0 = tier absent; HBM 0 = no caching.
+    capacity_blocks : tuple of int
+        Capacity per instance of each tier, first tier first, in blocks; 0 = tier absent; a first tier of 0 = no
+        caching.
     n_instances, balance : optional
         Cache-aware routing for requests whose instance is -1: among instances ``0..n_instances-1`` the one
         with the longest cached prefix, unless its load (blocks routed so far) exceeds ``(1 + balance)`` x the
@@ -86,8 +87,8 @@ def lookup_tiers_reference(
 
     Returns
     -------
-    list of (int, int, int)
-        Per request, the number of reused blocks found in HBM, DRAM and NVMe.
+    list of tuple of int
+        Per request, the number of reused blocks found in each tier.
 
     Examples
     --------
@@ -95,7 +96,7 @@ def lookup_tiers_reference(
     [(0, 0, 0), (1, 0, 0)]
     """
     if capacity_blocks[0] == 0:
-        return [(0, 0, 0) for _ in block_lists]
+        return [(0,) * len(capacity_blocks) for _ in block_lists]
     caches: dict[int, TieredCache] = {}
     results = []
     load: dict[int, int] = {}
