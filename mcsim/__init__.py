@@ -11,6 +11,8 @@ Importing the package compiles nothing; the Python API is loaded on first use:
 - :func:`mcsim.sel` — select a result by dotted scenario paths (``mcsim.sel(ds, "hardware.preset", "h200")``).
 """
 
+import importlib
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -32,8 +34,6 @@ __all__ = ["__version__", *_LAZY]
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'mcsim' has no attribute {name!r}")

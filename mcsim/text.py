@@ -16,6 +16,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 import re
 
 #: Longest line printed for one error, characters.
@@ -46,8 +47,6 @@ def safe_filename(name, default: str = "scenario", limit: int = 100) -> str:
 def strict_json(obj):
     """``obj`` for strict JSON: every non-finite float (an infinite payback, an empty band) becomes None, in nested
     dicts and lists too."""
-    import math
-
     if isinstance(obj, dict):
         return {k: strict_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

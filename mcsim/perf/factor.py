@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mcsim.perf.capacity import memory_projection
 from mcsim.perf.hardware import as_hardware
+from mcsim.perf.roofline import Parallelism, Precision
 from mcsim.scenario import catalog
 from mcsim.stages.speculative import pass_cost
 
@@ -95,8 +97,6 @@ def mean_contexts(requests) -> tuple[float, float]:
 
 def parallelism(p: dict, *, prefill: bool = False):
     """Layout of one instance of a pool: tp x pp x attention-DP GPUs, experts over EP ranks."""
-    from mcsim.perf.roofline import Parallelism
-
     disagg = p["deployment.disaggregated"]
     gpus = p["deployment.prefill_gpus_per_instance"] if (prefill and disagg) else p["deployment.gpus_per_instance"]
     tp = p["deployment.prefill_tp"] if (prefill and disagg) else p["deployment.tp"]
@@ -112,8 +112,6 @@ def parallelism(p: dict, *, prefill: bool = False):
 
 def precision(p: dict):
     """Number formats of the sample (BF16 everywhere when the low-precision lever is off)."""
-    from mcsim.perf.roofline import Precision
-
     on = p["precision.enabled"]
     return Precision(weight_bytes=p["precision.weight_bytes"] if on else BF16_BYTES,
                      kv_bytes=p["precision.kv_bytes"] if on else BF16_BYTES,
@@ -128,8 +126,6 @@ def pool_memory(p: dict, requests, *, prefill: bool = False):
     computing (mean prompt length). The prefix cache's HBM counts on the pool that serves prefill: the prefill
     pool when disaggregated, the one pool otherwise.
     """
-    from mcsim.perf.capacity import memory_projection
-
     disagg = bool(p["deployment.disaggregated"])
     layout = parallelism(p, prefill=prefill)
     decode_context, _ = mean_contexts(requests)

@@ -34,9 +34,11 @@ import numpy as np
 from mcsim.errors import RunLimitError
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
 from mcsim.perf.batching import QUANTILES
+from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
 from mcsim.perf.policies import policy_for
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
+from mcsim.stages.kvcache import Inputs, steady_state, warmup_requests
 
 #: Figures that describe a deployment that ran; NaN when it could not.
 PERFORMANCE_OUTPUTS = (
@@ -214,12 +216,8 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     simulate = bool(p["performance.simulate_batching"]) or mode in ("fixed", "slo") or replicas
     sim = None
     if simulate:
-        from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
-
         max_seqs = max(int(round(b_cap * g)), 1)
         if replicas:
-            from mcsim.stages.kvcache import Inputs, warmup_requests
-
             all_requests = requests if all_requests is None else all_requests
             warm = 0 if all_requests is requests else warmup_requests(all_requests.n, p["mc.warmup_fraction"])
             per_token = (0.0, kvb / (host_bw * gp), kvb / (nvme_bw_per_gpu * hw.gpus_per_node * nodes_prefill))
@@ -272,7 +270,6 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         lat = sim.disaggregated(n_d, n_p, step_log) if disagg else sim.colocated(n_d, step_log)
         b_sim = lat["mean_decode_batch"] / g
         if replicas:  # the cache figures and prefill work of the run's own caches
-            from mcsim.stages.kvcache import steady_state
 
             every = lat["cached_tokens"]
             measured_cached = every[workload.measured_from:]

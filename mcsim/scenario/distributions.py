@@ -22,6 +22,7 @@ The same :class:`Dist` serves two purposes that the scenario keeps apart:
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 
@@ -266,8 +267,6 @@ def parse(value, path: str, *, allow_nested: bool) -> Dist:
         raise DistributionError(f"{path}.dist", f"expected the name of a distribution (a string, one of "
                                 f"{', '.join(KINDS)}), got {kind!r}")
     if kind not in KINDS:
-        import difflib
-
         near = difflib.get_close_matches(str(kind), list(KINDS), n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
         raise DistributionError(f"{path}.dist", f"unknown distribution {kind!r}{hint}; expected one of "
@@ -282,8 +281,6 @@ def parse(value, path: str, *, allow_nested: bool) -> Dist:
         if key in ("dist", "stream"):
             continue
         if key not in required and key not in optional:
-            import difflib
-
             near = difflib.get_close_matches(key, required + optional, n=1)
             hint = f" (did you mean '{near[0]}'?)" if near else ""
             raise DistributionError(f"{path}.{key}", f"unknown parameter of a {kind} distribution{hint}; "

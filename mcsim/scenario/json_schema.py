@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 
+from mcsim import __version__
 from mcsim.scenario import catalog
 from mcsim.scenario.distributions import KINDS
 from mcsim.scenario.grid import MAX_AXIS_VALUES
@@ -181,8 +182,6 @@ def _class_axes(prefix: str) -> dict:
 
 def scenario_schema() -> dict:
     """The JSON Schema of a scenario file, as a dict (``json.dumps`` it)."""
-    from mcsim import __version__
-
     defs: dict = {"stream": _STREAM,
                   "distribution": {"anyOf": [_distribution(kind, None, nested=False) for kind in KINDS],
                                    "description": "A distribution table: dist = one of " + ", ".join(KINDS)}}

@@ -19,12 +19,13 @@ import math
 import tomllib
 import zlib
 from dataclasses import dataclass, field, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mcsim.scenario import catalog, distributions
+from mcsim.scenario import catalog, distributions, grid
 from mcsim.scenario.calibration_file import CalibrationError, check_regime, regime_of
 from mcsim.scenario.calibration_file import load as load_calibration
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
@@ -323,8 +324,6 @@ def _set_path(raw: dict, path: str, value):
 
 def bundled(name: str):
     """Path of a bundled scenario (``scenarios/<name>.toml``), also in an installed package."""
-    from importlib import resources
-
     path = resources.files("mcsim.scenarios") / f"{name}.toml"
     if not path.is_file():
         names = sorted(p.name.removesuffix(".toml") for p in resources.files("mcsim.scenarios").iterdir()
@@ -453,8 +452,6 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
             raise ScenarioError(source, path, "[baseline] cannot add or change an uncertain input; the baseline "
                                 "and the factory share their draws, so give the distribution in its own section")
     if raw.get("sweep"):
-        from mcsim.scenario import grid
-
         scn = replace(scn, sweep=tuple(grid.validate_axes(scn, grid.axes_from_table(raw["sweep"], source))))
     return scn
 

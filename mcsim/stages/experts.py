@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcsim.kernels.experts import build_alias, eplb_placement, rank_loads, route_steps
+from mcsim.scenario.schema import ScenarioError
 
 @dataclass(frozen=True)
 class Inputs:
@@ -45,8 +47,6 @@ class Inputs:
         steps = int(p["moe.window_steps"]) + int(p["moe.eval_steps"])
         work = steps * int(tokens) * int(p["model.active_experts"])
         if p["model.experts"] > 0 and work > MAX_ASSIGNMENTS:
-            from mcsim.scenario.schema import ScenarioError
-
             raise ScenarioError("", "moe.window_steps", f"({p['moe.window_steps']} + {p['moe.eval_steps']} "
                                 f"eval steps) x {int(tokens):,} tokens x {p['model.active_experts']} experts = "
                                 f"{work:.3g} token-expert assignments per sample; at most {MAX_ASSIGNMENTS:.0e} "
@@ -238,8 +238,6 @@ def expert_efficiency(n_experts, top_k, class_shares, class_skews, tokens_per_st
     >>> 0 < out["expert_efficiency"] <= 1
     True
     """
-    from mcsim.kernels.experts import build_alias, eplb_placement, rank_loads, route_steps
-
     shares, skews = _validate(n_experts, top_k, class_shares, class_skews, tokens_per_step, ep_ranks,
                               redundant_experts, window_steps, eval_steps, num_groups, num_nodes)
     n_experts, top_k, tokens_per_step = int(n_experts), int(top_k), int(tokens_per_step)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcsim.kernels.speculative import verify_passes
 
 @dataclass(frozen=True)
 class Inputs:
@@ -122,8 +123,6 @@ def speculative_passes(output_tokens, acceptance, draft_tokens: int, decay: floa
     >>> passes.tolist(), accepted.tolist()
     ([2, 10], [8, 0])
     """
-    from mcsim.kernels.speculative import verify_passes
-
     output_array = np.ascontiguousarray(output_tokens, dtype=np.int64)
     if output_array.ndim != 1:
         raise ValueError(f"output_tokens must be one-dimensional, got shape {output_array.shape}")

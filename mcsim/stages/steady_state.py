@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcsim.kernels.steady_state import window_ratios
 #: Bounds on the exponent of the drift's power law (see the module docstring).
 BETA_MIN, BETA_MAX = 0.5, 4.0
 #: Fewest measured requests for which quarters mean anything.
@@ -86,8 +87,6 @@ def check(numerator: np.ndarray, denominator: np.ndarray, windows, tolerance: fl
     tolerance : float
         Largest ``|drift|`` that counts as steady.
     """
-    from mcsim.kernels.steady_state import window_ratios
-
     starts = np.array([w[0] for w in windows], dtype=np.int64)
     stops = np.array([w[1] for w in windows], dtype=np.int64)
     ratios = np.empty(len(windows))

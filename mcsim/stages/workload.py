@@ -27,8 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from mcsim.kernels.workload import fill_block_ids
+from mcsim.scenario import ScenarioError
 from mcsim.scenario.distributions import Dist
 from mcsim.scenario.schema import workload_reads as reads  # the keys are declared with the schema
+from mcsim.stages import requests_trace as traces
 
 
 @dataclass(frozen=True)
@@ -181,8 +184,6 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     max_context : int
         Longest prompt + output, tokens.
     """
-    from mcsim.kernels.workload import fill_block_ids
-
     block = int(params["cache.block_tokens"])
     shares = _class_values(params, classes, "share")
     shares = shares / shares.sum()
@@ -341,8 +342,6 @@ def from_trace(trace, params: dict, classes: tuple, n: int, rng: np.random.Gener
     try:
         first, m, arrival = trace_window(trace.arrival_s, n, start_s, time_scale)
     except ValueError as err:
-        from mcsim.scenario import ScenarioError
-
         # The CLI prints a ScenarioError in one line; the trace's name says which replay failed.
         raise ScenarioError(trace.source.split(";")[0], "", str(err)) from None
     shares = _class_values(params, classes, "share")
@@ -386,8 +385,6 @@ def from_trace(trace, params: dict, classes: tuple, n: int, rng: np.random.Gener
 
 def resolve_trace_path(value: str, base_dir: Path | None) -> Path:
     """``bundled:NAME`` -> the packaged trace; a relative path -> relative to the scenario file."""
-    from mcsim.stages import requests_trace as traces
-
     if value.startswith("bundled:"):
         return traces.bundled_trace_path(value.split(":", 1)[1])
     p = Path(value)
