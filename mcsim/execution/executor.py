@@ -373,6 +373,10 @@ def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
     ]
     paths = [a.path for a in plan.axes]
     names = [results.dataset_name(p) for p in paths]  # dims without dots (CF names, xarray identifiers)
+    tiers = list(dict.fromkeys(tuple(ds["tier"].values.tolist()) for ds in per_point))
+    if len(tiers) > 1:  # one tier dim for the whole grid: the points must name the same tiers, in one order
+        raise ScenarioError(plan.scn.source, "cache.tiers", "the grid points have different cache tiers ("
+                            + "; ".join(", ".join(t) for t in tiers[:3]) + "); sweep scenarios with the same tiers")
     if not paths:
         out = per_point[0]
     else:

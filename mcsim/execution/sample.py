@@ -53,7 +53,7 @@ def sample_requests(scn: Scenario, p: dict, sample: int, seed: int, n_requests: 
 def cache_stage(inputs: kvcache.Inputs, requests, rng) -> np.ndarray:
     """Cached prompt tokens per request and tier (zeros when the cache lever is off)."""
     if inputs.capacity_blocks[0] == 0:
-        return np.zeros((requests.n, 3), dtype=np.int64)
+        return np.zeros((requests.n, len(inputs.capacity_blocks)), dtype=np.int64)
     result = kvcache.cache_hits(requests, inputs.routing, inputs.caches, np.array(inputs.capacity_blocks), rng,
                                 balance=inputs.routing_balance)
     return result.cached_tokens
@@ -235,6 +235,7 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
                         step_log=step_log, all_requests=shared["requests"])
         m.update(experts)
         m.update(money(p, m))
+        m["_tier_names"] = kvcache.tier_names(p)
         # The replicas' own caches, when they ran, else the cache stage's replay.
         cache_steady = m.pop("_cache_steady_state", None)
         cache_steady = shared["cache_steady_state"] if cache_steady is None else cache_steady

@@ -38,6 +38,7 @@ from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
 from mcsim.perf.policies import policy_for
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
+from mcsim.stages.kvcache import restore_rates, tiers_of
 from mcsim.stages.kvcache import Inputs, steady_state, warmup_requests
 
 #: Figures that describe a deployment that ran; NaN when it could not.
@@ -95,7 +96,7 @@ def cache_figures(prompt, cached_tokens, kv_bytes_per_token: float) -> dict:
     the hit and miss token totals economics reads."""
     cached = cached_tokens.sum(axis=1)
     total_in = float(np.sum(prompt))
-    restore_bytes = cached_tokens[:, 1:] * kv_bytes_per_token  # DRAM, NVMe
+    restore_bytes = cached_tokens[:, 1:] * kv_bytes_per_token  # every tier after the first
     return {"cache_hit_rate": float(cached.sum()) / total_in,
             "cache_hit_rate_by_tier": cached_tokens.sum(axis=0) / total_in,
             "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / len(prompt) / 1e9]),
@@ -150,7 +151,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         raise RunLimitError(f"deployment.fleet_simulation: a drawn value: {message}")
     replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
     miss = prompt - cached_tokens.sum(axis=1)
-    restore_bytes = cached_tokens[:, 1:] * kvb  # DRAM, NVMe
+    restore_bytes = cached_tokens[:, 1:] * kvb  # every tier after the first (its blocks are used in place)
     stage = {
         **cache_figures(prompt, cached_tokens, kvb),
         "kv_bytes_per_token": kvb, "requests": n, "mean_input_tokens": total_in / n,
@@ -179,12 +180,15 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     # -- the work: prefill (compute + restores) and decode ---------------------------------------------------
     x_prefill = model.prefill_tok_s_per_gpu()
     hw = model.hardware
-    host_bw = hw.host_link_gb_s * 1e9
-    nvme_bw_per_gpu = p["cache.nvme_gb_s_per_node"] * 1e9 / hw.gpus_per_node
+    # Restores from each tier after the first, at the rates of the instance that holds the cache.
+    rates = restore_rates(tiers_of(p), gpus=gp, gpus_per_node=hw.gpus_per_node, host_link_gb_s=hw.host_link_gb_s,
+                          nvme_gb_s_per_node=p["cache.nvme_gb_s_per_node"])[1:]
 
     def prefill_work(miss_tokens, restored_bytes):  # GPU-seconds of prefill: compute and restores
-        return float(miss_tokens.sum()) / x_prefill + float(restored_bytes[:, 0].sum()) / host_bw \
-            + float(restored_bytes[:, 1].sum()) / nvme_bw_per_gpu
+        work = float(miss_tokens.sum()) / x_prefill
+        for t, rate in enumerate(rates):
+            work += float(restored_bytes[:, t].sum()) / rate.gpu_bytes_s
+        return work
 
     prefill_gpu_s = prefill_work(miss, restore_bytes)
     demand = total_out / duration  # decode tokens/s
@@ -197,9 +201,11 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     prefill_min = (p["deployment.prefill_instances"] or p["deployment.instances"]) if disagg else 0
 
     # -- latency inputs -----------------------------------------------------------------------------------------
-    nodes_prefill = max(gp / hw.gpus_per_node, 1.0)
-    restore_s = restore_bytes[:, 0] / (host_bw * gp) \
-        + restore_bytes[:, 1] / (nvme_bw_per_gpu * hw.gpus_per_node * nodes_prefill)
+    restore_s = np.zeros(n)
+    for t, rate in enumerate(rates):  # each tier's bytes at its bandwidth, and its latency when it restores any
+        restore_s = restore_s + restore_bytes[:, t] / rate.instance_bytes_s
+        if rate.latency_s > 0:
+            restore_s = restore_s + rate.latency_s * (cached_tokens[:, t + 1] > 0)
     transfer_s = prompt * kvb / (hw.scale_out_gb_s * 1e9 * gp) \
         + p["efficiency.kv_transfer_latency_s"] if disagg else np.zeros(n)
     host_first = p["host.request_overhead_s"] + p["host.tokenize_s_per_token"] * float(prompt.mean())
@@ -220,7 +226,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         if replicas:
             all_requests = requests if all_requests is None else all_requests
             warm = 0 if all_requests is requests else warmup_requests(all_requests.n, p["mc.warmup_fraction"])
-            per_token = (0.0, kvb / (host_bw * gp), kvb / (nvme_bw_per_gpu * hw.gpus_per_node * nodes_prefill))
+            per_token = (0.0, *(kvb / rate.instance_bytes_s for rate in rates))
             transfer = (kvb / (hw.scale_out_gb_s * 1e9 * gp), p["efficiency.kv_transfer_latency_s"]) if disagg \
                 else (0.0, 0.0)
             workload = prepare_stream(p, all_requests, warm, passes_r,

@@ -55,8 +55,9 @@ def rows_to_table(rows: list[dict], variants: tuple) -> dict[str, np.ndarray]:
         table[f"extra_meta:{name}"] = np.array(json.dumps({"dims": list(dims), "attrs": var_attrs}))
     for dim, labels in (rows[0].get("__coords__", {}) if rows else {}).items():
         table[f"coord:{dim}"] = np.asarray(labels)
-    if rows:  # every sample and grid point of a run has the scenario's classes
+    if rows:  # every sample and grid point of a run has the scenario's classes and cache tiers
         table[f"coord:{WORKLOAD_CLASS}"] = np.asarray(rows[0][variants[0]]["_workload_classes"], dtype=str)
+        table["coord:tier"] = np.asarray(rows[0][variants[0]].get("_tier_names", TIERS), dtype=str)
     return table
 
 

@@ -1,8 +1,10 @@
-"""Stage 2 orchestration: route requests to instances, size the tiers, run the KV-tier kernel.
+"""Stage 2 orchestration: the scenario's tiers, route requests to instances, size the tiers, run the KV-tier kernel.
 
-The kernel (:func:`mcsim.kernels.kv_tiers.lookup_tiers`) keeps its state in flat arrays indexed by a dense key,
-so block identities are remapped here: each (instance, block) pair gets its own key, since each instance has its
-own cache. ``routing = 'pooled'`` is one cache with the capacity of all instances together.
+The cache is an ordered list of exclusive tiers (:class:`Tier`): today's keys (``cache.hbm_gb_per_instance``,
+``dram_gb_per_node``, ``nvme_gb_per_node``) make the three tiers hbm, dram and nvme. The kernel
+(:func:`mcsim.kernels.kv_tiers.lookup_tiers`) keeps its state in flat arrays indexed by a dense key, so block
+identities are remapped here: each (instance, block) pair gets its own key, since each instance has its own cache.
+``routing = 'pooled'`` is one cache with the capacity of all instances together.
 """
 
 from __future__ import annotations
@@ -16,6 +18,104 @@ ROUTING = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
 LOAD_ROUTERS = ("least-outstanding", "least-kv")
 
 
+#: Where a tier's capacity is counted: per instance, per node (an instance has it x the nodes it spans), or once for
+#: the whole fleet.
+SCOPES = ("instance", "node", "pooled")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One tier of the prefix cache, as the scenario gives it.
+
+    Attributes
+    ----------
+    name : str
+    gb : float
+        Capacity per unit of ``scope``, GB (1e9 bytes).
+    scope : str
+        One of :data:`SCOPES`.
+    gb_s : float
+        Read bandwidth per unit of ``scope``, GB/s; 0 = the default of the tier's kind (:func:`restore_rates`).
+    latency_us : float
+        Time to the first byte of a restore from this tier, once per request that restores from it, µs.
+    """
+
+    name: str
+    gb: float
+    scope: str
+    gb_s: float = 0.0
+    latency_us: float = 0.0
+
+
+def tiers_of(p: dict) -> tuple[Tier, ...]:
+    """The tiers of a sample's parameters, first (the GPUs' memory, where blocks are used) to last: today's keys
+    make hbm (per instance), dram and nvme (per node), with their kinds' bandwidths and no latency."""
+    return (Tier("hbm", p["cache.hbm_gb_per_instance"], "instance"),
+            Tier("dram", p["cache.dram_gb_per_node"], "node"),
+            Tier("nvme", p["cache.nvme_gb_per_node"], "node"))
+
+
+def tier_names(p: dict) -> tuple[str, ...]:
+    """Names of the tiers, in order (the ``tier`` coordinate of the results)."""
+    return tuple(t.name for t in tiers_of(p))
+
+
+def prefix_cache_nodes(p: dict) -> int:
+    """Nodes one cache-holding instance spans (the prefill pool's instance when disaggregated)."""
+    gpus = p["deployment.prefill_gpus_per_instance"] if p["deployment.disaggregated"] \
+        else p["deployment.gpus_per_instance"]
+    return max(-(-gpus // p["hardware.gpus_per_node"]), 1)
+
+
+def tier_bytes(tier: Tier, nodes: int) -> float:
+    """Capacity of one cache in a tier, bytes: ``gb`` per instance, x ``nodes`` per node, or the pool's ``gb``."""
+    return tier.gb * 1e9 * nodes if tier.scope == "node" else tier.gb * 1e9
+
+
+@dataclass(frozen=True)
+class RestoreRate:
+    """How fast one instance restores KV from a tier.
+
+    Attributes
+    ----------
+    gpu_bytes_s : float
+        Bytes per GPU-second of the instance: what restores cost in prefill GPU time.
+    instance_bytes_s : float
+        Bytes per second of one instance: what a request's restore time takes.
+    latency_s : float
+        Added once to the restore time of a request that restores anything from the tier.
+    """
+
+    gpu_bytes_s: float
+    instance_bytes_s: float
+    latency_s: float
+
+
+def restore_rates(tiers, *, gpus: int, gpus_per_node: int, host_link_gb_s: float, nvme_gb_s_per_node: float) \
+        -> tuple[RestoreRate, ...]:
+    """Restore bandwidth and latency of each tier for an instance of ``gpus`` GPUs (the one that holds the cache).
+
+    By kind: ``dram`` is read over each GPU's host link (``hardware.host_link_gb_s`` per GPU), ``nvme`` at
+    ``cache.nvme_gb_s_per_node`` per node, shared by the node's GPUs; an instance spanning ``gpus / gpus_per_node``
+    nodes (at least one) has that many nodes' bandwidth. The first tier is where blocks are used: its hits restore
+    nothing (its rate is infinite).
+    """
+    per_gpu_host = host_link_gb_s * 1e9
+    nodes = max(gpus / gpus_per_node, 1.0)
+    out = []
+    for t, tier in enumerate(tiers):
+        if t == 0:
+            out.append(RestoreRate(float("inf"), float("inf"), 0.0))
+            continue
+        if tier.name == "dram":
+            gpu, instance = per_gpu_host, per_gpu_host * gpus
+        else:  # nvme: a node's bandwidth, shared by its GPUs
+            gpu = nvme_gb_s_per_node * 1e9 / gpus_per_node
+            instance = gpu * gpus_per_node * nodes
+        out.append(RestoreRate(gpu, instance, tier.latency_us * 1e-6))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Inputs:
     """The parameters the KV-tier stage reads (also its memo key within a sample).
@@ -23,7 +123,7 @@ class Inputs:
     Attributes
     ----------
     capacity_blocks : tuple of int
-        Blocks per tier (HBM, DRAM, NVMe) of one cache; all zeros when the cache lever is off.
+        Blocks per tier of one cache, first tier first; all zeros when the cache lever is off.
     routing : str
     caches : int
         Caches the traffic is split over (instances holding prefill).
@@ -45,13 +145,12 @@ class Inputs:
         disagg = p["deployment.disaggregated"]
         caches = (p["deployment.prefill_instances"] or p["deployment.instances"]) if disagg \
             else p["deployment.instances"]
+        tiers = tiers_of(p)
         if not p["cache.enabled"]:
-            return cls((0, 0, 0), routing, int(caches), float(p["deployment.routing_balance"]))
+            return cls((0,) * len(tiers), routing, int(caches), float(p["deployment.routing_balance"]))
         # The prefix cache serves prefill: it lives on the prefill pool when disaggregated.
-        gpus = p["deployment.prefill_gpus_per_instance"] if disagg else p["deployment.gpus_per_instance"]
-        nodes = max(-(-gpus // p["hardware.gpus_per_node"]), 1)
-        capacity = capacity_blocks(p["cache.hbm_gb_per_instance"] * 1e9, p["cache.dram_gb_per_node"] * 1e9 * nodes,
-                                   p["cache.nvme_gb_per_node"] * 1e9 * nodes, kv_bytes_per_token, block_tokens)
+        nodes = prefix_cache_nodes(p)
+        capacity = capacity_blocks([tier_bytes(t, nodes) for t in tiers], kv_bytes_per_token, block_tokens)
         return cls(tuple(int(c) for c in capacity), routing, int(caches),
                    float(p["deployment.routing_balance"]))
 
@@ -62,11 +161,11 @@ class CacheResult:
 
     Attributes
     ----------
-    cached_tokens : int64[n, 3]
-        Prompt tokens reused from HBM, DRAM, NVMe.
+    cached_tokens : int64[n, tiers]
+        Prompt tokens reused from each tier.
     instance : int32[n]
         Instance that served each request.
-    capacity_blocks : int64[3]
+    capacity_blocks : int64[tiers]
         Capacity per instance and tier, blocks.
     """
 
@@ -118,11 +217,10 @@ def route(policy: str, block_ptr: np.ndarray, block_ids: np.ndarray, n_instances
     raise ValueError(f"unknown routing policy {policy!r}; expected one of {', '.join(ROUTING)}")
 
 
-def capacity_blocks(hbm_bytes: float, dram_bytes: float, nvme_bytes: float, kv_bytes_per_token: float,
-                    block_tokens: int) -> np.ndarray:
-    """Blocks per tier = bytes / (KV bytes per token x block tokens)."""
+def capacity_blocks(tier_bytes, kv_bytes_per_token: float, block_tokens: int) -> np.ndarray:
+    """Blocks per tier = bytes / (KV bytes per token x block tokens), for each tier's bytes."""
     per_block = kv_bytes_per_token * block_tokens
-    return np.floor(np.array([hbm_bytes, dram_bytes, nvme_bytes], dtype=float) / per_block).astype(np.int64)
+    return np.floor(np.array(tier_bytes, dtype=float) / per_block).astype(np.int64)
 
 
 def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray, caches: int):
@@ -153,7 +251,7 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
     policy : str
         One of :data:`ROUTING`.
     n_instances : int
-    capacity_per_instance : int64[3]
+    capacity_per_instance : int64[tiers]
         Blocks per tier of one instance's cache (multiplied by ``n_instances`` when pooled).
     rng : numpy.random.Generator
         The sample's routing stream.
@@ -169,7 +267,7 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
     if policy == "pooled":
         capacity = capacity * n_instances
         caches = 1
-    hits = np.zeros((n, 3), dtype=np.int64)
+    hits = np.zeros((n, len(capacity)), dtype=np.int64)
     counts = np.diff(requests.block_ptr)
     if policy == "cache-aware" and caches > 1 and len(requests.block_ids) and capacity[0] > 0:
         ids = requests.block_ids
@@ -187,7 +285,7 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
     cached = hits * requests.block_tokens
     # A fully cached prompt still computes its last token (the first output needs one forward position).
     excess = np.maximum(cached.sum(axis=1) - (requests.prompt_tokens - 1), 0)
-    for tier in range(3):
+    for tier in range(cached.shape[1]):
         take = np.minimum(excess, cached[:, tier])
         cached[:, tier] -= take
         excess -= take
@@ -204,7 +302,7 @@ def steady_state(cached_tokens: np.ndarray, prompt_tokens: np.ndarray, warmup_fr
 
     Parameters
     ----------
-    cached_tokens : int64[n, 3] or int64[n]
+    cached_tokens : int64[n, tiers] or int64[n]
         Cached prompt tokens of *every* request of the sample, warm-up included (per tier or summed).
     prompt_tokens : int64[n]
     warmup_fraction : float
