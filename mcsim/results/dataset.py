@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
+from mcsim import __version__
 from mcsim.fileio import atomic_path
 from mcsim.results.names import dataset_name
 from mcsim.results.units import input_units
@@ -144,8 +147,6 @@ DEPENDENCIES = ("numpy", "numba", "scipy", "xarray", "dask", "distributed", "net
 
 def dependency_versions() -> str:
     """``name version`` of every package in :data:`DEPENDENCIES`, ``; ``-separated."""
-    from importlib import metadata
-
     def version(name):
         try:
             return metadata.version(name)
@@ -157,8 +158,6 @@ def dependency_versions() -> str:
 
 def git_describe() -> str:
     """``git describe --always --dirty`` of the mcsim source tree, or "" when it is not a git checkout."""
-    import subprocess
-
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return ""
@@ -184,8 +183,6 @@ def workload_description(scn) -> str:
 
 def provenance(scn, seed: int, samples: int, requests: int, command: str | None, extra: dict | None = None) -> dict:
     """CF and mcsim attributes of a result: what produced it, from what, and how to run it again."""
-    from mcsim import __version__
-
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     described = git_describe()
     attrs = {

@@ -39,9 +39,11 @@ import xarray as xr
 
 from mcsim.results import sensitivity
 from mcsim.results.dataset import MODEL_STATEMENT
+from mcsim.results.figures import draw_figures
 from mcsim.results.figures.common import has_values
 from mcsim.results.figures.tornado import SAMPLES_PER_INPUT, few_samples_warning, s1_text
 from mcsim.text import markdown_text, strict_json
+from mcsim.results.search_report import write_search_files
 from mcsim.results.layout import (  # quantiles, waterfall_steps, ReportError and LEVELS are part of this API
     LEVELS,
     ReportError,
@@ -123,8 +125,6 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False, at: di
     out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         if search:
-            from mcsim.results.search_report import write_search_files
-
             write_search_files(ds, out)
         else:
             _write_report_files(ds, layout, metrics, out)
@@ -156,8 +156,6 @@ def _write_report_files(ds, layout, metrics, out: Path) -> None:
         allow_nan=False))
     sens_rows, focus_sens = _sensitivity_rows(ds, layout, outputs)
     _write_csv(out / "sensitivity.csv", sens_rows, header=_sensitivity_header(layout))
-
-    from mcsim.results.figures import draw_figures
 
     def series_of(labels):
         names = {label.split(" ")[0] for label in labels}

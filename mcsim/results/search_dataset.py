@@ -20,6 +20,7 @@ from mcsim.results.layout import _plain
 from mcsim.results.names import dataset_name
 from mcsim.results.units import variable_units
 from mcsim.results.variables import REGISTRY, Variable
+from mcsim.scenario import draw_uncertain
 
 #: Marks a search result (``mcsim report`` writes the search report for it).
 SEARCH_MARK = "search_result"
@@ -129,7 +130,6 @@ def search_dataset(plan, settings, state, decision, schedule, history, parts, at
         stacked[name] = (dims, np.asarray(data, dtype=SEARCH_REGISTRY[name].dtype),
                          search_attrs(name, q.objective.name))
     swept = {a.path for a in plan.axes}
-    from mcsim.scenario import draw_uncertain
 
     draws = draw_uncertain(plan.scn, np.arange(plan.samples), plan.seed, n_samples=plan.samples,
                            include_unused="performance.fidelity" in swept)

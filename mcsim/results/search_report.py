@@ -18,13 +18,16 @@ import csv
 import math
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import xarray as xr
 
 from mcsim.results.dataset import MODEL_STATEMENT
+from mcsim.results.figures.common import new_figure, save, suptitle
 from mcsim.results.layout import _fmt, _plain
 from mcsim.results.search_dataset import OUTCOMES, candidate_text
 from mcsim.results.variables import REGISTRY, REQUEST_QUANTILE
+from mcsim.tables import paragraph, table
 from mcsim.text import markdown_text, strict_json
 
 #: Candidates listed in the printed table and the summary's (all are in regret.csv).
@@ -127,8 +130,6 @@ def _units(ds) -> str:
 
 def format_search(ds) -> str:
     """What ``mcsim search`` prints: the optimum, the rounds and the best candidates."""
-    from mcsim.tables import paragraph, table
-
     a = ds.attrs
     units = _units(ds)
     lines = paragraph(f"robust optimum: {a['robust_optimum']}" + (
@@ -192,8 +193,6 @@ def _draw(ax, x: np.ndarray, y: np.ndarray, front: np.ndarray, ds, optimum: int)
 
 
 def _figure(title: str, notes: str):
-    from mcsim.results.figures.common import new_figure, suptitle
-
     fig = new_figure(7.5, 5.2)
     suptitle(fig, title, [notes])
     return fig, fig.add_subplot(1, 1, 1)
@@ -243,10 +242,6 @@ def cost_figure(ds, front_out: dict):
 
 def write_search_files(ds: xr.Dataset, out: Path) -> Path:
     """Write the search report into the folder ``out``; returns the path of ``summary.md``."""
-    import matplotlib
-
-    from mcsim.results.figures.common import save
-
     fronts: dict = {}
     with matplotlib.rc_context({"text.parse_math": False}):
         figures = [save(throughput_figure(ds, fronts), out / "pareto_throughput.png"),

@@ -10,6 +10,7 @@ import xarray as xr
 from mcsim.results.layout import FIXED_DIMS, request_quantile_dim
 from mcsim.results.names import path_of
 from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
+from mcsim.stages.kvcache import warmup_requests
 from mcsim.tables import paragraph, table, terminal_width
 
 #: Metrics compared as factory - baseline (a ratio of margins or of a rate that may be 0 says nothing).
@@ -122,8 +123,6 @@ def simulated_requests(ds: xr.Dataset) -> str:
     text = f"{low} measured requests" if low == high else f"{low}-{high} measured requests (by sample or grid point)"
     asked, warmup = ds.attrs.get("requests_per_sample"), ds.attrs.get("warmup_fraction")
     if asked is not None and warmup is not None:
-        from mcsim.stages.kvcache import warmup_requests
-
         expected = int(asked) - warmup_requests(int(asked), float(warmup))
         if low < expected:
             text += f" (the trace held fewer than the {int(asked)} asked for, {expected} measured)"

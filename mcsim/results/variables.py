@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mcsim.perf.batching import QUANTILES
+from mcsim.results.units import variable_units
 
 TIERS = ("hbm", "dram", "nvme")
 #: The performance stage's per-request quantiles of the latency variables (:data:`QUANTILES`) lie along the
@@ -172,8 +173,6 @@ FEASIBLE_REASONS = ("ok", "weights do not fit in HBM", "KV for one sequence does
 def attrs_for(name: str, kind: str = "modelled") -> dict:
     """NetCDF (CF) attributes of a registered variable: CF ``units`` and the ``display_units`` people read (see
     :mod:`mcsim.results.units`), ``long_name``, ``description``, ``cell_methods`` and whether it is modelled."""
-    from mcsim.results.units import variable_units
-
     v = REGISTRY[name]
     methods = "sample: point"
     if REQUEST_QUANTILE in v.dims:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
+
 from mcsim.results.figures.common import has_values, save
 from mcsim.results.figures.distributions import distribution
 from mcsim.results.figures.grid import heatmap, load_axis, load_curves
@@ -37,8 +39,6 @@ def build_figures(ds, layout, quantities, outputs, focus_sens, series_of=None) -
     ``series_of(labels)`` gives the series of extra metric labels the load curves need (``slo_attainment``,
     ``queue_wait_s p99``) when they are not among ``quantities``.
     """
-    import matplotlib
-
     # labels carry scenario text (grid values, names): a "$" in them is text, never mathtext
     with matplotlib.rc_context({"text.parse_math": False}):
         figures = {key: [] for key in SECTIONS}
@@ -72,8 +72,6 @@ def build_figures(ds, layout, quantities, outputs, focus_sens, series_of=None) -
 
 def draw_figures(ds, layout, quantities, outputs, focus_sens, out: Path, series_of=None) -> dict:
     """Draw and save every figure into ``out``: ``{section: [file name, ...]}``."""
-    import matplotlib
-
     figures = build_figures(ds, layout, quantities, outputs, focus_sens, series_of)
     with matplotlib.rc_context({"text.parse_math": False}):
         return {key: [save(fig, out / name) for name, fig in items] for key, items in figures.items()}

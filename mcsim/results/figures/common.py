@@ -5,7 +5,10 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import matplotlib
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from mcsim.results.layout import (
     Series,
@@ -27,9 +30,6 @@ TICK_CHARS = 16
 
 def new_figure(width: float, height: float):
     """A bare Figure on an Agg canvas: no pyplot, so the caller's backend and global figure state stay untouched."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -111,8 +111,6 @@ def constant_value(values: np.ndarray):
 
 def boxplot(ax, data: list, horizontal: bool, **kwargs) -> dict:
     """``ax.boxplot`` laid out vertically or horizontally (``orientation`` from matplotlib 3.10, ``vert`` before)."""
-    import matplotlib
-
     major, minor = (int(p) for p in matplotlib.__version__.split(".")[:2])
     if (major, minor) >= (3, 10):
         kwargs["orientation"] = "horizontal" if horizontal else "vertical"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.patches import Patch
 
 from mcsim.results.figures.common import (
     boxplot,
@@ -142,8 +143,6 @@ def distribution(ds, layout: _Layout, s: Series):
         if not everything.size:
             ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center")
     if r["hue"]:
-        from matplotlib.patches import Patch
-
         labels = [tick_text(v, 24) for v in layout.coords[r["hue"]]]
         axes[0].legend(handles=[Patch(facecolor=f"C{h}", alpha=0.55, label=lab) for h, lab in enumerate(labels)],
                        title=layout.label(r["hue"]), fontsize=7, title_fontsize=7, loc="best")

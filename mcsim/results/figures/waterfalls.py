@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.patches import Patch
 
 from mcsim.results.figures.common import fixed_note, fmt, new_figure, suptitle, tick_text
 from mcsim.results.layout import _Layout, _meta, _slug, display_scale
@@ -40,8 +41,6 @@ def bars(w: Waterfall, factor: float = 1.0) -> list[tuple]:
 
 def waterfall_figure(ds, layout: _Layout, metric: str):
     """``(file name, Figure, Waterfall)`` of one metric at the focus grid point."""
-    from matplotlib.patches import Patch
-
     w = waterfall(ds, metric, layout)
     factor, units = display_scale(ds, metric)
     drawn = bars(w, factor)
