@@ -24,7 +24,29 @@ Semantics (the same as :func:`mcsim.reference.kv_tiers.lookup_tiers_reference`, 
    block. A tier with capacity 0 is absent and skipped. A first tier of capacity 0 means no caching at all:
    every hit count stays 0.
 
-A block lives in at most one tier (exclusive hierarchy).
+A block lives in at most one tier of its instance (exclusive hierarchy).
+
+Pooled tiers
+------------
+With ``n_private < T`` the tiers ``n_private..T-1`` are *pooled*: one capacity that every instance shares (a KV
+store such as Mooncake's, or LMCache's remote back end), keyed by the block id alone, behind each instance's own
+(private) tiers ``0..n_private-1``. The private chain works as above; the pool adds:
+
+4. *Look-up.* A block that none of the instance's private tiers holds is looked up in the pool; found there, it
+   counts as a hit of the pooled tier that holds it. The private tiers are searched first: a block in both
+   counts in the private tier.
+5. *Reads keep the pool's copy.* A reused block found in the pool is restored into the instance's first tier
+   (rule 2) and its pool copy stays, moved to the MRU end of its pooled tier (reads refresh it; the reused
+   blocks are touched last block first, before rule 2 moves anything). So a pooled tier may hold blocks that an
+   instance also holds privately: the hierarchy is exclusive within the instance and within the pool.
+6. *Eviction demotes into the pool.* When the instance's last present private tier overflows, its LRU block
+   leaves the instance and is written to the MRU end of the first present pooled tier (a block the pool holds
+   already is moved there); the pooled tiers demote down their own chain, and the last one drops. A pooled
+   tier of capacity 0 is absent, as a private one is.
+
+Pooled tiers need block ids in the ``key_stride`` layout (instance ``i``'s key of block ``b`` is
+``i * key_stride + b``); the pool's key of ``b`` is ``n_keys + b``, so the workspace has ``n_keys + key_stride``
+rows. Cache-aware routing counts the blocks the pool holds as held by every instance.
 """
 
 from __future__ import annotations
@@ -57,7 +79,7 @@ def _workspace(n_keys: int) -> np.ndarray:
 
 
 def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_blocks, out_hits, key_stride=0,
-                 balance=0.25):
+                 balance=0.25, n_private=None):
     """Replay requests through per-instance tiered LRU prefix caches and count reused blocks per tier.
 
     Parameters
@@ -91,6 +113,9 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
         load (blocks routed to it so far) exceeds ``(1 + balance)`` x the least-loaded instance's, in which case
         the least-loaded instance is chosen (the rule of SGLang's cache-aware router). Ties go to the lower
         load, then the lower index.
+    n_private : int, optional
+        Tiers ``0..n_private-1`` are private to each instance, the rest pooled (see "Pooled tiers" in the module
+        docstring); default: every tier private. At least 1; pooled tiers need ``key_stride > 0``.
 
     Raises
     ------
@@ -139,17 +164,26 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
     # which makes first-touch page faults (and TLB misses on random rows) several times cheaper. It is kept per
     # thread and reused by the next call: page faults of threads in one process serialise in the kernel, so
     # fresh allocations every sample would stop threads from scaling.
-    state = _workspace(n_keys)
-    head = np.empty(n_tiers * n_instances, np.int32)
-    tail = np.empty(n_tiers * n_instances, np.int32)
-    count = np.empty(n_tiers * n_instances, np.int64)
     key_stride = int(key_stride)
     if key_stride < 0 or (key_stride > 0 and n_keys != n_instances * key_stride):
         raise ValueError("key_stride must be 0, or > 0 with n_keys == n_instances * key_stride")
     if key_stride == 0 and instance.size and instance.min() < 0:
         raise ValueError("cache-aware routing (instance -1) needs key_stride > 0")
+    n_private = n_tiers if n_private is None else int(n_private)
+    if not 1 <= n_private <= n_tiers:
+        raise ValueError(f"n_private must be in [1, {n_tiers}], got {n_private}")
+    pool_rows = key_stride if n_private < n_tiers else 0
+    if n_private < n_tiers and key_stride == 0:
+        raise ValueError("pooled tiers (n_private < len(capacity_blocks)) need key_stride > 0")
+    if n_keys + pool_rows >= 2**31:
+        raise ValueError("n_keys plus the pool's key_stride rows must be < 2**31")
+    state = _workspace(n_keys + pool_rows)
+    lists = n_tiers * (n_instances + (1 if pool_rows else 0))  # the pooled tiers' lists after every instance's
+    head = np.empty(lists, np.int32)
+    tail = np.empty(lists, np.int32)
+    count = np.empty(lists, np.int64)
     _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count,
-            key_stride, float(balance))
+            key_stride, float(balance), n_private)
 
 
 @kernel(inline="always")
@@ -171,6 +205,17 @@ def cached_prefix(state, block_keys, start, stop, offset):
     length = 0
     for j in range(start, stop):
         if state[block_keys[j] + offset, _TIER] == _ABSENT:
+            break
+        length += 1
+    return length
+
+
+@kernel(inline="always")
+def cached_prefix_pooled(state, block_keys, start, stop, offset, pool_key):
+    """:func:`cached_prefix` counting the blocks the pool holds (block ``b``'s pool key is ``pool_key + b``)."""
+    length = 0
+    for j in range(start, stop):
+        if state[block_keys[j] + offset, _TIER] == _ABSENT and state[block_keys[j] + pool_key, _TIER] == _ABSENT:
             break
         length += 1
     return length
@@ -265,6 +310,134 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
 
 
 @kernel(inline="always")
+def admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_private, pool_key, pool_list,
+                        block_keys, start, stop, offset, inst, out_hits, row):
+    """:func:`admit_blocks` with pooled tiers behind the private ones (rules 1-6 of the module docstring).
+
+    ``block_keys`` are block ids: block ``b``'s private key is ``b + offset``, its pool key ``b + pool_key``; the
+    pooled tier ``t``'s list is ``pool_list + t``, private tier ``t``'s ``T * inst + t``.
+    """
+    if capacity_blocks[0] == 0:
+        return
+    base = capacity_blocks.shape[0] * inst
+
+    # 1, 4. Exact-prefix reuse: the instance's own tiers first, then the pool.
+    j = start
+    while j < stop:
+        tier = state[block_keys[j] + offset, _TIER]
+        if tier == _ABSENT:
+            tier = state[block_keys[j] + pool_key, _TIER]
+            if tier == _ABSENT:
+                break
+        out_hits[row, tier] += 1
+        j += 1
+    reused_end = j
+
+    # 5. The pool copies of the reused blocks read from the pool: to the MRU end of their tier, last block first.
+    for j in range(reused_end - 1, start - 1, -1):
+        if state[block_keys[j] + offset, _TIER] != _ABSENT:
+            continue
+        key = block_keys[j] + pool_key
+        lst = pool_list + state[key, _TIER]
+        if head[lst] == key:
+            continue
+        prev = state[key, _PREV]
+        nxt = state[key, _NEXT]
+        state[prev, _NEXT] = nxt  # not the head, so it has a previous block
+        if nxt != _NIL:
+            state[nxt, _PREV] = prev
+        else:
+            tail[lst] = prev
+        old = head[lst]
+        state[key, _PREV] = _NIL
+        state[key, _NEXT] = old
+        state[old, _PREV] = key
+        head[lst] = key
+
+    # 2. Every block to the MRU end of the instance's first tier, last block first.
+    for j in range(stop - 1, start - 1, -1):
+        key = block_keys[j] + offset
+        tier = state[key, _TIER]
+        if tier != _ABSENT:
+            if state[key, _OWNER] != inst:
+                raise ValueError("a block key is cached in two instances; remap keys per instance")
+            lst = base + tier
+            if tier == 0 and head[lst] == key:
+                continue
+            prev = state[key, _PREV]
+            nxt = state[key, _NEXT]
+            if prev != _NIL:
+                state[prev, _NEXT] = nxt
+            else:
+                head[lst] = nxt
+            if nxt != _NIL:
+                state[nxt, _PREV] = prev
+            else:
+                tail[lst] = prev
+            count[lst] -= 1
+        else:
+            state[key, _OWNER] = inst
+        old = head[base]
+        state[key, _PREV] = _NIL
+        state[key, _NEXT] = old
+        if old != _NIL:
+            state[old, _PREV] = key
+        else:
+            tail[base] = key
+        head[base] = key
+        state[key, _TIER] = 0
+        count[base] += 1
+
+        # 3, 6. Demotions down the private tiers, out of the instance into the pool, down the pool.
+        src = 0
+        while True:
+            lst = base + src if src < n_private else pool_list + src
+            if count[lst] <= capacity_blocks[src]:
+                break
+            victim = tail[lst]
+            prev = state[victim, _PREV]
+            tail[lst] = prev
+            if prev != _NIL:
+                state[prev, _NEXT] = _NIL
+            else:
+                head[lst] = _NIL
+            count[lst] -= 1
+            dst = next_tier[src]
+            if dst < 0:
+                state[victim, _TIER] = _ABSENT  # overflow of the last tier: dropped
+                break
+            if src < n_private <= dst:  # leaves the instance: written to the pool under the block's id
+                state[victim, _TIER] = _ABSENT
+                victim = victim - offset + pool_key
+                held = state[victim, _TIER]
+                if held != _ABSENT:  # the pool holds it already: that copy moves
+                    hl = pool_list + held
+                    prev = state[victim, _PREV]
+                    nxt = state[victim, _NEXT]
+                    if prev != _NIL:
+                        state[prev, _NEXT] = nxt
+                    else:
+                        head[hl] = nxt
+                    if nxt != _NIL:
+                        state[nxt, _PREV] = prev
+                    else:
+                        tail[hl] = prev
+                    count[hl] -= 1
+            lst = base + dst if dst < n_private else pool_list + dst
+            old = head[lst]
+            state[victim, _PREV] = _NIL
+            state[victim, _NEXT] = old
+            if old != _NIL:
+                state[old, _PREV] = victim
+            else:
+                tail[lst] = victim
+            head[lst] = victim
+            state[victim, _TIER] = dst
+            count[lst] += 1
+            src = dst
+
+
+@kernel(inline="always")
 def reset_caches(state, head, tail, count):
     """Empty every cache: no key in any tier, every list empty."""
     for k in range(state.shape[0]):
@@ -276,18 +449,21 @@ def reset_caches(state, head, tail, count):
 
 @kernel
 def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count,
-            key_stride, balance):
+            key_stride, balance, n_private):
     """Loop of :func:`lookup_tiers`: validate indices, reset the workspace, replay the requests.
 
-    ``state`` (n_keys, 4) int32 holds one row per key (prev, next, tier, owner); ``head``, ``tail`` (int32)
-    and ``count`` (int64) hold one entry per list, list ``tiers * instance + tier``. All are overwritten.
+    ``state`` (n_keys, 4) int32 holds one row per key (prev, next, tier, owner), then, with pooled tiers,
+    ``key_stride`` rows of the pool's keys; ``head``, ``tail`` (int32) and ``count`` (int64) hold one entry per
+    list, list ``tiers * instance + tier``, then the pooled tiers' ``tiers * n_instances + tier``. All are
+    overwritten.
     """
-    n_keys = state.shape[0]
+    n_tiers = capacity_blocks.shape[0]
+    pooled = n_private < n_tiers
+    n_keys = state.shape[0] - (key_stride if pooled else 0)
     n = instance.shape[0]
     nnz = block_keys.shape[0]
     if block_ptr.shape[0] != n + 1:
         raise ValueError("block_ptr must have len(instance) + 1 entries")
-    n_tiers = capacity_blocks.shape[0]
     if out_hits.shape[0] != n or out_hits.shape[1] != n_tiers:
         raise ValueError("out_hits must have shape (len(instance), len(capacity_blocks))")
     for t in range(n_tiers):
@@ -311,7 +487,19 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
 
     next_tier = next_tiers(capacity_blocks)
     reset_caches(state, head, tail, count)
+    if pooled:
+        _replay_pooled(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
+                       count, next_tier, key_stride, balance, n_private, n_keys)
+    else:
+        _replay_private(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
+                        count, next_tier, key_stride, balance)
 
+
+@kernel
+def _replay_private(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
+                    count, next_tier, key_stride, balance):
+    """The requests through every instance's own tiers (the validated inputs of :func:`_replay`)."""
+    n = instance.shape[0]
     load = np.zeros(max(n_instances, 1), np.int64)
     for r in range(n):
         start = block_ptr[r]
@@ -337,3 +525,36 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
         load[inst] += stop - start
         admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_keys, start, stop,
                      inst * key_stride, inst, out_hits, r)
+
+
+@kernel
+def _replay_pooled(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
+                   count, next_tier, key_stride, balance, n_private, n_keys):
+    """:func:`_replay_private` with pooled tiers behind the first ``n_private`` (the pool's keys from ``n_keys``,
+    its lists after every instance's)."""
+    n = instance.shape[0]
+    pool_list = capacity_blocks.shape[0] * n_instances
+    load = np.zeros(max(n_instances, 1), np.int64)
+    for r in range(n):
+        start = block_ptr[r]
+        stop = block_ptr[r + 1]
+        inst = instance[r]
+        if inst < 0:  # cache-aware: the pool's blocks count as every instance's
+            least = 0
+            for i in range(1, n_instances):
+                if load[i] < load[least]:
+                    least = i
+            best = -1
+            best_len = -1
+            for i in range(n_instances):
+                length = cached_prefix_pooled(state, block_keys, start, stop, i * key_stride, n_keys)
+                if length > best_len or (length == best_len and load[i] < load[best]):
+                    best = i
+                    best_len = length
+            if load[best] > (1.0 + balance) * load[least]:
+                best = least
+            inst = best
+            instance[r] = inst
+        load[inst] += stop - start
+        admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_private, n_keys, pool_list,
+                            block_keys, start, stop, inst * key_stride, inst, out_hits, r)

@@ -365,3 +365,72 @@ def test_cache_aware_routing_follows_the_prefix():
     lookup_tiers(ptr, ids, instance, 2, 2 * 13, np.array([100, 0, 0]), hits, key_stride=13, balance=10.0)
     assert hits[2:, 0].tolist() == [3] * 18
     assert len(set(instance[0::2].tolist())) == 1 and len(set(instance[1::2].tolist())) == 1
+
+
+def run_pooled(prompts, instances, capacity, n_private, n_instances):
+    """The kernel in the ``key_stride`` layout that pooled tiers need (block ids shared by every instance)."""
+    block_ptr = np.concatenate(([0], np.cumsum([len(p) for p in prompts]))).astype(np.int64)
+    ids = np.array([b for p in prompts for b in p], np.int64)
+    ids = np.unique(ids, return_inverse=True)[1].astype(np.int64).reshape(-1) if ids.size else ids
+    stride = int(ids.max()) + 1 if ids.size else 1
+    instance = np.array(instances, np.int32)
+    hits = np.zeros((len(prompts), len(capacity)), np.int64)
+    lookup_tiers(block_ptr, ids, instance, n_instances, n_instances * stride, np.array(capacity, np.int64), hits,
+                 key_stride=stride, n_private=n_private)
+    return hits, instance
+
+
+@pytest.mark.parametrize("routing", ["given", "cache-aware"])
+def test_pooled_tiers_match_reference(routing):
+    """Private tiers in front of pooled ones (a shared store), every instance evicting into the pool and reading
+    from it, against the reference; with cache-aware routing the chosen instances agree too."""
+    pooled_hits = 0
+    for seed in range(16):
+        rng = np.random.default_rng([seed, routing == "cache-aware"])
+        n_instances = int(rng.integers(1, 5))
+        n_tiers = int(rng.integers(2, 6))
+        n_private = int(rng.integers(1, n_tiers))
+        prompts, instances = random_prompts(rng, 300, n_instances)
+        capacity = tuple(int(c) for c in rng.integers(2, 20, n_tiers))
+        if seed % 5 == 4:  # an absent pooled tier is skipped
+            capacity = capacity[:-1] + (0,)
+        if routing == "cache-aware":
+            instances = [-1] * len(prompts)
+        chosen = []
+        expected = lookup_tiers_reference(prompts, instances, capacity, n_instances, 0.25, chosen, n_private)
+        hits, instance = run_pooled(prompts, instances, capacity, n_private, n_instances)
+        np.testing.assert_array_equal(hits, np.array(expected, np.int64))
+        assert instance.tolist() == chosen
+        pooled_hits += int(hits[:, n_private:].sum())
+    assert pooled_hits > 0
+
+
+def test_a_block_evicted_by_one_instance_is_read_by_another_from_the_pool():
+    # One block of HBM each, a pool of 10: instance 0's block 1 is pushed into the pool by block 2, instance 1
+    # then finds it there, and reading it leaves the pool's copy for instance 2.
+    prompts = [[1], [2], [1], [1]]
+    hits, _ = run_pooled(prompts, [0, 0, 1, 2], (1, 10), 1, 3)
+    assert hits.tolist() == [[0, 0], [0, 0], [0, 1], [0, 1]]
+
+
+def test_private_tiers_are_searched_before_the_pool():
+    # Instance 0 evicts block 1 into the pool, instance 1 reads it (now in its own HBM and in the pool):
+    # its next request finds it in HBM.
+    hits, _ = run_pooled([[1], [2], [1], [1]], [0, 0, 1, 1], (1, 0, 10), 2, 2)
+    assert hits[2].tolist() == [0, 0, 1] and hits[3].tolist() == [1, 0, 0]
+    hits, _ = run_pooled([[1], [2], [3], [1]], [0, 0, 0, 1], (1, 1, 10), 2, 2)
+    assert hits[3].tolist() == [0, 0, 1]
+
+
+def test_pooled_tiers_need_the_stride_layout():
+    block_ptr, block_keys, instance, n_keys = to_arrays([[0]], [0])
+    with pytest.raises(ValueError, match="key_stride"):
+        lookup_tiers(block_ptr, block_keys, instance, 1, n_keys, np.array([4, 4], np.int64),
+                     np.zeros((1, 2), np.int64), n_private=1)
+
+
+def test_kernel_and_schema_agree_on_the_most_tiers():
+    from mcsim.kernels.kv_tiers import MAX_TIERS
+    from mcsim.scenario.schema import MAX_TIERS as SCHEMA_MAX_TIERS
+
+    assert MAX_TIERS == SCHEMA_MAX_TIERS == 8
