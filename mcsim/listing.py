@@ -19,7 +19,7 @@ import tomllib
 from importlib import resources
 
 from mcsim.scenario import catalog
-from mcsim.scenario.schema import CLASS_FIELDS, SECTIONS, Field, ScenarioError, field_for
+from mcsim.scenario.schema import CLASS_FIELDS, SECTIONS, TIER_FIELDS, TIER_REQUIRED, Field, ScenarioError, field_for
 from mcsim.tables import table, terminal_width
 
 #: Names of the schema's kinds as ``mcsim list keys`` prints them.
@@ -98,7 +98,17 @@ def _key_fields(section: str) -> list[tuple[str, Field, str]]:
         out.append((path, field_for(path), f"Catalog field ({doc}); default: the preset's."))
     if section == "workload":
         out += [(f"workload.classes.<name>.{key}", spec, spec.doc) for key, spec in CLASS_FIELDS.items()]
+    if section == "cache":  # one [[cache.tiers]] table per tier
+        out += [(f"cache.tiers.<name>.{key}" if key != "name" else "cache.tiers.name", spec, spec.doc)
+                for key, spec in TIER_FIELDS.items()]
     return out
+
+
+def _tier_default(path: str) -> str | None:
+    """What a ``[[cache.tiers]]`` key defaults to, in words (None for other keys)."""
+    if not path.startswith("cache.tiers."):
+        return None
+    return "(required)" if path.rsplit(".", 1)[-1] in TIER_REQUIRED else "(its kind's)"
 
 
 def _number(x) -> str:
@@ -151,7 +161,8 @@ def keys(section: str | None = None) -> list[dict]:
     for name in [section] if section else list(SECTIONS):
         for path, spec, doc in _key_fields(name):
             out.append({
-                "key": path, "section": name, "type": TYPE_NAMES[spec.kind], "default": spec.default,
+                "key": path, "section": name, "type": TYPE_NAMES[spec.kind],
+                "default": None if _tier_default(path) else spec.default,
                 "allowed": allowed(path, spec), "choices": list(spec.choices), "minimum": spec.lo,
                 "maximum": spec.hi, "minimum_exclusive": spec.lo_open,
                 "distribution": ("per-request" if spec.kind == "perreq" else
@@ -172,7 +183,7 @@ def format_keys(rows: list[dict], width: int | None = None, describe: bool = Fal
         body = [r for r in rows if r["section"] == section]
         if describe:
             for r in body:
-                facts = [r["type"], f"default {_default_text(r['default'])}"]
+                facts = [r["type"], f"default {_tier_default(r['key']) or _default_text(r['default'])}"]
                 facts += [f"allowed {r['allowed']}"] if r["allowed"] else []
                 facts += {"uncertain": ["may be a distribution"], "per-request": ["a per-request distribution"]}.get(
                     r["distribution"], [])
@@ -183,7 +194,8 @@ def format_keys(rows: list[dict], width: int | None = None, describe: bool = Fal
                                                            width=width - 4, wrap=True)]
             continue
         rows_ = [["key", "type", "default", "allowed", "dist", "fidelity"]]
-        rows_ += [[r["key"].removeprefix(f"{section}."), r["type"], _default_text(r["default"]), r["allowed"],
+        rows_ += [[r["key"].removeprefix(f"{section}."), r["type"],
+                   _tier_default(r["key"]) or _default_text(r["default"]), r["allowed"],
                    "no" if r["distribution"] == "no" else "yes", r["fidelity"]] for r in body]
         lines += table(rows_, width=width, wrap=True)
     return lines

@@ -142,7 +142,7 @@ def test_misspelt_key_names_file_key_and_nearest(tmp_path):
     ("[hardware]\nhbm_gbb = 96\n", "hardware.hbm_gbb", "did you mean 'hbm_gb'"),
     ("[model]\nlayer = 2\n", "model.layer", "did you mean 'layers'"),
     ("[speculative]\nenable = false\n", "speculative.enable", "did you mean 'enabled'"),
-    ("[cache.tiers]\nhbm = 1\n", "cache.tiers", "unknown key"),
+    ("[cache.tiers]\nhbm = 1\n", "cache.tiers", "expected [[cache.tiers]] tables"),
 ])
 def test_unknown_keys_and_sections(text, key, fragment):
     err = error_of(text)

@@ -55,7 +55,7 @@ def cache_stage(inputs: kvcache.Inputs, requests, rng) -> np.ndarray:
     if inputs.capacity_blocks[0] == 0:
         return np.zeros((requests.n, len(inputs.capacity_blocks)), dtype=np.int64)
     result = kvcache.cache_hits(requests, inputs.routing, inputs.caches, np.array(inputs.capacity_blocks), rng,
-                                balance=inputs.routing_balance)
+                                balance=inputs.routing_balance, private_tiers=inputs.private_tiers)
     return result.cached_tokens
 
 

@@ -36,6 +36,7 @@ from mcsim.perf.capacity import memory_projection
 from mcsim.perf.hardware import as_hardware
 from mcsim.perf.roofline import Parallelism, Precision
 from mcsim.scenario import catalog
+from mcsim.stages.kvcache import first_tier_gb_per_instance
 from mcsim.stages.speculative import pass_cost
 
 BF16_BYTES = 2.0
@@ -131,7 +132,7 @@ def pool_memory(p: dict, requests, *, prefill: bool = False):
     decode_context, _ = mean_contexts(requests)
     context = float(requests.prompt_tokens.mean()) if (prefill and disagg) else decode_context
     holds_cache = p["cache.enabled"] and (prefill or not disagg)
-    reserved = p["cache.hbm_gb_per_instance"] / layout.gpus if holds_cache else 0.0
+    reserved = first_tier_gb_per_instance(p) / layout.gpus if holds_cache else 0.0
     return memory_projection(
         _model(p), as_hardware(p), precision=precision(p), parallel=layout,
         block_tokens=requests.block_tokens, context=context, memory_fraction=p["deployment.memory_fraction"],

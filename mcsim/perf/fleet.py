@@ -38,8 +38,7 @@ from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
 from mcsim.perf.policies import policy_for
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
-from mcsim.stages.kvcache import restore_rates, tiers_of
-from mcsim.stages.kvcache import Inputs, steady_state, warmup_requests
+from mcsim.stages.kvcache import Inputs, restore_rates, steady_state, tiers_of, warmup_requests
 
 #: Figures that describe a deployment that ran; NaN when it could not.
 PERFORMANCE_OUTPUTS = (
@@ -182,7 +181,8 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     hw = model.hardware
     # Restores from each tier after the first, at the rates of the instance that holds the cache.
     rates = restore_rates(tiers_of(p), gpus=gp, gpus_per_node=hw.gpus_per_node, host_link_gb_s=hw.host_link_gb_s,
-                          nvme_gb_s_per_node=p["cache.nvme_gb_s_per_node"])[1:]
+                          nvme_gb_s_per_node=p["cache.nvme_gb_s_per_node"], hbm_tb_s=hw.hbm_tb_s,
+                          scale_out_gb_s=hw.scale_out_gb_s)[1:]
 
     def prefill_work(miss_tokens, restored_bytes):  # GPU-seconds of prefill: compute and restores
         work = float(miss_tokens.sum()) / x_prefill

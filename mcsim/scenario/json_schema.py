@@ -27,7 +27,8 @@ from mcsim import __version__
 from mcsim.scenario import catalog
 from mcsim.scenario.distributions import KINDS
 from mcsim.scenario.grid import MAX_AXIS_VALUES
-from mcsim.scenario.schema import CLASS_FIELDS, SECTIONS, Field, field_for, workload_reads
+from mcsim.scenario.schema import (CLASS_FIELDS, MAX_TIERS, SECTIONS, TIER_FIELDS, TIER_NAME_PATTERN, TIER_REQUIRED,
+                                   TIER_SHORT_FORM, Field, field_for, workload_reads)
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -180,6 +181,16 @@ def _class_axes(prefix: str) -> dict:
             for key, spec in CLASS_FIELDS.items() if spec.kind != "perreq"}
 
 
+def _tier_axes(prefix: str) -> dict:
+    """Pattern properties for tier keys written as one dotted path (``"cache.tiers.dram.gb"``)."""
+    return {f"{prefix}{re.escape(key)}$": {"$ref": f"#/$defs/axis.tier.{key}"} for key in TIER_FIELDS if key != "name"}
+
+
+def _tier_overrides(prefix: str) -> dict:
+    """Pattern properties for tier keys in ``[baseline]`` (``"cache.tiers.dram.gb" = 0``)."""
+    return {f"{prefix}{re.escape(key)}$": {"$ref": f"#/$defs/tier.{key}"} for key in TIER_FIELDS if key != "name"}
+
+
 def scenario_schema() -> dict:
     """The JSON Schema of a scenario file, as a dict (``json.dumps`` it)."""
     defs: dict = {"stream": _STREAM,
@@ -198,6 +209,20 @@ def scenario_schema() -> dict:
     class_axis_table = {"type": "object", "additionalProperties": False,
                         "properties": {k: {"$ref": f"#/$defs/axis.class.{k}"} for k, s in CLASS_FIELDS.items()
                                        if s.kind != "perreq"}}
+    for key, spec in TIER_FIELDS.items():
+        defs[f"tier.{key}"] = value(f"cache.tiers.<name>.{key}", spec, spec.doc, None, defs)
+        if key != "name":
+            defs[f"axis.tier.{key}"] = axis(key, spec)
+    defs["tier.name"]["pattern"] = f"^{TIER_NAME_PATTERN}$"
+    tier_table = {"type": "object", "additionalProperties": False, "required": list(TIER_REQUIRED),
+                  "properties": {k: {"$ref": f"#/$defs/tier.{k}"} for k in TIER_FIELDS},
+                  "description": "One cache tier: name, capacity per unit of its scope, scope, and optionally its "
+                                 "read bandwidth and latency (default: its kind's, by name)."}
+    tier_fields = [k for k in TIER_FIELDS if k != "name"]
+    tier_axis_table = {"type": "object", "additionalProperties": False,
+                       "properties": {k: {"$ref": f"#/$defs/axis.tier.{k}"} for k in tier_fields}}
+    tier_override_table = {"type": "object", "additionalProperties": False,
+                           "properties": {k: {"$ref": f"#/$defs/tier.{k}"} for k in tier_fields}}
     for section in SECTIONS:
         keys = _keys(section)
         body, base_body, sweep_body = {}, {}, {}
@@ -211,6 +236,16 @@ def scenario_schema() -> dict:
                 defs[f"axis.{path}"] = axis(path, spec)
                 sweep_body[key] = sweep[path] = {"$ref": f"#/$defs/axis.{path}"}
         table = {"type": "object", "properties": body, "additionalProperties": False}
+        if section == "cache":
+            table["properties"]["tiers"] = {
+                "type": "array", "minItems": 1, "maxItems": MAX_TIERS, "items": tier_table,
+                "description": "The cache as an ordered list of exclusive tiers, first (the GPUs' memory) to last, "
+                               "one [[cache.tiers]] table each; replaces the short form's keys "
+                               "(" + ", ".join(p.split(".")[1] for p in TIER_SHORT_FORM) + ")."}
+            table["dependentSchemas"] = {"tiers": {"not": {"anyOf": [{"required": [p.split(".")[1]]}
+                                                                    for p in TIER_SHORT_FORM]}}}
+            sweep_body["tiers"] = {"type": "object", "additionalProperties": tier_axis_table}
+            base_body["tiers"] = {"type": "object", "additionalProperties": tier_override_table}
         if section == "workload":
             table["properties"]["classes"] = {
                 "type": "object", "minProperties": 1, "additionalProperties": class_table,
@@ -220,18 +255,24 @@ def scenario_schema() -> dict:
         properties[section] = table
         if base_body:
             baseline[section] = {"type": "object", "properties": base_body, "additionalProperties": False}
+            if section == "cache":
+                baseline[section]["patternProperties"] = _tier_overrides(r"^tiers\.[^.]+\.")
         if sweep_body:
             nested = {"type": "object", "properties": sweep_body, "additionalProperties": False}
             if section == "workload":
                 nested["patternProperties"] = _class_axes(r"^classes\.[^.]+\.")
+            if section == "cache":
+                nested["patternProperties"] = _tier_axes(r"^tiers\.[^.]+\.")
             sweep[section] = nested
     properties["baseline"] = {
         "type": "object", "properties": baseline, "additionalProperties": False,
+        "patternProperties": _tier_overrides(r"^cache\.tiers\.[^.]+\."),
         "description": "What compare's baseline variant changes after switching every lever off: dotted keys "
                        "(or nested tables) of any section but what the workload reads, which both variants share."}
     properties["sweep"] = {
         "type": "object", "properties": sweep, "additionalProperties": False,
-        "patternProperties": _class_axes(r"^workload\.classes\.[^.]+\."),
+        "patternProperties": {**_class_axes(r"^workload\.classes\.[^.]+\."),
+                              **_tier_axes(r"^cache\.tiers\.[^.]+\.")},
         "description": "Grid axes: a dotted key (quoted, or as nested tables) and a list of values or a range "
                        "{ start, stop, num, log }. [mc] keys and per-request distributions cannot be axes."}
     return {

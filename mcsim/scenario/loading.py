@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import tomllib
 import zlib
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,13 @@ from mcsim.scenario.distributions import Dist, DistributionError
 from mcsim.scenario.schema import (
     CLASS_FIELDS,
     DEFAULT_CLASSES,
+    MAX_TIERS,
     SECTIONS,
+    TIER_FIELDS,
+    TIER_KINDS,
+    TIER_NAME_PATTERN,
+    TIER_REQUIRED,
+    TIER_SHORT_FORM,
     Field,
     ScenarioError,
     baseline_overrides,
@@ -136,6 +143,7 @@ class Scenario:
                 values[f"{section}.preset"] = preset
         for path, raw in flat.items():
             _check_class(path, self.classes, self.source, origin)
+            _check_tier_path(path, self.values, self.source, origin)
             values[path] = _validate_path(path, raw, self.source, origin)
         explicit = set(self.catalog_overrides) | {path for path in flat if path.split(".")[0] in ("model", "hardware")
                                                   and path.split(".")[-1] != "preset"}
@@ -158,6 +166,40 @@ def _check_class(path: str, classes, source: str, origin: str):
     if len(parts) == 4 and parts[:2] == ["workload", "classes"] and parts[2] not in classes:
         raise ScenarioError(source, path, f"unknown workload class '{parts[2]}' in {origin}"
                             f"{_nearest(parts[2], classes)}; the classes are " + ", ".join(classes))
+
+
+def _check_tier_path(path: str, values: dict, source: str, origin: str):
+    """A dotted path into ``cache.tiers.<name>`` must name one of the scenario's ``[[cache.tiers]]``, and the short
+    form's keys cannot be set on a scenario that has them (the tiers would be given twice)."""
+    names = values.get("cache.tiers") or ()
+    if names and path in TIER_SHORT_FORM:
+        raise ScenarioError(source, path, f"{origin} cannot set the short form of the tiers: the scenario has "
+                            f"[[cache.tiers]] ({', '.join(names)}); set cache.tiers.<name>.gb instead")
+    parts = path.split(".")
+    if parts[:2] != ["cache", "tiers"]:
+        return
+    example = f"cache.tiers.{names[-1] if names else 'dram'}.gb"
+    if len(parts) != 4:
+        raise ScenarioError(source, path, f"expected one tier's key in {origin}, cache.tiers.<name>.<key> (e.g. "
+                            f"{example})")
+    if parts[2] not in names:
+        known = (f"the tiers are {', '.join(names)}" if names else "the scenario has no [[cache.tiers]]: its tiers "
+                 "are the short form's (cache.hbm_gb_per_instance, dram_gb_per_node, nvme_gb_per_node)")
+        raise ScenarioError(source, path, f"unknown cache tier '{parts[2]}' in {origin}{_nearest(parts[2], names)}; "
+                            + known)
+    if parts[3] == "name":
+        raise ScenarioError(source, path, "a tier's name is its [[cache.tiers]] table's and cannot be overridden")
+
+
+def _set_tier(raw: dict, path: str, value, source: str):
+    """``--set cache.tiers.<name>.<key>=VALUE``: into the ``[[cache.tiers]]`` table of that name."""
+    cache = raw.get("cache") if isinstance(raw.get("cache"), dict) else {}
+    tables = cache.get("tiers") if isinstance(cache.get("tiers"), list) else []
+    tables = [t for t in tables if isinstance(t, dict)]
+    names = tuple(t["name"] for t in tables if isinstance(t.get("name"), str))
+    _check_tier_path(path, {"cache.tiers": names}, source, "--set")
+    _, _, name, key = path.split(".")
+    next(t for t in tables if t.get("name") == name)[key] = value
 
 
 def _nearest(word: str, options) -> str:
@@ -278,6 +320,8 @@ def _validate_path(path: str, raw, source: str, origin: str):
         key = path.split(".")[-1]
         if path.startswith("workload.classes.") and len(path.split(".")) == 4:
             options = list(CLASS_FIELDS)
+        if path.startswith("cache.tiers.") and len(path.split(".")) == 4:
+            options = [k for k in TIER_FIELDS if k != "name"]
         hint = _nearest(key, options) if options else _nearest(section, SECTIONS)
         raise ScenarioError(source, path, f"unknown key in {origin}{hint}")
     return _check_value(spec, path, raw, source)
@@ -366,6 +410,9 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
     for item in overrides:
         key, value = parse_override(item)
         _check_class(key, file_classes, source, "--set")
+        if key.startswith("cache.tiers."):
+            _set_tier(raw, key, value, source)
+            continue
         _set_path(raw, key, value)
     scn = validate(raw, source=source, text=text, base_dir=path.parent if path else None,
                    overrides=tuple(overrides), file_hardware=file_hardware)
@@ -412,6 +459,11 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
     for section, fields in SECTIONS.items():
         body = dict(raw.get(section, {}))
         classes_raw = body.pop("classes", None) if section == "workload" else None
+        tiers_raw = body.pop("tiers", None) if section == "cache" else None
+        given = [path for path in TIER_SHORT_FORM if section == "cache" and path.split(".")[1] in body]
+        if tiers_raw is not None and given:
+            raise ScenarioError(source, given[0], "the short form of the tiers cannot be given with [[cache.tiers]]: "
+                                "give each tier's gb (and gb_s) in its own table")
         for key, spec in fields.items():
             values[f"{section}.{key}"] = _check_value(spec, f"{section}.{key}", body.pop(key, spec.default), source)
         if section in ("model", "hardware"):
@@ -422,6 +474,8 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
             raise ScenarioError(source, f"{section}.{key}", f"unknown key{_nearest(key, fields)}")
         if section == "workload":
             classes = _validate_classes(classes_raw, source, values)
+        if section == "cache":
+            values.update(_validate_tiers(tiers_raw, source))
     if not values["efficiency.base_hardware"]:
         # (an invalid file preset was replaced by --set; the --set one is then the reference)
         known = isinstance(file_hardware, str) and file_hardware.lower() in catalog.hardware()
@@ -437,6 +491,7 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
     baseline = baseline_overrides()
     for path, v in _flatten(raw.get("baseline", {})).items():
         _check_class(path, classes, source, "[baseline]")
+        _check_tier_path(path, values, source, "[baseline]")
         _validate_path(path, v, source, "[baseline]")
         check_variant_key(path, source, "[baseline]")
         baseline[path] = v
@@ -498,6 +553,67 @@ def _validate_classes(classes_raw, source: str, values: dict) -> tuple:
     return tuple(classes_raw)
 
 
+def _validate_tiers(tiers_raw, source: str) -> dict:
+    """``[[cache.tiers]]`` as flat values: ``cache.tiers`` (the names, in order; empty for the short form) and
+    ``cache.tiers.<name>.<key>`` for every key, the kind's defaults filled in (gb_s 0 = the kind's, resolved per
+    sample from the hardware)."""
+    if tiers_raw is None:
+        return {"cache.tiers": ()}
+    if not isinstance(tiers_raw, list) or not all(isinstance(t, dict) for t in tiers_raw):
+        raise ScenarioError(source, "cache.tiers", "expected [[cache.tiers]] tables (an array of tables, one per tier, "
+                            "first tier first)")
+    if not 1 <= len(tiers_raw) <= MAX_TIERS:
+        raise ScenarioError(source, "cache.tiers", f"expected 1 to {MAX_TIERS} [[cache.tiers]] tables, got "
+                            f"{len(tiers_raw)}")
+    out: dict[str, Any] = {}
+    names: list[str] = []
+    for position, body in enumerate(tiers_raw):
+        name = body.get("name")
+        if not isinstance(name, str) or not re.fullmatch(TIER_NAME_PATTERN, name):
+            shown = "no name" if name is None else f"{name!r}"
+            raise ScenarioError(source, f"cache.tiers[{position + 1}].name", "expected a name of up to 32 letters, "
+                                f"digits, '_' or '-', starting with a letter, got {shown}")
+        if name in names:
+            raise ScenarioError(source, f"cache.tiers.{name}", "duplicate tier name: each [[cache.tiers]] table needs "
+                                "its own")
+        names.append(name)
+        prefix = f"cache.tiers.{name}"
+        for key in body:
+            if key not in TIER_FIELDS:
+                raise ScenarioError(source, f"{prefix}.{key}", f"unknown key{_nearest(key, TIER_FIELDS)}; a tier "
+                                    f"has {', '.join(TIER_FIELDS)}")
+        for key in TIER_REQUIRED:
+            if key not in body:
+                raise ScenarioError(source, f"{prefix}.{key}", f"missing: a tier needs {', '.join(TIER_REQUIRED)}")
+        kind = TIER_KINDS.get(name)
+        for key in ("gb", "scope", "gb_s", "latency_us"):
+            spec = TIER_FIELDS[key]
+            if key in body:
+                out[f"{prefix}.{key}"] = _check_value(spec, f"{prefix}.{key}", body[key], source)
+            elif kind is not None or position == 0:  # the first tier restores nothing: no rate to give
+                out[f"{prefix}.{key}"] = kind[1] if key == "latency_us" and kind is not None else spec.default
+            else:
+                raise ScenarioError(source, f"{prefix}.{key}", f"missing: '{name}' is not a kind of tier mcsim knows "
+                                    f"({', '.join(TIER_KINDS)}), so give its {key}")
+    out["cache.tiers"] = tuple(names)
+    return out
+
+
+def _check_tiers(scn: Scenario, v: dict):
+    """The instances' own tiers come before the pooled ones; the replicas keep private tiers only."""
+    names = v.get("cache.tiers") or ()
+    scopes = [v[f"cache.tiers.{name}.scope"] for name in names]
+    for t in range(1, len(names)):
+        if scopes[t - 1] == "pooled" and scopes[t] != "pooled":
+            raise ScenarioError(scn.source, f"cache.tiers.{names[t]}.scope", f"a private tier ({scopes[t]}) cannot "
+                                f"follow the pooled tier {names[t - 1]}: the instances' own tiers come first")
+    if "pooled" in scopes and v.get("deployment.fleet_simulation") == "replicas":
+        name = names[scopes.index("pooled")]
+        raise ScenarioError(scn.source, f"cache.tiers.{name}.scope", "fleet_simulation = 'replicas' keeps each "
+                            "instance's tiers private: a pooled tier runs in the representative mode (or give "
+                            "deployment.routing = 'pooled' for one cache the replicas share)")
+
+
 def _cross_checks(scn: Scenario):
     """Checks across keys, run on every scenario however it was made (file, --set, --grid, a variant)."""
     v = scn.values
@@ -510,6 +626,7 @@ def _cross_checks(scn: Scenario):
 
     _check_expert_layout(scn, v)
     _check_replicas(scn, v)
+    _check_tiers(scn, v)
     g, tp, pp = v["deployment.gpus_per_instance"], v["deployment.tp"], v["deployment.pp"]
     if all(isinstance(x, int) for x in (g, tp, pp)) and g % (tp * pp):
         raise ScenarioError(scn.source, "deployment.tp", f"tp x pp = {tp} x {pp} must divide gpus_per_instance "

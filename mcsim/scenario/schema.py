@@ -204,10 +204,13 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
     "cache": {
         "enabled": B(True, "Reuse prefix KV (lever: tiered KV cache)."),
         "block_tokens": I(64, "Tokens per KV block; only whole blocks are reused.", 1, 1_000_000),
-        "hbm_gb_per_instance": F(100.0, "HBM set aside for reusable prefix KV per instance, GB.", 0, None),
-        "dram_gb_per_node": F(1024.0, "Host DRAM for KV per node, GB (0 = no DRAM tier).", 0, None),
-        "nvme_gb_per_node": F(8000.0, "NVMe for KV per node, GB (0 = no NVMe tier).", 0, None),
-        "nvme_gb_s_per_node": F(25.0, "NVMe read bandwidth per node, GB/s.", 0, None, lo_open=True),
+        "hbm_gb_per_instance": F(100.0, "HBM set aside for reusable prefix KV per instance, GB (the short form of "
+                                        "the tiers: with dram_gb_per_node and nvme_gb_per_node it makes the tiers "
+                                        "hbm, dram and nvme; [[cache.tiers]] replaces all four keys).", 0, None),
+        "dram_gb_per_node": F(1024.0, "Host DRAM for KV per node, GB (0 = no DRAM tier; short form, read over each "
+                                      "GPU's hardware.host_link_gb_s).", 0, None),
+        "nvme_gb_per_node": F(8000.0, "NVMe for KV per node, GB (0 = no NVMe tier; short form).", 0, None),
+        "nvme_gb_s_per_node": F(25.0, "NVMe read bandwidth per node, GB/s (short form).", 0, None, lo_open=True),
     },
     "speculative": {
         "enabled": B(True, "Speculative decoding / MTP (lever)."),
@@ -391,6 +394,61 @@ CLASS_FIELDS: dict[str, Field] = {
 
 DEFAULT_CLASSES = {"chat": {}}
 
+#: Where a cache tier's capacity is: private to each instance (``instance``; ``node``: per node, an instance has it
+#: x the nodes it spans) or one capacity shared by the fleet's instances (``pooled``, a KV store).
+TIER_SCOPES = ("instance", "node", "pooled")
+#: The most tiers a cache may have (mcsim.kernels.kv_tiers.MAX_TIERS).
+MAX_TIERS = 8
+#: The keys of today's three tiers (hbm, dram, nvme): the short form, which [[cache.tiers]] replaces.
+TIER_SHORT_FORM = ("cache.hbm_gb_per_instance", "cache.dram_gb_per_node", "cache.nvme_gb_per_node",
+                   "cache.nvme_gb_s_per_node")
+#: A tier's name: the ``tier`` coordinate of the results and the third part of its keys (cache.tiers.<name>.gb).
+TIER_NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_-]{0,31}"
+
+#: Kinds of tier a ``[[cache.tiers]]`` name selects: what sets its default read bandwidth (gb_s), its default
+#: latency_us, and where the figures come from. Latencies are estimates of a restore's time to first byte.
+TIER_KINDS: dict[str, tuple[str, float, str]] = {
+    "hbm": ("hardware.hbm_tb_s per GPU of the instance", 0.0,
+            "the GPUs' own memory: blocks found there are used in place"),
+    "dram": ("hardware.host_link_gb_s per GPU of the instance (each GPU restores over its own PCIe link, as the "
+             "short form's dram tier)", 5.0,
+             "host link: the hardware catalog (one direction of PCIe x16); latency an estimate of a host-to-GPU "
+             "copy's start-up (driver submission and a PCIe round trip, a few us)"),
+    "cxl": ("64 GB/s per unit of its scope (one CXL 2.0 x16 memory expander at PCIe 5.0's 32 GT/s, one direction)",
+            5.5, "CXL 2.0 runs on the PCIe 5.0 physical layer (CXL Consortium, CXL 2.0 specification, 2020); "
+                 "latency: dram's plus the expander's extra load latency, 2-5x local DRAM's ~0.1 us (Liu et al., "
+                 "Exploring and Evaluating Real-world CXL, arXiv:2405.14209, 2024; Sun et al., Demystifying CXL "
+                 "Memory with Genuine CXL-Ready Systems and Devices, MICRO 2023, arXiv:2303.15375)"),
+    "nvme": ("cache.nvme_gb_s_per_node's default, 25 GB/s, per unit of its scope (as the short form's nvme tier)",
+             80.0, "latency an estimate: a 4 KiB read of a TLC NAND NVMe drive at queue depth 1 takes tens of us "
+                   "(70-100 us in enterprise drives' datasheets)"),
+    "remote": ("hardware.scale_out_gb_s per GPU of the instance (the NIC each GPU reads the store over, as KV "
+               "transfers between pools are priced)", 10.0,
+               "a shared KV store read over RDMA, as Mooncake's (Qin et al., Mooncake, FAST 2025; its transfer "
+               "engine moves 190 GB/s over 8 x 400 Gb/s RoCE NICs, about half their line rate); latency an "
+               "estimate: an RDMA read's round trip (a few us) plus the store's look-up"),
+}
+TIER_KINDS["pool"] = TIER_KINDS["remote"]
+
+#: Fields of each ``[[cache.tiers]]`` table: the cache as an ordered list of exclusive tiers, first (the GPUs'
+#: memory, where blocks are used) to last. ``name``, ``gb`` and ``scope`` are required; ``gb_s`` and ``latency_us``
+#: default to the kind the name selects (:data:`TIER_KINDS`) and must be given for another name (except for the
+#: first tier, which restores nothing).
+TIER_FIELDS: dict[str, Field] = {
+    "name": S("", "The tier's name: the tier coordinate of the results and its keys' paths (cache.tiers.<name>.gb); "
+                  "hbm, dram, cxl, nvme, remote and pool are kinds with a default bandwidth and latency."),
+    "gb": F(0.0, "Capacity per unit of the tier's scope, GB: per instance, per node (an instance has gb x the nodes "
+                 "it spans), or the whole pool's (0 = the tier is absent).", 0, None),
+    "scope": C("instance", "instance: private to each instance; node: private, gb per node of the instance; pooled: "
+                           "one capacity shared by the fleet's instances (a KV store), after every private tier.",
+               *TIER_SCOPES),
+    "gb_s": F(0.0, "Read bandwidth per unit of the tier's scope, GB/s (pooled: per instance reading the pool); "
+                   "default: its kind's.", 0, None, lo_open=True),
+    "latency_us": F(0.0, "Time to the first byte of a restore from the tier, once per request that restores from "
+                         "it, us; default: its kind's.", 0, None),
+}
+TIER_REQUIRED = ("name", "gb", "scope")
+
 
 #: What ``compare`` switches off for its baseline (before the scenario's own ``[baseline]`` overrides).
 LEVERS: dict[str, dict[str, Any]] = {
@@ -453,6 +511,8 @@ def field_for(path: str) -> Field | None:
     parts = path.split(".")
     if len(parts) == 4 and parts[0] == "workload" and parts[1] == "classes":
         return CLASS_FIELDS.get(parts[3])
+    if len(parts) == 4 and parts[0] == "cache" and parts[1] == "tiers":
+        return TIER_FIELDS.get(parts[3]) if parts[3] != "name" else None
     if len(parts) != 2:
         return None
     section, key = parts

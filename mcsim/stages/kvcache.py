@@ -1,7 +1,9 @@
 """Stage 2 orchestration: the scenario's tiers, route requests to instances, size the tiers, run the KV-tier kernel.
 
-The cache is an ordered list of exclusive tiers (:class:`Tier`): today's keys (``cache.hbm_gb_per_instance``,
-``dram_gb_per_node``, ``nvme_gb_per_node``) make the three tiers hbm, dram and nvme. The kernel
+The cache is an ordered list of exclusive tiers (:class:`Tier`): the scenario's ``[[cache.tiers]]``, or today's
+keys (``cache.hbm_gb_per_instance``, ``dram_gb_per_node``, ``nvme_gb_per_node``), the short form that makes the
+three tiers hbm, dram and nvme. Tiers of scope ``pooled`` are one capacity that every instance shares, behind
+each instance's own tiers (the rules are :mod:`mcsim.kernels.kv_tiers`'s "Pooled tiers"). The kernel
 (:func:`mcsim.kernels.kv_tiers.lookup_tiers`) keeps its state in flat arrays indexed by a dense key, so block
 identities are remapped here: each (instance, block) pair gets its own key, since each instance has its own cache.
 ``routing = 'pooled'`` is one cache with the capacity of all instances together.
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcsim.scenario.schema import TIER_SCOPES
+
 ROUTING = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
 #: Routers of the instances' current load, which only the replicas' simulation has (:mod:`mcsim.perf.fleet_batching`).
 LOAD_ROUTERS = ("least-outstanding", "least-kv")
@@ -20,7 +24,10 @@ LOAD_ROUTERS = ("least-outstanding", "least-kv")
 
 #: Where a tier's capacity is counted: per instance, per node (an instance has it x the nodes it spans), or once for
 #: the whole fleet.
-SCOPES = ("instance", "node", "pooled")
+SCOPES = TIER_SCOPES
+#: Read bandwidth of one CXL memory expander, bytes/s: x16 at PCIe 5.0's 32 GT/s, one direction (the ``cxl`` kind's
+#: default per unit of its scope; mcsim.scenario.schema.TIER_KINDS gives the sources).
+CXL_BYTES_S = 64e9
 
 
 @dataclass(frozen=True)
@@ -48,11 +55,39 @@ class Tier:
 
 
 def tiers_of(p: dict) -> tuple[Tier, ...]:
-    """The tiers of a sample's parameters, first (the GPUs' memory, where blocks are used) to last: today's keys
-    make hbm (per instance), dram and nvme (per node), with their kinds' bandwidths and no latency."""
+    """The tiers of a sample's parameters, first (the GPUs' memory, where blocks are used) to last: the scenario's
+    ``[[cache.tiers]]``, or the short form's hbm (per instance), dram and nvme (per node), with their kinds'
+    bandwidths and no latency."""
+    names = p.get("cache.tiers") or ()
+    if names:
+        return tuple(Tier(name, p[f"cache.tiers.{name}.gb"], p[f"cache.tiers.{name}.scope"],
+                          p[f"cache.tiers.{name}.gb_s"], p[f"cache.tiers.{name}.latency_us"]) for name in names)
     return (Tier("hbm", p["cache.hbm_gb_per_instance"], "instance"),
             Tier("dram", p["cache.dram_gb_per_node"], "node"),
             Tier("nvme", p["cache.nvme_gb_per_node"], "node"))
+
+
+def private_tiers(tiers) -> int:
+    """How many leading tiers are each instance's own (the rest are pooled)."""
+    return sum(1 for t in tiers if t.scope != "pooled")
+
+
+def first_tier_gb_per_instance(p: dict) -> float:
+    """GB of HBM one cache-holding instance sets aside for the first tier (its blocks are used from the GPUs'
+    memory): ``gb`` per instance, x the nodes it spans per node, or its share of a pooled first tier."""
+    first = tiers_of(p)[0]
+    if first.scope == "node":
+        return first.gb * prefix_cache_nodes(p)
+    if first.scope == "pooled":
+        return first.gb / max(cache_instances(p), 1)
+    return first.gb
+
+
+def cache_instances(p: dict) -> int:
+    """Instances the prefix caches are split over: the prefill pool's when disaggregated."""
+    if p["deployment.disaggregated"]:
+        return int(p["deployment.prefill_instances"] or p["deployment.instances"])
+    return int(p["deployment.instances"])
 
 
 def tier_names(p: dict) -> tuple[str, ...]:
@@ -68,7 +103,8 @@ def prefix_cache_nodes(p: dict) -> int:
 
 
 def tier_bytes(tier: Tier, nodes: int) -> float:
-    """Capacity of one cache in a tier, bytes: ``gb`` per instance, x ``nodes`` per node, or the pool's ``gb``."""
+    """Capacity of one cache in a tier, bytes: ``gb`` per instance, x ``nodes`` per node, or the pool's ``gb``
+    (one capacity for every instance)."""
     return tier.gb * 1e9 * nodes if tier.scope == "node" else tier.gb * 1e9
 
 
@@ -91,27 +127,48 @@ class RestoreRate:
     latency_s: float
 
 
-def restore_rates(tiers, *, gpus: int, gpus_per_node: int, host_link_gb_s: float, nvme_gb_s_per_node: float) \
-        -> tuple[RestoreRate, ...]:
+def restore_rates(tiers, *, gpus: int, gpus_per_node: int, host_link_gb_s: float, nvme_gb_s_per_node: float,
+                  hbm_tb_s: float = 0.0, scale_out_gb_s: float = 0.0) -> tuple[RestoreRate, ...]:
     """Restore bandwidth and latency of each tier for an instance of ``gpus`` GPUs (the one that holds the cache).
 
-    By kind: ``dram`` is read over each GPU's host link (``hardware.host_link_gb_s`` per GPU), ``nvme`` at
-    ``cache.nvme_gb_s_per_node`` per node, shared by the node's GPUs; an instance spanning ``gpus / gpus_per_node``
-    nodes (at least one) has that many nodes' bandwidth. The first tier is where blocks are used: its hits restore
-    nothing (its rate is infinite).
+    A tier's ``gb_s`` is per unit of its scope: per instance, per node (an instance spanning ``gpus /
+    gpus_per_node`` nodes, at least one, has that many nodes' bandwidth, each node's shared by its GPUs), or, for a
+    pooled tier, what one instance reads the pool at. Without ``gb_s``, by kind (the tier's name,
+    :data:`mcsim.scenario.schema.TIER_KINDS`): ``hbm`` at ``hardware.hbm_tb_s``, ``dram`` over each GPU's host link
+    (``hardware.host_link_gb_s``), ``remote`` and ``pool`` over each GPU's NIC (``hardware.scale_out_gb_s``), all
+    per GPU of the instance; ``cxl`` at :data:`CXL_BYTES_S` and ``nvme`` at ``cache.nvme_gb_s_per_node``, per unit of
+    the scope. The first tier is where blocks are used: its hits restore nothing (its rate is infinite).
     """
-    per_gpu_host = host_link_gb_s * 1e9
     nodes = max(gpus / gpus_per_node, 1.0)
+
+    def per_gpu(x):  # a link of every GPU of the instance
+        return x, x * gpus
+
+    def per_unit(x, scope):  # a device per unit of the tier's scope
+        if scope == "node":
+            gpu = x / gpus_per_node
+            return gpu, gpu * gpus_per_node * nodes
+        return x / gpus, x
+
     out = []
     for t, tier in enumerate(tiers):
         if t == 0:
             out.append(RestoreRate(float("inf"), float("inf"), 0.0))
             continue
-        if tier.name == "dram":
-            gpu, instance = per_gpu_host, per_gpu_host * gpus
-        else:  # nvme: a node's bandwidth, shared by its GPUs
-            gpu = nvme_gb_s_per_node * 1e9 / gpus_per_node
-            instance = gpu * gpus_per_node * nodes
+        if tier.gb_s > 0:
+            gpu, instance = per_unit(tier.gb_s * 1e9, tier.scope)
+        elif tier.name == "dram":
+            gpu, instance = per_gpu(host_link_gb_s * 1e9)
+        elif tier.name == "hbm":
+            gpu, instance = per_gpu(hbm_tb_s * 1e12)
+        elif tier.name in ("remote", "pool"):
+            gpu, instance = per_gpu(scale_out_gb_s * 1e9)
+        elif tier.name == "cxl":
+            gpu, instance = per_unit(CXL_BYTES_S, tier.scope)
+        elif tier.name == "nvme":
+            gpu, instance = per_unit(nvme_gb_s_per_node * 1e9, tier.scope)
+        else:
+            raise ValueError(f"cache tier {tier.name!r} has no read bandwidth (gb_s) and is no known kind")
         out.append(RestoreRate(gpu, instance, tier.latency_us * 1e-6))
     return tuple(out)
 
@@ -123,17 +180,21 @@ class Inputs:
     Attributes
     ----------
     capacity_blocks : tuple of int
-        Blocks per tier of one cache, first tier first; all zeros when the cache lever is off.
+        Blocks per tier of one cache, first tier first (a pooled tier's: the whole pool's); all zeros when the
+        cache lever is off.
     routing : str
     caches : int
         Caches the traffic is split over (instances holding prefill).
     routing_balance : float
+    private_tiers : int
+        Leading tiers that are each instance's own; the rest are pooled (-1: every tier is private).
     """
 
     capacity_blocks: tuple
     routing: str
     caches: int
     routing_balance: float
+    private_tiers: int = -1
 
     @classmethod
     def from_params(cls, p: dict, block_tokens: int, kv_bytes_per_token: float) -> "Inputs":
@@ -142,17 +203,17 @@ class Inputs:
             # Replicas only: their run routes on the current load and keeps its own caches; this replay (the
             # estimate the fleet is sized on) spreads the requests evenly instead.
             routing = "round-robin"
-        disagg = p["deployment.disaggregated"]
-        caches = (p["deployment.prefill_instances"] or p["deployment.instances"]) if disagg \
-            else p["deployment.instances"]
+        caches = cache_instances(p)
         tiers = tiers_of(p)
+        private = private_tiers(tiers)
+        private = -1 if private == len(tiers) else private
         if not p["cache.enabled"]:
-            return cls((0,) * len(tiers), routing, int(caches), float(p["deployment.routing_balance"]))
+            return cls((0,) * len(tiers), routing, int(caches), float(p["deployment.routing_balance"]), private)
         # The prefix cache serves prefill: it lives on the prefill pool when disaggregated.
         nodes = prefix_cache_nodes(p)
         capacity = capacity_blocks([tier_bytes(t, nodes) for t in tiers], kv_bytes_per_token, block_tokens)
         return cls(tuple(int(c) for c in capacity), routing, int(caches),
-                   float(p["deployment.routing_balance"]))
+                   float(p["deployment.routing_balance"]), private)
 
 
 @dataclass(frozen=True)
@@ -242,7 +303,7 @@ def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray,
 
 
 def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: np.ndarray, rng,
-               balance: float = 0.25) -> CacheResult:
+               balance: float = 0.25, private_tiers: int = -1) -> CacheResult:
     """Run the tiers for one sample's requests (in arrival order).
 
     Parameters
@@ -252,30 +313,43 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
         One of :data:`ROUTING`.
     n_instances : int
     capacity_per_instance : int64[tiers]
-        Blocks per tier of one instance's cache (multiplied by ``n_instances`` when pooled).
+        Blocks per tier of one instance's cache (its own tiers multiplied by ``n_instances`` when ``policy`` is
+        ``'pooled'``), a pooled tier's the whole pool's.
     rng : numpy.random.Generator
         The sample's routing stream.
     balance : float
         Load guard of cache-aware routing (see :func:`mcsim.kernels.kv_tiers.lookup_tiers`).
+    private_tiers : int
+        Leading tiers that are each instance's own, the rest pooled (-1: all own). With none of its own, the
+        pooled tiers are one cache that every request uses, whatever the routing.
     """
     from mcsim.kernels.kv_tiers import lookup_tiers
 
     n = requests.n
     instance = route(policy, requests.block_ptr, requests.block_ids, n_instances, rng)
     capacity = np.asarray(capacity_per_instance, dtype=np.int64).copy()
+    private = len(capacity) if private_tiers < 0 else int(private_tiers)
     caches = n_instances
-    if policy == "pooled":
-        capacity = capacity * n_instances
+    if private == 0:  # only pooled tiers: one cache, as the kernel's own tiers of one instance
+        caches, private = 1, len(capacity)
+    elif policy == "pooled":
+        capacity[:private] = capacity[:private] * n_instances
         caches = 1
     hits = np.zeros((n, len(capacity)), dtype=np.int64)
     counts = np.diff(requests.block_ptr)
-    if policy == "cache-aware" and caches > 1 and len(requests.block_ids) and capacity[0] > 0:
+    pooled = private < len(capacity)
+    if ((policy == "cache-aware" and caches > 1) or pooled) and len(requests.block_ids) and capacity[0] > 0:
+        # Block ids in the key_stride layout: instance i's key of block b is i * stride + b (and the pool's is
+        # caches * stride + b).
         ids = requests.block_ids
         if ids.min() < 0 or ids.max() >= 2 * len(ids) + (1 << 20):
             ids = np.unique(ids, return_inverse=True)[1].astype(np.int64)
         stride = int(ids.max()) + 1
+        if not (policy == "cache-aware" and caches > 1):
+            instance = (np.where(instance < 0, np.arange(n) % caches, instance) if caches > 1
+                        else np.zeros(n)).astype(np.int32)
         lookup_tiers(requests.block_ptr, ids, instance, caches, caches * stride, capacity, hits, key_stride=stride,
-                     balance=balance)
+                     balance=balance, n_private=private)
     elif len(requests.block_ids) and capacity[0] > 0:
         instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
         keys, n_keys = _dense_keys(requests.block_ids, instance, counts, caches)
