@@ -8,67 +8,14 @@ import matplotlib.image
 import numpy as np
 import pytest
 import scipy.stats
-import xarray as xr
 
-from mcsim.results.dataset import MODEL_STATEMENT, grid_axis_attrs, input_variable
-from mcsim.results.names import dataset_name
+from mcsim.results.dataset import MODEL_STATEMENT
 from mcsim.results.report import LEVELS, quantiles, waterfall_steps, write_report
-from mcsim.results.variables import QUANTILES, REGISTRY, TIERS, attrs_for
+from mcsim.results.variables import TIERS
 
-INPUTS = ("efficiency.fused_kernel_gain", "speculative.draft_cost", "workload.rate_rps")
+from helpers import REPORT_INPUTS, make_result
 
-
-def make_result(grid=None, variants=None, n=80, seed=0, shapley_levers=None, with_inputs=True, name="toy-factory"):
-    """A result Dataset with the structure of mcsim's: grid axes, variant, sample, then the variable's own dims.
-
-    ``gross_margin`` and ``cost_usd_per_mtok`` follow ``efficiency.fused_kernel_gain`` strongly and
-    ``speculative.draft_cost`` weakly; ``payback_months`` has infinite samples and ``cost_usd_per_day`` NaN ones.
-    """
-    paths = list(grid or {})
-    grid = {dataset_name(p): v for p, v in (grid or {}).items()}  # dims are named as mcsim names them
-    rng = np.random.default_rng(seed)
-    dims = list(grid) + (["variant"] if variants else [])
-    shape = [len(v) for v in grid.values()] + ([len(variants)] if variants else [])
-    coords = {**grid, "sample": np.arange(n), "tier": list(TIERS), "request_quantile": list(QUANTILES),
-              "workload_class": ["chat", "code"]}
-    if variants:
-        coords["variant"] = list(variants)
-    draws = {"efficiency.fused_kernel_gain": rng.uniform(1.0, 1.5, n), "speculative.draft_cost": rng.uniform(0, 0.1, n),
-             "workload.rate_rps": rng.lognormal(6.0, 0.3, n)}
-    point_effect = rng.uniform(0.5, 1.5, shape + [1])  # each grid point / variant shifts the level
-    data_vars = {}
-    for var_name, var in REGISTRY.items():
-        full = shape + [n] + [len(coords[d]) for d in var.dims]
-        values = rng.lognormal(0.0, 0.3, full) * point_effect.reshape(shape + [1] + [1] * len(var.dims))
-        data_vars[var_name] = (dims + ["sample"] + list(var.dims), values.astype(var.dtype), attrs_for(var_name))
-    gain = draws["efficiency.fused_kernel_gain"]
-    margin = 0.2 + 1.2 * (gain - 1.25) - 0.5 * draws["speculative.draft_cost"] + 0.02 * rng.normal(size=shape + [n])
-    data_vars["gross_margin"] = (dims + ["sample"], margin * point_effect, attrs_for("gross_margin"))
-    data_vars["cost_usd_per_mtok"] = (dims + ["sample"], (2.0 / gain + 0.05 * rng.normal(size=shape + [n]))
-                                      * point_effect, attrs_for("cost_usd_per_mtok"))
-    payback = data_vars["payback_months"][1]
-    payback[..., :3] = np.inf
-    data_vars["cost_usd_per_day"][1][..., 5] = np.nan
-    data_vars["feasible"] = (dims + ["sample"], (rng.uniform(size=shape + [n]) < 0.9).astype(np.int8),
-                             attrs_for("feasible"))
-    if with_inputs:
-        for path, values in draws.items():
-            input_name, variable = input_variable(path, values)
-            data_vars[input_name] = variable
-    if shapley_levers:
-        grid_shape = [len(v) for v in grid.values()]
-        for metric in ("cost_usd_per_mtok", "gross_margin"):
-            phi = rng.normal(size=grid_shape + [len(shapley_levers), n]) + np.arange(len(shapley_levers))[:, None]
-            data_vars[f"shapley_{metric}"] = (list(grid) + ["lever", "sample"], phi,
-                                              {"long_name": f"Shapley contribution to {metric}",
-                                               "units": REGISTRY[metric].units})
-        coords["lever"] = list(shapley_levers)
-    attrs = {"scenario_name": name, "seed": 42, "samples": n, "requests_per_sample": 100, "sampling": "random",
-             "mcsim_version": "test", "modelled_vs_measured": MODEL_STATEMENT, "measured_variables": ""}
-    ds = xr.Dataset(data_vars, coords=coords, attrs=attrs)
-    for path in paths:
-        ds[dataset_name(path)].attrs.update(grid_axis_attrs(path))
-    return ds
+INPUTS = REPORT_INPUTS
 
 
 def read_csv(path):

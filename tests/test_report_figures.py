@@ -23,7 +23,7 @@ from mcsim.results.report import write_report
 from mcsim.results.variables import attrs_for
 from mcsim.results.waterfall import waterfall
 
-from test_report import make_result
+from helpers import make_result
 
 LEVERS = ["kv_cache", "speculative", "low_precision", "fused_kernels", "comm_overlap"]
 
