@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -162,7 +162,6 @@ def test_sample_is_reproducible_with_a_seed():
     assert not np.array_equal(a, d.sample(np.random.default_rng(4), 100))
 
 
-@settings(max_examples=30, deadline=None)
 @given(lo=st.floats(-1e6, 1e6), width=st.floats(1e-3, 1e6), c=st.floats(0.0, 1.0),
        u=st.lists(st.floats(1e-9, 1 - 1e-9), min_size=1, max_size=20))
 def test_triangular_ppf_matches_scipy_over_parameters(lo, width, c, u):
@@ -173,7 +172,6 @@ def test_triangular_ppf_matches_scipy_over_parameters(lo, width, c, u):
     np.testing.assert_allclose(d.ppf(u), ref.ppf(u), rtol=1e-7, atol=1e-7 * width)
 
 
-@settings(max_examples=30, deadline=None)
 @given(a=st.floats(0.2, 50), b=st.floats(0.2, 50), u=st.lists(st.floats(1e-6, 1 - 1e-6), min_size=1, max_size=20))
 def test_beta_ppf_matches_scipy_over_parameters(a, b, u):
     d = dist({"dist": "beta", "a": a, "b": b, "low": -1.0, "high": 3.0})

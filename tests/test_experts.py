@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mcsim.kernels.experts import build_alias, eplb_placement, rank_loads, route_steps
@@ -41,7 +41,6 @@ def alias_tables(laws):
 # --- alias tables -----------------------------------------------------------------------------------------
 
 
-@settings(max_examples=30, deadline=None)
 @given(st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 1e6)), min_size=1, max_size=64).filter(lambda w: sum(w) > 0))
 def test_alias_table_reconstructs_normalised_weights(weights):
     w = np.array(weights)
@@ -184,7 +183,6 @@ def eplb_cases(draw):
     return np.array(weight, np.float64), num_replicas, num_groups, num_nodes, num_gpus
 
 
-@settings(max_examples=30, deadline=None)
 @given(eplb_cases())
 def test_eplb_matches_reference_and_keeps_its_invariants(case):
     weight, num_replicas, num_groups, num_nodes, num_gpus = case
@@ -208,7 +206,6 @@ def test_eplb_matches_reference_and_keeps_its_invariants(case):
         assert np.all(np.bincount(list(node_of_group.values()), minlength=num_nodes) == num_groups // num_nodes)
 
 
-@settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(1, 50), min_size=1, max_size=5), st.integers(0, 4))
 def test_eplb_replication_minimises_the_largest_replica_load(weights, extra):
     # Global policy, one GPU: logcnt is the greedy replication, which must reach the brute-force optimum
@@ -230,7 +227,6 @@ def test_eplb_rejects_impossible_layouts():
 # --- rank loads -------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([(12, 16, 4, 2, 8), (12, 16, 1, 1, 4), (8, 8, 1, 1, 2)]))
 def test_rank_loads_match_reference_exactly(seed, layout):
     n_experts, num_replicas, num_groups, num_nodes, num_gpus = layout

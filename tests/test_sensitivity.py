@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import scipy.stats
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from mcsim.results import sensitivity
@@ -28,7 +28,6 @@ def ishigami(X, a=7.0, b=0.1):
     return np.sin(X[:, 0]) + a * np.sin(X[:, 1]) ** 2 + b * X[:, 2] ** 4 * np.sin(X[:, 0])
 
 
-@settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000), st.integers(5, 60), st.integers(1, 4), st.booleans())
 def test_rank_and_spearman_match_scipy(seed, n, k, ties):
     rng = np.random.default_rng(seed)
@@ -43,7 +42,6 @@ def test_rank_and_spearman_match_scipy(seed, n, k, ties):
             assert got[j] == pytest.approx(scipy.stats.spearmanr(X[:, j], y).statistic, abs=1e-12)
 
 
-@settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 6), st.integers(0, 40))
 def test_prcc_matches_least_squares_reference(seed, k, extra):
     rng = np.random.default_rng(seed)

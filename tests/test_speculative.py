@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from mcsim.kernels.speculative import (
     CHUNK_MIN_PASSES_PER_DRAFT,
@@ -302,7 +302,6 @@ def test_underflowing_acceptance_power():
     np.testing.assert_array_equal(passes, 50)
 
 
-@settings(max_examples=30, deadline=None)
 @given(
     output_tokens=st.lists(st.integers(1, 3000), min_size=1, max_size=40),
     alpha=st.floats(0.0, 1.0),
