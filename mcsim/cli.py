@@ -23,6 +23,8 @@ from pathlib import Path
 import click
 
 from mcsim.errors import McsimError
+from mcsim.fileio import atomic_write
+from mcsim.tables import paragraph, table
 from mcsim.text import one_line, safe_filename, strict_json
 
 EXIT_USAGE = 2
@@ -168,10 +170,10 @@ def _command_line() -> str:
 def _execute(kind, scenario, samples, requests, seed, overrides, output, force, resume, as_json, workers,
              processes, scheduler, chunk_size, no_progress, calibration=None, grid=(), ablate=False, lhs=False,
              compare=False):
-    from mcsim.execution import api as runner
+    # start-up: a run imports NumPy, xarray, Numba and Dask; `mcsim --help` imports none of the commands
+    from mcsim.execution import api as runner, executor
     from mcsim.results import summary
     from mcsim.scenario import load_scenario
-    from mcsim.execution.executor import SweepInterrupted
 
     if lhs:
         overrides = (*overrides, 'mc.sampling="lhs"')
@@ -191,7 +193,7 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
             ds = runner.compare(scn, ablate=ablate, **options)
         else:
             ds = runner.run(scn, **options)
-    except SweepInterrupted as err:  # every other error is the command group's (one line, exit 2)
+    except executor.SweepInterrupted as err:  # every other error is the command group's (one line, exit 2)
         click.echo(f"\n{err}", err=True)
         raise SystemExit(130) from None
     if as_json:
@@ -260,6 +262,7 @@ def search(**kw):
     samples is best among those meeting every --constraint with probability >= --confidence, found by racing the
     candidates on common random numbers (few samples for all, more for those that could still win). Writes the
     candidates' samples as NetCDF; `mcsim report` on it draws the Pareto fronts and the regret table."""
+    # start-up: a search imports NumPy, xarray, SciPy and Dask; `mcsim --help` imports none of the commands
     from mcsim.optimize.command import search_command
 
     search_command(command=_command_line(), **kw)
@@ -287,6 +290,7 @@ def search(**kw):
 def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool, sample, baseline, overrides,
           calibration, as_json):
     """One step of one instance of SCENARIO, op by op (time, FLOPs, bytes, what bounds it), and each pool's memory."""
+    # start-up: the step model imports NumPy, SciPy and xarray; `mcsim --help` imports none of the commands
     from mcsim.execution import api
 
     if prefill_tokens == 0 and decode_seqs == 0:
@@ -299,8 +303,6 @@ def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool,
     if as_json:
         click.echo(json.dumps(strict_json(step), indent=2, allow_nan=False))
         return
-    from mcsim.tables import paragraph
-
     click.echo("\n".join(paragraph(
         f"{step['scenario']}, sample {step['sample']}, {step['variant']}, {step['fidelity']} fidelity, "
         f"{step['pool']} pool ({step['gpus_per_instance']} GPUs per instance); every figure is modelled.")))
@@ -332,8 +334,6 @@ def _quantity(value: float, unit: str) -> str:
 
 
 def _text_table(header, rows) -> str:
-    from mcsim.tables import table
-
     return "\n".join(table([header, *rows]))
 
 
@@ -349,6 +349,7 @@ def _text_table(header, rows) -> str:
 def report(results, out_dir, force, metrics, at):
     """Quantiles, sensitivities, figures and a Markdown summary of RESULTS (a NetCDF file of run, compare or
     sweep)."""
+    # start-up: a report imports xarray and matplotlib; `mcsim --help` imports none of the commands
     from mcsim.results.report import ReportError, write_report
 
     out_dir = out_dir or results.with_name(results.stem + "-report")
@@ -407,6 +408,7 @@ def trace(model, prompt_tokens, decode_tokens, max_params, dtype, seed, out_dir,
 
     Wall times and this machine's peaks are measured here; every other latency is a synthetic estimate.
     """
+    # start-up: the trace imports NumPy and the scenario catalog; `mcsim --help` imports none of the commands
     from mcsim.optrace.command import trace_and_calibrate
 
     if bool(ollama_url) != bool(ollama_model):
@@ -455,18 +457,18 @@ def calibrate(measurements, hardware, dtype, stack, stack_version, replicates, s
     op class's fit and leave-one-shape-out cross-validated error, and writes the calibration a scenario uses with
     `[performance] calibration = FILE` or `--calibration FILE`.
     """
-    from mcsim.calibration.command import calibrate as fit_files, report
-    from mcsim.calibration.files import save
+    # start-up: the fits import NumPy, SciPy and the roofline; `mcsim --help` imports none of the commands
+    from mcsim.calibration import command as fitting, files
 
     if output.exists() and not force:
         raise UserError(f"{output}: exists; pass --force to replace it")
-    cal, _ = fit_files(list(measurements), hardware=hardware, dtype=dtype, stack=stack,
+    cal, _ = fitting.calibrate(list(measurements), hardware=hardware, dtype=dtype, stack=stack,
                        stack_version=stack_version, replicates=replicates, seed=seed, command=_command_line())
-    save(cal, output, overwrite=force)
+    files.save(cal, output, overwrite=force)
     if as_json:
         click.echo(json.dumps(strict_json(dict(cal.summary(), output=str(output))), indent=2, allow_nan=False))
     else:
-        click.echo(report(cal))
+        click.echo(fitting.report(cal))
         click.echo(f"wrote {output}")
 
 
@@ -487,8 +489,8 @@ def list_(what, section, describe, as_json):
       keys      every scenario key, or those of SECTION (e.g. cache): type, default,
                 allowed values, whether it takes a distribution, the fidelity that reads it
     """
+    # start-up: the listings read the catalog and schema (NumPy, SciPy); `mcsim --help` imports none of the commands
     from mcsim import listing
-    from mcsim.tables import paragraph
 
     if section is not None and what != "keys":
         raise click.BadParameter(f"only 'keys' takes a SECTION, got {section!r}", param_hint="SECTION")
@@ -522,7 +524,7 @@ def schema(as_json, output, force):
     Editors and tools can check scenario files (TOML read as JSON) against it. Rules across keys (tp x pp divides
     gpus_per_instance, EPLB's layout) are checked only when mcsim loads a scenario.
     """
-    from mcsim.fileio import atomic_write
+    # start-up: the JSON Schema imports the scenario package (NumPy, SciPy); `mcsim --help` imports none of them
     from mcsim.scenario.json_schema import scenario_schema
 
     text = json.dumps(scenario_schema(), indent=2) + "\n"
@@ -544,6 +546,7 @@ def schema(as_json, output, force):
               help="Folder for bench.json and scaling.png (default: outputs/bench).")
 def bench(quick, as_json, out_dir):
     """Benchmark every kernel against its references, one sample end to end, and sweep scaling (as ratios)."""
+    # start-up: the benchmarks import every kernel and Dask; `mcsim --help` imports none of the commands
     from mcsim.bench.run import bench_command
 
     bench_command(quick, as_json, out_dir)
@@ -556,6 +559,7 @@ def bench(quick, as_json, out_dir):
               help="Folder for validation.md and validation.json (default: outputs/validation).")
 def validate(quick, as_json, out_dir):
     """Check the model against closed forms, published figures and real traces; exit 1 if any check fails."""
+    # start-up: the checks import every stage and kernel; `mcsim --help` imports none of the commands
     from mcsim.validate import validate_command
 
     raise SystemExit(validate_command(out_dir, as_json, quick=quick))

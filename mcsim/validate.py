@@ -23,7 +23,20 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from mcsim import __version__
+from mcsim.calibration import fit, measurements
+from mcsim.calibration.fit import scenario_scale
+from mcsim.calibration.vidur import LINEAR_MODELS, bundled_collectives, bundled_linear, read_collectives
 from mcsim.fileio import atomic_write
+from mcsim.kernels.experts import build_alias, eplb_placement, route_steps
+from mcsim.perf.batching import simulate_batching
+from mcsim.perf.collectives import allreduce_time, send_time
+from mcsim.perf.fleet_batching import simulate_fleet_batching
+from mcsim.perf.hardware import as_hardware, gemm_figures
+from mcsim.scenario import catalog, load_scenario, resolve
+from mcsim.stages import economics, kvcache, workload
+from mcsim.stages import requests_trace as traces
+from mcsim.stages.speculative import speculative_passes
 
 DEFAULT_OUT_DIR = pathlib.Path("outputs") / "validation"
 #: Standard errors allowed by the random checks; with fixed seeds a correct sampler fails one with
@@ -120,8 +133,6 @@ def _check(name, mcsim, reference, tolerance, source, unit="", basis="", target=
 
 def speculative_checks(quick: bool) -> list[Check]:
     """Simulated tokens per verification pass vs Leviathan's closed form, i.i.d. acceptance."""
-    from mcsim.stages.speculative import speculative_passes
-
     requests, tokens = (20, 10_000) if quick else (20, 50_000)
     checks = []
     for case, (alpha, k) in enumerate([(0.6, 1), (0.8, 2), (0.8, 4), (0.9, 3)]):
@@ -141,8 +152,6 @@ def speculative_checks(quick: bool) -> list[Check]:
 
 def expert_checks(quick: bool) -> list[Check]:
     """Uniform routing gives Binomial(T, k/E) per-expert loads; EPLB reproduces its README example."""
-    from mcsim.kernels.experts import build_alias, eplb_placement, route_steps
-
     n_experts, top_k, tokens, steps = 64, 8, 512, (400 if quick else 2000)
     prob, alias = np.empty((1, n_experts)), np.empty((1, n_experts), np.int64)
     build_alias(np.ones(n_experts), prob[0], alias[0])
@@ -174,8 +183,6 @@ def expert_checks(quick: bool) -> list[Check]:
 
 def kv_bytes_checks() -> list[Check]:
     """KV bytes per token (BF16) of every catalog model vs the formula on its published configuration."""
-    from mcsim.scenario import catalog
-
     checks = []
     for name in catalog.models():
         mcsim_bytes = catalog.kv_bytes_per_token(catalog.model_preset(name), 2)
@@ -198,9 +205,6 @@ def kv_bytes_checks() -> list[Check]:
 
 def trace_checks() -> list[Check]:
     """Replayed bundled traces: Mooncake's cache ratio and mean lengths, Azure 2023 mean lengths."""
-    from mcsim.scenario import load_scenario, resolve
-    from mcsim.stages import kvcache, requests_trace as traces, workload
-
     scn = load_scenario("validation", text="")
     params = resolve(scn, {})
     replay = {}
@@ -234,8 +238,6 @@ def trace_checks() -> list[Check]:
 
 def batching_checks(quick: bool) -> list[Check]:
     """Little's law on a stable run of the batching simulator; one request at a time, E2E = sum of steps."""
-    from mcsim.perf.batching import simulate_batching
-
     # A step time linear in both coordinates, so bilinear interpolation is exact and hand sums are easy.
     base_s, per_seq_s, per_token_s = 0.01, 2e-4, 4e-6
     decode_edges, prefill_edges = np.array([1.0, 64.0, 256.0]), np.array([0.0, 4096.0, 16384.0])
@@ -271,8 +273,6 @@ def fleet_checks(quick: bool) -> list[Check]:
     """Replicas behind random routing are independent M/D/1 queues: Poisson arrivals split at random stay Poisson
     at 1/K the rate, and one request per step of a fixed time is a deterministic server. Their mean wait is
     Pollaczek-Khinchine's; routing to the least loaded replica must wait less."""
-    from mcsim.perf.fleet_batching import simulate_fleet_batching
-
     replicas, service_s, rho = 8, 0.01, 0.7
     n = 40_000 if quick else 200_000
     rng = np.random.default_rng(11)
@@ -308,10 +308,6 @@ def fleet_checks(quick: bool) -> list[Check]:
 def allreduce_errors(cluster: str, preset: str):
     """Per-row relative error of mcsim's all-reduce (default algorithm ``auto``, the catalog's fitted figures)
     against one DGX cluster's measured median NCCL times inside a node: ``(relative error, workers, bytes)``."""
-    from mcsim.calibration.vidur import bundled_collectives, read_collectives
-    from mcsim.perf.collectives import allreduce_time
-    from mcsim.scenario import catalog
-
     measured = read_collectives(bundled_collectives(cluster, "all_reduce"))
     inside = (measured.devices_per_node == measured.workers) & (measured.workers <= 8)
     hw = catalog.hardware_preset(preset)
@@ -324,10 +320,6 @@ def allreduce_errors(cluster: str, preset: str):
 def allreduce_node_errors(cluster: str, preset: str) -> np.ndarray:
     """Per-row relative error of mcsim's all-reduce (``auto``, catalog figures) against the cluster's measured
     all-reduces over whole nodes (16 GPUs on two nodes of 8)."""
-    from mcsim.calibration.vidur import bundled_collectives, read_collectives
-    from mcsim.perf.collectives import allreduce_time
-    from mcsim.scenario import catalog
-
     measured = read_collectives(bundled_collectives(cluster, "all_reduce"))
     hw = catalog.hardware_preset(preset)
     rows = (measured.devices_per_node == hw["gpus_per_node"]) & (measured.workers > hw["gpus_per_node"])
@@ -340,10 +332,6 @@ def allreduce_node_errors(cluster: str, preset: str) -> np.ndarray:
 def send_errors(cluster: str, preset: str):
     """Per-row relative error of mcsim's point-to-point send against one cluster's measured NCCL send/recv
     medians, inside a node and between two nodes: ``(relative error, across nodes)``."""
-    from mcsim.calibration.vidur import bundled_collectives, read_collectives
-    from mcsim.perf.collectives import send_time
-    from mcsim.scenario import catalog
-
     measured = read_collectives(bundled_collectives(cluster, "send_recv"))
     hw = catalog.hardware_preset(preset)
     across = measured.devices_per_node == 1
@@ -375,11 +363,6 @@ def linear_errors(gpu: str, model_name: str):
     """Per-row relative error of mcsim's per-layer linear ops (the roofline's ``attention_proj`` and ``dense_ffn``
     with the hardware's default GEMM figures, BF16) against measured GEMM times: ``(relative error, tokens, tp)``
     over both ops."""
-    from mcsim.calibration import fit, measurements
-    from mcsim.calibration.vidur import bundled_linear
-    from mcsim.perf.hardware import as_hardware, gemm_figures
-    from mcsim.scenario import catalog
-
     hw = catalog.hardware_preset(gpu)
     gemm, _ = measurements.linear_observations(bundled_linear(gpu, model_name), hw)
     modelled = fit.predict(gemm, _fitted_units(gemm_figures(as_hardware(hw))))
@@ -388,15 +371,11 @@ def linear_errors(gpu: str, model_name: str):
 
 def _fitted_units(figures: dict) -> dict:
     """Scenario values (``gemm_figures``) in the units :func:`mcsim.calibration.fit.predict` takes."""
-    from mcsim.calibration.fit import scenario_scale
-
     return {key: value / scenario_scale(key) for key, value in figures.items()}
 
 
 def linear_checks() -> list[Check]:
     """mcsim.perf.roofline's per-layer linear ops against measured GEMM times on H100 and A100 (TP 1-8)."""
-    from mcsim.calibration.vidur import LINEAR_MODELS
-
     checks = []
     for gpu, models in LINEAR_MODELS.items():
         errors = np.concatenate([linear_errors(gpu, m)[0] for m in models])
@@ -413,10 +392,6 @@ COVERAGE_TARGET = 0.85
 def held_out_errors(gpu: str, replicates: int = 200):
     """Calibrate each op class on half the measured shapes (every other one), predict the other half: op class ->
     (held-out MAPE, share of held-out shapes whose measured time lies in the 90 % bootstrap band)."""
-    from mcsim.calibration import fit, measurements
-    from mcsim.calibration.vidur import LINEAR_MODELS, bundled_collectives, bundled_linear
-    from mcsim.scenario import catalog
-
     hw = catalog.hardware_preset(gpu)
     linear = [measurements.linear_observations(bundled_linear(gpu, m), hw) for m in LINEAR_MODELS[gpu]]
     classes = {"gemm": measurements.concat([g for g, _ in linear]),
@@ -438,11 +413,6 @@ def held_out_errors(gpu: str, replicates: int = 200):
 
 def elementwise_errors(gpu: str) -> np.ndarray:
     """Per-row relative error of the roofline's element-wise kernels (catalog defaults) against the measured ones."""
-    from mcsim.calibration import fit, measurements
-    from mcsim.calibration.vidur import LINEAR_MODELS, bundled_linear
-    from mcsim.perf.hardware import as_hardware, gemm_figures
-    from mcsim.scenario import catalog
-
     hw = catalog.hardware_preset(gpu)
     figures = gemm_figures(as_hardware(hw))
     obs = measurements.concat([measurements.linear_observations(bundled_linear(gpu, m), hw)[1]
@@ -475,8 +445,6 @@ def calibration_checks(quick: bool = False) -> list[Check]:
 
 def economics_checks() -> list[Check]:
     """DeepSeek's published day through mcsim.stages.economics: cost, revenue, cost-profit margin."""
-    from mcsim.stages import economics
-
     # 226.75 H800 nodes (8 GPUs) on average at $2/GPU-hour; 608 B input tokens of which 342 B cache hits,
     # 168 B output tokens, at R1 prices $0.14 / $0.55 / $2.19 per million.
     day = economics.daily(226.75 * 8, 1.0, hit_tokens_per_day=342e9, miss_tokens_per_day=608e9 - 342e9,
@@ -546,8 +514,6 @@ def _tolerance(check: Check) -> str:
 
 def markdown(checks: list[Check], quick: bool = False, seconds: float | None = None) -> str:
     """The validation table as Markdown (every column of :class:`Check`)."""
-    from mcsim import __version__
-
     checked = [c for c in checks if not c.target]
     passed = sum(check.passed for check in checked)
     met = sum(c.passed for c in checks if c.target)
@@ -572,8 +538,6 @@ def markdown(checks: list[Check], quick: bool = False, seconds: float | None = N
 
 def to_json(checks: list[Check], quick: bool = False, seconds: float | None = None) -> str:
     """The checks as JSON: provenance and one object per check with every field of :class:`Check`."""
-    from mcsim import __version__
-
     def clean(value):  # JSON has no NaN
         return None if isinstance(value, float) and not math.isfinite(value) else value
 

@@ -17,6 +17,7 @@ from mcsim.calibration import fit as fitting
 from mcsim.calibration import measurements
 from mcsim.calibration.files import Calibration, CalibrationError, build
 from mcsim.calibration.vidur import MeasurementError
+from mcsim.scenario import catalog
 
 #: Fitting order: the step class is fitted last, on top of the others' point fits.
 ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "step")
@@ -25,8 +26,6 @@ DTYPES = ("fp32", "bf16", "fp8", "fp4")
 
 def infer_hardware(paths) -> str | None:
     """The hardware preset named by the files' folders (Vidur's ``h100``, ``h100_dgx``, ``a100_pairwise_nvlink``)."""
-    from mcsim.scenario import catalog
-
     names = set(catalog.hardware())
     found = set()
     for path in paths:
@@ -45,8 +44,6 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
     Raises :class:`~mcsim.calibration.vidur.MeasurementError` for a file it cannot read and
     :class:`~mcsim.calibration.files.CalibrationError` when the hardware is unknown or ambiguous.
     """
-    from mcsim.scenario import catalog
-
     if not paths:
         raise CalibrationError("mcsim calibrate", "no measurement files given")
     if dtype not in DTYPES:

@@ -35,6 +35,12 @@ import numpy as np
 
 from mcsim.calibration.fit import Observations
 from mcsim.calibration.vidur import MeasurementError, _open, read_collectives, read_linear
+from mcsim.perf import roofline
+from mcsim.perf.factor import _model
+from mcsim.perf.hardware import as_hardware
+from mcsim.perf.roofline_model import options
+from mcsim.scenario import catalog
+from mcsim.scenario.loading import draw_uncertain, load_scenario, resolve
 
 STEP_COLUMNS = ("hardware", "model", "tp", "decode_seqs", "mean_context", "prefill_tokens", "time_ms")
 KINDS = ("vidur-mlp", "vidur-all_reduce", "vidur-send_recv", "steps")
@@ -69,8 +75,6 @@ def kind_of(path) -> str:
 
 def _dense_model(hidden: int, heads: int, kv_heads: int, ffn: int) -> dict:
     """A dense GQA model entry of this shape (the layer count is irrelevant: times are per layer)."""
-    from mcsim.scenario import catalog
-
     return dict(catalog.model_preset("llama-3-70b"), hidden_size=hidden, attention_heads=heads, kv_heads=kv_heads,
                 head_dim=hidden // heads, dense_ffn=ffn, layers=1, dense_layers=1)
 
@@ -81,9 +85,6 @@ def linear_observations(path, hw, dtype: str = "bf16") -> tuple[Observations, Ob
     Each row is priced as a prefill of ``num_tokens`` tokens on one layer at that TP; its ``attention_proj`` and
     ``dense_ffn`` ops are the measured GEMM groups, its ``elementwise`` op the measured element-wise kernels.
     """
-    from mcsim.perf import roofline
-    from mcsim.perf.hardware import as_hardware
-
     measured = read_linear(path)
     hw = as_hardware(hw)
     model = _dense_model(measured.hidden, measured.heads, measured.kv_heads, measured.ffn)
@@ -174,7 +175,6 @@ def send_observations(path) -> Observations:
 def read_steps(path) -> list[dict]:
     """Rows of a step CSV (see the module docstring), checked: a :class:`MeasurementError` names file:line."""
     path = Path(path)
-    from mcsim.scenario import catalog
 
     rows = []
     with _open(path) as handle:
@@ -211,8 +211,6 @@ def read_steps(path) -> list[dict]:
 def step_parameters(hardware: str, model: str, tp: int, dtype: str, values: dict) -> dict:
     """A resolved parameter set of the roofline for one measured step: the schema's defaults, these presets, the
     matmul format ``dtype`` and ``values`` (fitted parameters, key units) on top."""
-    from mcsim.scenario.loading import draw_uncertain, load_scenario, resolve
-
     precision = 'enabled = false' if dtype == "bf16" else f'enabled = true\ncompute = "{dtype}"'
     text = (f'[model]\npreset = "{model}"\n[hardware]\npreset = "{hardware}"\n[performance]\nfidelity = "roofline"\n'
             f'[deployment]\ngpus_per_instance = {tp}\ntp = {tp}\nprefill_tp = {tp}\n[precision]\n{precision}\n'
@@ -226,11 +224,6 @@ def step_parameters(hardware: str, model: str, tp: int, dtype: str, values: dict
 
 def step_observations(path, dtype: str, values: dict) -> Observations:
     """Whole measured steps, each modelled without host overhead or attention floor (the parameters freed)."""
-    from mcsim.perf import roofline
-    from mcsim.perf.factor import _model
-    from mcsim.perf.hardware import as_hardware
-    from mcsim.perf.roofline_model import options
-
     rows = read_steps(path)
     with_floor, without_floor, calls = [], [], []
     for row in rows:

@@ -6,9 +6,14 @@ tasks out over Dask. Results are bit-identical whatever the chunk size, number o
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
+import xarray as xr
+
 from mcsim.execution import executor as _sweep
-from mcsim.scenario import grid
-from mcsim.scenario import Scenario, load_scenario
+from mcsim.execution.sample import run_sample, variant_specs, variant_stages
+from mcsim.scenario import Scenario, ScenarioError, draw_uncertain, grid, load_scenario
 
 
 def _call(function: str, scenario, *args, **kwargs) -> str:
@@ -118,12 +123,6 @@ def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: 
     ``start_s``, ``decode_seqs``, ``prefill_tokens``, ``step_s`` and ``waiting`` (requests queued); with
     ``deployment.fleet_simulation = "replicas"`` every instance's steps in order of start, with ``instance``.
     """
-    import numpy as np
-    import xarray as xr
-
-    from mcsim.execution.sample import run_sample
-    from mcsim.scenario import draw_uncertain
-
     scn = _as_scenario(scenario, [*overrides, "performance.simulate_batching=true"])
     seed = int(scn["mc.seed"] if seed is None else seed)
     requests = int(requests or scn["mc.requests"])
@@ -180,9 +179,6 @@ def step_time(scenario, *, decode_seqs: float = 1.0, context: float | None = Non
     >>> step = mcsim.step_time("scenarios/dense-node.toml", decode_seqs=1, context=2048)  # doctest: +SKIP
     >>> step["ops"]["tp_allreduce"]["t_s"], step["ops"]["overhead"]["t_s"]  # doctest: +SKIP
     """
-    from mcsim.execution.sample import variant_specs, variant_stages
-    from mcsim.scenario import ScenarioError, draw_uncertain
-
     if pool not in ("decode", "prefill"):
         raise ValueError(f"pool must be 'decode' or 'prefill', got {pool!r}")
     scn = _as_scenario(scenario, overrides)
@@ -227,8 +223,6 @@ def calibrate(scenario, path) -> Scenario:
     ``--calibration`` does: ``performance.calibration`` set to ``path`` (relative to the working directory), so later
     overrides keep it (:func:`mcsim.scenario.loading.attach_calibration`; refused for another regime, naming every
     difference)."""
-    import json
-
     return _as_scenario(scenario, (f"performance.calibration={json.dumps(str(path))}",))
 
 
@@ -238,7 +232,5 @@ def open_results(path):
     The Dataset is loaded into memory and the file closed; ``ds.attrs`` holds the provenance (scenario text,
     seed, command line, mcsim version) and ``ds.attrs["modelled_vs_measured"]`` says what was modelled.
     """
-    import xarray as xr
-
     with xr.open_dataset(path) as ds:
         return ds.load()

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -32,13 +34,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 import xarray as xr
+from tqdm import tqdm
 
+from mcsim import __version__
 from mcsim.errors import McsimError, OutputError
+from mcsim.execution.sample import _read_trace, run_sample, variant_specs
 from mcsim.fileio import atomic_path
 from mcsim.results import dataset as results
+from mcsim.results.attribution import ablation_variants, reduce_row, saved_variants
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
 from mcsim.scenario.grid import Axis, points, pricing_note
+from mcsim.scenario.schema import workload_reads
+from mcsim.stages.workload import resolve_trace_path
 
 PART_FORMAT = 2  # 2: parts carry a checksum of their values
 
@@ -77,15 +86,11 @@ class Plan:
     @property
     def saved_variants(self) -> tuple:
         if self.ablate:
-            from mcsim.results.attribution import saved_variants
-
             return saved_variants(self)
         return tuple(self.variants)
 
     def fingerprint(self) -> str:
         """Identity of the run's results: parts from any other run are foreign."""
-        from mcsim import __version__
-
         spec = {
             "format": PART_FORMAT, "version": __version__, "scenario": self.scn.text,
             "overrides": list(self.scn.overrides), "variants": self.variants,
@@ -99,8 +104,6 @@ class Plan:
 
     def trace_paths(self) -> list[Path]:
         """The traces the run replays: the scenario's and its grid points' ``workload.trace``."""
-        from mcsim.stages.workload import resolve_trace_path
-
         traces = {self.scn["workload.trace"]} | {str(v) for a in self.axes if a.path == "workload.trace"
                                                   for v in a.values}
         return [resolve_trace_path(t, self.scn.base_dir) for t in sorted(traces) if t]
@@ -128,8 +131,6 @@ def _file_digest(path: Path) -> str:
 
 def check_inputs(plan: "Plan") -> None:
     """Read and check every trace the run will replay before any work starts (a bad one is a one-line error)."""
-    from mcsim.execution.sample import _read_trace
-
     for path in plan.trace_paths():
         if not path.is_file():
             raise ScenarioError(plan.scn.source, "workload.trace", f"no such trace file: {path}")
@@ -155,8 +156,6 @@ def check_output(output: Path, force: bool) -> None:
 
 def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
     """Rows of one (grid point, chunk of samples): variant -> metric -> value per sample."""
-    from mcsim.execution.sample import run_sample
-
     scn = plan.scn
     overrides = plan.grid[point]
     point_scn = scn.with_values(overrides, origin="--grid") if overrides else scn
@@ -168,8 +167,6 @@ def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
         row = run_sample(point_scn, plan.variants, int(sample), plan.seed, plan.requests,
                          {k: float(v[j]) for k, v in draws.items()})
         if plan.ablate:
-            from mcsim.results.attribution import reduce_row
-
             row = reduce_row(plan, row)
         rows.append(row)
     return rows
@@ -239,6 +236,7 @@ class SchedulerError(McsimError, ValueError):
 def check_scheduler(address: str) -> str:
     """``address`` if dask.distributed can read it as a scheduler address (``tcp://host:port``, ``host:port``,
     ``tls://...``, ``inproc://...``); a :class:`SchedulerError` naming it otherwise."""
+    # start-up: dask.distributed takes about 1 s to import, and only running tasks needs it
     from distributed.comm.addressing import parse_address, parse_host_port
 
     text = address.strip()
@@ -260,8 +258,7 @@ def reach_scheduler(address: str) -> None:
     that does not resolve, or a port that refuses the connection or does not accept it within
     :data:`SCHEDULER_CONNECT_TIMEOUT_S` (dask.distributed itself would retry for its whole timeout). Other
     schemes are left to dask.distributed. Raises :class:`SchedulerError`."""
-    import socket
-
+    # start-up: dask.distributed takes about 1 s to import, and only running tasks needs it
     from distributed.comm.addressing import parse_address, parse_host_port
 
     text = check_scheduler(address)
@@ -318,8 +315,6 @@ def check_memory(plan: "Plan", concurrent: int) -> None:
     """Refuse, with the numbers, a run whose concurrently running samples would need more than this machine's
     memory (``concurrent`` samples of ``requests`` requests at :data:`BYTES_PER_REQUEST` each)."""
     try:
-        import psutil
-
         total = psutil.virtual_memory().total
     except Exception:  # no way to tell: do not refuse
         return
@@ -336,6 +331,7 @@ def check_memory(plan: "Plan", concurrent: int) -> None:
 
 
 def _client(workers: int, processes: bool, scheduler: str | None):
+    # start-up: dask.distributed takes about 1 s to import, and only running tasks needs it
     from dask.distributed import Client, LocalCluster
 
     if scheduler:
@@ -407,10 +403,6 @@ def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
 
 def _workload_over_grid(plan: Plan, description: str, most: int = 24) -> str:
     """The ``workload`` attribute: the scenario's, or each grid point's where workload axes make them differ."""
-    import itertools
-
-    from mcsim.scenario.schema import workload_reads
-
     def describe(values: dict) -> str:
         return results.workload_description(plan.scn.with_values(values, origin="--grid"))
 
@@ -566,6 +558,7 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                client=None):
     """Run ``todo`` on a client (``client``, kept open, or a new one for these tasks), saving each part as it
     finishes."""
+    # start-up: dask.distributed takes about 1 s to import, and only running tasks needs it
     from dask.distributed import as_completed
 
     own = client is None
@@ -617,7 +610,6 @@ def _progress_bar(total: int, done: int, stream=None):
     isatty = getattr(stream, "isatty", None)
     if not (callable(isatty) and isatty()):
         return None
-    from tqdm import tqdm
 
     return tqdm(total=total, initial=done, unit="task", desc="mcsim", delay=2.0, leave=False, file=stream)
 
@@ -645,8 +637,6 @@ def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, 
               workers=None, ablate=False) -> Plan:
     """A :class:`Plan` with the scenario's ``[mc]`` defaults; ``chunk_size`` defaults to about four tasks per
     worker per grid point (at most 64 samples a task)."""
-    from mcsim.execution.sample import variant_specs
-
     samples = int(samples or scn["mc.samples"])
     requests = int(requests or scn["mc.requests"])
     seed = int(scn["mc.seed"] if seed is None else seed)
@@ -655,8 +645,6 @@ def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, 
         chunk_size = int(min(64, max(1, -(-samples // (4 * workers)))))
     specs = variant_specs(scn, variants)
     if ablate:
-        from mcsim.results.attribution import ablation_variants
-
         specs = ablation_variants(scn)
     for axis in axes:
         if not isinstance(axis, Axis):

@@ -14,6 +14,9 @@ from functools import lru_cache
 import numpy as np
 
 from mcsim.perf import factor as perf
+from mcsim.perf.fleet import performance
+from mcsim.perf.hardware import performance_defaults
+from mcsim.perf.roofline_model import RooflineStepModel
 from mcsim.scenario import (
     STREAM_BATCHING,
     STREAM_EXPERTS,
@@ -22,18 +25,20 @@ from mcsim.scenario import (
     STREAM_WORKLOAD,
     Scenario,
     ScenarioError,
+    check_variant_key,
     resolve,
     rng_for,
 )
 from mcsim.stages import economics, kvcache, workload
+from mcsim.stages import requests_trace as traces
 from mcsim.stages.experts import Inputs as ExpertInputs
+from mcsim.stages.experts import expert_efficiency
 from mcsim.stages.speculative import Inputs as SpeculativeInputs
+from mcsim.stages.speculative import speculative_passes
 
 
 @lru_cache(maxsize=8)
 def _read_trace(path: str, fmt: str):
-    from mcsim.stages import requests_trace as traces
-
     return traces.read_trace(path, None if fmt == "auto" else fmt)
 
 
@@ -63,7 +68,6 @@ def speculative_stage(inputs: SpeculativeInputs, requests, rng):
     """Verification passes per request, or None when speculative decoding is off."""
     if inputs.draft_tokens == 0:
         return None
-    from mcsim.stages.speculative import speculative_passes
 
     passes, _ = speculative_passes(requests.output_tokens, requests.acceptance, inputs.draft_tokens,
                                    inputs.acceptance_decay, rng)
@@ -74,7 +78,6 @@ def expert_stage(inputs: ExpertInputs | None, rng) -> dict:
     """Expert efficiency and distinct experts per step (1 and 0 for dense models)."""
     if inputs is None:
         return {"expert_efficiency": 1.0, "distinct_experts_per_step": 0.0}
-    from mcsim.stages.experts import expert_efficiency
 
     result = expert_efficiency(inputs.experts, inputs.top_k, np.array(inputs.class_shares),
                                np.array(inputs.class_skews), inputs.tokens_per_step, inputs.ep_ranks,
@@ -127,8 +130,6 @@ def money(p: dict, m: dict) -> dict:
 def variant_specs(scn: Scenario, variants) -> dict[str, dict]:
     """Variant name -> overrides. Names may be ``factory``, ``baseline`` or already a dict of specs."""
     if isinstance(variants, dict):
-        from mcsim.scenario import check_variant_key
-
         for name, overrides in variants.items():
             for path in overrides:
                 check_variant_key(path, scn.source, f"variant {name}")
@@ -159,8 +160,6 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
 
     p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
     if p["performance.fidelity"] == "roofline":
-        from mcsim.perf.hardware import performance_defaults
-
         p = performance_defaults(p)  # the hardware's fitted GEMM figures where the scenario leaves them at 0
     inputs = workload.Inputs.from_params(p)
     if "requests" not in shared:  # the workload is common to all variants
@@ -189,8 +188,6 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
         expert_in = ExpertInputs.from_params(p, scn.classes, _memory_batch(p, measured))
     experts = once(("experts", expert_in), lambda: expert_stage(expert_in, rng_for(seed, sample, STREAM_EXPERTS)))
     if p["performance.fidelity"] == "roofline":
-        from mcsim.perf.roofline_model import RooflineStepModel
-
         model = RooflineStepModel(p, measured, passes, experts)
     else:
         model = perf.FactorStepModel(p, measured, passes, experts["expert_efficiency"])
@@ -229,7 +226,6 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
     for variant, overrides in variant_specs(scn, variants).items():
         p, measured, cached, passes, experts, model = variant_stages(scn, variant, overrides, sample, seed,
                                                                       n_requests, draws, shared)
-        from mcsim.perf.fleet import performance
 
         m = performance(p, measured, cached, passes, model, rng_for(seed, sample, STREAM_BATCHING),
                         step_log=step_log, all_requests=shared["requests"])

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import click
 
+from mcsim.optimize.api import search
+from mcsim.optimize.racing import SearchInterrupted
+from mcsim.results.search_report import format_search, search_summary
+from mcsim.scenario import load_scenario
 from mcsim.text import safe_filename
 
 
@@ -14,11 +18,6 @@ def search_command(*, scenario, samples, requests, seed, overrides, output, forc
                    processes, scheduler, calibration, no_progress, space, objective, minimize, constraints,
                    confidence, quantile, first_round, alpha, command):
     """Run the search asked on the command line and print its summary."""
-    from mcsim.optimize.api import search
-    from mcsim.optimize.racing import SearchInterrupted
-    from mcsim.results.search_report import format_search, search_summary
-    from mcsim.scenario import load_scenario
-
     if calibration is not None:
         overrides = (*overrides, f"performance.calibration={json.dumps(str(calibration))}")
     scn = load_scenario(scenario, overrides=overrides)

@@ -18,11 +18,13 @@ Definitions (the README and :mod:`mcsim.search` say the same):
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import beta, binom
 
 from mcsim.errors import McsimError
 from mcsim.results.variables import QUANTILES, REGISTRY, REQUEST_QUANTILE
@@ -70,8 +72,6 @@ def parse_metric(text: str, option: str, shown: str | None = None) -> Metric:
     text = text if shown is None else shown
     name = name.strip()
     if name not in REGISTRY:
-        import difflib
-
         near = [n for n in REGISTRY if name and n.startswith(name)] or difflib.get_close_matches(name, list(REGISTRY), n=1)
         hint = f" (did you mean {near[0]}?)" if near else " (see the variables in the README)"
         raise SearchError(f"{option} {text!r}: {name!r} is not a result variable{hint}")
@@ -204,8 +204,6 @@ def robust_optimum(question: Question, objective: np.ndarray, met: np.ndarray, s
 def clopper_pearson_upper(met_count: np.ndarray, runs: np.ndarray, alpha: float) -> np.ndarray:
     """One-sided upper ``1 - alpha`` Clopper-Pearson bound on a success probability from ``met_count`` of
     ``runs`` (1 when every run succeeded)."""
-    from scipy.stats import beta
-
     k = np.asarray(met_count, dtype=float)
     n = np.asarray(runs, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -216,8 +214,6 @@ def clopper_pearson_upper(met_count: np.ndarray, runs: np.ndarray, alpha: float)
 def sign_test_p(wins: np.ndarray, runs: np.ndarray) -> np.ndarray:
     """P(Binomial(runs, 1/2) >= wins): how often a rival that beats a candidate in half the samples would win
     ``wins`` of ``runs`` or more."""
-    from scipy.stats import binom
-
     return binom.sf(np.asarray(wins) - 1, np.asarray(runs), 0.5)
 
 

@@ -29,6 +29,7 @@ import xarray as xr
 from mcsim.execution import executor
 from mcsim.optimize import criteria
 from mcsim.results import dataset as results
+from mcsim.results.search_dataset import search_dataset
 
 
 class SearchInterrupted(executor.SweepInterrupted):
@@ -113,8 +114,6 @@ def race(plan: executor.Plan, settings: Settings, *, output=None, resume: bool =
     SearchInterrupted
         On Ctrl-C; finished parts are kept for ``resume``.
     """
-    from mcsim.results.search_dataset import search_dataset
-
     workers = executor.check_workers(plan, workers, processes, scheduler)
     fingerprint = plan.fingerprint()
     grid = plan.grid

@@ -8,7 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+from mcsim.calibration.files import new_calibration, parameter, save
 from mcsim.fileio import atomic_write
+from mcsim.optrace import decoder as optrace, report as optrace_report, profiles
+from mcsim.optrace.ollama import OllamaUnavailable, measure_ollama
+from mcsim.optrace.report import price
 from mcsim.text import markdown_text
 
 #: The decoder's NumPy dtype -> the matmul format of a calibration's regime (a 16-bit matmul counts as bf16).
@@ -29,8 +35,6 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
     Returns a dict: ``paths``, ``this_machine`` (the measured profile), ``calibration`` (measured vs estimated
     decode tokens/s), ``ollama`` (the measurement, or None with ``ollama_skipped`` saying why).
     """
-    from mcsim.optrace import decoder as optrace, report as optrace_report, profiles
-
     out_dir = Path(out_dir)
     # refuse what cannot be written before any work, and write nothing until every measurement has succeeded
     existing = [str(out_dir / n) for n in ("trace.jsonl", "summary.json", "report.md", "ollama.json")
@@ -41,8 +45,6 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
         raise FileExistsError(f"{save_calibration} exists; pass --force to replace it")
     ollama, skipped = None, None
     if ollama_url:
-        from mcsim.optrace.ollama import OllamaUnavailable, measure_ollama
-
         try:
             ollama = measure_ollama(ollama_url, ollama_model, num_predict=64, timeout_s=ollama_timeout_s,
                                     runs=ollama_runs)
@@ -69,8 +71,6 @@ def trace_and_calibrate(*, model: str = "llama-3.1-8b", prompt_tokens: int = 64,
         paths["ollama_json"] = str(path)
 
     if calibration_file is not None:
-        from mcsim.calibration.files import save
-
         paths["calibration"] = str(save(calibration_file, save_calibration, overwrite=overwrite))
     return {"paths": paths, "this_machine": this, "calibration": cal, "ollama": ollama, "ollama_skipped": skipped}
 
@@ -110,11 +110,6 @@ def trace_calibration(trace, this, *, ollama=None, ollama_weights_gb=None, dtype
     replacement. The regime is cpu-host, the decoder's matmul format and the roofline fidelity; the decoder shape
     that actually ran is recorded in ``notes.measured_shape`` (a scaled stand-in, not the full model).
     """
-    import numpy as np
-
-    from mcsim.calibration.files import new_calibration, parameter
-    from mcsim.optrace.report import price
-
     decode = [r for r in trace.records if r.phase == "decode"]
     if not decode:
         raise ValueError("a calibration needs a trace with decode steps")

@@ -35,6 +35,7 @@ import time
 
 import numpy as np
 
+from mcsim.optrace.profiles import runtime_environment
 from mcsim.scenario import catalog
 
 __all__ = ["LANES", "PHASES", "Decoder", "OpRecord", "Trace", "build_decoder", "decoder_param_count",
@@ -493,7 +494,6 @@ def run_trace(model_name: str = "llama-3.1-8b", prompt_tokens: int = 64, decode_
     """
     if prompt_tokens < 1 or decode_tokens < 0:
         raise ValueError("prompt_tokens must be >= 1 and decode_tokens >= 0")
-    from mcsim.optrace.profiles import runtime_environment
 
     if shape is None:
         shape = scaled_shape(catalog.model_preset(model_name), max_params)

@@ -30,6 +30,13 @@ import time
 
 import numpy as np
 
+from mcsim.scenario import catalog
+
+try:  # optional: names the BLAS's thread pools when it is installed
+    import threadpoolctl
+except ImportError:
+    threadpoolctl = None
+
 __all__ = [
     "HOST_PRESETS",
     "THEORETICAL",
@@ -124,8 +131,6 @@ def catalog_profiles(peak: str = "bf16") -> list[Profile]:
     ``peak="bf16"`` takes the dense BF16 tensor peak (``bf16_tflops``); ``peak="fp32"`` the dense FP32
     peak (``fp32_tflops``), the like-for-like rate for a float32 trace. Bandwidth is ``hbm_tb_s``.
     """
-    from mcsim.scenario import catalog
-
     if peak not in ("bf16", "fp32"):
         raise ValueError(f"peak must be 'bf16' or 'fp32', got {peak!r}")
     field, label = ("bf16_tflops", "bf16 tensor (dense)") if peak == "bf16" else ("fp32_tflops", "fp32 (dense)")
@@ -269,16 +274,12 @@ def _blas_description() -> str:
         name = f"{blas.get('name', 'unknown')} {blas.get('version', '')}".strip()
     except (KeyError, TypeError, AttributeError, ValueError):  # the layout is not a stable API
         name = "unknown BLAS"
-    try:
-        import threadpoolctl
-
+    if threadpoolctl is not None:
         pools = threadpoolctl.threadpool_info()
         blas_pools = [p for p in pools if p.get("user_api") == "blas"]
         if blas_pools:
             pool = blas_pools[0]
             name += f" ({pool.get('internal_api')}, {pool.get('num_threads')} threads)"
-    except ImportError:
-        pass
     return name
 
 
