@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from mcsim.perf.batching import QUANTILES
 from mcsim.results.units import variable_units
 
+#: The tiers of the short form (cache.hbm_gb_per_instance, ...); a scenario's [[cache.tiers]] names its own, and the
+#: ``tier`` coordinate of a result is the scenario's.
 TIERS = ("hbm", "dram", "nvme")
 #: The performance stage's per-request quantiles of the latency variables (:data:`QUANTILES`) lie along the
 #: ``request_quantile`` dim (not ``quantile``, which xarray's own ``.quantile()`` over samples creates).
@@ -65,9 +67,10 @@ _VARS = [
     Variable("cache_hit_rate", (), "1", "prefix cache hit rate",
              "Cached input tokens / all input tokens (a token fraction, not a request fraction).", True, percent=True),
     Variable("cache_hit_rate_by_tier", ("tier",), "1", "prefix cache hit rate by tier",
-             "Input tokens restored from each tier / all input tokens.", percent=True),
+             "Input tokens reused from each tier (the scenario's, in order) / all input tokens.", percent=True),
     Variable("restore_gb_per_request_by_tier", ("tier",), "GB/request", "KV restored per request by tier",
-             "Prefix KV bytes brought back to HBM from each tier, per request (HBM hits move nothing)."),
+             "Prefix KV bytes brought back to the first tier from each tier, per request (the first tier's hits "
+             "move nothing)."),
     Variable("kv_bytes_per_token", (), "bytes/token", "KV cache bytes per token",
              "GQA: 2 x layers x kv_heads x head_dim x bytes; MLA: (kv_lora_rank + rope_dim) x layers x bytes."),
     Variable("ttft_s", ("request_quantile",), "s", "time to first token",
