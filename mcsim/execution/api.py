@@ -12,7 +12,7 @@ import numpy as np
 import xarray as xr
 
 from mcsim.execution import executor as _sweep
-from mcsim.execution.sample import run_sample, variant_specs, variant_stages
+from mcsim.execution.sample import sample_variants, variant_specs, variant_stages
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain, grid, load_scenario
 
 
@@ -127,9 +127,9 @@ def step_log(scenario, *, sample: int = 0, variant: str = "factory", max_steps: 
     seed = int(scn["mc.seed"] if seed is None else seed)
     requests = int(requests or scn["mc.requests"])
     draws = draw_uncertain(scn, [sample], seed, n_samples=max(int(scn["mc.samples"]), sample + 1))
-    row = run_sample(scn, (variant,), sample, seed, requests, {k: float(v[0]) for k, v in draws.items()},
-                     step_log=max_steps)
-    log = row[variant]["_step_log"]
+    (_, _, fleet, _), = sample_variants(scn, (variant,), sample, seed, requests,
+                                        {k: float(v[0]) for k, v in draws.items()}, step_log=max_steps)
+    log = fleet.step_log
     units = {"start_s": "s", "decode_seqs": "sequences", "prefill_tokens": "tokens", "step_s": "s",
              "waiting": "requests", "instance": "1"}
     replicas = scn["deployment.fleet_simulation"] == "replicas"

@@ -14,9 +14,10 @@ from functools import lru_cache
 import numpy as np
 
 from mcsim.perf import factor as perf
-from mcsim.perf.fleet import performance
+from mcsim.perf import fleet
 from mcsim.perf.hardware import performance_defaults
 from mcsim.perf.roofline_model import RooflineStepModel
+from mcsim.results.variables import WORKLOAD_CLASS
 from mcsim.scenario import (
     STREAM_BATCHING,
     STREAM_EXPERTS,
@@ -92,13 +93,14 @@ MONEY_OUTPUTS = ("cost_usd_per_day", "revenue_usd_per_day", "gross_margin", "cos
                  "cost_usd_per_mtok", "energy_j_per_token", "payback_months")
 
 
-def money(p: dict, m: dict) -> dict:
+def money(p: dict, fleet_result: fleet.Performance) -> dict:
     """Daily economics of the fleet that ran (scaled from the trace's duration to a day); NaN for a sample that
     could not run. Revenue counts the tokens the fleet served (less than the demand only when a fixed fleet is
     loaded past its capacity)."""
-    if not m["feasible"]:
+    f = fleet_result
+    if not f.feasible:
         return {name: math.nan for name in MONEY_OUTPUTS}
-    per_day = 86400.0 / m["trace_duration_s"] * m["_served_fraction"]
+    per_day = 86400.0 / f.duration_s * f.served_fraction
     pricing = p["economics.pricing"]
     # An economics price is one price for whatever GPU runs, charged as written (a hardware sweep must pin it
     # explicitly, see mcsim.scenario.grid.pricing_note); otherwise each GPU pays its own hardware price x factor.
@@ -106,9 +108,9 @@ def money(p: dict, m: dict) -> dict:
     price = p["economics.price_usd"] or p["hardware.price_usd"] * factor
     rental = p["economics.rental_usd_per_gpu_hour"] or p["hardware.rental_usd_per_hour"] * factor
     e = economics.daily(
-        m["gpus"], m["busy_fraction"],
-        hit_tokens_per_day=m["_hit_tokens"] * per_day, miss_tokens_per_day=m["_miss_tokens"] * per_day,
-        output_tokens_per_day=m["_output_tokens"] * per_day,
+        f.gpus, f.busy_fraction,
+        hit_tokens_per_day=f.hit_tokens * per_day, miss_tokens_per_day=f.miss_tokens * per_day,
+        output_tokens_per_day=f.output_tokens * per_day,
         prices=(p["economics.price_input_cache_hit_usd_per_mtok"], p["economics.price_input_cache_miss_usd_per_mtok"],
                 p["economics.price_output_usd_per_mtok"]),
         billed_fraction=p["economics.billed_fraction"], pricing=pricing, price_usd=price,
@@ -148,7 +150,8 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
     ``shared`` carries the sample's requests and memoised stage results from one variant to the next (pass the
     same dict for every variant of a sample). Returns ``(params, measured requests, cached tokens, passes,
     experts, step model)``; ``shared["cache_steady_state"]`` then holds the cache's steady-state check of this
-    variant (:func:`mcsim.stages.kvcache.steady_state`).
+    variant (:func:`mcsim.stages.kvcache.steady_state`) and ``shared["cache_inputs"]`` its cache stage's
+    :class:`~mcsim.stages.kvcache.Inputs`.
     """
     shared = {} if shared is None else shared
     memo = shared.setdefault("memo", {})
@@ -174,6 +177,7 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
     warm = kvcache.warmup_requests(requests.n, p["mc.warmup_fraction"])
     measured = requests.tail(warm)
     cache_in = kvcache.Inputs.from_params(p, requests.block_tokens, perf.kv_bytes(p))
+    shared["cache_inputs"] = cache_in
     every = once(cache_in, lambda: cache_stage(cache_in, requests, rng_for(seed, sample, STREAM_ROUTING)))
     cached = every[warm:]
     shared["cache_steady_state"] = once(
@@ -194,8 +198,32 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
     return p, measured, cached, passes, experts, model
 
 
-def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict,
-               step_log: int = 0) -> dict:
+def sample_variants(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict,
+                    step_log: int = 0):
+    """Every variant of one sample, in order: ``(variant, metrics, fleet, coords)``, with ``metrics`` the
+    variant's outputs by registered name (:mod:`mcsim.results.variables`), ``fleet`` the
+    :class:`~mcsim.perf.fleet.Performance` its fleet stage handed on (its step log, with ``step_log`` > 0) and
+    ``coords`` the labels of its own dims (``workload_class``: the requests' classes; ``tier``: the cache's
+    tiers). See :func:`run_sample`."""
+    shared: dict = {}
+    for variant, overrides in variant_specs(scn, variants).items():
+        p, measured, cached, passes, experts, model = variant_stages(scn, variant, overrides, sample, seed,
+                                                                      n_requests, draws, shared)
+        fleet_in = fleet.Inputs.from_params(p)
+        result = fleet.performance(fleet_in, measured, cached, passes, model, rng_for(seed, sample, STREAM_BATCHING),
+                                   step_log=step_log, all_requests=shared["requests"],
+                                   capacity_blocks=shared["cache_inputs"].capacity_blocks)
+        m = dict(result.metrics)
+        m.update(experts)
+        m.update(money(p, result))
+        # The replicas' own caches, when they ran, else the cache stage's replay.
+        cache_steady = result.cache_steady_state
+        cache_steady = shared["cache_steady_state"] if cache_steady is None else cache_steady
+        m.update(steady_outputs(cache_steady, result.batching_steady_state, shared["requests"].n))
+        yield variant, m, result, {WORKLOAD_CLASS: tuple(measured.class_names), "tier": kvcache.tier_names(p)}
+
+
+def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict) -> dict:
     """Every variant of one sample.
 
     Stage results are memoised within the sample by everything they depend on, so variants that differ only in
@@ -213,30 +241,17 @@ def run_sample(scn: Scenario, variants, sample: int, seed: int, n_requests: int,
     n_requests : int
     draws : dict
         Uncertain input path -> value for this sample.
-    step_log : int
-        With the batching simulator on, keep its first ``step_log`` steps in each variant's ``"_step_log"``.
 
     Returns
     -------
     dict
-        variant -> metric name -> value.
+        variant -> metric name -> value, and ``"__coords__"``: the labels of the sample's own dims
+        (``workload_class``, ``tier``), the first variant's.
     """
-    results = {}
-    shared: dict = {}
-    for variant, overrides in variant_specs(scn, variants).items():
-        p, measured, cached, passes, experts, model = variant_stages(scn, variant, overrides, sample, seed,
-                                                                      n_requests, draws, shared)
-
-        m = performance(p, measured, cached, passes, model, rng_for(seed, sample, STREAM_BATCHING),
-                        step_log=step_log, all_requests=shared["requests"])
-        m.update(experts)
-        m.update(money(p, m))
-        m["_tier_names"] = kvcache.tier_names(p)
-        # The replicas' own caches, when they ran, else the cache stage's replay.
-        cache_steady = m.pop("_cache_steady_state", None)
-        cache_steady = shared["cache_steady_state"] if cache_steady is None else cache_steady
-        m.update(steady_outputs(cache_steady, m.pop("_batching_steady_state", None), shared["requests"].n))
-        results[variant] = m
+    results: dict = {}
+    for variant, metrics, _, coords in sample_variants(scn, variants, sample, seed, n_requests, draws):
+        results[variant] = metrics
+        results.setdefault("__coords__", coords)
     return results
 
 

@@ -18,6 +18,11 @@ Fleet modes (``deployment.fleet``)
     pool is sized for TTFT, then the decode pool for TPOT). A sample that no fleet up to
     ``deployment.max_instances`` can serve is infeasible.
 
+The stage reads its parameters as :class:`Inputs` (``Inputs.from_params``) and hands on a :class:`Performance`:
+the metrics of the fleet (registered variables of :mod:`mcsim.results.variables`, by name) and, as typed fields,
+what economics and the run read of it (served share, token totals, GPUs and busy time, the step log, the
+steady-state checks).
+
 In every mode the fleet that is simulated is the fleet that is charged: when the batching simulator runs, the
 operating batch is its mean decode batch, and throughput, busy time, energy and cost come from the same
 instances and steps as TTFT and TPOT. A sample that cannot run (weights or one sequence's KV do not fit in a
@@ -28,6 +33,9 @@ and money figure, keeps its reason, and is never priced.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -38,7 +46,7 @@ from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
 from mcsim.perf.policies import policy_for
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
-from mcsim.stages.kvcache import Inputs, restore_rates, steady_state, tiers_of, warmup_requests
+from mcsim.stages.kvcache import restore_rates, steady_state, tiers_of, warmup_requests
 
 #: Figures that describe a deployment that ran; NaN when it could not.
 PERFORMANCE_OUTPUTS = (
@@ -47,6 +55,175 @@ PERFORMANCE_OUTPUTS = (
     "ttft_at_slo_quantile_s", "tpot_at_slo_quantile_s", "slo_attainment", "little_law_ratio", "gpus",
     "decode_gpus", "prefill_gpus", "instances", "decode_instances", "prefill_instances", "gpu_hours",
     "busy_fraction", "instance_load_imbalance")
+
+#: The parameters the batching simulator reads (:mod:`mcsim.perf.latency` takes them as a mapping), besides each
+#: workload class's ``workload.classes.<name>.priority``.
+SIMULATOR_KEYS = (
+    "deployment.batching", "deployment.scheduler", "deployment.max_new_per_step", "deployment.tp", "deployment.pp",
+    "deployment.fleet_simulation", "deployment.routing", "deployment.routing_balance",
+    "deployment.routing_balance_requests", "performance.batching_requests", "performance.chunk_tokens",
+    "performance.token_budget", "performance.preempt", "performance.closed_loop_users", "workload.think_time_s",
+    "mc.queue_steady_state_tolerance")
+
+
+class Params(Mapping):
+    """Resolved parameters, read-only and hashable: what stage 5 hands the batching simulator. A key it does not
+    hold is a ``KeyError`` that says so (``.get`` returns its default, as a dict's does)."""
+
+    __slots__ = ("_items", "_values")
+
+    def __init__(self, items):
+        self._items = tuple(items)
+        self._values = dict(self._items)
+
+    def __getitem__(self, key):
+        try:
+            return self._values[key]
+        except KeyError:
+            raise KeyError(f"{key!r} is not among the parameters stage 5 hands the batching simulator "
+                           "(mcsim.perf.fleet.SIMULATOR_KEYS)") from None
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Params) and self._items == other._items
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __repr__(self) -> str:
+        return f"Params({self._values!r})"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The parameters stage 5 reads (also its memo key within a sample).
+
+    Attributes
+    ----------
+    fleet : str
+        ``deployment.fleet``: utilization, fixed or slo.
+    instances, prefill_instances, max_instances : int
+        ``deployment.*``: the fleet, or its smallest size, per pool; the most instances ``slo`` tries.
+    target_utilization : float
+        ``economics.target_utilization``: the busy share a ``utilization`` fleet is sized for.
+    disaggregated : bool
+    fleet_simulation : str
+        ``deployment.fleet_simulation``: representative or replicas.
+    batching, scheduler : str
+        The policy of :mod:`mcsim.perf.policies` (its analytic decode-slot model).
+    simulate_batching : bool
+    max_batch_per_gpu, tpot_target_s, ttft_target_s, slo_quantile : float
+        ``deployment.*``: the batch cap and the latency targets.
+    kv_bytes_per_token : float
+        KV bytes per token of the model in its precision (:func:`mcsim.perf.factor.kv_bytes`).
+    tiers : tuple of mcsim.stages.kvcache.Tier
+        The cache's tiers, first to last (restores from each after the first cost its bandwidth and latency).
+    nvme_gb_s_per_node : float
+        ``cache.nvme_gb_s_per_node``: the nvme kind's default bandwidth.
+    kv_transfer_latency_s : float
+        ``efficiency.kv_transfer_latency_s``: the prefill-to-decode hand-off's latency when disaggregated.
+    request_overhead_s, tokenize_s_per_token, detokenize_s_per_token : float
+        ``host.*``: the host's costs per request.
+    stream_interval_tokens : int
+    warmup_fraction, steady_state_tolerance : float
+        ``mc.*``: the replicas' warm-up and their caches' steady-state check.
+    replica_values : tuple of (str, value)
+        The values of :data:`mcsim.scenario.choices.REPLICA_KEYS`, checked again once drawn.
+    simulator : Params
+        The parameters the batching simulator reads (:data:`SIMULATOR_KEYS` and the classes' priorities).
+    """
+
+    fleet: str
+    instances: int
+    prefill_instances: int
+    max_instances: int
+    target_utilization: float
+    disaggregated: bool
+    fleet_simulation: str
+    batching: str
+    scheduler: str
+    simulate_batching: bool
+    max_batch_per_gpu: float
+    tpot_target_s: float
+    ttft_target_s: float
+    slo_quantile: float
+    kv_bytes_per_token: float
+    tiers: tuple
+    nvme_gb_s_per_node: float
+    kv_transfer_latency_s: float
+    request_overhead_s: float
+    tokenize_s_per_token: float
+    detokenize_s_per_token: float
+    stream_interval_tokens: int
+    warmup_fraction: float
+    steady_state_tolerance: float
+    replica_values: tuple
+    simulator: Params
+
+    @classmethod
+    def from_params(cls, p: dict) -> "Inputs":
+        priorities = sorted(k for k in p if k.startswith("workload.classes.") and k.endswith(".priority"))
+        return cls(
+            fleet=p["deployment.fleet"], instances=p["deployment.instances"],
+            prefill_instances=p["deployment.prefill_instances"], max_instances=p["deployment.max_instances"],
+            target_utilization=p["economics.target_utilization"], disaggregated=bool(p["deployment.disaggregated"]),
+            fleet_simulation=p.get("deployment.fleet_simulation", "representative"),
+            batching=p["deployment.batching"], scheduler=p["deployment.scheduler"],
+            simulate_batching=bool(p["performance.simulate_batching"]),
+            max_batch_per_gpu=p["deployment.max_batch_per_gpu"], tpot_target_s=p["deployment.tpot_target_s"],
+            ttft_target_s=p["deployment.ttft_target_s"], slo_quantile=p["deployment.slo_quantile"],
+            kv_bytes_per_token=kv_bytes(p), tiers=tuple(tiers_of(p)),
+            nvme_gb_s_per_node=p["cache.nvme_gb_s_per_node"],
+            kv_transfer_latency_s=p["efficiency.kv_transfer_latency_s"],
+            request_overhead_s=p["host.request_overhead_s"], tokenize_s_per_token=p["host.tokenize_s_per_token"],
+            detokenize_s_per_token=p["host.detokenize_s_per_token"],
+            stream_interval_tokens=p["host.stream_interval_tokens"], warmup_fraction=p["mc.warmup_fraction"],
+            steady_state_tolerance=p["mc.steady_state_tolerance"],
+            replica_values=tuple((path, p[path]) for path in REPLICA_KEYS if path in p),
+            simulator=Params([(k, p[k]) for k in SIMULATOR_KEYS if k in p] + [(k, p[k]) for k in priorities]))
+
+
+@dataclass(frozen=True)
+class Performance:
+    """What stage 5 hands on.
+
+    Attributes
+    ----------
+    metrics : Mapping
+        Registered variable name (:mod:`mcsim.results.variables`) -> value, and ``infeasible_reason``; read-only.
+    feasible : bool
+        Whether the sample could run (else every performance figure is NaN and it is never priced).
+    duration_s : float
+        The measured requests' window, s.
+    gpus, busy_fraction : float
+        The fleet charged and the share of its GPU time it is busy (NaN when infeasible).
+    served_fraction : float
+        Share of the demand served: below 1 only when a fleet is loaded past what it can serve.
+    hit_tokens, miss_tokens, output_tokens : float
+        Prompt tokens reused from the cache and computed, and output tokens, over the measured requests.
+    step_log : dict or None
+        The batching simulator's first steps, when asked for and it ran.
+    batching_steady_state, cache_steady_state : mcsim.stages.steady_state check or None
+        The simulator's queue check, and the replicas' own caches' check (None: the cache stage's stands).
+    """
+
+    metrics: Mapping
+    feasible: bool
+    duration_s: float
+    gpus: float
+    busy_fraction: float
+    served_fraction: float
+    hit_tokens: float
+    miss_tokens: float
+    output_tokens: float
+    step_log: dict | None = None
+    batching_steady_state: object = None
+    cache_steady_state: object = None
 
 
 def _quantiles(values) -> np.ndarray:
@@ -84,35 +261,39 @@ def infeasible(reason: str, b_mem: float, tpp: float, classes: tuple = ("chat",)
     out.update({name: np.full(len(QUANTILES), np.nan) for name in ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s")})
     out.update({name: np.full((len(classes), len(QUANTILES)), np.nan) for name in ("ttft_s_by_class",
                                                                                     "tpot_s_by_class")})
-    out.update(slo_attainment_by_class=np.full(len(classes), np.nan), _workload_classes=tuple(classes))
+    out.update(slo_attainment_by_class=np.full(len(classes), np.nan))
     out.update(max_batch_by_memory=b_mem, spec_raw_tokens_per_pass=tpp, feasible=0, infeasible_reason=reason,
-               saturated=0, _served_fraction=math.nan, _step_log=None)
+               saturated=0)
     return out
 
 
 def cache_figures(prompt, cached_tokens, kv_bytes_per_token: float) -> dict:
-    """The cache's figures over some requests: hit rates (all tiers and per tier), restored GB per request, and
-    the hit and miss token totals economics reads."""
+    """The cache's figures over some requests: hit rates (all tiers and per tier), restored GB per request."""
     cached = cached_tokens.sum(axis=1)
     total_in = float(np.sum(prompt))
     restore_bytes = cached_tokens[:, 1:] * kv_bytes_per_token  # every tier after the first
     return {"cache_hit_rate": float(cached.sum()) / total_in,
             "cache_hit_rate_by_tier": cached_tokens.sum(axis=0) / total_in,
-            "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / len(prompt) / 1e9]),
-            "_hit_tokens": float(cached.sum()), "_miss_tokens": float((prompt - cached).sum())}
+            "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / len(prompt) / 1e9])}
 
 
-def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model, rng,
-                step_log: int = 0, all_requests=None) -> dict:
+def token_totals(prompt, cached_tokens) -> tuple[float, float]:
+    """(reused, computed) prompt tokens over some requests: the hit and miss totals economics prices."""
+    cached = cached_tokens.sum(axis=1)
+    return float(cached.sum()), float((prompt - cached).sum())
+
+
+def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model, rng,
+                step_log: int = 0, all_requests=None, capacity_blocks: tuple = ()) -> Performance:
     """Throughput, latency and fleet of one sample from its :class:`~mcsim.perf.factor.StepModel`.
 
     Parameters
     ----------
-    p : dict
-        Resolved parameters of the sample.
+    inputs : Inputs
+        The sample's parameters that stage 5 reads.
     requests : mcsim.stages.workload.Requests
         The measured requests (after warm-up).
-    cached_tokens : int64[n, 3]
+    cached_tokens : int64[n, tiers]
         Reused prompt tokens per tier (zeros when the cache is off).
     passes : int64[n] or None
         Verification passes per request (None when speculative decoding is off).
@@ -120,17 +301,19 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     rng : numpy.random.Generator
         The sample's stream for the batching simulator (closed-loop think times).
     step_log : int
-        With the batching simulator, keep its first ``step_log`` steps under ``"_step_log"``.
+        With the batching simulator, keep its first ``step_log`` steps (:attr:`Performance.step_log`).
     all_requests : mcsim.stages.workload.Requests, optional
         Every request of the sample, warm-up included (``requests`` is its tail): what
         ``deployment.fleet_simulation = "replicas"`` replays, its caches filling on its own clock. The cache
-        figures, prefill work and the cache's steady-state check (``"_cache_steady_state"``) then come from that
-        run's measured requests; ``cached_tokens`` (the cache stage's replay) only sizes the fleet's first guess.
+        figures, prefill work and the cache's steady-state check (:attr:`Performance.cache_steady_state`) then
+        come from that run's measured requests; ``cached_tokens`` (the cache stage's replay) only sizes the
+        fleet's first guess.
+    capacity_blocks : tuple of int
+        Blocks per tier of one cache (:attr:`mcsim.stages.kvcache.Inputs.capacity_blocks`): the replicas' caches.
 
     Returns
     -------
-    dict
-        Metric name -> value (see :mod:`mcsim.results.variables`), plus token totals for economics.
+    Performance
     """
     out_tokens = requests.output_tokens
     prompt = requests.prompt_tokens
@@ -138,38 +321,45 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     duration = requests.duration_s
     total_out = float(out_tokens.sum())
     total_in = float(prompt.sum())
-    kvb = kv_bytes(p)
-    disagg = bool(p["deployment.disaggregated"])
+    kvb = inputs.kv_bytes_per_token
+    disagg = inputs.disaggregated
     g, gp = model.decode_gpus, model.prefill_gpus
     passes_r = out_tokens if passes is None else passes
     tpp = model.tokens_per_pass
-    mode = p["deployment.fleet"]
+    mode = inputs.fleet
 
-    message = replica_mismatch({path: p[path] for path in REPLICA_KEYS if path in p})
+    message = replica_mismatch(dict(inputs.replica_values))
     if message:  # a value drawn from a distribution (plain values are checked when the scenario loads)
         raise RunLimitError(f"deployment.fleet_simulation: a drawn value: {message}")
-    replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
+    replicas = inputs.fleet_simulation == "replicas"
     miss = prompt - cached_tokens.sum(axis=1)
     restore_bytes = cached_tokens[:, 1:] * kvb  # every tier after the first (its blocks are used in place)
     stage = {
         **cache_figures(prompt, cached_tokens, kvb),
         "kv_bytes_per_token": kvb, "requests": n, "mean_input_tokens": total_in / n,
-        "mean_output_tokens": total_out / n, "trace_duration_s": duration, "_output_tokens": total_out,
+        "mean_output_tokens": total_out / n, "trace_duration_s": duration,
     }
+    hit_tokens, miss_tokens = token_totals(prompt, cached_tokens)
+
+    def cannot_run(why: str) -> Performance:
+        return Performance(MappingProxyType({**infeasible(why, b_mem, tpp, requests.class_names), **stage}),
+                           feasible=False, duration_s=duration, gpus=math.nan, busy_fraction=math.nan,
+                           served_fraction=math.nan, hit_tokens=hit_tokens, miss_tokens=miss_tokens,
+                           output_tokens=total_out)
 
     # -- can it run at all: memory of both pools, the TPOT target at a batch of one --------------------------
     b_mem = batch_limit_by_memory(model.decode_memory, model.decode_gpus)
     reason = infeasible_reason(model)
-    if reason == "ok" and model.pass_s(1.0) / tpp > p["deployment.tpot_target_s"]:
+    if reason == "ok" and model.pass_s(1.0) / tpp > inputs.tpot_target_s:
         reason = "TPOT target not met at batch 1"
     if reason != "ok":
-        return {**infeasible(reason, b_mem, tpp, requests.class_names), **stage}
+        return cannot_run(reason)
 
     # -- the batch cap: KV memory, the TPOT target and the configured cap ------------------------------------
-    hi = max(min(p["deployment.max_batch_per_gpu"], b_mem), 1.0)
-    target = p["deployment.tpot_target_s"]
+    hi = max(min(inputs.max_batch_per_gpu, b_mem), 1.0)
+    target = inputs.tpot_target_s
     b_cap = max(min(hi, largest(lambda b: model.pass_s(b) / tpp <= target, 1.0, hi)), 1.0)
-    policy = policy_for(p["deployment.batching"], p["deployment.scheduler"])
+    policy = policy_for(inputs.batching, inputs.scheduler)
     # The policy's analytic decode-slot model (used with the simulator too: it sets the operating throughput).
     slot_util = static_slot_utilization(out_tokens, round(b_cap)) if policy.analytic == "static-slots" else 1.0
 
@@ -180,8 +370,8 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     x_prefill = model.prefill_tok_s_per_gpu()
     hw = model.hardware
     # Restores from each tier after the first, at the rates of the instance that holds the cache.
-    rates = restore_rates(tiers_of(p), gpus=gp, gpus_per_node=hw.gpus_per_node, host_link_gb_s=hw.host_link_gb_s,
-                          nvme_gb_s_per_node=p["cache.nvme_gb_s_per_node"], hbm_tb_s=hw.hbm_tb_s,
+    rates = restore_rates(inputs.tiers, gpus=gp, gpus_per_node=hw.gpus_per_node, host_link_gb_s=hw.host_link_gb_s,
+                          nvme_gb_s_per_node=inputs.nvme_gb_s_per_node, hbm_tb_s=hw.hbm_tb_s,
                           scale_out_gb_s=hw.scale_out_gb_s)[1:]
 
     def prefill_work(miss_tokens, restored_bytes):  # GPU-seconds of prefill: compute and restores
@@ -198,7 +388,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         needed_d, needed_p = demand / (throughput(b_cap) * g), prefill_load / gp
     else:
         needed_d, needed_p = (demand / throughput(b_cap) + prefill_load) / g, 0.0
-    prefill_min = (p["deployment.prefill_instances"] or p["deployment.instances"]) if disagg else 0
+    prefill_min = (inputs.prefill_instances or inputs.instances) if disagg else 0
 
     # -- latency inputs -----------------------------------------------------------------------------------------
     restore_s = np.zeros(n)
@@ -207,35 +397,34 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         if rate.latency_s > 0:
             restore_s = restore_s + rate.latency_s * (cached_tokens[:, t + 1] > 0)
     transfer_s = prompt * kvb / (hw.scale_out_gb_s * 1e9 * gp) \
-        + p["efficiency.kv_transfer_latency_s"] if disagg else np.zeros(n)
-    host_first = p["host.request_overhead_s"] + p["host.tokenize_s_per_token"] * float(prompt.mean())
-    host_last = p["host.detokenize_s_per_token"] * float(out_tokens.mean())
-    stream = p["host.stream_interval_tokens"] - 1
-    slo_q = p["deployment.slo_quantile"]
-    ttft_target = p["deployment.ttft_target_s"]
+        + inputs.kv_transfer_latency_s if disagg else np.zeros(n)
+    host_first = inputs.request_overhead_s + inputs.tokenize_s_per_token * float(prompt.mean())
+    host_last = inputs.detokenize_s_per_token * float(out_tokens.mean())
+    stream = inputs.stream_interval_tokens - 1
+    slo_q = inputs.slo_quantile
+    ttft_target = inputs.ttft_target_s
 
     def with_host(ttft, tpot, e2e):
         # Host-side costs: request handling, tokenizing the prompt, detokenizing the output; the first streamed
         # chunk waits for stream_interval tokens.
         return ttft + host_first + stream * np.nan_to_num(tpot), e2e + host_first + host_last
 
-    simulate = bool(p["performance.simulate_batching"]) or mode in ("fixed", "slo") or replicas
+    simulate = inputs.simulate_batching or mode in ("fixed", "slo") or replicas
     sim = None
     if simulate:
         max_seqs = max(int(round(b_cap * g)), 1)
         if replicas:
             all_requests = requests if all_requests is None else all_requests
-            warm = 0 if all_requests is requests else warmup_requests(all_requests.n, p["mc.warmup_fraction"])
+            warm = 0 if all_requests is requests else warmup_requests(all_requests.n, inputs.warmup_fraction)
             per_token = (0.0, *(kvb / rate.instance_bytes_s for rate in rates))
-            transfer = (kvb / (hw.scale_out_gb_s * 1e9 * gp), p["efficiency.kv_transfer_latency_s"]) if disagg \
+            transfer = (kvb / (hw.scale_out_gb_s * 1e9 * gp), inputs.kv_transfer_latency_s) if disagg \
                 else (0.0, 0.0)
-            workload = prepare_stream(p, all_requests, warm, passes_r,
-                                      Inputs.from_params(p, requests.block_tokens, kvb).capacity_blocks, per_token,
+            workload = prepare_stream(inputs.simulator, all_requests, warm, passes_r, capacity_blocks, per_token,
                                       *transfer, rng)
         else:
-            workload = prepare(p, requests, miss, restore_s, transfer_s, passes_r, max_seqs, rng)
+            workload = prepare(inputs.simulator, requests, miss, restore_s, transfer_s, passes_r, max_seqs, rng)
         mean_blocks = math.ceil(model.decode_context / requests.block_tokens)
-        sim = PoolSimulator(p, model, workload, max_seqs, int(max(b_mem, 1.0) * g * mean_blocks))
+        sim = PoolSimulator(inputs.simulator, model, workload, max_seqs, int(max(b_mem, 1.0) * g * mean_blocks))
 
     def meets(lat, check_ttft=True, check_tpot=True) -> bool:
         if lat["saturated"]:
@@ -249,14 +438,14 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         return bool(ok)
 
     if mode == "utilization":
-        u = p["economics.target_utilization"]
-        n_d = max(_whole(needed_d / u), p["deployment.instances"])
+        u = inputs.target_utilization
+        n_d = max(_whole(needed_d / u), inputs.instances)
         n_p = max(_whole(needed_p / u), prefill_min) if disagg else 0
     elif mode == "fixed":
-        n_d = p["deployment.instances"]
+        n_d = inputs.instances
         n_p = prefill_min
     else:  # slo: bisection on whole instances, each candidate simulated
-        cap = p["deployment.max_instances"]
+        cap = inputs.max_instances
         if disagg:
             n_p = smallest_fleet(lambda k: _prefill_meets(sim, k, with_host, ttft_target, slo_q),
                                  0 if replicas else _whole(needed_p) - 1, cap)
@@ -267,7 +456,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
             # The replicas' own cache hits may need fewer instances than the cache stage's estimate says.
             n_d = smallest_fleet(lambda k: meets(sim.colocated(k)), 0 if replicas else _whole(needed_d) - 1, cap)
         if n_d is None or n_p is None:
-            return {**infeasible("SLO not met", b_mem, tpp, requests.class_names), **stage}
+            return cannot_run("SLO not met")
 
     # -- the fleet's latencies: simulated (the charged fleet) or service times ---------------------------------
     steps_kept = None
@@ -276,16 +465,16 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         lat = sim.disaggregated(n_d, n_p, step_log) if disagg else sim.colocated(n_d, step_log)
         b_sim = lat["mean_decode_batch"] / g
         if replicas:  # the cache figures and prefill work of the run's own caches
-
             every = lat["cached_tokens"]
             measured_cached = every[workload.measured_from:]
             stage.update(cache_figures(prompt, measured_cached, kvb))
+            hit_tokens, miss_tokens = token_totals(prompt, measured_cached)
             miss = prompt - measured_cached.sum(axis=1)
             prefill_gpu_s = prefill_work(miss, measured_cached[:, 1:] * kvb)
             prefill_load = prefill_gpu_s / duration
             if all_requests is not requests:
-                cache_steady = steady_state(every, all_requests.prompt_tokens, p["mc.warmup_fraction"],
-                                            p["mc.steady_state_tolerance"])
+                cache_steady = steady_state(every, all_requests.prompt_tokens, inputs.warmup_fraction,
+                                            inputs.steady_state_tolerance)
     decode_gpus, prefill_gpus = float(n_d * g), float(n_p * gp)
     available = decode_gpus - (0.0 if disagg else prefill_load)
     b_little = largest(lambda b: throughput(b) * max(available, 1e-9) <= demand, 1e-6, b_cap)
@@ -326,7 +515,7 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
     within &= ~(tpot > target)  # NaN (one-token outputs) never breaks it
     concurrency = (n / duration) * float((pass_s * passes_r).mean()) / max(available, 1e-9)
 
-    return {
+    metrics = {
         **stage,
         "decode_tok_s_per_gpu": x_op,
         "prefill_tok_s_per_gpu": total_in / prefill_gpu_s if prefill_gpu_s > 0 else math.inf,
@@ -357,11 +546,12 @@ def performance(p: dict, requests, cached_tokens: np.ndarray, passes: np.ndarray
         "infeasible_reason": "ok",
         "busy_fraction": busy,
         "instance_load_imbalance": lat.get("instance_load_imbalance", math.nan) if simulate else math.nan,
-        "_served_fraction": served,
-        "_step_log": steps_kept,
-        "_batching_steady_state": lat["steady_state"] if simulate else None,
-        "_cache_steady_state": cache_steady,
     }
+    return Performance(MappingProxyType(metrics), feasible=True, duration_s=duration, gpus=gpus, busy_fraction=busy,
+                       served_fraction=served, hit_tokens=hit_tokens, miss_tokens=miss_tokens,
+                       output_tokens=total_out, step_log=steps_kept,
+                       batching_steady_state=lat["steady_state"] if simulate else None,
+                       cache_steady_state=cache_steady)
 
 
 def by_class(ttft, tpot, within, class_id, classes) -> dict:
@@ -374,8 +564,7 @@ def by_class(ttft, tpot, within, class_id, classes) -> dict:
         if mine.any():
             ttft_q[c], tpot_q[c] = _quantiles(ttft[mine]), _quantiles(tpot[mine])
             attained[c] = float(within[mine].mean())
-    return {"ttft_s_by_class": ttft_q, "tpot_s_by_class": tpot_q, "slo_attainment_by_class": attained,
-            "_workload_classes": tuple(classes)}
+    return {"ttft_s_by_class": ttft_q, "tpot_s_by_class": tpot_q, "slo_attainment_by_class": attained}
 
 
 def _prefill_meets(sim, k: int, with_host, ttft_target: float, slo_q: float) -> bool:

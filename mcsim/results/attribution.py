@@ -96,6 +96,8 @@ def reduce_row(plan, row: dict) -> dict:
     names = _lever_names(plan)
     by_subset = {}
     for key, metrics in row.items():
+        if key.startswith("__"):  # the sample's coords, not a variant
+            continue
         on = key.removeprefix("levers:")
         by_subset[frozenset(x for x in on.split("+") if x)] = metrics
     everything = frozenset(names)
@@ -125,5 +127,5 @@ def reduce_row(plan, row: dict) -> dict:
             "description": "Each lever's Shapley contribution / the total factory - baseline change; sums to 1.",
             "source": "modelled"})
     out["__extra__"] = extra
-    out["__coords__"] = {"lever": names}
+    out["__coords__"] = {**row.get("__coords__", {}), "lever": names}
     return out

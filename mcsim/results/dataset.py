@@ -43,10 +43,11 @@ def flag_meaning(reason: str) -> str:
 def rows_to_table(rows: list[dict], variants: tuple) -> dict[str, np.ndarray]:
     """Per-sample results as plain arrays, sample first: ``name -> (sample, variant, *dims)``.
 
-    Rows are ``variant -> metric -> value``; a row may also carry ``"__extra__"``: ``{name: (dims, values, attrs)}``
-    (e.g. Shapley shares) and ``"__coords__"``: ``{dim: labels}`` for their dims. Those are stored as
-    ``extra:<name>`` (sample, *dims), with their dims, attrs and coords as string arrays, so a table saves with
-    ``numpy.savez`` and loads without pickle.
+    Rows are ``variant -> metric -> value`` and ``"__coords__"``: ``{dim: labels}`` for the dims of the sample's
+    variables (``workload_class``, ``tier``: every sample and grid point of a run has the scenario's classes and
+    tiers) and of its extra variables; a row may also carry ``"__extra__"``: ``{name: (dims, values, attrs)}``
+    (e.g. Shapley shares). Those are stored as ``extra:<name>`` (sample, *dims), with their dims, attrs and coords
+    as string arrays, so a table saves with ``numpy.savez`` and loads without pickle.
     """
     table = {}
     for name, var in REGISTRY.items():
@@ -57,10 +58,7 @@ def rows_to_table(rows: list[dict], variants: tuple) -> dict[str, np.ndarray]:
         table[f"extra:{name}"] = np.stack([np.asarray(row["__extra__"][name][1]) for row in rows])
         table[f"extra_meta:{name}"] = np.array(json.dumps({"dims": list(dims), "attrs": var_attrs}))
     for dim, labels in (rows[0].get("__coords__", {}) if rows else {}).items():
-        table[f"coord:{dim}"] = np.asarray(labels)
-    if rows:  # every sample and grid point of a run has the scenario's classes and cache tiers
-        table[f"coord:{WORKLOAD_CLASS}"] = np.asarray(rows[0][variants[0]]["_workload_classes"], dtype=str)
-        table["coord:tier"] = np.asarray(rows[0][variants[0]].get("_tier_names", TIERS), dtype=str)
+        table[f"coord:{dim}"] = np.asarray(labels, dtype=str)
     return table
 
 
