@@ -24,7 +24,7 @@ from mcsim.fileio import atomic_path
 from mcsim.results.names import dataset_name
 from mcsim.results.units import input_units
 from mcsim.results.variables import (FEASIBLE_REASONS, QUANTILES, REGISTRY, REQUEST_QUANTILE, TIERS, WORKLOAD_CLASS,
-                                     attrs_for)
+                                     attrs_for, check_metrics)
 
 MODEL_STATEMENT = (
     "All output variables are modelled: they follow from the scenario's assumptions through mcsim's comparative "
@@ -47,8 +47,12 @@ def rows_to_table(rows: list[dict], variants: tuple) -> dict[str, np.ndarray]:
     variables (``workload_class``, ``tier``: every sample and grid point of a run has the scenario's classes and
     tiers) and of its extra variables; a row may also carry ``"__extra__"``: ``{name: (dims, values, attrs)}``
     (e.g. Shapley shares). Those are stored as ``extra:<name>`` (sample, *dims), with their dims, attrs and coords
-    as string arrays, so a table saves with ``numpy.savez`` and loads without pickle.
+    as string arrays, so a table saves with ``numpy.savez`` and loads without pickle. Every variant's metrics are
+    exactly the registered variables (:func:`~mcsim.results.variables.check_metrics`): an unknown name is refused.
     """
+    for row in rows:
+        for v in variants:
+            check_metrics(row[v], f"variant {v}")
     table = {}
     for name, var in REGISTRY.items():
         table[name] = np.array([[row[v][name] for v in variants] for row in rows], dtype=var.dtype)

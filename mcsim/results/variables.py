@@ -6,6 +6,7 @@ grid axes in front), units, a long name and a one-line description. A name or a 
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from mcsim.perf.batching import QUANTILES
@@ -167,16 +168,48 @@ _VARS = [
 ]
 
 REGISTRY: dict[str, Variable] = {v.name: v for v in _VARS}
+#: What a sample reports besides the registered variables: its reason, stored as the flag variable
+#: ``infeasible_reason`` over :data:`FEASIBLE_REASONS`.
+FLAGS = ("infeasible_reason",)
 HEADLINE = [v.name for v in _VARS if v.headline]
 FEASIBLE_REASONS = ("ok", "weights do not fit in HBM", "KV for one sequence does not fit",
                     "TPOT target not met at batch 1", "prefill pool: weights do not fit in HBM",
                     "prefill pool: KV for one sequence does not fit", "SLO not met")
 
 
+class UnknownVariable(KeyError):
+    """An output name the registry does not have (a metric no stage registered, or a misspelt one)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def variable(name: str) -> Variable:
+    """The registered variable ``name``; :class:`UnknownVariable`, naming the nearest registered ones, otherwise."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        near = difflib.get_close_matches(name, list(REGISTRY), n=3)
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise UnknownVariable(f"{name!r} is not a registered output variable{hint}: every output a Dataset holds "
+                              "is declared in mcsim.results.variables") from None
+
+
+def check_metrics(metrics, where: str = "a sample") -> None:
+    """Refuse metrics (name -> value) that are not exactly the registered variables and :data:`FLAGS`: an
+    unknown name is :class:`UnknownVariable` (as :func:`variable` says it), a missing one a ``KeyError``."""
+    for name in metrics:
+        if name not in REGISTRY and name not in FLAGS:
+            variable(name)
+    missing = [name for name in (*REGISTRY, *FLAGS) if name not in metrics]
+    if missing:
+        raise KeyError(f"{where} lacks the registered output(s) {', '.join(missing)}")
+
+
 def attrs_for(name: str, kind: str = "modelled") -> dict:
     """NetCDF (CF) attributes of a registered variable: CF ``units`` and the ``display_units`` people read (see
     :mod:`mcsim.results.units`), ``long_name``, ``description``, ``cell_methods`` and whether it is modelled."""
-    v = REGISTRY[name]
+    v = variable(name)
     methods = "sample: point"
     if REQUEST_QUANTILE in v.dims:
         methods += f" {REQUEST_QUANTILE}: point (comment: quantiles over the measured requests of each sample)"
