@@ -35,12 +35,12 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import tqdm
 import xarray as xr
-from tqdm import tqdm
 
 from mcsim import __version__
 from mcsim.errors import McsimError, OutputError
-from mcsim.execution.sample import _read_trace, run_sample, variant_specs
+from mcsim.execution import sample as one_sample
 from mcsim.fileio import atomic_path
 from mcsim.results import dataset as results
 from mcsim.results.attribution import ablation_variants, reduce_row, saved_variants
@@ -134,7 +134,7 @@ def check_inputs(plan: "Plan") -> None:
     for path in plan.trace_paths():
         if not path.is_file():
             raise ScenarioError(plan.scn.source, "workload.trace", f"no such trace file: {path}")
-        _read_trace(str(path), plan.scn["workload.trace_format"])
+        one_sample._read_trace(str(path), plan.scn["workload.trace_format"])
 
 
 def check_output(output: Path, force: bool) -> None:
@@ -164,7 +164,7 @@ def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
     draws = draw_uncertain(scn, indices, plan.seed, n_samples=plan.samples, include_unused=_fidelity_swept(plan))
     rows = []
     for j, sample in enumerate(indices):
-        row = run_sample(point_scn, plan.variants, int(sample), plan.seed, plan.requests,
+        row = one_sample.run_sample(point_scn, plan.variants, int(sample), plan.seed, plan.requests,
                          {k: float(v[j]) for k, v in draws.items()})
         if plan.ablate:
             row = reduce_row(plan, row)
@@ -611,7 +611,7 @@ def _progress_bar(total: int, done: int, stream=None):
     if not (callable(isatty) and isatty()):
         return None
 
-    return tqdm(total=total, initial=done, unit="task", desc="mcsim", delay=2.0, leave=False, file=stream)
+    return tqdm.tqdm(total=total, initial=done, unit="task", desc="mcsim", delay=2.0, leave=False, file=stream)
 
 
 @contextlib.contextmanager
@@ -643,7 +643,7 @@ def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, 
     workers = int(workers or os.cpu_count() or 1)
     if chunk_size is None:
         chunk_size = int(min(64, max(1, -(-samples // (4 * workers)))))
-    specs = variant_specs(scn, variants)
+    specs = one_sample.variant_specs(scn, variants)
     if ablate:
         specs = ablation_variants(scn)
     for axis in axes:
