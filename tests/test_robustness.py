@@ -350,30 +350,44 @@ def test_control_characters_from_inputs_are_escaped(tmp_path):
 # -- every accepted value runs or is refused ----------------------------------------------------------------------
 
 def _range_edges():
-    """Each numeric key's lowest and highest accepted value (a moderate one where the range is open)."""
+    """Each numeric key and its lowest and highest accepted value (a moderate one where the range is open)."""
     cases = []
     for path, f in _numeric_fields(skip_sections=("mc",)):
         lo = -10 if f.lo is None else f.lo + ((1e-3 if f.kind == "float" else 1) if f.lo_open else 0)
         hi = lo * 10 + 10 if f.hi is None else f.hi
-        for value in (lo, hi):
-            cases.append((path, int(value) if f.kind == "int" else float(value)))
+        cases.append(pytest.param(path, tuple(int(v) if f.kind == "int" else float(v) for v in (lo, hi)), id=path))
     return cases
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path, value", _range_edges())
-def test_every_accepted_value_runs_or_is_refused_in_one_line(path, value, tmp_path):
+def _timed_run(folder: Path, *args):
     import time
 
     start = time.perf_counter()
-    result = invoke("run", DENSE, "--samples", "1", "--requests", "150", "--no-progress", "--json",
-                    "--set", f"{path}={value}", "-o", tmp_path / "x.nc")
+    result = invoke("run", DENSE, "--samples", "1", "--requests", "150", "--no-progress", "--json", *args, "-o",
+                    folder / "x.nc")
     assert time.perf_counter() - start < 30.0  # no accepted value hangs
-    if result.exit_code == 0:
-        assert (tmp_path / "x.nc").exists()
-    else:
-        one_line_error(result)
-        assert listing(tmp_path) == set()
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path, values", _range_edges())
+def test_every_accepted_value_runs_or_is_refused_in_one_line(path, values, tmp_path):
+    # Both edges as the grid of one run: a run that writes its file ran each value. Where the grid is refused,
+    # each value alone either runs or is refused in one line, leaving nothing.
+    both = tmp_path / "both"
+    both.mkdir()
+    if _timed_run(both, "--grid", f"{path}={','.join(map(str, values))}").exit_code == 0:
+        assert (both / "x.nc").exists()
+        return
+    for i, value in enumerate(values):
+        alone = tmp_path / f"alone{i}"
+        alone.mkdir()
+        result = _timed_run(alone, "--set", f"{path}={value}")
+        if result.exit_code == 0:
+            assert (alone / "x.nc").exists()
+        else:
+            one_line_error(result)
+            assert listing(alone) == set()
 
 
 def _closed_loopback_port() -> int:
