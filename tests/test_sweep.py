@@ -19,6 +19,8 @@ from mcsim.results import attribution
 from mcsim.scenario import grid
 from mcsim.scenario import ScenarioError, load_scenario
 
+from helpers import invoke
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["deployment.gpus_per_instance=32", "deployment.prefill_gpus_per_instance=32", "moe.nodes=4",
          "workload.rate_rps=150"]
@@ -74,7 +76,8 @@ cache.dram_gb_per_node = { start = 0, stop = 1024, num = 3 }
 
 @pytest.fixture(scope="module")
 def swept(scn):
-    return mcsim.sweep(scn, GRID, samples=4, requests=1200, workers=2, chunk_size=2)
+    # 3 samples in chunks of 2: one chunk is short
+    return mcsim.sweep(scn, GRID, samples=3, requests=800, workers=2, chunk_size=2)
 
 
 def test_axes_become_dims_named_by_path(swept):
@@ -104,20 +107,26 @@ def test_grid_points_share_sample_streams(swept):
 
 
 def test_a_grid_point_equals_the_same_run_alone(scn, swept):
-    alone = mcsim.run(scn, samples=4, requests=1200, workers=1,
+    alone = mcsim.run(scn, samples=3, requests=800, workers=1,
                       overrides=["speculative.draft_tokens=2", 'hardware.preset="h200"'])
     point = swept.sel({"speculative_draft_tokens": 2, "hardware_preset": "h200"})
     for name in ("decode_tok_s_per_gpu", "cost_usd_per_mtok", "ttft_s", "cache_hit_rate_by_tier"):
         np.testing.assert_array_equal(point[name].values, alone[name].values, err_msg=name)
 
 
-def test_threads_chunks_and_a_local_cluster_of_processes_agree(scn, swept):
+@pytest.fixture(scope="module")
+def cluster():
+    """A local cluster of two worker processes (one thread each), for the tests that run on processes."""
     from dask.distributed import LocalCluster
 
-    one = mcsim.sweep(scn, GRID, samples=4, requests=1200, workers=1, chunk_size=4)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as running:
+        yield running
+
+
+def test_threads_chunks_and_a_local_cluster_of_processes_agree(scn, swept, cluster):
+    one = mcsim.sweep(scn, GRID, samples=3, requests=800, workers=1, chunk_size=3)
     assert_same_results(swept, one)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        remote = mcsim.sweep(scn, GRID, samples=4, requests=1200, chunk_size=1, scheduler=cluster.scheduler_address)
+    remote = mcsim.sweep(scn, GRID, samples=3, requests=800, chunk_size=1, scheduler=cluster.scheduler_address)
     assert_same_results(swept, remote)
 
 
@@ -143,12 +152,19 @@ SWEEP_ARGS = ["sweep", ROOT / "scenarios" / "factory.toml", *[x for s in SMALL f
               "--workers", "1", "--no-progress"]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The file SWEEP_ARGS write when nothing interrupts them (the same call, made from Python)."""
+    path = tmp_path_factory.mktemp("uninterrupted") / "reference.nc"
+    mcsim.sweep(ROOT / "scenarios" / "factory.toml", ["speculative.draft_tokens=0,1,2"], overrides=SMALL, samples=6,
+                requests=2500, chunk_size=1, workers=1, output=path)
+    return path
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
-def test_interrupted_sweep_resumes_to_the_same_file(tmp_path, how):
-    reference = tmp_path / "reference.nc"
-    done = _cli(*SWEEP_ARGS, "-o", reference)
-    assert done.wait(timeout=300) == 0, done.stderr.read()
+def test_interrupted_sweep_resumes_to_the_same_file(tmp_path, how, uninterrupted):
+    reference = uninterrupted
 
     out = tmp_path / "out.nc"
     parts = tmp_path / "out.nc.parts"
@@ -164,12 +180,13 @@ def test_interrupted_sweep_resumes_to_the_same_file(tmp_path, how):
     if how == signal.SIGINT:
         assert code == 130 and "--resume" in proc.stderr.read()
 
-    # Without --resume the leftover parts are not silently discarded or merged.
-    refused = _cli(*SWEEP_ARGS, "-o", out)
-    assert refused.wait(timeout=60) == 2 and "--resume" in refused.stderr.read()
+    # Without --resume the leftover parts are not silently discarded or merged (the same command, run in this
+    # process from here on: only the interruption needs a process of its own).
+    refused = invoke(*SWEEP_ARGS, "-o", out)
+    assert refused.exit_code == 2 and "--resume" in refused.stderr
 
-    resumed = _cli(*SWEEP_ARGS, "-o", out, "--resume")
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    resumed = invoke(*SWEEP_ARGS, "-o", out, "--resume")
+    assert resumed.exit_code == 0, resumed.output
     assert not parts.exists()
     with xr.open_dataset(out) as a, xr.open_dataset(reference) as b:
         assert_same_results(a, b)
@@ -243,28 +260,27 @@ def test_compare_ablate(scn):
 
 
 @pytest.mark.slow
-def test_a_killed_worker_loses_nothing(scn, tmp_path):
+def test_a_killed_worker_loses_nothing(scn, tmp_path, cluster):
     import threading
 
     import psutil
-    from dask.distributed import LocalCluster
 
     axes = ["speculative.draft_tokens=0,1,2"]
-    reference = mcsim.sweep(scn, axes, samples=8, requests=30000, chunk_size=1, workers=1)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        workers = [c for c in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
-        parts = tmp_path / "k.nc.parts"
+    reference = mcsim.sweep(scn, axes, samples=8, requests=10000, chunk_size=1, workers=1)
+    workers = [c for c in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
+    assert len(workers) == 2
+    parts = tmp_path / "k.nc.parts"
 
-        def kill_one_worker_midway():
-            deadline = time.time() + 60
-            while time.time() < deadline and len(list(parts.glob("*.npz"))) < 2:
-                time.sleep(0.01)
-            workers[0].kill()
+    def kill_one_worker_midway():
+        deadline = time.time() + 60
+        while time.time() < deadline and len(list(parts.glob("*.npz"))) < 2:
+            time.sleep(0.01)
+        workers[0].kill()
 
-        killer = threading.Thread(target=kill_one_worker_midway)
-        killer.start()
-        got = mcsim.sweep(scn, axes, samples=8, requests=30000, chunk_size=1, scheduler=cluster.scheduler_address,
-                          output=tmp_path / "k.nc")
-        killer.join()
+    killer = threading.Thread(target=kill_one_worker_midway)
+    killer.start()
+    got = mcsim.sweep(scn, axes, samples=8, requests=10000, chunk_size=1, scheduler=cluster.scheduler_address,
+                      output=tmp_path / "k.nc")
+    killer.join()
     assert not workers[0].is_running()
     assert_same_results(got, reference)
