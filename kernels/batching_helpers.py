@@ -358,3 +358,39 @@ def _next_block_step(context, output, passes, block_tokens, held, passes_done, d
     # Smallest pass q with 1 + floor(q * (output - 1) / passes) >= tokens_needing_block.
     q = ((tokens_needing_block - 1) * passes + output - 2) // (output - 1)
     return decode_start_step + (q - passes_done - 1)
+
+
+@kernel(inline="always")
+def _key_before(key, tie, a, b):
+    """Whether request ``a`` comes before ``b`` in a keyed waiting queue: lower key, then lower rank of release."""
+    return key[a] < key[b] or (key[a] == key[b] and tie[a] < tie[b])
+
+
+@kernel
+def skew_merge(a, b, left, right, key, tie):
+    """Merge the skew heaps rooted at ``a`` and ``b`` (-1: empty) on ``(key, tie)``; returns the new root.
+
+    A waiting queue kept as a skew heap lives in two links per request, so an instance's queue needs no storage of
+    its own and never fills; its pops come out in ``(key, tie)`` order as a binary heap's would. Not inlined: a
+    keyed policy pays a call per push and pop, and the step loop that FCFS policies run stays small.
+    """
+    if a < 0:
+        return b
+    if b < 0:
+        return a
+    if _key_before(key, tie, b, a):
+        a, b = b, a
+    root = a
+    parent = -1
+    while a >= 0 and b >= 0:
+        if _key_before(key, tie, b, a):
+            a, b = b, a
+        # a is the smaller root: its right subtree merges with b and the children swap.
+        following = right[a]
+        right[a] = left[a]
+        if parent >= 0:
+            left[parent] = a
+        parent = a
+        a = following
+    left[parent] = a if a >= 0 else b
+    return root

@@ -90,9 +90,9 @@ taken from the first tier's share first, then the next's).
 
 Measured window and statistics
 ------------------------------
-The window runs from ``warmup_s`` (or, ``warmup_request >= 0``, from that request's arrival) to the time the last
-request is first seen by its instance's scheduler: its arrival, or the end of the step its instance is running
-then. Over the steps that start inside it (at or after its start, before the last request is routed) ``out_stats``
+The window runs from ``warmup_s`` (or, ``warmup_request >= 0``, from that request's arrival) to the last arrival or,
+if later, the end of the last of the steps that started before it (with one instance: the start of the step that
+first sees the last request, or its arrival). Over the steps that start inside it (at or after its start, before the last request is routed) ``out_stats``
 sums, at the ``STAT_*`` indices of :mod:`mcsim.kernels.batching_helpers` and over all instances: steps, their step
 time, decoding sequences over the steps that decode and those steps; the requests in flight integrated over time
 (each step weighs its instance's in-flight count at its start by its length within the window); the requests
@@ -119,9 +119,9 @@ from mcsim.kernels.batching_helpers import (
     P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_MIXING, P_ORDER, P_POLICY, P_PREEMPT, P_ROUTE_MEASURE,
     P_ROUTE_PICK, P_ROUTE_PREFIX, P_TOKEN_BUDGET, P_VERIFY_TOKENS, PICK_GIVEN, MEASURE_FREE_KV, POLICY_STATIC,
     STAT_PREEMPTIONS, STAT_STATUS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_END_S, _heap_pop, _heap_push, _kv_rate,
-    _next_block_step, _store_window, _tokens_after, kv_slope_at, prefill_chunk, step_time, unlink_running,
+    _next_block_step, _store_window, _tokens_after, kv_slope_at, prefill_chunk, skew_merge, step_time,
+    unlink_running,
 )
-from mcsim.kernels.fleet_heaps import _grown, heap_push, heap_remove
 from mcsim.kernels.kv_tiers import admit_blocks, cached_prefix, next_tiers, reset_caches
 
 STATUS_OK = 0
@@ -132,10 +132,14 @@ STATUS_STALLED = 1  # a step with nothing to run (a validated input never produc
 WHEEL_SLOTS = 1 << 22
 
 
-@kernel(inline="always")
+@kernel
 def _first_admission(s, owner, caching, cache_state, head, tail, count, capacity_blocks, next_tier, block_keys,
                      block_ptr, key_stride, hits, block_tokens, prompt_tokens, out_cached):
-    """Look request ``s`` up in cache ``owner`` and insert its blocks; returns the prompt tokens to compute."""
+    """Look request ``s`` up in cache ``owner`` and insert its blocks; returns the prompt tokens to compute.
+
+    A function of its own, called only with a cache: inlined, the cache's code would sit in the step loop's body
+    twice and slow every step of a run without one.
+    """
     cached = 0
     if caching:
         n_tiers = capacity_blocks.shape[0]
@@ -179,6 +183,89 @@ def _unfile(head, nxt, prv, at, base, mask, r):
     if nxt[r] >= 0:
         prv[nxt[r]] = prv[r]
     at[r] = -1
+
+
+@kernel
+def _keyed_enqueue(r, i, tie_rank, by_uncached, owner, queue_key, cache_state, block_keys, block_ptr, key_stride,
+                   block_tokens, key, tie, q_left, q_right, q_head):
+    """Request ``r`` joins instance ``i``'s keyed queue under its key (with ``by_uncached``, the prompt tokens cache
+    ``owner`` does not hold now) and ``tie_rank``. Not inlined, as :func:`skew_merge`."""
+    key[r] = queue_key[r]
+    if by_uncached:
+        held_prefix = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
+                                    owner * key_stride) * block_tokens
+        key[r] = max(queue_key[r] - held_prefix, 1)
+    tie[r] = tie_rank
+    q_left[r] = -1
+    q_right[r] = -1
+    q_head[i] = skew_merge(q_head[i], r, q_left, q_right, key, tie)
+
+
+@kernel(inline="always")
+def _enqueue(r, i, tie_rank, keyed, key_uncached, caching, pooled, queue_key, cache_state, block_keys, block_ptr,
+             key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_tail, q_len, q_next, req_state):
+    """Request ``r`` joins the tail of instance ``i``'s waiting queue (a keyed queue: its heap, under its key and
+    ``tie_rank``)."""
+    req_state[r] = _WAITING
+    if keyed:
+        _keyed_enqueue(r, i, tie_rank, key_uncached and caching, 0 if pooled else i, queue_key, cache_state,
+                       block_keys, block_ptr, key_stride, block_tokens, key, tie, q_left, q_right, q_head)
+    else:
+        if q_tail[i] >= 0:
+            q_next[q_tail[i]] = r
+        else:
+            q_head[i] = r
+        q_tail[i] = r
+        q_next[r] = -1
+    q_len[i] += 1
+
+
+@kernel
+def _static_decode_steps(i, t, dleft, n_decoding, n_running, in_system, step_s0, slope, kvs, kvr, kv_ref_context,
+                         track_kv, done, stop, stop_s, one_step, window_until, warmup_s, own_steps, end_s,
+                         in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+                         window_decode_steps, by_passes, passes, output_tokens, waiting, logs):
+    """A static batch's decode steps on instance ``i`` from ``t``: until the batch ends, or the next step would
+    start at or after ``stop_s`` (or after one, with ``one_step``). Returns the state and accumulators it moved."""
+    log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting = logs
+    log_cap = log_start_s.shape[1]
+    ran = 0
+    while True:
+        step_s = step_s0
+        if track_kv:
+            if slope != 0.0:
+                step_s = max(step_s + slope * (kvs - n_decoding * kv_ref_context), 1e-12)
+            kvs += kvr
+        t_end = t + step_s
+        if own_steps < log_cap:
+            log_start_s[i, own_steps] = t
+            log_decode_seqs[i, own_steps] = n_decoding
+            log_prefill_tokens[i, own_steps] = 0
+            log_step_s[i, own_steps] = step_s
+            log_waiting[i, own_steps] = waiting
+        if t < window_until:  # the step starts inside the arrival window
+            if t_end > warmup_s:
+                in_system_integral += in_system * (t_end - max(t, warmup_s))
+            if t >= warmup_s:
+                window_steps += 1
+                window_step_s_sum += step_s
+                window_decode_seqs_sum += n_decoding
+                window_decode_steps += 1
+        dleft -= 1
+        if track_kv:
+            done += 1
+            while stop < n_running and passes[by_passes[i, stop]] == done:
+                kvr -= _kv_rate(output_tokens[by_passes[i, stop]], passes[by_passes[i, stop]])
+                stop += 1
+        own_steps += 1
+        ran += 1
+        end_s = max(end_s, t_end)
+        t = t_end
+        if dleft == 0 or one_step or t >= stop_s:
+            break
+    return (t, dleft, kvs, kvr, done, stop, own_steps, ran, end_s, in_system_integral, window_steps,
+            window_step_s_sum, window_decode_seqs_sum, window_decode_steps)
+
 
 
 @kernel
@@ -261,19 +348,31 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     -------
     int
         ``STATUS_OK``, or ``STATUS_STALLED`` when a step had nothing to run.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mcsim.kernels.batching_helpers import N_PARAMS, N_STATS
+    >>> one = np.ones(1, np.int64); out = [np.zeros(1) for _ in range(4)]; stats = np.zeros(N_STATS)
+    >>> params = np.zeros(N_PARAMS, np.int64); params[:6] = [8192, 8, 100, 16, 0, 1]
+    >>> table = np.array([[0.01, 0.01], [0.01, 0.01]]); edges = np.array([0.0, 1.0])
+    >>> no_log = [np.zeros((1, 0)), np.zeros((1, 0), np.int64), np.zeros((1, 0), np.int64), np.zeros((1, 0)),
+    ...           np.zeros((1, 0), np.int64)]
+    >>> simulate(np.zeros(1), 10 * one, 10 * one, 3 * one, 2 * one, np.zeros(1), 0 * one, 0 * one, False,
+    ...          np.zeros(2, np.int64), np.zeros(0, np.int64), 1, np.zeros(1, np.int64), False, params, 0.25, 64, 0.0,
+    ...          -1, table, edges, edges, np.zeros(2), 0.0, np.zeros((0, 4), np.int32), out[0], 0 * one, out[1],
+    ...          out[2], out[3], np.zeros((1, 1), np.int64), np.zeros(1, np.int64), stats, *no_log)
+    0
+    >>> round(float(out[2][0]), 6)  # finish: one prefill step and two decode steps
+    0.03
     """
     n = arrival_s.shape[0]
     k = out_instance_steps.shape[0]
-    token_budget = params_int[P_TOKEN_BUDGET]
     max_seqs = params_int[P_MAX_SEQS]
     block_tokens = params_int[P_BLOCK_TOKENS]
-    chunk_tokens = params_int[P_CHUNK_TOKENS]
-    verify_tokens = params_int[P_VERIFY_TOKENS]
     static = params_int[P_POLICY] == POLICY_STATIC
-    preempt = params_int[P_PREEMPT] != 0 and not static  # a static batch reserves whole requests
-    keyed = params_int[P_ORDER] == ORDER_KEY and not static  # static batches form first come, first served
-    exclusive = params_int[P_MIXING] == MIXING_EXCLUSIVE and not static
-    max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 and not static else n + 1
+    preempt = params_int[P_PREEMPT] != 0 and not static
+    keyed = params_int[P_ORDER] == ORDER_KEY and not static
     users = params_int[P_CLOSED_USERS]
     closed = users > 0
     pick_given = params_int[P_ROUTE_PICK] == PICK_GIVEN
@@ -288,6 +387,7 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     # more than a static run's whole decode phase.
     n_cont = 1 if static else n  # read by continuous policies only
     n_pre = n if preempt else 1  # read with preemption only
+    n_key = n if keyed else 1  # read by keyed queues only
     req_state = np.zeros(n, np.int8)
     prefill_left = np.zeros(n, np.int64)
     chunk = np.zeros(n, np.int64)
@@ -300,19 +400,15 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     stamp = np.zeros(n_cont, np.int64)  # admission rank: block growth goes oldest first
     run_prev = np.full(n_pre, -1, np.int64)  # running sequences in admission order (victims from the tail)
     run_next = np.full(n_pre, -1, np.int64)
-    # Waiting queues: FCFS as singly linked lists; keyed as per-instance heaps on (key, rank of release), grown
-    # when one fills.
+    # Waiting queues: FCFS as singly linked lists, keyed as skew heaps on (key, rank of release).
     q_head = np.full(k, -1, np.int64)
     q_tail = np.full(k, -1, np.int64)
     q_len = np.zeros(k, np.int64)
     q_next = np.full(n, -1, np.int64)
-    key = np.zeros(n if keyed else 1, np.int64)
-    tie = np.zeros(n if keyed else 1, np.int64)
-    q_cap = 64 if keyed else 1
-    q_k1 = np.empty((k, q_cap), np.int64)
-    q_k2 = np.empty((k, q_cap), np.int64)
-    q_s = np.empty((k, q_cap), np.int64)
-    q_pos = np.full(n if keyed else 1, -1, np.int64)
+    key = np.zeros(n_key, np.int64)
+    tie = np.zeros(n_key, np.int64)
+    q_left = np.full(n_key, -1, np.int64)
+    q_right = np.full(n_key, -1, np.int64)
     # Per instance: sequences admitted with prefill left, in admission order (a ring), and a static batch.
     pf_cap = max(1, min(max_seqs, n))
     pf = np.empty((k, pf_cap), np.int64)
@@ -371,12 +467,9 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     # step runs (its end is after an arrival) they are still in flight, and their blocks still held.
     ending = np.zeros(k, np.int64)
     freeing = np.zeros(k, np.int64)
-    load = np.zeros(k, np.int64)  # the router's view at an arrival
-    free_now = np.zeros(k, np.int64)
     out_instance_steps[:] = 0
     out_cached[:, :] = 0
     out_stats[:] = 0.0
-    out_stats[STAT_WINDOW_END_S] = np.nan
     out_first_token_s[:] = np.nan
     out_finish_s[:] = np.nan
     out_queue_s[:] = np.nan
@@ -393,10 +486,19 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     if caching:
         reset_caches(cache_state, head, tail, count)
     hits = np.zeros((1, n_tiers), np.int64)
+    # A closed loop's pending arrivals by (time, index): at most one per user.
+    arrive_t = np.empty(max(users, 1))
+    arrive_r = np.empty(max(users, 1), np.int64)
+    pending = np.zeros(5, np.int64)
+    status = STATUS_OK
+    token_budget = params_int[P_TOKEN_BUDGET]
+    chunk_tokens = params_int[P_CHUNK_TOKENS]
+    verify_tokens = params_int[P_VERIFY_TOKENS]
+    kv_blocks = params_int[P_KV_BLOCKS]
+    exclusive = params_int[P_MIXING] == MIXING_EXCLUSIVE and not static
+    max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 and not static else n + 1
     log_cap = log_start_s.shape[1]
-
-    admissions = 0
-    preemptions = 0
+    logs = (log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting)
     in_system_integral = 0.0
     window_steps = 0
     window_step_s_sum = 0.0
@@ -404,542 +506,575 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     window_decode_steps = 0
     steps = 0
     end_s = 0.0
+    preemptions = 0
+    admissions = 0
+    window_end = np.nan
+    waiting_at_end = 0
+
+    # A given placement (round-robin, random, prefix affinity) without a shared cache or a closed loop: each
+    # instance's arrivals are known, so it runs its whole timeline in turn, releasing its own requests at its step
+    # starts (its feed). Otherwise the router's event loop: every step that starts before the next arrival runs,
+    # then the arrival is placed.
+    fed_alone = pick_given and not ordered
+    if fed_alone:
+        window_end = arrival_s[n - 1]
+    feed = np.empty(n if fed_alone else 0, np.int64)  # each instance's requests, in order of arrival
+    feed_ptr = np.zeros(k + 1, np.int64)
+    if fed_alone:
+        for r in range(n):
+            feed_ptr[given_instance[r] + 1] += 1
+        for i in range(k):
+            feed_ptr[i + 1] += feed_ptr[i]
+        fill = feed_ptr[:k].copy()
+        for r in range(n):
+            feed[fill[given_instance[r]]] = r
+            fill[given_instance[r]] += 1
+    load = np.zeros(k, np.int64)  # the router's view at an arrival
+    free_now = np.zeros(k, np.int64)
     # With a shared cache or a closed loop, the busy instances by (next step start, index).
     busy_t = np.empty(k)
     busy_i = np.empty(k, np.int64)
     busy_size = np.zeros(5, np.int64)
-    # A closed loop's pending arrivals by (time, index): at most one per user.
-    arrive_t = np.empty(max(users, 1))
-    arrive_r = np.empty(max(users, 1), np.int64)
-    pending = np.zeros(5, np.int64)
     if closed:
         for r in range(min(users, n)):
             _heap_push(arrive_t, arrive_r, pending, arrival_s[r], r)
+    last_arrival = np.inf if closed else arrival_s[n - 1]
     released = 0  # requests routed so far
-    while True:
-        if closed:
-            r = arrive_r[0] if pending[_HEAP_SIZE] > 0 else n
-            t_next = arrive_t[0] if pending[_HEAP_SIZE] > 0 else np.inf
+    next_alone = 0  # the next instance to run alone
+    r = 0
+    t_next = np.inf
+    sweep = 0
+    need_arrival = True
+    while status == STATUS_OK:
+        if fed_alone:
+            if next_alone == k:
+                break
+            i = next_alone
+            next_alone += 1
+            t_limit = np.inf
+            feed_start = feed_ptr[i]
+            feed_stop = feed_ptr[i + 1]
+            record_waiting = True
+            window_until = last_arrival
         else:
-            r = released
-            t_next = arrival_s[r] if r < n else np.inf
-        sweep = 0
-        while True:
+            if need_arrival:
+                if closed:
+                    r = arrive_r[0] if pending[_HEAP_SIZE] > 0 else n
+                    t_next = arrive_t[0] if pending[_HEAP_SIZE] > 0 else np.inf
+                else:
+                    r = released
+                    t_next = arrival_s[r] if r < n else np.inf
+                sweep = 0
+                need_arrival = False
             # The next instance to run: the fleet's earliest in time order (one step); else instance by instance,
             # every step before the arrival, which runs the same steps (nothing an instance does reaches another
-            # before the arrival) and keeps each instance's state in registers and its cache rows warm.
+            # before the arrival) and keeps each instance's cache rows warm.
+            i = -1
             if ordered:
-                if busy_size[_HEAP_SIZE] == 0 or busy_t[0] >= t_next:
-                    break
-                i = busy_i[0]
+                if busy_size[_HEAP_SIZE] > 0 and busy_t[0] < t_next:
+                    i = busy_i[0]
             else:
                 while sweep < k and not (running[sweep] + q_len[sweep] > 0 and clock[sweep] < t_next):
                     sweep += 1
-                if sweep == k:
+                if sweep < k:
+                    i = sweep
+            if i < 0:
+                # Every step before the arrival has run: place it.
+                if r == n:
                     break
-                i = sweep
-            base = i * wheel
-            t = clock[i]
-            free = free_blocks[i]
-            n_running = running[i]
-            n_decoding = decoding[i]
-            kvs = kv_sum[i]
-            kvr = kv_rate[i]
-            dc = dclock[i]
-            pfh = pf_head[i]
-            pfl = pf_len[i]
-            rtail = run_tail[i]
-            dleft = decode_left[i]
-            end_count = ending[i]
-            free_count = freeing[i]
-            own_steps = out_instance_steps[i]
-            ran = 0
-            while n_running + q_len[i] > 0 and t < t_next and (ran == 0 or not ordered):
-                in_system = q_len[i] + n_running
-                if static and dleft > 0:
-                    # The static batch's decode steps: nothing to build, the step time fixed but for the KV term.
-                    step_s0 = static_step_s[i]
-                    slope = static_slope[i]
-                    done = static_done[i]
-                    stop = static_stop[i]
-                    while True:
-                        step_s = step_s0
-                        if track_kv:
-                            if slope != 0.0:
-                                step_s = max(step_s + slope * (kvs - n_decoding * kv_ref_context), 1e-12)
-                            kvs += kvr
-                        t_end = t + step_s
-                        if own_steps < log_cap:
-                            log_start_s[i, own_steps] = t
-                            log_decode_seqs[i, own_steps] = n_decoding
-                            log_prefill_tokens[i, own_steps] = 0
-                            log_step_s[i, own_steps] = step_s
-                            log_waiting[i, own_steps] = q_len[i]
-                        if released < n:  # the step starts inside the arrival window
-                            if t_end > warmup_s:
-                                in_system_integral += in_system * (t_end - max(t, warmup_s))
-                            if t >= warmup_s:
-                                window_steps += 1
-                                window_step_s_sum += step_s
-                                window_decode_seqs_sum += n_decoding
-                                window_decode_steps += 1
-                        dleft -= 1
-                        if track_kv:
-                            done += 1
-                            while stop < n_running and passes[by_passes[i, stop]] == done:
-                                kvr -= _kv_rate(output_tokens[by_passes[i, stop]], passes[by_passes[i, stop]])
-                                stop += 1
-                        own_steps += 1
-                        steps += 1
-                        ran += 1
-                        end_s = max(end_s, t_end)
-                        t = t_end
-                        if dleft == 0 or t >= t_next or ordered:
-                            break
-                    static_done[i] = done
-                    static_stop[i] = stop
-                    if dleft == 0:  # every member finishes, and returns its blocks, at the batch's last step
-                        end_count = n_running
-                        free_count = params_int[P_KV_BLOCKS] - free
-                        for j in range(n_running):
-                            s = batch[i, j]
-                            req_state[s] = _DONE
-                            held[s] = 0
-                            out_finish_s[s] = t
-                            if closed and s + users < n:  # this user's next request
-                                _heap_push(arrive_t, arrive_r, pending, t + think_s[s + users], s + users)
-                        dleft = -1
-                        free = params_int[P_KV_BLOCKS]
-                        n_running = 0
-                        n_decoding = 0
-                        kvs = 0.0
-                        kvr = 0.0
+                if closed:
+                    _heap_pop(arrive_t, arrive_r, pending)
+                    out_arrival_s[r] = t_next
+                if r == warmup_request:
+                    warmup_s = t_next
+                chosen = 0
+                if pick_given:
+                    chosen = given_instance[r]
+                elif k > 1:
+                    # The instances as they are at the arrival: a step still running holds its finishing requests.
+                    for j in range(k):
+                        running_late = clock[j] > t_next
+                        load[j] = q_len[j] + running[j] + (ending[j] if running_late else 0)
+                        free_now[j] = free_blocks[j] - (freeing[j] if running_late else 0)
+                    if by_free_kv:
+                        for j in range(1, k):
+                            if free_now[j] > free_now[chosen]:
+                                chosen = j
                     else:
-                        end_count = 0
-                        free_count = 0
+                        least = 0
+                        most = 0
+                        for j in range(1, k):
+                            if load[j] < load[least]:
+                                least = j
+                            if load[j] > load[most]:
+                                most = j
+                        chosen = least
+                        imbalanced = (load[most] - load[least] > balance_requests
+                                      and load[most] > (1.0 + balance) * load[least])
+                        if by_prefix and not imbalanced:
+                            best_len = -1
+                            for j in range(k):
+                                length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
+                                                       j * key_stride)
+                                if length > best_len or (length == best_len and load[j] < load[chosen]):
+                                    chosen = j
+                                    best_len = length
+                out_instance[r] = chosen
+                if running[chosen] == 0 and q_len[chosen] == 0:
+                    clock[chosen] = max(clock[chosen], t_next)
+                    if ordered:
+                        _heap_push(busy_t, busy_i, busy_size, clock[chosen], chosen)
+                _enqueue(r, chosen, released, keyed, key_uncached, caching, pooled, queue_key, cache_state,
+                         block_keys, block_ptr, key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_tail,
+                         q_len, q_next, req_state)
+                released += 1
+                if released == n:
+                    waiting_at_end = 0
+                    for j in range(k):
+                        waiting_at_end += q_len[j]
+                    window_end = t_next  # the arrival, or the end of the steps started before it
+                    for j in range(k):
+                        window_end = max(window_end, clock[j])
+                need_arrival = True
+                continue
+            t_limit = t_next
+            feed_start = 0
+            feed_stop = 0
+            record_waiting = False
+            window_until = last_arrival if released < n else -np.inf
+        one_step = ordered
+
+        # The steps of instance i: every one that starts before t_limit (only the first in the fleet's time
+        # order), or, with a feed, its whole run.
+        owner = 0 if pooled else i
+        base = i * wheel
+        t = clock[i]
+        free = free_blocks[i]
+        n_running = running[i]
+        n_decoding = decoding[i]
+        kvs = kv_sum[i]
+        kvr = kv_rate[i]
+        dc = dclock[i]
+        pfh = pf_head[i]
+        pfl = pf_len[i]
+        rtail = run_tail[i]
+        dleft = decode_left[i]
+        end_count = ending[i]
+        free_count = freeing[i]
+        own_steps = out_instance_steps[i]
+        waited = not record_waiting
+        pos = feed_start
+        ran = 0
+        status = STATUS_OK
+        while True:
+            while pos < feed_stop and out_arrival_s[feed[pos]] <= t:
+                fed = feed[pos]
+                pos += 1
+                out_instance[fed] = i
+                _enqueue(fed, i, fed, keyed, key_uncached, caching, pooled, queue_key, cache_state, block_keys, block_ptr,
+                         key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_tail, q_len, q_next, req_state)
+            if n_running + q_len[i] == 0:
+                if pos < feed_stop:
+                    t = max(t, out_arrival_s[feed[pos]])
                     continue
-
-                # Exclusive prefill: the step is prefill only when there is prefill to do (a sequence with prefill
-                # left, or a waiting request that can be admitted), else decode only.
-                prefill_step = False
-                if exclusive:
-                    if pfl > 0:
-                        prefill_step = True
-                    elif q_len[i] > 0 and n_running < max_seqs:
-                        s = q_s[i, 0] if keyed else q_head[i]
-                        if preempt:
-                            tokens = context_tokens[s] + _tokens_after(output_tokens[s], passes[s], passes_done[s])
-                        else:
-                            tokens = context_tokens[s] + output_tokens[s]
-                        prefill_step = (tokens + block_tokens - 1) // block_tokens <= free
-
-                preempted = False
-                if preempt and not prefill_step:
-                    # KV growth of this step's pass, oldest admission first.
-                    slot = base + (dc & mask)
-                    m = 0
-                    g = block_head[slot]
-                    while g >= 0:
-                        following = b_next[g]
-                        if b_step[g] == dc:
-                            _unfile(block_head, b_next, b_prev, b_step, base, mask, g)
-                            growing[m] = g
-                            m += 1
-                        g = following
-                    for a in range(1, m):  # oldest admission first
-                        g = growing[a]
-                        j = a - 1
-                        while j >= 0 and stamp[growing[j]] > stamp[g]:
-                            growing[j + 1] = growing[j]
-                            j -= 1
-                        growing[j + 1] = g
-                    for a in range(m):
-                        g = growing[a]
-                        if req_state[g] != _DECODING:
-                            continue
-                        this_pass = passes_done[g] + (dc - decode_start[g]) + 1
-                        tokens = context_tokens[g] + _tokens_after(output_tokens[g], passes[g], this_pass)
-                        need = (tokens + block_tokens - 1) // block_tokens - held[g]
-                        while free < need:
-                            victim = rtail
-                            rtail = run_prev[victim]
-                            if rtail >= 0:
-                                run_next[rtail] = -1
-                            if req_state[victim] == _DECODING:
-                                passes_done[victim] += dc - decode_start[victim]
-                                _unfile(finish_head, f_next, f_prev, f_step, base, mask, victim)
-                                _unfile(block_head, b_next, b_prev, b_step, base, mask, victim)
-                                n_decoding -= 1
-                                rate = _kv_rate(output_tokens[victim], passes[victim])
-                                kvs -= context_tokens[victim] + 1 + passes_done[victim] * rate
-                                kvr -= rate
-                            else:  # the newest running sequence still prefilling is the prefill ring's tail
-                                pfl -= 1
-                            free += held[victim]
-                            held[victim] = 0
-                            req_state[victim] = _WAITING
-                            if keyed:  # back in the queue under its own key and rank of release
-                                if q_len[i] == q_cap:
-                                    q_k1, q_k2, q_s, q_cap = _grown(q_k1, q_k2, q_s)
-                                heap_push(q_k1, q_k2, q_s, q_pos, q_len, i, key[victim], tie[victim], victim)
-                            else:  # back at the head
-                                q_next[victim] = q_head[i]
-                                q_head[i] = victim
-                                if q_tail[i] < 0:
-                                    q_tail[i] = victim
-                                q_len[i] += 1
-                            n_running -= 1
-                            preemptions += 1
-                            preempted = True
-                            if victim == g:
-                                break
-                        if req_state[g] == _DECODING:
-                            free -= need
-                            held[g] += need
-                            grow = _next_block_step(context_tokens[g], output_tokens[g], passes[g], block_tokens,
-                                                    held[g], passes_done[g], decode_start[g])
-                            if grow >= 0:
-                                _file(block_head, b_next, b_prev, b_step, base, mask, g, grow)
-
-                if static and n_running == 0:
-                    # A new static batch: from the queue head while the pool holds whole reservations (no budget
-                    # cap: the batch's prefill spreads over as many steps as it needs).
-                    while q_len[i] > 0 and n_running < max_seqs:
-                        s = q_head[i]
-                        need = (context_tokens[s] + output_tokens[s] + block_tokens - 1) // block_tokens
-                        if need > free:
-                            break
-                        q_head[i] = q_next[s]
-                        q_len[i] -= 1
-                        if q_len[i] == 0:
-                            q_tail[i] = -1
-                        free -= need
-                        held[s] = need
-                        out_queue_s[s] = t - out_arrival_s[s]
-                        req_state[s] = _PREFILLING
-                        miss[s] = _first_admission(s, 0 if pooled else i, caching, cache_state, head, tail, count,
-                                                   capacity_blocks, next_tier, block_keys, block_ptr, key_stride,
-                                                   hits, block_tokens, prompt_tokens, out_cached)
-                        prefill_left[s] = miss[s]
-                        batch[i, n_running] = s
-                        n_running += 1
-                        pf[i, (pfh + pfl) % pf_cap] = s
-                        pfl += 1
+                break
+            if t >= t_limit or (one_step and ran > 0):
+                break
+            if not waited and t >= window_until:  # the requests waiting when the last one has arrived, and when
+                waiting_at_end += q_len[i]  # the steps started before it end
+                window_end = max(window_end, t)
+                waited = True
+            in_system = q_len[i] + n_running
+            if static and dleft > 0:
+                # The static batch's decode steps: a function of their own (nothing to build, the step time fixed but for
+                # the KV term), whose few live variables stay in registers; in this loop they cost about twice as much.
+                next_feed_s = out_arrival_s[feed[pos]] if pos < feed_stop else np.inf
+                stop_s = min(t_limit, next_feed_s, window_until if not waited else np.inf)
+                (t, dleft, kvs, kvr, done, stop, own_steps, ran_now, end_s, in_system_integral, window_steps,
+                 window_step_s_sum, window_decode_seqs_sum, window_decode_steps) = _static_decode_steps(
+                    i, t, dleft, n_decoding, n_running, in_system, static_step_s[i], static_slope[i], kvs, kvr,
+                    kv_ref_context, track_kv, static_done[i], static_stop[i], stop_s, one_step, window_until, warmup_s,
+                    own_steps, end_s, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
+                    window_decode_steps, by_passes, passes, output_tokens, q_len[i], logs)
+                steps += ran_now
+                ran += ran_now
+                static_done[i] = done
+                static_stop[i] = stop
+                if dleft == 0:  # every member finishes, and returns its blocks, at the batch's last step
+                    end_count = n_running
+                    free_count = kv_blocks - free
+                    for j in range(n_running):
+                        s = batch[i, j]
+                        req_state[s] = _DONE
+                        held[s] = 0
+                        out_finish_s[s] = t
+                        if closed and s + users < n:  # this user's next request
+                            _heap_push(arrive_t, arrive_r, pending, t + think_s[s + users], s + users)
                     dleft = -1
-
-                if prefill_step:  # the decoding sequences wait
-                    decode_seqs = 0
-                    budget_left = token_budget
+                    free = kv_blocks
+                    n_running = 0
+                    n_decoding = 0
+                    kvs = 0.0
+                    kvr = 0.0
                 else:
-                    decode_seqs = n_decoding
-                    budget_left = 0 if exclusive else max(0, token_budget - decode_seqs * verify_tokens)
-                prefill = 0
-                touched = 0
-                while budget_left > 0 and touched < pfl:
-                    s = pf[i, (pfh + touched) % pf_cap]
+                    end_count = 0
+                    free_count = 0
+                continue
+
+            # Exclusive prefill: the step is prefill only when there is prefill to do (a sequence with prefill left,
+            # or a waiting request that can be admitted), else decode only.
+            prefill_step = False
+            if exclusive:
+                if pfl > 0:
+                    prefill_step = True
+                elif q_len[i] > 0 and n_running < max_seqs:
+                    s = q_head[i]
+                    if preempt:
+                        tokens = context_tokens[s] + _tokens_after(output_tokens[s], passes[s], passes_done[s])
+                    else:
+                        tokens = context_tokens[s] + output_tokens[s]
+                    prefill_step = (tokens + block_tokens - 1) // block_tokens <= free
+
+            preempted = False
+            if preempt and not prefill_step:
+                # KV growth of this step's pass, oldest admission first.
+                slot = base + (dc & mask)
+                m = 0
+                g = block_head[slot]
+                while g >= 0:
+                    following = b_next[g]
+                    if b_step[g] == dc:
+                        _unfile(block_head, b_next, b_prev, b_step, base, mask, g)
+                        growing[m] = g
+                        m += 1
+                    g = following
+                for a in range(1, m):  # oldest admission first
+                    g = growing[a]
+                    j = a - 1
+                    while j >= 0 and stamp[growing[j]] > stamp[g]:
+                        growing[j + 1] = growing[j]
+                        j -= 1
+                    growing[j + 1] = g
+                for a in range(m):
+                    g = growing[a]
+                    if req_state[g] != _DECODING:
+                        continue
+                    this_pass = passes_done[g] + (dc - decode_start[g]) + 1
+                    tokens = context_tokens[g] + _tokens_after(output_tokens[g], passes[g], this_pass)
+                    need = (tokens + block_tokens - 1) // block_tokens - held[g]
+                    while free < need:
+                        victim = rtail
+                        rtail = run_prev[victim]
+                        if rtail >= 0:
+                            run_next[rtail] = -1
+                        if req_state[victim] == _DECODING:
+                            passes_done[victim] += dc - decode_start[victim]
+                            _unfile(finish_head, f_next, f_prev, f_step, base, mask, victim)
+                            _unfile(block_head, b_next, b_prev, b_step, base, mask, victim)
+                            n_decoding -= 1
+                            rate = _kv_rate(output_tokens[victim], passes[victim])
+                            kvs -= context_tokens[victim] + 1 + passes_done[victim] * rate
+                            kvr -= rate
+                        else:  # the newest running sequence still prefilling is the prefill ring's tail
+                            pfl -= 1
+                        free += held[victim]
+                        held[victim] = 0
+                        req_state[victim] = _WAITING
+                        if keyed:  # back in the queue under its own key and rank of release
+                            q_left[victim] = -1
+                            q_right[victim] = -1
+                            q_head[i] = skew_merge(q_head[i], victim, q_left, q_right, key, tie)
+                        else:  # back at the head
+                            q_next[victim] = q_head[i]
+                            q_head[i] = victim
+                            if q_tail[i] < 0:
+                                q_tail[i] = victim
+                        q_len[i] += 1
+                        n_running -= 1
+                        preemptions += 1
+                        preempted = True
+                        if victim == g:
+                            break
+                    if req_state[g] == _DECODING:
+                        free -= need
+                        held[g] += need
+                        grow = _next_block_step(context_tokens[g], output_tokens[g], passes[g], block_tokens, held[g],
+                                                passes_done[g], decode_start[g])
+                        if grow >= 0:
+                            _file(block_head, b_next, b_prev, b_step, base, mask, g, grow)
+
+            if static and n_running == 0:
+                # A new static batch: from the queue head while the pool holds whole reservations (no budget cap: the
+                # batch's prefill spreads over as many steps as it needs).
+                while q_len[i] > 0 and n_running < max_seqs:
+                    s = q_head[i]
+                    need = (context_tokens[s] + output_tokens[s] + block_tokens - 1) // block_tokens
+                    if need > free:
+                        break
+                    q_head[i] = q_next[s]
+                    q_len[i] -= 1
+                    if q_len[i] == 0:
+                        q_tail[i] = -1
+                    free -= need
+                    held[s] = need
+                    out_queue_s[s] = t - out_arrival_s[s]
+                    req_state[s] = _PREFILLING
+                    miss[s] = prompt_tokens[s] if not caching else _first_admission(s, owner, caching, cache_state, head, tail, count, capacity_blocks,
+                                               next_tier, block_keys, block_ptr, key_stride, hits, block_tokens,
+                                               prompt_tokens, out_cached)
+                    prefill_left[s] = miss[s]
+                    batch[i, n_running] = s
+                    n_running += 1
+                    pf[i, (pfh + pfl) % pf_cap] = s
+                    pfl += 1
+                dleft = -1
+
+            if prefill_step:  # the decoding sequences wait
+                decode_seqs = 0
+                budget_left = token_budget
+            else:
+                decode_seqs = n_decoding
+                budget_left = 0 if exclusive else max(0, token_budget - decode_seqs * verify_tokens)
+            prefill = 0
+            touched = 0
+            while budget_left > 0 and touched < pfl:
+                s = pf[i, (pfh + touched) % pf_cap]
+                c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
+                chunk[s] = c
+                prefill += c
+                budget_left -= c
+                touched += 1
+            if not preempted and not static:
+                admitted = 0
+                while budget_left > 0 and q_len[i] > 0 and n_running < max_seqs and admitted < max_new:
+                    s = q_head[i]
+                    if preempt:
+                        tokens = context_tokens[s] + _tokens_after(output_tokens[s], passes[s], passes_done[s])
+                    else:
+                        tokens = context_tokens[s] + output_tokens[s]
+                    need = (tokens + block_tokens - 1) // block_tokens
+                    if need > free:
+                        break
+                    if keyed:
+                        q_head[i] = skew_merge(q_left[s], q_right[s], q_left, q_right, key, tie)
+                    else:
+                        q_head[i] = q_next[s]
+                        if q_len[i] == 1:
+                            q_tail[i] = -1
+                    q_len[i] -= 1
+                    free -= need
+                    held[s] = need
+                    req_state[s] = _PREFILLING
+                    if not admitted_once[s]:
+                        admitted_once[s] = True
+                        out_queue_s[s] = t - out_arrival_s[s]
+                        miss[s] = prompt_tokens[s] if not caching else _first_admission(s, owner, caching, cache_state, head, tail, count, capacity_blocks,
+                                                   next_tier, block_keys, block_ptr, key_stride, hits, block_tokens,
+                                                   prompt_tokens, out_cached)
+                    prefill_left[s] = miss[s]
+                    if first_done[s]:  # recompute after preemption: prompt and the output produced so far
+                        prefill_left[s] += _tokens_after(output_tokens[s], passes[s], passes_done[s])
+                    stamp[s] = admissions
+                    admissions += 1
+                    admitted += 1
+                    if preempt:
+                        run_prev[s] = rtail
+                        run_next[s] = -1
+                        if rtail >= 0:
+                            run_next[rtail] = s
+                        rtail = s
+                    n_running += 1
+                    pf[i, (pfh + pfl) % pf_cap] = s
+                    pfl += 1
                     c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
                     chunk[s] = c
                     prefill += c
                     budget_left -= c
                     touched += 1
-                if not preempted and not static:
-                    admitted = 0
-                    while budget_left > 0 and q_len[i] > 0 and n_running < max_seqs and admitted < max_new:
-                        s = q_s[i, 0] if keyed else q_head[i]
-                        if preempt:
-                            tokens = context_tokens[s] + _tokens_after(output_tokens[s], passes[s], passes_done[s])
-                        else:
-                            tokens = context_tokens[s] + output_tokens[s]
-                        need = (tokens + block_tokens - 1) // block_tokens
-                        if need > free:
-                            break
-                        if keyed:
-                            heap_remove(q_k1, q_k2, q_s, q_pos, q_len, i, s)
-                        else:
-                            q_head[i] = q_next[s]
-                            q_len[i] -= 1
-                            if q_len[i] == 0:
-                                q_tail[i] = -1
-                        free -= need
-                        held[s] = need
-                        req_state[s] = _PREFILLING
-                        if not admitted_once[s]:
-                            admitted_once[s] = True
-                            out_queue_s[s] = t - out_arrival_s[s]
-                            miss[s] = _first_admission(s, 0 if pooled else i, caching, cache_state, head, tail,
-                                                       count, capacity_blocks, next_tier, block_keys, block_ptr,
-                                                       key_stride, hits, block_tokens, prompt_tokens, out_cached)
-                        prefill_left[s] = miss[s]
-                        if first_done[s]:  # recompute after preemption: prompt and the output produced so far
-                            prefill_left[s] += _tokens_after(output_tokens[s], passes[s], passes_done[s])
-                        stamp[s] = admissions
-                        admissions += 1
-                        admitted += 1
-                        if preempt:
-                            run_prev[s] = rtail
-                            run_next[s] = -1
-                            if rtail >= 0:
-                                run_next[rtail] = s
-                            rtail = s
-                        n_running += 1
-                        pf[i, (pfh + pfl) % pf_cap] = s
-                        pfl += 1
-                        c = prefill_chunk(prefill_left[s], budget_left, chunk_tokens)
-                        chunk[s] = c
-                        prefill += c
-                        budget_left -= c
-                        touched += 1
-                if decode_seqs == 0 and prefill == 0:
-                    if exclusive:  # every decoding sequence was preempted: the next step prefills them again
+            if decode_seqs == 0 and prefill == 0:
+                if exclusive:  # every decoding sequence was preempted: the next step prefills them again
+                    continue
+                status = STATUS_STALLED
+                break
+            # The decode clock advances at each step that runs the decodes: every step but an exclusive prefill step.
+            advance = 1 if decode_seqs > 0 or not exclusive else 0
+
+            if prefill == 0 and decode_seqs < decode_only_s.shape[0]:
+                step_s = decode_only_s[decode_seqs]
+            else:
+                step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill)
+            if decode_seqs > 0:
+                slope = slope_of[decode_seqs] if decode_seqs < slope_of.shape[0] else \
+                    kv_slope_at(kv_slope, decode_edges, decode_seqs)
+                if slope != 0.0:
+                    step_s = max(step_s + slope * (kvs - decode_seqs * kv_ref_context), 1e-12)
+                kvs += kvr  # every decoding sequence ran its pass
+            t_end = t + step_s
+            if own_steps < log_cap:
+                log_start_s[i, own_steps] = t
+                log_decode_seqs[i, own_steps] = decode_seqs
+                log_prefill_tokens[i, own_steps] = prefill
+                log_step_s[i, own_steps] = step_s
+                log_waiting[i, own_steps] = q_len[i]
+            if t < window_until:  # the step starts inside the arrival window
+                if t_end > warmup_s:
+                    in_system_integral += in_system * (t_end - max(t, warmup_s))
+                if t >= warmup_s:
+                    window_steps += 1
+                    window_step_s_sum += step_s
+                    if decode_seqs > 0:
+                        window_decode_seqs_sum += decode_seqs
+                        window_decode_steps += 1
+            end_count = 0
+            free_count = 0
+
+            # Prefill progress; sequences whose prefill completes leave the ring, the others keep their order.
+            if touched > 0:  # (most steps are decode-only)
+                n_survivors = 0
+                for j in range(touched):
+                    s = pf[i, (pfh + j) % pf_cap]
+                    prefill_left[s] -= chunk[s]
+                    if prefill_left[s] > 0:
+                        survivors[n_survivors] = s
+                        n_survivors += 1
                         continue
-                    out_stats[STAT_STATUS] = STATUS_STALLED
-                    return STATUS_STALLED
-                # The decode clock advances at each step that runs the decodes: every step but an exclusive
-                # prefill step.
-                advance = 1 if decode_seqs > 0 or not exclusive else 0
+                    if not first_done[s]:
+                        first_done[s] = True
+                        out_first_token_s[s] = t_end
+                    if static:  # members decode together once the whole batch is prefilled
+                        continue
+                    passes_left = passes[s] - passes_done[s]
+                    if passes_left == 0:
+                        req_state[s] = _DONE
+                        free += held[s]
+                        end_count += 1
+                        free_count += held[s]
+                        held[s] = 0
+                        n_running -= 1
+                        if preempt:
+                            rtail = unlink_running(run_prev, run_next, rtail, s)
+                        out_finish_s[s] = t_end
+                        if closed and s + users < n:  # this user's next request
+                            _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
+                        continue
+                    req_state[s] = _DECODING
+                    n_decoding += 1
+                    rate = _kv_rate(output_tokens[s], passes[s])
+                    kvs += context_tokens[s] + 1 + passes_done[s] * rate
+                    kvr += rate
+                    decode_start[s] = dc + advance
+                    _file(finish_head, f_next, f_prev, f_step, base, mask, s, decode_start[s] + passes_left - 1)
+                    if preempt:
+                        grow = _next_block_step(context_tokens[s], output_tokens[s], passes[s], block_tokens, held[s],
+                                                passes_done[s], decode_start[s])
+                        if grow >= 0:
+                            _file(block_head, b_next, b_prev, b_step, base, mask, s, grow)
+                pfh = (pfh + touched - n_survivors) % pf_cap
+                for j in range(n_survivors):
+                    pf[i, (pfh + j) % pf_cap] = survivors[j]
+                pfl -= touched - n_survivors
 
-                if prefill == 0 and decode_seqs < decode_only_s.shape[0]:
-                    step_s = decode_only_s[decode_seqs]
-                else:
-                    step_s = step_time(step_time_table, decode_edges, prefill_edges, decode_seqs, prefill)
-                if decode_seqs > 0:
-                    slope = slope_of[decode_seqs] if decode_seqs < slope_of.shape[0] else \
-                        kv_slope_at(kv_slope, decode_edges, decode_seqs)
-                    if slope != 0.0:
-                        step_s = max(step_s + slope * (kvs - decode_seqs * kv_ref_context), 1e-12)
-                    kvs += kvr  # every decoding sequence ran its pass
-                t_end = t + step_s
-                if own_steps < log_cap:
-                    log_start_s[i, own_steps] = t
-                    log_decode_seqs[i, own_steps] = decode_seqs
-                    log_prefill_tokens[i, own_steps] = prefill
-                    log_step_s[i, own_steps] = step_s
-                    log_waiting[i, own_steps] = q_len[i]
-                if released < n:  # the step starts inside the arrival window
-                    if t_end > warmup_s:
-                        in_system_integral += in_system * (t_end - max(t, warmup_s))
-                    if t >= warmup_s:
-                        window_steps += 1
-                        window_step_s_sum += step_s
-                        if decode_seqs > 0:
-                            window_decode_seqs_sum += decode_seqs
-                            window_decode_steps += 1
-                end_count = 0
-                free_count = 0
-
-                # Prefill progress; sequences whose prefill completes leave the ring, the others keep their order.
-                if touched > 0:  # (most steps are decode-only)
-                    n_survivors = 0
-                    for j in range(touched):
-                        s = pf[i, (pfh + j) % pf_cap]
-                        prefill_left[s] -= chunk[s]
-                        if prefill_left[s] > 0:
-                            survivors[n_survivors] = s
-                            n_survivors += 1
-                            continue
-                        if not first_done[s]:
-                            first_done[s] = True
-                            out_first_token_s[s] = t_end
-                        if static:  # members decode together once the whole batch is prefilled
-                            continue
-                        passes_left = passes[s] - passes_done[s]
-                        if passes_left == 0:
+            if static:  # a prefill step of a static batch (its decode steps take the short path above)
+                if pfl == 0:  # the whole batch is prefilled: it decodes for its longest member's passes
+                    dleft = 0
+                    for j in range(n_running):
+                        dleft = max(dleft, passes[batch[i, j]])
+                    n_decoding = n_running
+                    static_step_s[i] = decode_only_s[n_running]
+                    static_slope[i] = slope_of[n_running]
+                    static_done[i] = 0
+                    static_stop[i] = 0
+                    if track_kv:
+                        kvs = 0.0
+                        kvr = 0.0
+                        for j in range(n_running):
+                            s = batch[i, j]
+                            kvs += context_tokens[s] + 1
+                            kvr += _kv_rate(output_tokens[s], passes[s])
+                            member_passes[j] = passes[s]
+                        order = np.argsort(member_passes[:n_running], kind="mergesort")
+                        for j in range(n_running):
+                            by_passes[i, j] = batch[i, order[j]]
+                        stop = 0  # members without passes pad the batch from the start
+                        while stop < n_running and passes[by_passes[i, stop]] == 0:
+                            stop += 1
+                        static_stop[i] = stop
+                    if dleft == 0:  # single-token outputs only: the batch ends with its prefill
+                        end_count = n_running
+                        free_count = kv_blocks - free
+                        for j in range(n_running):
+                            s = batch[i, j]
+                            req_state[s] = _DONE
+                            held[s] = 0
+                            out_finish_s[s] = t_end
+                            if closed and s + users < n:
+                                _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
+                        dleft = -1
+                        free = kv_blocks
+                        n_running = 0
+                        n_decoding = 0
+            else:
+                # Sequences whose last pass ran in this step, in reverse order of filing.
+                if advance:
+                    slot = base + (dc & mask)
+                    s = finish_head[slot]
+                    while s >= 0:
+                        following = f_next[s]
+                        if f_step[s] == dc:
+                            _unfile(finish_head, f_next, f_prev, f_step, base, mask, s)
                             req_state[s] = _DONE
                             free += held[s]
                             end_count += 1
                             free_count += held[s]
                             held[s] = 0
                             n_running -= 1
-                            if preempt:
+                            n_decoding -= 1
+                            kvs -= context_tokens[s] + output_tokens[s]  # context + 1 + passes x rate
+                            kvr -= _kv_rate(output_tokens[s], passes[s])
+                            if preempt:  # no block growth is pending: the last one was at this step's start
                                 rtail = unlink_running(run_prev, run_next, rtail, s)
                             out_finish_s[s] = t_end
                             if closed and s + users < n:  # this user's next request
                                 _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
-                            continue
-                        req_state[s] = _DECODING
-                        n_decoding += 1
-                        rate = _kv_rate(output_tokens[s], passes[s])
-                        kvs += context_tokens[s] + 1 + passes_done[s] * rate
-                        kvr += rate
-                        decode_start[s] = dc + advance
-                        _file(finish_head, f_next, f_prev, f_step, base, mask, s, decode_start[s] + passes_left - 1)
-                        if preempt:
-                            grow = _next_block_step(context_tokens[s], output_tokens[s], passes[s], block_tokens,
-                                                    held[s], passes_done[s], decode_start[s])
-                            if grow >= 0:
-                                _file(block_head, b_next, b_prev, b_step, base, mask, s, grow)
-                    pfh = (pfh + touched - n_survivors) % pf_cap
-                    for j in range(n_survivors):
-                        pf[i, (pfh + j) % pf_cap] = survivors[j]
-                    pfl -= touched - n_survivors
+                        s = following
+                    dc += 1
+                if n_decoding == 0:  # no rounding carried from one busy period to the next
+                    kvs = 0.0
+                    kvr = 0.0
+            own_steps += 1
+            steps += 1
+            ran += 1
+            end_s = max(end_s, t_end)
+            t = t_end
+        if not waited:  # every step of this instance started before the last arrival
+            window_end = max(window_end, t)
+        clock[i] = t
+        free_blocks[i] = free
+        running[i] = n_running
+        decoding[i] = n_decoding
+        kv_sum[i] = kvs
+        kv_rate[i] = kvr
+        dclock[i] = dc
+        pf_head[i] = pfh
+        pf_len[i] = pfl
+        run_tail[i] = rtail
+        decode_left[i] = dleft
+        ending[i] = end_count
+        freeing[i] = free_count
+        out_instance_steps[i] = own_steps
+        if not fed_alone and ordered:
+            _heap_pop(busy_t, busy_i, busy_size)  # i was the top
+            if running[i] + q_len[i] > 0:
+                _heap_push(busy_t, busy_i, busy_size, clock[i], i)
+            if closed and pending[_HEAP_SIZE] > 0 and (arrive_t[0] < t_next
+                                                       or (arrive_t[0] == t_next and arrive_r[0] < r)):
+                r = arrive_r[0]  # a follower of this step arrives before the arrival in hand
+                t_next = arrive_t[0]
 
-                if static:  # a prefill step of a static batch (its decode steps take the short path above)
-                    if pfl == 0:  # the whole batch is prefilled: it decodes for its longest member's passes
-                        dleft = 0
-                        for j in range(n_running):
-                            dleft = max(dleft, passes[batch[i, j]])
-                        n_decoding = n_running
-                        static_step_s[i] = decode_only_s[n_running]
-                        static_slope[i] = slope_of[n_running]
-                        static_done[i] = 0
-                        static_stop[i] = 0
-                        if track_kv:
-                            kvs = 0.0
-                            kvr = 0.0
-                            for j in range(n_running):
-                                s = batch[i, j]
-                                kvs += context_tokens[s] + 1
-                                kvr += _kv_rate(output_tokens[s], passes[s])
-                                member_passes[j] = passes[s]
-                            order = np.argsort(member_passes[:n_running], kind="mergesort")
-                            for j in range(n_running):
-                                by_passes[i, j] = batch[i, order[j]]
-                            stop = 0  # members without passes pad the batch from the start
-                            while stop < n_running and passes[by_passes[i, stop]] == 0:
-                                stop += 1
-                            static_stop[i] = stop
-                        if dleft == 0:  # single-token outputs only: the batch ends with its prefill
-                            end_count = n_running
-                            free_count = params_int[P_KV_BLOCKS] - free
-                            for j in range(n_running):
-                                s = batch[i, j]
-                                req_state[s] = _DONE
-                                held[s] = 0
-                                out_finish_s[s] = t_end
-                                if closed and s + users < n:
-                                    _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
-                            dleft = -1
-                            free = params_int[P_KV_BLOCKS]
-                            n_running = 0
-                            n_decoding = 0
-                else:
-                    # Sequences whose last pass ran in this step, in reverse order of filing.
-                    if advance:
-                        slot = base + (dc & mask)
-                        s = finish_head[slot]
-                        while s >= 0:
-                            following = f_next[s]
-                            if f_step[s] == dc:
-                                _unfile(finish_head, f_next, f_prev, f_step, base, mask, s)
-                                req_state[s] = _DONE
-                                free += held[s]
-                                end_count += 1
-                                free_count += held[s]
-                                held[s] = 0
-                                n_running -= 1
-                                n_decoding -= 1
-                                kvs -= context_tokens[s] + output_tokens[s]  # context + 1 + passes x rate
-                                kvr -= _kv_rate(output_tokens[s], passes[s])
-                                if preempt:  # no block growth is pending: the last one was at this step's start
-                                    rtail = unlink_running(run_prev, run_next, rtail, s)
-                                out_finish_s[s] = t_end
-                                if closed and s + users < n:  # this user's next request
-                                    _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
-                            s = following
-                        dc += 1
-                    if n_decoding == 0:  # no rounding carried from one busy period to the next
-                        kvs = 0.0
-                        kvr = 0.0
-                own_steps += 1
-                steps += 1
-                ran += 1
-                end_s = max(end_s, t_end)
-                t = t_end
-            clock[i] = t
-            free_blocks[i] = free
-            running[i] = n_running
-            decoding[i] = n_decoding
-            kv_sum[i] = kvs
-            kv_rate[i] = kvr
-            dclock[i] = dc
-            pf_head[i] = pfh
-            pf_len[i] = pfl
-            run_tail[i] = rtail
-            decode_left[i] = dleft
-            ending[i] = end_count
-            freeing[i] = free_count
-            out_instance_steps[i] = own_steps
-            if ordered:
-                _heap_pop(busy_t, busy_i, busy_size)  # i was the top
-                if n_running + q_len[i] > 0:
-                    _heap_push(busy_t, busy_i, busy_size, t, i)
-                if closed and pending[_HEAP_SIZE] > 0 and (arrive_t[0] < t_next
-                                                           or (arrive_t[0] == t_next and arrive_r[0] < r)):
-                    r = arrive_r[0]  # a follower of this step arrives before the arrival in hand
-                    t_next = arrive_t[0]
-        if r == n:
-            break
-        if closed:
-            _heap_pop(arrive_t, arrive_r, pending)
-            out_arrival_s[r] = t_next
-        if r == warmup_request:
-            warmup_s = t_next
-
-        chosen = 0
-        if pick_given:
-            chosen = given_instance[r]
-        elif k > 1:
-            # The instances as they are at the arrival: a step still running holds its finishing requests.
-            for i in range(k):
-                running_late = clock[i] > t_next
-                load[i] = q_len[i] + running[i] + (ending[i] if running_late else 0)
-                free_now[i] = free_blocks[i] - (freeing[i] if running_late else 0)
-            if by_free_kv:
-                for i in range(1, k):
-                    if free_now[i] > free_now[chosen]:
-                        chosen = i
-            else:
-                least = 0
-                most = 0
-                for i in range(1, k):
-                    if load[i] < load[least]:
-                        least = i
-                    if load[i] > load[most]:
-                        most = i
-                chosen = least
-                imbalanced = load[most] - load[least] > balance_requests and load[most] > (1.0 + balance) * load[least]
-                if by_prefix and not imbalanced:
-                    best_len = -1
-                    for i in range(k):
-                        length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
-                                               i * key_stride)
-                        if length > best_len or (length == best_len and load[i] < load[chosen]):
-                            chosen = i
-                            best_len = length
-        out_instance[r] = chosen
-        if running[chosen] == 0 and q_len[chosen] == 0:
-            clock[chosen] = max(clock[chosen], t_next)
-            if ordered:
-                _heap_push(busy_t, busy_i, busy_size, clock[chosen], chosen)
-        req_state[r] = _WAITING
-        if keyed:
-            key[r] = queue_key[r]
-            if key_uncached and caching:  # the prompt tokens the instance's cache does not hold now
-                owner = 0 if pooled else chosen
-                held_prefix = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
-                                            owner * key_stride) * block_tokens
-                key[r] = max(queue_key[r] - held_prefix, 1)
-            tie[r] = released
-            if q_len[chosen] == q_cap:
-                q_k1, q_k2, q_s, q_cap = _grown(q_k1, q_k2, q_s)
-            heap_push(q_k1, q_k2, q_s, q_pos, q_len, chosen, key[r], tie[r], r)
-        else:
-            if q_tail[chosen] >= 0:
-                q_next[q_tail[chosen]] = r
-            else:
-                q_head[chosen] = r
-            q_tail[chosen] = r
-            q_next[r] = -1
-            q_len[chosen] += 1
-        released += 1
-        if released == n:
-            waiting = 0
-            for i in range(k):
-                waiting += q_len[i]
-            out_stats[STAT_WAITING_AT_WINDOW_END] = waiting
-            out_stats[STAT_WINDOW_END_S] = clock[chosen]  # when the instance's scheduler first sees it
-
+    out_stats[STAT_STATUS] = status
+    out_stats[STAT_WINDOW_END_S] = window_end
+    out_stats[STAT_WAITING_AT_WINDOW_END] = waiting_at_end
+    out_stats[STAT_PREEMPTIONS] = preemptions
     _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
                   window_decode_steps, steps, end_s)
-    out_stats[STAT_PREEMPTIONS] = preemptions
-    return STATUS_OK
+    return status

@@ -48,9 +48,8 @@ LAYERS = (
 
 #: Upward imports in modules whose owners are still moving them (module, imported module). Empty it as they go.
 TODO_UPWARD = {
-    # the replicas' reference reads the router names and the policy table of the performance layer: the names
-    # are mcsim.scenario.choices.ROUTERS; the table should move down (or the reference take the Policy)
-    ("mcsim.reference.fleet_batching", "mcsim.perf.fleet_batching"),
+    # the replicas' reference reads the policy table of the performance layer: the table should move down (or the
+    # reference take the Policy)
     ("mcsim.reference.fleet_batching", "mcsim.perf.policies"),
 }
 
@@ -64,8 +63,6 @@ MAX_DEFERRED = 20
 
 #: Choice lists a performance module still defines as a copy of mcsim.scenario.choices' (it should import them).
 TODO_CHOICE_COPIES = {
-    "mcsim.perf.fleet_batching": ("ROUTERS", "DECODE_ROUTERS", "REPRESENTATIVE_ROUTERS", "ROUTING_POLICIES",
-                                  "FLEET_SIMULATIONS", "REPLICA_SCHEDULERS", "REPLICA_NEEDS", "REPLICA_KEYS"),
     "mcsim.perf.policies": ("SCHEDULERS",),
 }
 
@@ -295,7 +292,7 @@ def test_imports_inside_functions_are_few_and_say_why():
 
 
 def test_choice_lists_have_one_owner():
-    from mcsim.perf import collectives, fleet, policies
+    from mcsim.perf import collectives, fleet, fleet_batching, policies
     from mcsim.scenario import choices, loading, schema
 
     # the performance layer reads the scenario's lists (the same objects) where it has moved to them
@@ -310,7 +307,8 @@ def test_choice_lists_have_one_owner():
     # the policy table implements exactly the schedulers the schema offers, and the replicas' subset
     continuous = {n: p for n, p in policies.POLICIES.items() if p.admission == "continuous"}
     assert tuple(continuous) == choices.SCHEDULERS
-    assert tuple(n for n, p in continuous.items() if p.mixing == "mixed") == choices.REPLICA_SCHEDULERS
+    assert tuple(policies.POLICIES) == choices.REPLICA_SCHEDULERS  # the one step loop runs every policy
+    assert tuple(fleet_batching.ROUTER_TABLE) == choices.ROUTERS  # a table entry per router the schema offers
     assert schema.SECTIONS["deployment"]["scheduler"].choices == choices.SCHEDULERS
     assert schema.SECTIONS["deployment"]["routing"].choices == choices.ROUTING_POLICIES
     assert set(choices.ROUTERS) <= set(choices.ROUTING_POLICIES)

@@ -1,9 +1,10 @@
 """Latency of a fleet: ``K`` replicas of one pool on one clock behind a global router.
 
-:func:`simulate_fleet_batching` replays a workload through :mod:`mcsim.kernels.fleet_batching` (whose
+:func:`simulate_fleet_batching` replays a workload through the step loop, :mod:`mcsim.kernels.step_loop` (whose
 docstring states every rule): each arrival is routed, from the instances' state at its arrival time, by one of
-:data:`ROUTERS`, and every instance runs continuous batching (a policy of :data:`REPLICA_SCHEDULERS`, mixed
-prefill/decode, whole-request KV reservation or KV growth with preemption by recompute) with the same
+:data:`ROUTERS` (entries of :data:`ROUTER_TABLE`, which the loop reads as hooks), and every instance runs a
+scheduler policy of :mod:`mcsim.perf.policies` (continuous or static batching, mixed or exclusive prefill and
+decode, FCFS or keyed queues, whole-request KV reservation or KV growth with preemption by recompute) with the same
 step-time table and, when given one, its own tiered prefix cache (or a pooled one), looked up and filled as it
 admits requests. The latency quantiles are over the requests of all instances; ``instance_load_imbalance`` is
 the largest number of measured requests one instance served over the mean.
@@ -15,35 +16,64 @@ from the cache stage's replay in arrival order (:mod:`mcsim.stages.kvcache`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from mcsim.errors import RunLimitError
 from mcsim.perf import policies
 from mcsim.perf.batching import (_as_int, _per_request, _summary, base_params,
                                  check_arrivals, check_requests, check_step_model)
+from mcsim.scenario.choices import (  # noqa: F401  (the names, read here by the pool simulator and its tests)
+    DECODE_ROUTERS, FLEET_SIMULATIONS, REPLICA_KEYS, REPLICA_NEEDS, REPLICA_SCHEDULERS, REPRESENTATIVE_ROUTERS,
+    ROUTERS, ROUTING_POLICIES, replica_mismatch,
+)
 
-#: ``deployment.routing`` values the replicas simulate (``pooled``: one cache shared by every instance, requests
-#: placed by least-outstanding).
-ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv", "prefix-affinity", "cache-aware", "pooled")
-#: Where a decode pool (fed by a prefill pool, no prefix cache of its own) places requests: these keep their
-#: meaning there; the cache-minded ones (prefix-affinity, cache-aware, pooled) become least-outstanding, which
-#: is what cache-aware does without a cache.
-DECODE_ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv")
-#: ``deployment.routing`` values the representative mode's cache replay takes (no clock, so no current load).
-REPRESENTATIVE_ROUTERS = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
-#: Every ``deployment.routing`` value.
-ROUTING_POLICIES = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled", "least-outstanding",
-                    "least-kv")
-FLEET_SIMULATIONS = ("representative", "replicas")
-#: The scheduler policies the replicas run: the table's continuous ones whose prefill and decode share a step.
-REPLICA_SCHEDULERS = tuple(p.name for p in policies.POLICIES.values()
-                           if p.admission == "continuous" and p.mixing == "mixed")
-#: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
-#: continuous batching with a policy of :data:`REPLICA_SCHEDULERS`, a router of :data:`ROUTERS` (and, checked
-#: apart, no closed loop on a disaggregated pool).
-#: Read by the scenario check (plain values) and the pool simulator (values drawn from distributions).
-REPLICA_NEEDS = {"deployment.batching": ("continuous",),
-                 "deployment.scheduler": REPLICA_SCHEDULERS, "deployment.routing": ROUTERS}
+
+@dataclass(frozen=True)
+class Router:
+    """One router: how the step loop (:mod:`mcsim.kernels.step_loop`) places an arrival, and where it applies.
+
+    Attributes
+    ----------
+    name : str
+        Its name in ``deployment.routing``.
+    pick : {"given", "least"}
+        ``given``: the placement of each request is known before the run (computed here from the request alone);
+        ``least``: the instance of least load at the arrival.
+    measure : {"outstanding", "free-kv"}
+        The load a ``least`` router compares: requests in flight, or free KV blocks (most first).
+    prefix : bool
+        The longest cached prefix wins unless the fleet is imbalanced (SGLang's cache-aware rule).
+    pooled : bool
+        One prefix cache shared by every instance.
+    """
+
+    name: str
+    pick: str
+    measure: str = "outstanding"
+    prefix: bool = False
+    pooled: bool = False
+
+    def codes(self) -> dict:
+        """The step loop's integer code per field."""
+        from mcsim.kernels import batching_helpers as h
+
+        return {"pick": h.PICK_GIVEN if self.pick == "given" else h.PICK_LEAST,
+                "measure": h.MEASURE_FREE_KV if self.measure == "free-kv" else h.MEASURE_OUTSTANDING,
+                "prefix": int(self.prefix)}
+
+
+#: The replicas' routers (:data:`mcsim.scenario.choices.ROUTERS`), as table entries the step loop reads.
+ROUTER_TABLE = {router.name: router for router in (
+    Router("round-robin", "given"),
+    Router("random", "given"),
+    Router("least-outstanding", "least"),
+    Router("least-kv", "least", "free-kv"),
+    Router("prefix-affinity", "given"),
+    Router("cache-aware", "least", prefix=True),
+    Router("pooled", "least", pooled=True),
+)}
 #: The replicas' prefix caches hold one row of 16 bytes per (instance, distinct block): more rows than this
 #: (2 GiB) is refused rather than swapped.
 MAX_CACHE_ROWS = 1 << 27
@@ -52,41 +82,24 @@ MAX_CACHE_ROWS = 1 << 27
 MAX_RUNNING_BYTES = 1 << 31
 
 
-#: Every key :func:`replica_mismatch` reads.
-REPLICA_KEYS = (*REPLICA_NEEDS, "deployment.fleet_simulation", "deployment.disaggregated",
-                "performance.closed_loop_users")
-
-
-def replica_mismatch(values) -> str | None:
-    """The first requirement of :data:`REPLICA_NEEDS` that ``values`` (path -> value) break, as a message, or
-    None; paths missing from ``values`` are not checked. In the representative mode (``values`` without
-    ``deployment.fleet_simulation = "replicas"``), a router of the current load is the one requirement."""
-    if values.get("deployment.fleet_simulation", "representative") != "replicas":
-        routing = values.get("deployment.routing", "prefix-affinity")
-        if routing not in REPRESENTATIVE_ROUTERS:
-            return (f"deployment.routing = {routing!r} routes on the instances' current load, which only "
-                    "deployment.fleet_simulation = 'replicas' simulates")
-        return None
-    for path, allowed in REPLICA_NEEDS.items():
-        if path in values and values[path] not in allowed:
-            return f"'replicas' needs {path} = {' or '.join(map(repr, allowed))}, got {values[path]!r}"
-    if values.get("deployment.disaggregated") is True and values.get("performance.closed_loop_users", 0) > 0:
-        return ("'replicas' runs a closed loop on a colocated pool only (a disaggregated user's next request "
-                "would follow the decode pool); set performance.closed_loop_users = 0 or disaggregated = false")
-    return None
-
-
-def router_code(router: str) -> int:
-    """The kernel's code of a router policy named in :data:`ROUTERS`."""
-    from mcsim.kernels import fleet_batching as kernel
-
-    codes = {"round-robin": kernel.ROUTER_ROUND_ROBIN, "random": kernel.ROUTER_RANDOM,
-             "least-outstanding": kernel.ROUTER_LEAST_OUTSTANDING, "least-kv": kernel.ROUTER_LEAST_KV,
-             "prefix-affinity": kernel.ROUTER_FIXED, "cache-aware": kernel.ROUTER_CACHE_AWARE,
-             "pooled": kernel.ROUTER_LEAST_OUTSTANDING}
-    if router not in codes:
+def router_entry(router: str) -> Router:
+    """The table entry of a router named in :data:`ROUTERS`."""
+    if router not in ROUTER_TABLE:
         raise ValueError(f"deployment.routing must be one of {', '.join(ROUTERS)} with replicas; got {router!r}")
-    return codes[router]
+    return ROUTER_TABLE[router]
+
+
+def given_instances(router: str, block_ptr, block_ids, uniform, n_instances: int) -> np.ndarray:
+    """The instance of each request under a router whose placement needs nothing of the instances' state
+    (round-robin: ``r mod K``; random: ``floor(u * K)``; prefix affinity); zeros for the others."""
+    n = len(uniform)
+    if router == "round-robin":
+        return np.arange(n, dtype=np.int64) % n_instances
+    if router == "random":
+        return np.minimum((np.asarray(uniform) * n_instances).astype(np.int64), n_instances - 1)
+    if router == "prefix-affinity":
+        return affinity_instances(block_ptr, block_ids, uniform, n_instances)
+    return np.zeros(n, np.int64)
 
 
 def affinity_instances(block_ptr, block_ids, uniform, n_instances: int) -> np.ndarray:
@@ -185,8 +198,8 @@ def simulate_fleet_batching(
     max_new_per_step : int
         Requests one instance admits per step at most (``deployment.max_new_per_step``; 0: no cap).
     policy : str
-        A continuous, mixed policy of :mod:`mcsim.perf.policies` (:data:`REPLICA_SCHEDULERS`): its queue order
-        rules each instance's waiting queue. ``shortest-prompt-first`` orders by the prompt tokens the instance's
+        A policy of :mod:`mcsim.perf.policies` (:data:`REPLICA_SCHEDULERS`: all of them), which each instance
+        runs. ``shortest-prompt-first`` orders by the prompt tokens the instance's
         cache does not hold when the request joins its queue.
     priority : array_like of int, optional
         Per request, its class priority (higher first), read by ``priority``.
@@ -225,8 +238,8 @@ def simulate_fleet_batching(
     >>> result["per_request"]["instance"].tolist(), float(result["summary"]["instance_load_imbalance"])
     ([0, 1], 1.0)
     """
-    from mcsim.kernels import batching as one_instance
-    from mcsim.kernels import fleet_batching as kernel
+    from mcsim.kernels import batching_helpers as slots
+    from mcsim.kernels import step_loop as kernel
     from mcsim.kernels.kv_tiers import MAX_TIERS, _workspace
     from mcsim.perf.batching import queue_steady_state
 
@@ -242,7 +255,7 @@ def simulate_fleet_batching(
     d_edges = np.ascontiguousarray(decode_edges, dtype=np.float64)
     p_edges = np.ascontiguousarray(prefill_edges, dtype=np.float64)
     slope = np.zeros(d_edges.shape) if kv_slope is None else np.ascontiguousarray(kv_slope, dtype=np.float64)
-    code = router_code(router)
+    entry = router_entry(router)
     warmup_request = -1
     if measured_from is not None:
         if not 0 <= int(measured_from) < n:
@@ -263,7 +276,7 @@ def simulate_fleet_batching(
     if int(n_instances) != n_instances or n_instances < 1:
         raise ValueError(f"n_instances must be an integer >= 1, got {n_instances!r}")
     k = int(n_instances)
-    if code in (kernel.ROUTER_RANDOM, kernel.ROUTER_FIXED) and router_uniform is None:
+    if router in ("random", "prefix-affinity") and router_uniform is None:
         raise ValueError(f"router_uniform is required by the {router} router")
     uniform = np.zeros(n) if router_uniform is None else np.ascontiguousarray(router_uniform, dtype=np.float64)
     capacity = np.ascontiguousarray(capacity_blocks, dtype=np.int64)
@@ -292,21 +305,25 @@ def simulate_fleet_batching(
         raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens >= 0")
     params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                                     verify_tokens)
-    params[one_instance.P_PREEMPT] = int(bool(preempt))
+    params[slots.P_PREEMPT] = int(bool(preempt))
     if max_new_per_step < 0:
         raise ValueError("max_new_per_step must be >= 0")
     scheduler = policies.get(policy)
-    if scheduler.name not in REPLICA_SCHEDULERS:
-        raise ValueError(f"the replicas run {', '.join(REPLICA_SCHEDULERS)}; got {policy!r}")
     codes = scheduler.codes(max_new_per_step)
-    params[one_instance.P_MAX_NEW] = codes["max_new_per_step"]
-    params[one_instance.P_ORDER] = codes["order"]
-    params[one_instance.P_CLOSED_USERS] = users
+    params[slots.P_POLICY] = codes["admission"]
+    params[slots.P_ORDER] = codes["order"]
+    params[slots.P_MIXING] = codes["mixing"]
+    params[slots.P_MAX_NEW] = codes["max_new_per_step"]
+    params[slots.P_CLOSED_USERS] = users
+    route = entry.codes()
+    params[slots.P_ROUTE_PICK] = route["pick"]
+    params[slots.P_ROUTE_MEASURE] = route["measure"]
+    params[slots.P_ROUTE_PREFIX] = route["prefix"]
     key_uncached = scheduler.order == "shortest-prompt"
     queue_key = scheduler.queue_key(prompt, None if priority is None else _as_int(priority, "priority", n))
     # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
-    fixed = affinity_instances(ptr, ids, uniform, k) if code == kernel.ROUTER_FIXED else np.zeros(n, np.int64)
-    pooled = router == "pooled"
+    given = given_instances(router, ptr, ids, uniform, k)
+    pooled = entry.pooled
     if pooled:
         capacity = capacity * k
     rows = (stride if pooled else k * stride) if caching else 0
@@ -327,19 +344,18 @@ def simulate_fleet_batching(
     first_token, finish, queue = (np.empty(n) for _ in range(3))
     cached = np.zeros((n, capacity.size), np.int64)
     instance_steps = np.zeros(k, np.int64)
-    stats = np.zeros(one_instance.N_STATS)
+    stats = np.zeros(slots.N_STATS)
     cap = max(int(max_steps), 0)
     log = {"start_s": np.empty((k, cap)), "decode_seqs": np.empty((k, cap), np.int64),
            "prefill_tokens": np.empty((k, cap), np.int64), "step_s": np.empty((k, cap)),
            "waiting": np.empty((k, cap), np.int64)}
     arrival_out = np.empty(n)
-    status = kernel.simulate_fleet(arrival, prompt, context, output, passes, think, uniform, fixed, queue_key,
-                                   key_uncached, ptr, keys, stride,
-                                   capacity, pooled, params, code, float(balance), int(balance_requests),
-                                   float(warmup_s), warmup_request, table, d_edges, p_edges, slope,
-                                   float(kv_ref_context), cache_state, arrival_out, instance, first_token, finish, queue, cached, instance_steps, stats,
-                                   log["start_s"], log["decode_seqs"], log["prefill_tokens"], log["step_s"],
-                                   log["waiting"])
+    status = kernel.simulate(arrival, prompt, context, output, passes, think, given, queue_key, key_uncached, ptr,
+                             keys, stride, capacity, pooled, params, float(balance), int(balance_requests),
+                             float(warmup_s), warmup_request, table, d_edges, p_edges, slope, float(kv_ref_context),
+                             cache_state, arrival_out, instance, first_token, finish, queue, cached, instance_steps,
+                             stats, log["start_s"], log["decode_seqs"], log["prefill_tokens"], log["step_s"],
+                             log["waiting"])
     if status != kernel.STATUS_OK:
         raise RuntimeError("the fleet simulation stalled (a step with nothing to run)")
     if warmup_request >= 0:
@@ -350,9 +366,9 @@ def simulate_fleet_batching(
         per_request["measured"] = measured
     measured = per_request["measured"]
     served = np.bincount(instance[measured], minlength=k)
-    summary = _summary(per_request, output, warmup_s, stats, one_instance)
+    summary = _summary(per_request, output, warmup_s, stats, slots)
     window = summary["window_s"][1] - summary["window_s"][0]
-    summary["busy_fraction"] = min(stats[one_instance.STAT_WINDOW_STEP_S_SUM] / (k * window), 1.0) \
+    summary["busy_fraction"] = min(stats[slots.STAT_WINDOW_STEP_S_SUM] / (k * window), 1.0) \
         if window > 0 else float("nan")
     summary["queue_steady_state"] = queue_steady_state(per_request, summary, float(steady_tolerance))
     summary.update(requests_per_instance=served, instance_steps=instance_steps,

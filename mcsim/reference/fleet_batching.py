@@ -29,7 +29,7 @@ import dataclasses
 import heapq
 import math
 
-from mcsim.perf.fleet_batching import ROUTERS  # the names only; the rules are written out here
+from mcsim.scenario.choices import ROUTERS  # the names only; the rules are written out here
 from mcsim.perf.policies import POLICIES, Policy
 from mcsim.reference.kv_tiers import TieredCache
 from mcsim.reference.step_loop import Instance, Request, Rules

@@ -2,15 +2,15 @@
 and the schema that checks them both read them.
 
 The schema offers these values; the simulators implement them: :mod:`mcsim.perf.policies` has a table entry per
-scheduler, :mod:`mcsim.perf.fleet_batching` a router code per replicas' router, :mod:`mcsim.perf.collectives` a
+scheduler, :mod:`mcsim.perf.fleet_batching` a router entry per replicas' router, :mod:`mcsim.perf.collectives` a
 model per algorithm. Adding a value is an entry here and its implementation there.
 
 Examples
 --------
 >>> "cache-aware" in ROUTING_POLICIES
 True
->>> replica_mismatch({"deployment.fleet_simulation": "replicas", "deployment.batching": "static"})
-"'replicas' needs deployment.batching = 'continuous', got 'static'"
+>>> replica_mismatch({"deployment.fleet_simulation": "replicas", "deployment.routing": "sticky"})
+"'replicas' needs deployment.routing = 'round-robin' or 'random' or 'least-outstanding' or 'least-kv' or 'prefix-affinity' or 'cache-aware' or 'pooled', got 'sticky'"
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 #: ``deployment.scheduler``: the continuous-batching policies of :data:`mcsim.perf.policies.POLICIES`
 #: (``deployment.batching = "static"`` is a policy of its own).
 SCHEDULERS = ("fcfs", "priority", "shortest-prompt-first", "exclusive-prefill", "chunked-prefill")
-#: The scheduler policies the replicas run: the continuous ones whose prefill and decode share a step.
-REPLICA_SCHEDULERS = ("fcfs", "priority", "shortest-prompt-first", "chunked-prefill")
+#: The scheduler policies the replicas run: every one (the one step loop runs them all on any number of instances).
+REPLICA_SCHEDULERS = (*SCHEDULERS, "static")
 
 #: Every ``deployment.routing`` value.
 ROUTING_POLICIES = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled", "least-outstanding",
@@ -42,11 +42,10 @@ ALLREDUCE_ALGORITHMS = ("auto", "ring", "one-shot", "two-shot", "tree", "hierarc
 ALLTOALL_ALGORITHMS = ("direct", "hierarchical")
 
 #: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
-#: continuous batching with a policy of :data:`REPLICA_SCHEDULERS`, a router of :data:`ROUTERS` (and, checked
-#: apart, no closed loop on a disaggregated pool).
+#: a router of :data:`ROUTERS` (and, checked apart, no closed loop on a disaggregated pool); every scheduler policy
+#: runs.
 #: Read by the scenario check (plain values) and the performance stage (values drawn from distributions).
-REPLICA_NEEDS = {"deployment.batching": ("continuous",),
-                 "deployment.scheduler": REPLICA_SCHEDULERS, "deployment.routing": ROUTERS}
+REPLICA_NEEDS = {"deployment.routing": ROUTERS}
 #: Every key :func:`replica_mismatch` reads.
 REPLICA_KEYS = (*REPLICA_NEEDS, "deployment.fleet_simulation", "deployment.disaggregated",
                 "performance.closed_loop_users")

@@ -155,10 +155,10 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                               "and filled as it admits requests, over the whole request stream (warm-up requests "
                               "included, latencies from the measured ones), and cost, hit rate and busy time "
                               "come from that run; disaggregated, the prefill replicas hold the caches and feed "
-                              "the decode replicas. Replicas always run (as fleet = 'fixed' and 'slo' do) and need "
-                              "continuous batching whose prefill and decode share a step (fcfs, chunked-prefill, "
-                              "priority, shortest-prompt-first; performance.preempt and max_new_per_step apply); "
-                              "a closed loop runs on a colocated pool only.", *FLEET_SIMULATIONS),
+                              "the decode replicas. Replicas always run (as fleet = 'fixed' and 'slo' do), under every "
+                              "scheduler policy (static batching and exclusive prefill included; "
+                              "performance.preempt and max_new_per_step apply); a closed loop runs on a colocated "
+                              "pool only.", *FLEET_SIMULATIONS),
         "routing_balance": F(0.25, "Cache-aware routing's relative load guard. Representative: an instance more "
                                    "than (1 + this) x the least loaded one's load (blocks routed so far) is passed "
                                    "over. Replicas: the fleet counts as imbalanced, and the request goes to the "
