@@ -419,8 +419,9 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
             per_token = (0.0, *(kvb / rate.instance_bytes_s for rate in rates))
             transfer = (kvb / (hw.scale_out_gb_s * 1e9 * gp), inputs.kv_transfer_latency_s) if disagg \
                 else (0.0, 0.0)
+            latency = (0.0, *(rate.latency_s for rate in rates))
             workload = prepare_stream(inputs.simulator, all_requests, warm, passes_r, capacity_blocks, per_token,
-                                      *transfer, rng)
+                                      *transfer, rng, restore_latency_s=latency)
         else:
             workload = prepare(inputs.simulator, requests, miss, restore_s, transfer_s, passes_r, max_seqs, rng)
         mean_blocks = math.ceil(model.decode_context / requests.block_tokens)

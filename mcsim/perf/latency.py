@@ -87,6 +87,7 @@ class Workload:
     measured_from: int = 0
     capacity_blocks: tuple = (0, 0, 0)
     restore_s_per_token: tuple = (0.0, 0.0, 0.0)
+    restore_latency_s: tuple = ()  # per tier: what a request restoring from it waits once (none: 0)
 
 
 def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per_instance: float,
@@ -126,13 +127,15 @@ def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per
 
 
 def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks, restore_s_per_token,
-                   transfer_s_per_token: float, transfer_latency_s: float, rng: np.random.Generator) -> Workload:
+                   transfer_s_per_token: float, transfer_latency_s: float, rng: np.random.Generator,
+                   restore_latency_s=()) -> Workload:
     """The replicas' workload: every request of the sample in arrival order, the cache's warm-up ones included.
 
     ``passes`` are the measured requests' (``stream.tail(measured_from)``); a warm-up request, which is served
     but not measured, makes the passes of its output tokens at the measured requests' mean rate. A request's KV
     transfer to the decode pool takes ``transfer_latency_s`` plus ``transfer_s_per_token`` per prompt token (0
-    and 0 when colocated). The router's uniforms are drawn from ``rng`` for every request, then, in a closed
+    and 0 when colocated). A request that restores from a tier also waits that tier's ``restore_latency_s`` once.
+    The router's uniforms are drawn from ``rng`` for every request, then, in a closed
     loop (``performance.closed_loop_users``), the think times.
     """
     out = stream.output_tokens.astype(np.int64)
@@ -154,7 +157,17 @@ def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks,
                     stream.block_tokens, class_id, class_priority[class_id], uniform,
                     block_ptr=stream.block_ptr, block_ids=stream.block_ids, measured_from=int(measured_from),
                     capacity_blocks=tuple(int(c) for c in capacity_blocks),
-                    restore_s_per_token=tuple(float(s) for s in restore_s_per_token))
+                    restore_s_per_token=tuple(float(s) for s in restore_s_per_token),
+                    restore_latency_s=tuple(float(s) for s in restore_latency_s))
+
+
+def _restore_s(w: Workload, cached_tokens) -> np.ndarray:
+    """Per request, the time its restores take: its reused tokens per tier at each tier's rate, plus each tier's
+    latency once when it restored from that tier."""
+    restore = cached_tokens @ np.asarray(w.restore_s_per_token)
+    if any(w.restore_latency_s):
+        restore = restore + (cached_tokens > 0) @ np.asarray(w.restore_latency_s)
+    return restore
 
 
 def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges, p_edges, seqs, blocks, budget,
@@ -252,7 +265,7 @@ class PoolSimulator:
             priority=w.priority, closed_users=w.users, think_s=w.think, measured_from=w.measured_from,
             steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
         fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=fleet["step_log"])
-        restore = fp["cached_tokens"] @ np.asarray(w.restore_s_per_token)
+        restore = _restore_s(w, fp["cached_tokens"])
         out = self._result(fp["ttft_s"] + restore, fp["e2e_s"] + restore, fp["queue_s"], fp["measured"], summary,
                            summary["saturated"])
         out["throughput_tok_s"] = float(summary["throughput_tok_s"]) / n_instances  # per instance, as elsewhere
@@ -302,7 +315,7 @@ class PoolSimulator:
             chunk_tokens=chunk, max_new_per_step=self.max_new, policy=self._prefill_policy(), priority=w.priority,
             measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"])
         fp, summary = fleet["per_request"], fleet["summary"]
-        restore = fp["cached_tokens"] @ np.asarray(w.restore_s_per_token)
+        restore = _restore_s(w, fp["cached_tokens"])
         return {"handoff": fp["ttft_s"] + restore + w.transfer_s, "queue": fp["queue_s"], "measured": fp["measured"],
                 "saturated": bool(summary["saturated"]), "busy_fraction": summary["busy_fraction"],
                 "steady_state": summary["queue_steady_state"], "cached_tokens": fp["cached_tokens"],
