@@ -334,3 +334,16 @@ def test_the_json_schema_takes_cache_tiers_and_refuses_what_it_can_express(tmp_p
     for case, (tiers, _, _) in BAD.items():
         if case not in not_expressible:
             assert not validator.is_valid(tomllib.loads(BASE + tiers)), case
+
+
+def test_replicas_restore_time_charges_each_tier_rate_and_its_latency_once():
+    """Per request: reused tokens per tier at each tier's seconds per token, plus a tier's latency once when the
+    request restored anything from it (worked by hand)."""
+    from mcsim.perf.latency import Workload, _restore_s
+
+    one = np.zeros(3)
+    w = Workload(one, one, one, one, one, one, one, None, 0, 16, one, one, one,
+                 restore_s_per_token=(0.0, 1e-6, 4e-6, 1e-5), restore_latency_s=(0.0, 5e-6, 80e-6, 1e-3))
+    cached = np.array([[32, 0, 0, 0], [0, 100, 0, 0], [16, 10, 20, 1]])
+    expected = [0.0, 100 * 1e-6 + 5e-6, 10 * 1e-6 + 20 * 4e-6 + 1e-5 + 5e-6 + 80e-6 + 1e-3]
+    np.testing.assert_allclose(_restore_s(w, cached), expected, rtol=1e-12)
