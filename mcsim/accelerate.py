@@ -9,15 +9,41 @@ MCSIM_NUMBA_CACHE
     ``"1"`` (default) keeps compiled kernels on disk next to their source so a new process does not
     recompile them; ``"0"`` turns the cache off (for example in worker processes that could race to
     write it).
+
+Numba checks a cached kernel against its own source file only, but the kernels inline helpers from the other files
+of :mod:`mcsim.kernels`: a change there would leave a stale kernel in the cache, silently. So the cache lives in a
+folder named by a digest of every kernel source (``kernels/__pycache__/numba-<digest>``), unless ``NUMBA_CACHE_DIR``
+says otherwise.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
+from pathlib import Path
 
 import numba
 
 CACHE = os.environ.get("MCSIM_NUMBA_CACHE", "1") != "0"
+
+
+def _cache_folder() -> Path | None:
+    """``kernels/__pycache__/numba-<digest of every kernel source>``, or None where the kernels cannot be found."""
+    spec = importlib.util.find_spec("mcsim.kernels")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    digest = hashlib.sha256()
+    for source in sorted(folder.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return folder / "__pycache__" / f"numba-{digest.hexdigest()[:16]}"
+
+
+if CACHE and not os.environ.get("NUMBA_CACHE_DIR"):
+    _folder = _cache_folder()
+    if _folder is not None:
+        numba.config.CACHE_DIR = str(_folder)
 
 
 def kernel(*args, **kwargs):
