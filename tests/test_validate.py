@@ -64,7 +64,16 @@ def test_comparison_rule():
     assert not validate._check("order", [2, 1], (1, 2), 0, "s").passed
 
 
-def test_command_writes_both_reports(tmp_path, capsys):
+def _checks_already_run(checks):
+    """run_validation as the command calls it, answering with the checks the fixture ran (at quick sizes)."""
+    def run_validation(quick=False):
+        assert quick is True
+        return list(checks)
+    return run_validation
+
+
+def test_command_writes_both_reports(tmp_path, capsys, monkeypatch, checks):
+    monkeypatch.setattr(validate, "run_validation", _checks_already_run(checks))
     out = tmp_path / "validation"
     assert validate_command(out, False, quick=True) == 0
     printed = capsys.readouterr().out
@@ -79,9 +88,11 @@ def test_command_writes_both_reports(tmp_path, capsys):
     assert len(md.splitlines()) - md.splitlines().index(header) - 2 == len(payload["checks"])
 
 
-def test_json_output_and_failure_exit_code(tmp_path, capsys, monkeypatch):
+def test_json_output_and_failure_exit_code(tmp_path, capsys, monkeypatch, checks):
     failing = validate._check("DeepSeek day: cost", 90_000, 87_072, 0.5, "test", "USD/day")
-    monkeypatch.setattr(validate, "economics_checks", lambda: [failing])
+    assert "DeepSeek day: cost" in [c.name for c in checks]
+    monkeypatch.setattr(validate, "run_validation", _checks_already_run(
+        [failing if c.name == failing.name else c for c in checks]))
     assert validate_command(tmp_path, True, quick=True) == 1
     payload = json.loads(capsys.readouterr().out)
     assert payload["passed"] is False
