@@ -45,7 +45,7 @@ def alias_tables(laws):
 def test_alias_table_reconstructs_normalised_weights(weights):
     w = np.array(weights)
     prob = np.empty(w.size)
-    alias = np.empty(w.size, np.int32)
+    alias = np.empty(w.size, np.int64)  # the engine's index type: the kernel compiles for one signature
     build_alias(w, prob, alias)
     assert np.all((prob >= 0) & (prob <= 1))
     assert np.all((alias >= 0) & (alias < w.size))
