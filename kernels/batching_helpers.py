@@ -1,4 +1,4 @@
-"""Small inline pieces of the batching simulator (:mod:`mcsim.kernels.batching`): the step-time table, the
+"""Small inline pieces of the batching simulator (:mod:`mcsim.kernels.step_loop`): the step-time table, the
 arrival heap, the waiting queue, the timing wheels and the per-step record.
 
 They are ``inline="always"``: the step loop calls them on its hot path, and a call that passes arrays costs

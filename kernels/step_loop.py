@@ -202,6 +202,18 @@ def _keyed_enqueue(r, i, tie_rank, by_uncached, owner, queue_key, cache_state, b
 
 
 @kernel(inline="always")
+def _fcfs_push(r, i, q_head, q_tail, q_len, q_next):
+    """Request ``r`` joins the tail of instance ``i``'s FCFS queue (a singly linked list)."""
+    if q_tail[i] >= 0:
+        q_next[q_tail[i]] = r
+    else:
+        q_head[i] = r
+    q_tail[i] = r
+    q_next[r] = -1
+    q_len[i] += 1
+
+
+@kernel(inline="always")
 def _enqueue(r, i, tie_rank, keyed, key_uncached, caching, pooled, queue_key, cache_state, block_keys, block_ptr,
              key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_tail, q_len, q_next, req_state):
     """Request ``r`` joins the tail of instance ``i``'s waiting queue (a keyed queue: its heap, under its key and
@@ -210,27 +222,33 @@ def _enqueue(r, i, tie_rank, keyed, key_uncached, caching, pooled, queue_key, ca
     if keyed:
         _keyed_enqueue(r, i, tie_rank, key_uncached and caching, 0 if pooled else i, queue_key, cache_state,
                        block_keys, block_ptr, key_stride, block_tokens, key, tie, q_left, q_right, q_head)
+        q_len[i] += 1
     else:
-        if q_tail[i] >= 0:
-            q_next[q_tail[i]] = r
-        else:
-            q_head[i] = r
-        q_tail[i] = r
-        q_next[r] = -1
-    q_len[i] += 1
+        _fcfs_push(r, i, q_head, q_tail, q_len, q_next)
 
 
 @kernel
 def _static_decode_steps(i, t, dleft, n_decoding, n_running, in_system, step_s0, slope, kvs, kvr, kv_ref_context,
                          track_kv, done, stop, stop_s, one_step, window_until, warmup_s, own_steps, end_s,
                          in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
-                         window_decode_steps, by_passes, passes, output_tokens, waiting, logs):
+                         window_decode_steps, by_passes, passes, output_tokens, logs, pos, feed_stop, feed, arrival_s,
+                         queue, req_state, out_instance):
     """A static batch's decode steps on instance ``i`` from ``t``: until the batch ends, or the next step would
-    start at or after ``stop_s`` (or after one, with ``one_step``). Returns the state and accumulators it moved."""
+    start at or after ``stop_s`` (or after one, with ``one_step``); the instance's own arrivals
+    (``feed[pos:feed_stop]``) join its queue at each step start. Returns the state and accumulators it moved."""
     log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting = logs
+    q_head, q_tail, q_len, q_next = queue
     log_cap = log_start_s.shape[1]
     ran = 0
     while True:
+        while pos < feed_stop and arrival_s[feed[pos]] <= t:  # (static batches queue first come, first served)
+            fed = feed[pos]
+            pos += 1
+            out_instance[fed] = i
+            req_state[fed] = _WAITING
+            _fcfs_push(fed, i, q_head, q_tail, q_len, q_next)
+            in_system += 1
+        waiting = q_len[i]
         step_s = step_s0
         if track_kv:
             if slope != 0.0:
@@ -264,7 +282,7 @@ def _static_decode_steps(i, t, dleft, n_decoding, n_running, in_system, step_s0,
         if dleft == 0 or one_step or t >= stop_s:
             break
     return (t, dleft, kvs, kvr, done, stop, own_steps, ran, end_s, in_system_integral, window_steps,
-            window_step_s_sum, window_decode_seqs_sum, window_decode_steps)
+            window_step_s_sum, window_decode_seqs_sum, window_decode_steps, pos)
 
 
 
@@ -429,6 +447,7 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     while k * wheel > WHEEL_SLOTS and wheel > 2 * pf_cap:
         wheel >>= 1
     mask = wheel - 1
+    full_wheel = wheel >= max_passes + 2  # a slot then holds the sequences of one step only
     finish_head = np.full(k * wheel, -1, np.int64)
     f_next = np.full(n_cont, -1, np.int64)
     f_prev = np.full(n_cont, -1, np.int64)
@@ -499,6 +518,7 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     max_new = params_int[P_MAX_NEW] if params_int[P_MAX_NEW] > 0 and not static else n + 1
     log_cap = log_start_s.shape[1]
     logs = (log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting)
+    fcfs_queue = (q_head, q_tail, q_len, q_next)
     in_system_integral = 0.0
     window_steps = 0
     window_step_s_sum = 0.0
@@ -664,18 +684,20 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
         own_steps = out_instance_steps[i]
         waited = not record_waiting
         pos = feed_start
+        next_feed_s = out_arrival_s[feed[pos]] if pos < feed_stop else np.inf
         ran = 0
         status = STATUS_OK
         while True:
-            while pos < feed_stop and out_arrival_s[feed[pos]] <= t:
+            while next_feed_s <= t:
                 fed = feed[pos]
                 pos += 1
+                next_feed_s = out_arrival_s[feed[pos]] if pos < feed_stop else np.inf
                 out_instance[fed] = i
                 _enqueue(fed, i, fed, keyed, key_uncached, caching, pooled, queue_key, cache_state, block_keys, block_ptr,
                          key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_tail, q_len, q_next, req_state)
             if n_running + q_len[i] == 0:
                 if pos < feed_stop:
-                    t = max(t, out_arrival_s[feed[pos]])
+                    t = max(t, next_feed_s)
                     continue
                 break
             if t >= t_limit or (one_step and ran > 0):
@@ -688,15 +710,15 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
             if static and dleft > 0:
                 # The static batch's decode steps: a function of their own (nothing to build, the step time fixed but for
                 # the KV term), whose few live variables stay in registers; in this loop they cost about twice as much.
-                next_feed_s = out_arrival_s[feed[pos]] if pos < feed_stop else np.inf
-                stop_s = min(t_limit, next_feed_s, window_until if not waited else np.inf)
+                stop_s = min(t_limit, window_until if not waited else np.inf)
                 (t, dleft, kvs, kvr, done, stop, own_steps, ran_now, end_s, in_system_integral, window_steps,
-                 window_step_s_sum, window_decode_seqs_sum, window_decode_steps) = _static_decode_steps(
+                 window_step_s_sum, window_decode_seqs_sum, window_decode_steps, pos) = _static_decode_steps(
                     i, t, dleft, n_decoding, n_running, in_system, static_step_s[i], static_slope[i], kvs, kvr,
                     kv_ref_context, track_kv, static_done[i], static_stop[i], stop_s, one_step, window_until, warmup_s,
                     own_steps, end_s, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
-                    window_decode_steps, by_passes, passes, output_tokens, q_len[i], logs)
-                steps += ran_now
+                    window_decode_steps, by_passes, passes, output_tokens, logs, pos, feed_stop, feed, out_arrival_s,
+                    fcfs_queue, req_state, out_instance)
+                next_feed_s = out_arrival_s[feed[pos]] if pos < feed_stop else np.inf
                 ran += ran_now
                 static_done[i] = done
                 static_stop[i] = stop
@@ -743,11 +765,17 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                 g = block_head[slot]
                 while g >= 0:
                     following = b_next[g]
-                    if b_step[g] == dc:
+                    if full_wheel:  # every sequence in the slot is due: the slot empties whole, below
+                        b_step[g] = -1
+                        growing[m] = g
+                        m += 1
+                    elif b_step[g] == dc:
                         _unfile(block_head, b_next, b_prev, b_step, base, mask, g)
                         growing[m] = g
                         m += 1
                     g = following
+                if full_wheel:
+                    block_head[slot] = -1
                 for a in range(1, m):  # oldest admission first
                     g = growing[a]
                     j = a - 1
@@ -1020,8 +1048,11 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                     s = finish_head[slot]
                     while s >= 0:
                         following = f_next[s]
-                        if f_step[s] == dc:
-                            _unfile(finish_head, f_next, f_prev, f_step, base, mask, s)
+                        if full_wheel or f_step[s] == dc:
+                            if full_wheel:  # every sequence in the slot finishes: the slot empties whole, below
+                                f_step[s] = -1
+                            else:
+                                _unfile(finish_head, f_next, f_prev, f_step, base, mask, s)
                             req_state[s] = _DONE
                             free += held[s]
                             end_count += 1
@@ -1037,15 +1068,18 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                             if closed and s + users < n:  # this user's next request
                                 _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
                         s = following
+                    if full_wheel:
+                        finish_head[slot] = -1
                     dc += 1
                 if n_decoding == 0:  # no rounding carried from one busy period to the next
                     kvs = 0.0
                     kvr = 0.0
             own_steps += 1
-            steps += 1
             ran += 1
-            end_s = max(end_s, t_end)
             t = t_end
+        if ran > 0:  # the end of this instance's last step
+            steps += ran
+            end_s = max(end_s, t)
         if not waited:  # every step of this instance started before the last arrival
             window_end = max(window_end, t)
         clock[i] = t

@@ -195,10 +195,10 @@ def deferred_imports(tree: ast.AST, lines: list[str]) -> list[tuple[int, bool]]:
 
 def test_the_graph_sees_the_packages():
     graph = import_graph()
-    assert {"mcsim.cli", "mcsim.scenario.loading", "mcsim.kernels.batching"} <= set(graph)
+    assert {"mcsim.cli", "mcsim.scenario.loading", "mcsim.kernels.step_loop"} <= set(graph)
     assert "mcsim.scenario.grid" in graph["mcsim.scenario.loading"]
     assert "mcsim.execution.api" in graph["mcsim.cli"]  # an import inside a function
-    assert "mcsim.accelerate" in graph["mcsim.kernels.batching"]
+    assert "mcsim.accelerate" in graph["mcsim.kernels.step_loop"]
     assert "mcsim.scenario.loading" not in graph["mcsim.scenario.grid"]  # only under TYPE_CHECKING
     assert "mcsim.scenario.loading" in import_graph(type_checking=True)["mcsim.scenario.grid"]
 
@@ -220,7 +220,7 @@ def test_upward_imports_are_found_wherever_they_are():
     assert upward_imports(graph) == [("mcsim.scenario.probe", m) for m in
                                      ("mcsim.calibration.fit", "mcsim.perf.fleet", "mcsim.results.dataset")]
     assert "mcsim.scenario.catalog" in graph["mcsim.scenario.probe"]
-    assert layer_of("mcsim.kernels.batching") == layer_of("mcsim.stages.workload") < layer_of("mcsim.perf")
+    assert layer_of("mcsim.kernels.step_loop") == layer_of("mcsim.stages.workload") < layer_of("mcsim.perf")
     assert layer_of("mcsim.results.figures.common") < layer_of("mcsim.execution.api") < layer_of("mcsim.cli")
 
 

@@ -7,54 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from helpers import CONSTANT, TABLE, TAU, linear_step_s, random_settings, random_workload
+
 from mcsim.perf.batching import simulate_batching
 from mcsim.reference.batching import simulate_reference
 
 # A step-time table linear in both coordinates, so bilinear interpolation reproduces the plane exactly and
 # the hand sums below can use the formula directly (inside the edges).
-DECODE_EDGES = np.array([1.0, 8.0, 64.0, 256.0])
-PREFILL_EDGES = np.array([0.0, 512.0, 4096.0, 16384.0])
-BASE_S, PER_SEQ_S, PER_TOKEN_S = 0.01, 2e-4, 4e-6
-LINEAR_TABLE = BASE_S + PER_SEQ_S * DECODE_EDGES[:, None] + PER_TOKEN_S * PREFILL_EDGES[None, :]
-TABLE = {"step_time_table": LINEAR_TABLE, "decode_edges": DECODE_EDGES, "prefill_edges": PREFILL_EDGES}
-# A constant step time (a power of two in seconds, so every sum of steps is exact).
-TAU = 0.25
-CONSTANT = {"step_time_table": np.full((1, 1), TAU), "decode_edges": [1.0], "prefill_edges": [0.0]}
-
-
-def linear_step_s(decode_seqs, prefill_tokens):
-    """The table's plane, with decode sequences clamped to the first edge (0 -> 1)."""
-    return BASE_S + PER_SEQ_S * max(decode_seqs, DECODE_EDGES[0]) + PER_TOKEN_S * prefill_tokens
-
-
-def random_workload(rng, n, rate):
-    arrival = np.cumsum(rng.exponential(1.0 / rate, n))
-    context = rng.integers(1, 300, n)
-    prefill = np.clip(context - rng.integers(0, 100, n), 1, context)
-    output = rng.integers(1, 60, n)
-    tokens_per_pass = int(rng.integers(1, 4))
-    passes = np.where(output > 1, -(-(output - 1) // tokens_per_pass), 0)
-    think = rng.exponential(0.5, n)
-    return arrival, prefill, context, output, passes, think
-
-
-def random_settings(rng, output, context, policy, preempt, closed_users):
-    block_tokens = int(rng.integers(1, 32))
-    largest = int(((context + output + block_tokens - 1) // block_tokens).max())
-    return {
-        "token_budget": int(rng.integers(1, 1000)),
-        "max_seqs": int(rng.integers(1, 10)),
-        # From "one request fits" to roomy: tight pools force preemptions.
-        "kv_blocks": largest + int(rng.integers(0, 2 * largest)),
-        "block_tokens": block_tokens,
-        "chunk_tokens": int(rng.integers(0, 200)),
-        "verify_tokens": int(rng.integers(1, 4)),
-        "policy": policy,
-        "preempt": preempt,
-        "closed_users": closed_users,
-    }
-
-
 @pytest.mark.parametrize(
     ("policy", "preempt", "closed_users"),
     [("continuous", False, 0), ("continuous", True, 0), ("static", False, 0), ("continuous", True, 3),
@@ -66,7 +25,7 @@ def test_kernel_matches_reference_exactly(policy, preempt, closed_users):
         rng = np.random.default_rng([seed, closed_users, int(preempt)])
         n = int(rng.integers(1, 50))
         arrival, prefill, context, output, passes, think = random_workload(rng, n, rng.uniform(5.0, 200.0))
-        settings = random_settings(rng, output, context, policy, preempt, closed_users)
+        settings = random_settings(rng, output, context, policy=policy, preempt=preempt, closed_users=closed_users)
         warmup_s = float(arrival[n // 4])
         result = simulate_batching(arrival, prefill, context, output, passes, think_s=think, warmup_s=warmup_s,
                                    max_steps=100_000, **TABLE, **settings)
@@ -104,7 +63,7 @@ def test_steps_pay_for_the_batch_own_kv_lengths(policy, preempt):
         rng = np.random.default_rng([seed, 7, int(preempt)])
         n = int(rng.integers(1, 40))
         arrival, prefill, context, output, passes, think = random_workload(rng, n, rng.uniform(5.0, 200.0))
-        settings = random_settings(rng, output, context, policy, preempt, 0)
+        settings = random_settings(rng, output, context, policy=policy, preempt=preempt, closed_users=0)
         kv = {"kv_slope": slope, "kv_ref_context": float(rng.uniform(0, 400))}
         result = simulate_batching(arrival, prefill, context, output, passes, warmup_s=0.0, max_steps=100_000,
                                    **TABLE, **kv, **settings)

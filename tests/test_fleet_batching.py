@@ -6,58 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import DECODE_EDGES, TABLE, random_blocks, random_settings, random_workload
+
 from mcsim.perf.fleet_batching import REPLICA_SCHEDULERS, ROUTERS, affinity_instances, simulate_fleet_batching
 from mcsim.reference.batching import simulate_reference
 from mcsim.reference.fleet_batching import simulate_fleet_reference
-
-DECODE_EDGES = np.array([1.0, 8.0, 64.0, 256.0])
-PREFILL_EDGES = np.array([0.0, 512.0, 4096.0, 16384.0])
-LINEAR_TABLE = 0.01 + 2e-4 * DECODE_EDGES[:, None] + 4e-6 * PREFILL_EDGES[None, :]
-TABLE = {"step_time_table": LINEAR_TABLE, "decode_edges": DECODE_EDGES, "prefill_edges": PREFILL_EDGES}
-
-
-def random_workload(rng, n, rate):
-    arrival = np.cumsum(rng.exponential(1.0 / rate, n))
-    if rng.uniform() < 0.3:  # simultaneous arrivals exercise the ties
-        arrival = np.round(arrival, 1)
-    context = rng.integers(1, 300, n)
-    prefill = np.clip(context - rng.integers(0, 100, n), 1, context)
-    output = rng.integers(1, 60, n)
-    tokens_per_pass = int(rng.integers(1, 4))
-    passes = np.where(output > 1, -(-(output - 1) // tokens_per_pass), 0)
-    return arrival, prefill, context, output, passes
-
-
-def random_blocks(rng, n, block_tokens):
-    """Prompt blocks with sharing: a few system prompts, turns that extend an earlier request's prompt, own
-    blocks; and prompt tokens that hold those blocks (sometimes exactly, so that a prompt can be fully cached)."""
-    prefixes = [list(range(1000 * q, 1000 * q + int(rng.integers(0, 6)))) for q in range(int(rng.integers(1, 4)))]
-    lists, fresh = [], 10**6
-    for r in range(n):
-        if r and rng.uniform() < 0.3:
-            base = list(lists[int(rng.integers(r))])  # a later turn of an earlier conversation
-        else:
-            base = list(prefixes[int(rng.integers(len(prefixes)))])
-        own = int(rng.integers(0, 4))
-        lists.append(base + list(range(fresh, fresh + own)))
-        fresh += own
-    prompt = np.array([max(len(b) * block_tokens + int(rng.integers(0, block_tokens)), 1) for b in lists])
-    ptr = np.concatenate([[0], np.cumsum([len(b) for b in lists])]).astype(np.int64)
-    ids = np.array([x for b in lists for x in b], dtype=np.int64)
-    return lists, prompt, ptr, ids
-
-
-def random_settings(rng, output, context):
-    block_tokens = int(rng.integers(1, 32))
-    largest = int(((context + output + block_tokens - 1) // block_tokens).max())
-    return {
-        "token_budget": int(rng.integers(1, 1000)),
-        "max_seqs": int(rng.integers(1, 10)),
-        "kv_blocks": largest + int(rng.integers(0, 2 * largest)),  # tight pools make least-kv differ
-        "block_tokens": block_tokens,
-        "chunk_tokens": int(rng.integers(0, 200)),
-        "verify_tokens": int(rng.integers(1, 4)),
-    }
 
 
 @pytest.mark.parametrize("router", ROUTERS)
@@ -68,7 +21,7 @@ def test_kernel_matches_fleet_reference_exactly(router):
         rng = np.random.default_rng([seed, ROUTERS.index(router)])
         n = int(rng.integers(1, 60))
         n_instances = int(rng.integers(1, 6))
-        arrival, _, _, output, passes = random_workload(rng, n, rng.uniform(5.0, 400.0))
+        arrival, _, _, output, passes = random_workload(rng, n, rng.uniform(5.0, 400.0), ties=True, think=False)[:5]
         block_tokens = int(rng.integers(1, 32))
         lists, prompt, ptr, ids = random_blocks(rng, n, block_tokens)
         settings = random_settings(rng, output, prompt)
@@ -189,7 +142,7 @@ def test_one_replica_is_the_one_instance_simulator(preempt, scheduler):
     for seed in range(30):
         rng = np.random.default_rng([seed, 99])
         n = int(rng.integers(1, 60))
-        arrival, prefill, context, output, passes = random_workload(rng, n, rng.uniform(5.0, 200.0))
+        arrival, prefill, context, output, passes = random_workload(rng, n, rng.uniform(5.0, 200.0), ties=True, think=False)[:5]
         settings = random_settings(rng, output, context)
         max_new = int(rng.integers(0, 3)) if seed % 3 == 0 else 0  # a cap on admissions per step
         priority = rng.integers(0, 3, n)
@@ -460,7 +413,7 @@ def test_one_replica_closed_loop_is_the_one_instance_closed_loop(preempt):
     for seed in range(20):
         rng = np.random.default_rng([seed, 17])
         n = int(rng.integers(2, 60))
-        arrival, prefill, context, output, passes = random_workload(rng, n, rng.uniform(5.0, 200.0))
+        arrival, prefill, context, output, passes = random_workload(rng, n, rng.uniform(5.0, 200.0), ties=True, think=False)[:5]
         settings = random_settings(rng, output, context)
         users = int(rng.integers(1, 6))
         first = np.zeros(n)

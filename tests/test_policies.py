@@ -8,7 +8,7 @@ import pytest
 from mcsim.perf import policies
 from mcsim.perf.batching import simulate_batching
 from mcsim.reference.batching import simulate_reference
-from test_batching import TABLE, random_settings, random_workload
+from helpers import TABLE, random_settings, random_workload
 
 
 def reference_for(policy: policies.Policy, arrival, prefill, context, output, passes, think, priority, settings,
@@ -31,7 +31,7 @@ def test_every_policy_matches_the_reference_exactly(name):
         arrival, prefill, context, output, passes, think = random_workload(rng, n, rng.uniform(20.0, 400.0))
         preempt = policy.admission == "continuous" and bool(seed % 2)
         closed_users = 3 if seed % 5 == 4 else 0
-        settings = random_settings(rng, output, context, name, preempt, closed_users)
+        settings = random_settings(rng, output, context, policy=name, preempt=preempt, closed_users=closed_users)
         priority = rng.integers(0, 3, n)
         max_new = int(rng.integers(0, 3))
         warmup_s = float(arrival[n // 4])

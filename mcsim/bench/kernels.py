@@ -391,32 +391,39 @@ def batching_workload(n_requests: int, rate_per_s: float, seed: int = 0):
 
 
 def _batching_params(policy, preempt, kv_blocks):
-    from mcsim.kernels import batching as kernel
+    from mcsim.kernels import batching_helpers as slots
 
-    params = np.zeros(kernel.N_PARAMS, np.int64)
-    params[kernel.P_TOKEN_BUDGET] = BATCH_SETTINGS["token_budget"]
-    params[kernel.P_MAX_SEQS] = BATCH_SETTINGS["max_seqs"]
-    params[kernel.P_KV_BLOCKS] = kv_blocks
-    params[kernel.P_BLOCK_TOKENS] = BATCH_SETTINGS["block_tokens"]
-    params[kernel.P_CHUNK_TOKENS] = BATCH_SETTINGS["chunk_tokens"]
-    params[kernel.P_VERIFY_TOKENS] = BATCH_SETTINGS["verify_tokens"]
-    params[kernel.P_POLICY] = kernel.POLICY_STATIC if policy == "static" else kernel.POLICY_CONTINUOUS
-    params[kernel.P_PREEMPT] = int(preempt)
+    params = np.zeros(slots.N_PARAMS, np.int64)
+    params[slots.P_TOKEN_BUDGET] = BATCH_SETTINGS["token_budget"]
+    params[slots.P_MAX_SEQS] = BATCH_SETTINGS["max_seqs"]
+    params[slots.P_KV_BLOCKS] = kv_blocks
+    params[slots.P_BLOCK_TOKENS] = BATCH_SETTINGS["block_tokens"]
+    params[slots.P_CHUNK_TOKENS] = BATCH_SETTINGS["chunk_tokens"]
+    params[slots.P_VERIFY_TOKENS] = BATCH_SETTINGS["verify_tokens"]
+    params[slots.P_POLICY] = slots.POLICY_STATIC if policy == "static" else slots.POLICY_CONTINUOUS
+    params[slots.P_PREEMPT] = int(preempt)
+    params[slots.P_ROUTE_PICK] = slots.PICK_GIVEN
     return params
 
 
 def run_batching_kernel(workload, policy, preempt, kv_blocks):
-    """Per-request outputs (four float arrays) and the statistics vector of the batching kernel."""
-    from mcsim.kernels import batching as kernel
+    """Per-request outputs (four float arrays) and the statistics vector of the step loop with one instance."""
+    from mcsim.kernels import batching_helpers as slots
+    from mcsim.kernels import step_loop as kernel
 
     arrival, prefill, context, output = workload
     n = arrival.shape[0]
     outputs = [np.empty(n) for _ in range(4)]
-    stats = np.zeros(kernel.N_STATS)
-    no_log_f, no_log_i = np.zeros(0), np.zeros(0, np.int64)
-    kernel.simulate(arrival, prefill, context, output, output - 1, np.zeros(n), np.zeros(n, np.int64),
-                    _batching_params(policy, preempt, kv_blocks), 0.0, BATCH_STEP_TIME_TABLE, BATCH_DECODE_EDGES,
-                    BATCH_PREFILL_EDGES, np.zeros(len(BATCH_DECODE_EDGES)), 0.0, *outputs, stats, no_log_f, no_log_i, no_log_i, no_log_f, no_log_i)
+    stats = np.zeros(slots.N_STATS)
+    zeros = np.zeros(n, np.int64)
+    no_log_f, no_log_i = np.zeros((1, 0)), np.zeros((1, 0), np.int64)
+    kernel.simulate(arrival, prefill, context, output, output - 1, np.zeros(n), zeros, zeros, False,
+                    np.zeros(n + 1, np.int64), zeros[:0], 1, np.zeros(1, np.int64), False,
+                    _batching_params(policy, preempt, kv_blocks), 0.0, 0, 0.0, -1, BATCH_STEP_TIME_TABLE,
+                    BATCH_DECODE_EDGES, BATCH_PREFILL_EDGES, np.zeros(len(BATCH_DECODE_EDGES)), 0.0,
+                    np.empty((0, 4), np.int32), outputs[0], np.empty(n, np.int64), outputs[1], outputs[2], outputs[3],
+                    np.empty((n, 1), np.int64), np.zeros(1, np.int64), stats, no_log_f, no_log_i, no_log_i, no_log_f,
+                    no_log_i)
     return outputs, stats
 
 

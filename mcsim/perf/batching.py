@@ -1,9 +1,9 @@
 """Latency under load: TTFT, TPOT and E2E from a step-level simulation of one serving instance.
 
 The roofline (or any performance model) supplies step times as a table over (decoding sequences,
-prefill tokens in the step); :func:`simulate_batching` replays a workload through the continuous- or
-static-batching scheduler of :mod:`mcsim.kernels.batching` (whose docstring states every rule) and
-summarises per-request latencies, throughput and queueing.
+prefill tokens in the step); :func:`simulate_batching` replays a workload through the step loop
+(:mod:`mcsim.kernels.step_loop`, whose docstring states every rule) with one instance, under any scheduler policy,
+and summarises per-request latencies, throughput and queueing.
 
 Saturation. A finite run always drains, so an overloaded instance shows up as a backlog that grows
 while requests keep arriving. Over the second half of the measured window, the ratio of arrivals to
@@ -70,7 +70,7 @@ def base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens
                 verify_tokens) -> tuple[np.ndarray, int]:
     """The kernel's integer parameters every batching simulator shares, and the KV pool in blocks (all the
     requests' blocks when ``kv_blocks`` is None); a request that cannot fit the pool is an error."""
-    from mcsim.kernels import batching as kernel  # the parameters' slots (importing compiles nothing)
+    from mcsim.kernels import batching_helpers as kernel  # the parameters' slots (importing compiles nothing)
 
     full_blocks = (context + output + block_tokens - 1) // block_tokens
     if kv_blocks is None:
@@ -208,7 +208,8 @@ def simulate_batching(
     >>> [round(float(x), 4) for x in result["per_request"]["e2e_s"]]  # prefill step, then 2 decode steps
     [0.0601, 0.0601]
     """
-    from mcsim.kernels import batching as kernel
+    from mcsim.kernels import batching_helpers as slots
+    from mcsim.kernels import step_loop as kernel
 
     arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
     n = arrival.shape[0]
@@ -238,28 +239,33 @@ def simulate_batching(
     params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                                     verify_tokens)
     codes = scheduler.codes(max_new_per_step)
-    params[kernel.P_POLICY] = codes["admission"]
-    params[kernel.P_ORDER] = codes["order"]
-    params[kernel.P_MIXING] = codes["mixing"]
-    params[kernel.P_MAX_NEW] = codes["max_new_per_step"]
-    params[kernel.P_PREEMPT] = int(bool(preempt))
-    params[kernel.P_CLOSED_USERS] = closed_users
+    params[slots.P_POLICY] = codes["admission"]
+    params[slots.P_ORDER] = codes["order"]
+    params[slots.P_MIXING] = codes["mixing"]
+    params[slots.P_MAX_NEW] = codes["max_new_per_step"]
+    params[slots.P_PREEMPT] = int(bool(preempt))
+    params[slots.P_CLOSED_USERS] = closed_users
+    params[slots.P_ROUTE_PICK] = slots.PICK_GIVEN  # the one instance of the step loop
     queue_key = scheduler.queue_key(prefill, priority)
 
     arrival_out, first_token, finish, queue = (np.empty(n) for _ in range(4))
-    stats = np.zeros(kernel.N_STATS)
-    log = {"start_s": np.empty(max_steps), "decode_seqs": np.empty(max_steps, np.int64),
-           "prefill_tokens": np.empty(max_steps, np.int64), "step_s": np.empty(max_steps),
-           "waiting": np.empty(max_steps, np.int64)}
-    kernel.simulate(arrival, prefill, context, output, passes, think, queue_key, params, float(warmup_s), table,
-                    d_edges, p_edges, slope, float(kv_ref_context), arrival_out, first_token, finish, queue, stats,
-                    log["start_s"], log["decode_seqs"], log["prefill_tokens"], log["step_s"], log["waiting"])
-    if stats[kernel.STAT_STATUS] != 0:
+    stats = np.zeros(slots.N_STATS)
+    log = {"start_s": np.empty((1, max_steps)), "decode_seqs": np.empty((1, max_steps), np.int64),
+           "prefill_tokens": np.empty((1, max_steps), np.int64), "step_s": np.empty((1, max_steps)),
+           "waiting": np.empty((1, max_steps), np.int64)}
+    zeros = np.zeros(n, np.int64)
+    status = kernel.simulate(arrival, prefill, context, output, passes, think, zeros, queue_key, False,
+                             np.zeros(n + 1, np.int64), zeros[:0], 1, np.zeros(1, np.int64), False, params, 0.0, 0,
+                             float(warmup_s), -1, table, d_edges, p_edges, slope, float(kv_ref_context),
+                             np.empty((0, 4), np.int32), arrival_out, np.empty(n, np.int64), first_token, finish,
+                             queue, np.empty((n, 1), np.int64), np.zeros(1, np.int64), stats, log["start_s"],
+                             log["decode_seqs"], log["prefill_tokens"], log["step_s"], log["waiting"])
+    if status != kernel.STATUS_OK:
         raise RuntimeError("the batching simulation stalled (a step with nothing to run)")
-    steps = int(stats[kernel.STAT_STEPS])
-    step_log = None if max_steps == 0 else {key: value[: min(steps, max_steps)] for key, value in log.items()}
+    steps = int(stats[slots.STAT_STEPS])
+    step_log = None if max_steps == 0 else {key: value[0, : min(steps, max_steps)] for key, value in log.items()}
     per_request = _per_request(arrival_out, first_token, finish, queue, output, warmup_s)
-    summary = _summary(per_request, output, warmup_s, stats, kernel)
+    summary = _summary(per_request, output, warmup_s, stats, slots)
     summary["queue_steady_state"] = queue_steady_state(per_request, summary, float(steady_tolerance))
     return {"per_request": per_request, "summary": summary, "step_log": step_log}
 

@@ -2,7 +2,7 @@
 
 A policy is a :class:`Policy` entry of :data:`POLICIES`: its queue order, when it admits requests, whether
 prefill and decode share a step, its per-step cap on new sequences and the analytic (no-simulator) model of its
-decode slots. The kernel (:mod:`mcsim.kernels.batching`) gets each field as an integer code
+decode slots. The step loop (:mod:`mcsim.kernels.step_loop`) gets each field as an integer code
 (:meth:`Policy.codes`); the event-loop reference (:mod:`mcsim.reference.batching`) reads the same fields by
 name. Adding a policy is an entry here, the kernel's hook for any new field value, and the reference's.
 

@@ -1,4 +1,4 @@
-"""Reference for :mod:`mcsim.kernels.batching`: one serving instance, the fleet reference with one replica.
+"""Reference for :mod:`mcsim.kernels.step_loop` with one instance: one serving instance, the fleet reference with one replica.
 
 The one event loop of the batching simulators is :func:`mcsim.reference.fleet_batching.simulate_fleet_reference`
 (its instances' step rules in :mod:`mcsim.reference.step_loop`). One instance is that loop with one replica, no
@@ -53,7 +53,7 @@ def simulate_reference(
     Parameters
     ----------
     arrival_s, prefill_tokens, context_tokens, output_tokens, passes, think_s : sequences, one per request
-        As in :func:`mcsim.kernels.batching.simulate`.
+        As in :func:`mcsim.kernels.step_loop.simulate`.
     token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens, verify_tokens : int
         The scheduler settings.
     policy : {"continuous", "static"}

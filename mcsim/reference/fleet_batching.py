@@ -1,7 +1,7 @@
 """Reference for the batching simulators: replicas behind a global router as one plain event loop.
 
-The one reference of :mod:`mcsim.kernels.fleet_batching` and, with one replica, of
-:mod:`mcsim.kernels.batching` (:func:`mcsim.reference.batching.simulate_reference` is this loop with one
+The one reference of :mod:`mcsim.kernels.step_loop` and, with one replica, of
+:mod:`mcsim.kernels.step_loop` (:func:`mcsim.reference.batching.simulate_reference` is this loop with one
 instance). The kernels' module docstrings state the rules; each instance's step is
 :meth:`mcsim.reference.step_loop.Instance.step` (every policy of :mod:`mcsim.perf.policies`: continuous
 batching with mixed or exclusive steps, FCFS or keyed queues, a cap on admissions per step, whole-request KV
@@ -72,7 +72,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
     Parameters
     ----------
     arrival_s, prompt_tokens, context_tokens, output_tokens, passes, router_uniform : sequences, one per request
-        As in :func:`mcsim.kernels.fleet_batching.simulate_fleet`: arrivals (a closed loop's first ``U``
+        As in :func:`mcsim.kernels.step_loop.simulate`: arrivals (a closed loop's first ``U``
         only), prompt tokens (the prefill is what the instance's prefix cache does not hold: all of them
         without a cache), KV context, output tokens, decode passes, and the uniforms of ``router="random"``.
     n_instances, router : int, str
@@ -80,7 +80,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
     token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens, verify_tokens : int
         Each instance's scheduler settings (``kv_blocks`` per instance).
     step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context
-        The step-time model, as in :func:`mcsim.kernels.batching.simulate` (``kv_slope`` None: the table alone).
+        The step-time model, as in :func:`mcsim.kernels.step_loop.simulate` (``kv_slope`` None: the table alone).
     block_lists, fixed_instance, capacity_blocks, balance, balance_requests : optional
         Prompt blocks per request; the instances ``prefix-affinity`` sends requests to; the prefix cache's
         capacity per tier in blocks (HBM 0: no cache; one pooled cache of ``n_instances`` times it under

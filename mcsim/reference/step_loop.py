@@ -1,6 +1,6 @@
 """One serving instance of the reference event loop: its requests, its queue and the rules of one step.
 
-The rules are those of :mod:`mcsim.kernels.batching` (its module docstring states them in full): continuous
+The rules are those of :mod:`mcsim.kernels.step_loop` (its module docstring states them in full): continuous
 batching with mixed or exclusive prefill/decode steps, FCFS or keyed waiting queues, a cap on admissions per
 step, whole-request KV reservation or KV growth with preemption by recompute, and static batching. They are
 written here for obviousness, not speed: every step looks at every running sequence and sums the batch's KV
