@@ -1,8 +1,8 @@
-"""Small inline pieces of the batching simulator (:mod:`mcsim.kernels.step_loop`): the step-time table, the
-arrival heap, the waiting queue, the timing wheels and the per-step record.
+"""Small pieces of the step loop (:mod:`mcsim.kernels.step_loop`): its parameter and statistic slots, the
+step-time table, the (time, index) heaps, KV growth and a keyed queue's skew heap.
 
-They are ``inline="always"``: the step loop calls them on its hot path, and a call that passes arrays costs
-atomic reference-count updates that an inlined body does not.
+Most are ``inline="always"``: the step loop calls them on its hot path, and a call that passes arrays costs
+atomic reference-count updates that an inlined body does not (the skew heap is the exception, said there).
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ N_STATS = 11
 
 # Request states.
 _PENDING, _WAITING, _PREFILLING, _DECODING, _DONE = 0, 1, 2, 3, 4
-# Fields of the small scalar-state array shared by the helpers.
-_OPEN_NEXT, _HEAP_SIZE, _RELEASED, _QUEUE_HEAD, _QUEUE_LEN = 0, 1, 2, 3, 4
+# The size's slot in the state array of a (time, index) heap.
+_HEAP_SIZE = 1
 
 
 
@@ -181,148 +181,6 @@ def _heap_pop(heap_t, heap_r, state):
 
 
 @kernel(inline="always")
-def _next_arrival(arrival_s, closed, heap_t, state):
-    """Time of the next arrival not yet released (inf when none is known)."""
-    if closed:
-        return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
-    if state[_OPEN_NEXT] < arrival_s.shape[0]:
-        return arrival_s[state[_OPEN_NEXT]]
-    return np.inf
-
-
-@kernel(inline="always")
-def _queue_push_back(queue, state, request):
-    n = queue.shape[0]
-    queue[(state[_QUEUE_HEAD] + state[_QUEUE_LEN]) % n] = request
-    state[_QUEUE_LEN] += 1
-
-
-@kernel(inline="always")
-def _queue_push_front(queue, state, request):
-    n = queue.shape[0]
-    head = (state[_QUEUE_HEAD] - 1 + n) % n
-    queue[head] = request
-    state[_QUEUE_HEAD] = head
-    state[_QUEUE_LEN] += 1
-
-
-@kernel(inline="always")
-def _queue_pop_front(queue, state):
-    request = queue[state[_QUEUE_HEAD]]
-    state[_QUEUE_HEAD] = (state[_QUEUE_HEAD] + 1) % queue.shape[0]
-    state[_QUEUE_LEN] -= 1
-    return request
-
-
-@kernel(inline="always")
-def _key_less(queue_key, tie, a, b):
-    return queue_key[a] < queue_key[b] or (queue_key[a] == queue_key[b] and tie[a] < tie[b])
-
-
-@kernel
-def _keyed_push(queue, queue_key, tie, state, request):
-    """Push ``request`` onto the waiting queue kept as a binary min-heap on (queue_key, tie).
-
-    Not inlined, unlike the FCFS queue's helpers: a keyed policy pays a call per push and pop, and the loop
-    that the FCFS policies run stays small (inlined, these heaps cost them a third more per step).
-    """
-    i = state[_QUEUE_LEN]
-    state[_QUEUE_LEN] = i + 1
-    queue[i] = request
-    while i > 0:
-        parent = (i - 1) >> 1
-        if not _key_less(queue_key, tie, queue[i], queue[parent]):
-            break
-        queue[i], queue[parent] = queue[parent], queue[i]
-        i = parent
-
-
-@kernel
-def _keyed_pop(queue, queue_key, tie, state):
-    """Remove the keyed waiting queue's head (``queue[0]``)."""
-    size = state[_QUEUE_LEN] - 1
-    state[_QUEUE_LEN] = size
-    queue[0] = queue[size]
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and _key_less(queue_key, tie, queue[child + 1], queue[child]):
-            child += 1
-        if not _key_less(queue_key, tie, queue[child], queue[i]):
-            break
-        queue[i], queue[child] = queue[child], queue[i]
-        i = child
-
-
-@kernel(inline="always")
-def _queue_head(queue, keyed, state):
-    """The request at the waiting queue's head (the queue must not be empty)."""
-    return queue[0] if keyed else queue[state[_QUEUE_HEAD]]
-
-
-@kernel(inline="always")
-def _queue_pop(queue, keyed, queue_key, tie, state):
-    if keyed:
-        _keyed_pop(queue, queue_key, tie, state)
-    else:
-        _queue_pop_front(queue, state)
-
-
-@kernel(inline="always")
-def _release(t, arrival_s, closed, heap_t, heap_r, state, queue, req_state, out_stats, keyed, queue_key, tie):
-    """Move every arrival at or before ``t`` to the waiting queue (noting the window's end at the last one).
-
-    In a keyed queue a request's tie is its rank of arrival, so equal keys are served first come, first
-    served. Returns the time of the next arrival not yet released (inf when none is known yet).
-    """
-    n = arrival_s.shape[0]
-    while _next_arrival(arrival_s, closed, heap_t, state) <= t:
-        if closed:
-            request = heap_r[0]
-            _heap_pop(heap_t, heap_r, state)
-        else:
-            request = state[_OPEN_NEXT]
-            state[_OPEN_NEXT] += 1
-        req_state[request] = _WAITING
-        if keyed:
-            tie[request] = state[_RELEASED]
-            _keyed_push(queue, queue_key, tie, state, request)
-        else:
-            _queue_push_back(queue, state, request)
-        state[_RELEASED] += 1
-        if state[_RELEASED] == n:
-            out_stats[STAT_WINDOW_END_S] = t
-            out_stats[STAT_WAITING_AT_WINDOW_END] = state[_QUEUE_LEN]
-    return _next_arrival(arrival_s, closed, heap_t, state)
-
-
-@kernel(inline="always")
-def _record_step(step, t, decode_seqs, prefill, step_s, waiting, dump_start_s, dump_decode_seqs,
-                 dump_prefill_tokens, dump_step_s, dump_waiting):
-    """Write one step's row of the optional per-step record."""
-    dump_start_s[step] = t
-    dump_decode_seqs[step] = decode_seqs
-    dump_prefill_tokens[step] = prefill
-    dump_step_s[step] = step_s
-    dump_waiting[step] = waiting
-
-
-@kernel(inline="always")
-def _schedule_follower(request, time, out_arrival_s, think_s, closed_users, heap_t, heap_r, state):
-    """Closed loop: the next request of ``request``'s user arrives its think time after ``time``.
-
-    Returns the time of the next arrival not yet released.
-    """
-    follower = request + closed_users
-    if follower < out_arrival_s.shape[0]:
-        out_arrival_s[follower] = time + think_s[follower]
-        _heap_push(heap_t, heap_r, state, out_arrival_s[follower], follower)
-    return heap_t[0] if state[_HEAP_SIZE] > 0 else np.inf
-
-
-@kernel(inline="always")
 def _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
                   window_decode_steps, steps, end_s):
     """Copy the statistics accumulated in locals during the run into ``out_stats``."""
@@ -333,20 +191,6 @@ def _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum
     out_stats[STAT_WINDOW_DECODE_STEPS] = window_decode_steps
     out_stats[STAT_STEPS] = steps
     out_stats[STAT_END_S] = end_s
-
-
-@kernel(inline="always")
-def _wheel_remove(head, next_, prev, slot_of, request, mask):
-    """Take ``request`` out of the timing-wheel list it is filed in (nothing if it is in none)."""
-    if slot_of[request] < 0:
-        return
-    if prev[request] >= 0:
-        next_[prev[request]] = next_[request]
-    else:
-        head[slot_of[request] & mask] = next_[request]
-    if next_[request] >= 0:
-        prev[next_[request]] = prev[request]
-    slot_of[request] = -1
 
 
 @kernel(inline="always")
