@@ -56,7 +56,7 @@ TODO_UPWARD = {
 #: Modules whose imports inside functions are not yet each justified (their owners are rewriting them).
 TODO_DEFERRED = (
     "mcsim.bench.kernels", "mcsim.bench.report", "mcsim.bench.run", "mcsim.bench.scaling", "mcsim.bench.timing",
-    "mcsim.perf.batching", "mcsim.perf.fleet_batching", "mcsim.stages.kvcache",
+    "mcsim.stages.kvcache",
 )
 #: The most imports inside functions the other modules may keep.
 MAX_DEFERRED = 20

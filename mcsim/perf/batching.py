@@ -24,7 +24,10 @@ import math
 
 import numpy as np
 
+from mcsim.kernels import batching_helpers as slots
+from mcsim.kernels import step_loop as kernel
 from mcsim.perf import policies
+from mcsim.stages import steady_state as steady
 
 QUANTILES = (0.5, 0.9, 0.99)
 SATURATION_RATIO = 1.05
@@ -70,20 +73,18 @@ def base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens
                 verify_tokens) -> tuple[np.ndarray, int]:
     """The kernel's integer parameters every batching simulator shares, and the KV pool in blocks (all the
     requests' blocks when ``kv_blocks`` is None); a request that cannot fit the pool is an error."""
-    from mcsim.kernels import batching_helpers as kernel  # the parameters' slots (importing compiles nothing)
-
     full_blocks = (context + output + block_tokens - 1) // block_tokens
     if kv_blocks is None:
         kv_blocks = int(full_blocks.sum())
     if int(full_blocks.max()) > kv_blocks:
         raise ValueError(f"a request needs {int(full_blocks.max())} KV blocks, more than kv_blocks={kv_blocks}")
-    params = np.zeros(kernel.N_PARAMS, np.int64)
-    params[kernel.P_TOKEN_BUDGET] = token_budget
-    params[kernel.P_MAX_SEQS] = max_seqs
-    params[kernel.P_KV_BLOCKS] = kv_blocks
-    params[kernel.P_BLOCK_TOKENS] = block_tokens
-    params[kernel.P_CHUNK_TOKENS] = chunk_tokens
-    params[kernel.P_VERIFY_TOKENS] = verify_tokens
+    params = np.zeros(slots.N_PARAMS, np.int64)
+    params[slots.P_TOKEN_BUDGET] = token_budget
+    params[slots.P_MAX_SEQS] = max_seqs
+    params[slots.P_KV_BLOCKS] = kv_blocks
+    params[slots.P_BLOCK_TOKENS] = block_tokens
+    params[slots.P_CHUNK_TOKENS] = chunk_tokens
+    params[slots.P_VERIFY_TOKENS] = verify_tokens
     return params, kv_blocks
 
 
@@ -208,9 +209,6 @@ def simulate_batching(
     >>> [round(float(x), 4) for x in result["per_request"]["e2e_s"]]  # prefill step, then 2 decode steps
     [0.0601, 0.0601]
     """
-    from mcsim.kernels import batching_helpers as slots
-    from mcsim.kernels import step_loop as kernel
-
     arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
     n = arrival.shape[0]
     if arrival.ndim != 1 or n == 0:
@@ -278,8 +276,6 @@ def queue_steady_state(per: dict, summary: dict, tolerance: float):
     own (the same warm-up share of its span), gives the second scale of the estimate of the requests needed; a
     saturated run needs an infinite number.
     """
-    from mcsim.stages import steady_state as steady
-
     order = np.argsort(per["arrival_s"], kind="stable")
     arrival, queue = per["arrival_s"][order], per["queue_s"][order]
     n = len(arrival)

@@ -21,13 +21,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from mcsim.errors import RunLimitError
+from mcsim.kernels import batching_helpers as slots
+from mcsim.kernels import step_loop as kernel
+from mcsim.kernels.kv_tiers import MAX_TIERS, _workspace
 from mcsim.perf import policies
-from mcsim.perf.batching import (_as_int, _per_request, _summary, base_params,
-                                 check_arrivals, check_requests, check_step_model)
+from mcsim.perf.batching import (_as_int, _per_request, _summary, base_params, check_arrivals, check_requests,
+                                 check_step_model, queue_steady_state)
 from mcsim.scenario.choices import (  # noqa: F401  (the names, read here by the pool simulator and its tests)
     DECODE_ROUTERS, FLEET_SIMULATIONS, REPLICA_KEYS, REPLICA_NEEDS, REPLICA_SCHEDULERS, REPRESENTATIVE_ROUTERS,
     ROUTERS, ROUTING_POLICIES, replica_mismatch,
 )
+from mcsim.stages.kvcache import first_block_instances
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,8 @@ class Router:
 
     def codes(self) -> dict:
         """The step loop's integer code per field."""
-        from mcsim.kernels import batching_helpers as h
-
-        return {"pick": h.PICK_GIVEN if self.pick == "given" else h.PICK_LEAST,
-                "measure": h.MEASURE_FREE_KV if self.measure == "free-kv" else h.MEASURE_OUTSTANDING,
+        return {"pick": slots.PICK_GIVEN if self.pick == "given" else slots.PICK_LEAST,
+                "measure": slots.MEASURE_FREE_KV if self.measure == "free-kv" else slots.MEASURE_OUTSTANDING,
                 "prefix": int(self.prefix)}
 
 
@@ -105,8 +107,6 @@ def given_instances(router: str, block_ptr, block_ids, uniform, n_instances: int
 def affinity_instances(block_ptr, block_ids, uniform, n_instances: int) -> np.ndarray:
     """``prefix-affinity``: the instance of each request by a hash of its first block (the rule of
     :func:`mcsim.stages.kvcache.route`); a request without a whole block goes to ``floor(u * K)``."""
-    from mcsim.stages.kvcache import first_block_instances
-
     spread = np.minimum((np.asarray(uniform) * n_instances).astype(np.int64), n_instances - 1)
     has_block, by_prefix = first_block_instances(block_ptr, block_ids, n_instances)
     return np.where(has_block, by_prefix, spread)
@@ -238,11 +238,6 @@ def simulate_fleet_batching(
     >>> result["per_request"]["instance"].tolist(), float(result["summary"]["instance_load_imbalance"])
     ([0, 1], 1.0)
     """
-    from mcsim.kernels import batching_helpers as slots
-    from mcsim.kernels import step_loop as kernel
-    from mcsim.kernels.kv_tiers import MAX_TIERS, _workspace
-    from mcsim.perf.batching import queue_steady_state
-
     arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
     n = arrival.shape[0]
     if arrival.ndim != 1 or n == 0:
