@@ -1,0 +1,42 @@
+"""Compile every Numba kernel the test suite calls into the on-disk cache, with the argument types the engine
+passes: one sample each of a few small runs (the stages' kernels, the one-instance batching simulator, the
+replicas' step loop).
+
+tests/conftest.py runs this in a process of its own while the first tests (those that call no kernel) run, so that
+on a cold cache (a fresh clone) the compile time is spent on the other core; the test process then loads the
+kernels from the cache. ``python tests/kernel_warmup.py`` runs it by hand.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mcsim
+
+SMALL_FACTORY = ["deployment.gpus_per_instance=32", "deployment.prefill_gpus_per_instance=32", "moe.nodes=4",
+                 "workload.rate_rps=150"]
+REPLICAS = ['deployment.fleet_simulation="replicas"']
+
+RUNS = (
+    # the small kernels first (workload, KV tiers, speculative passes, experts): the first tests need them soonest
+    ("scenarios/factory.toml", SMALL_FACTORY),
+    ("scenarios/dense-node.toml", []),  # the one-instance batching simulator
+    ("scenarios/dense-node.toml", REPLICAS),
+    ("scenarios/factory.toml", SMALL_FACTORY + ["performance.simulate_batching=true"]),
+    ("scenarios/factory.toml", SMALL_FACTORY + ["performance.simulate_batching=true"] + REPLICAS),
+)
+
+
+def main() -> int:
+    failed = 0
+    for path, overrides in RUNS:
+        try:
+            mcsim.run(path, samples=1, requests=200, overrides=overrides, workers=1)
+        except Exception as err:  # the tests report what is wrong; the warm-up only saves them compile time
+            failed += 1
+            print(f"kernel warm-up: {path} {' '.join(overrides)}: {type(err).__name__}: {err}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
