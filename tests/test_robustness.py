@@ -217,7 +217,8 @@ def test_a_report_folder_is_not_replaced_without_force(tmp_path):
     summary = (folder / "summary.md").read_text()
     assert "<script>" not in summary and "\n# heading" not in summary
     assert "exists" in one_line_error(invoke("report", out, "-o", folder))
-    assert invoke("report", out, "-o", folder, "--force").exit_code == 0
+    assert invoke("report", out, "-o", folder, "--force", "--metrics", "gross_margin").exit_code == 0
+    assert sorted(p.name for p in folder.glob("dist_*")) == ["dist_gross_margin.png"]  # replaced, not merged
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
