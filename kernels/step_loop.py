@@ -202,6 +202,21 @@ def _keyed_enqueue(r, i, tie_rank, by_uncached, owner, queue_key, cache_state, b
 
 
 @kernel(inline="always")
+def _finish_static_batch(batch, i, size, t_end, req_state, held, out_finish_s, closed, users, think_s, arrive_t,
+                         arrive_r, pending):
+    """Every member of instance ``i``'s static batch finishes, and returns its blocks, at ``t_end`` (a closed
+    loop's users then send their next requests)."""
+    n = req_state.shape[0]
+    for j in range(size):
+        s = batch[i, j]
+        req_state[s] = _DONE
+        held[s] = 0
+        out_finish_s[s] = t_end
+        if closed and s + users < n:  # this user's next request
+            _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
+
+
+@kernel(inline="always")
 def _fcfs_push(r, i, q_head, q_tail, q_len, q_next):
     """Request ``r`` joins the tail of instance ``i``'s FCFS queue (a singly linked list)."""
     if q_tail[i] >= 0:
@@ -725,13 +740,8 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                 if dleft == 0:  # every member finishes, and returns its blocks, at the batch's last step
                     end_count = n_running
                     free_count = kv_blocks - free
-                    for j in range(n_running):
-                        s = batch[i, j]
-                        req_state[s] = _DONE
-                        held[s] = 0
-                        out_finish_s[s] = t
-                        if closed and s + users < n:  # this user's next request
-                            _heap_push(arrive_t, arrive_r, pending, t + think_s[s + users], s + users)
+                    _finish_static_batch(batch, i, n_running, t, req_state, held, out_finish_s, closed, users,
+                                         think_s, arrive_t, arrive_r, pending)
                     dleft = -1
                     free = kv_blocks
                     n_running = 0
@@ -1030,13 +1040,8 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                     if dleft == 0:  # single-token outputs only: the batch ends with its prefill
                         end_count = n_running
                         free_count = kv_blocks - free
-                        for j in range(n_running):
-                            s = batch[i, j]
-                            req_state[s] = _DONE
-                            held[s] = 0
-                            out_finish_s[s] = t_end
-                            if closed and s + users < n:
-                                _heap_push(arrive_t, arrive_r, pending, t_end + think_s[s + users], s + users)
+                        _finish_static_batch(batch, i, n_running, t_end, req_state, held, out_finish_s, closed, users,
+                                             think_s, arrive_t, arrive_r, pending)
                         dleft = -1
                         free = kv_blocks
                         n_running = 0
