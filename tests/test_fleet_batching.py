@@ -349,8 +349,8 @@ def test_caches_too_large_are_refused_in_one_line_naming_the_key():
     with pytest.raises(RunLimitError, match=r"deployment.fleet_simulation: .*3000 instances x \d+ distinct blocks"):
         _dense_node(["deployment.instances=3000", "deployment.fleet_simulation=replicas",
                      "deployment.routing=cache-aware"], requests=2000, samples=1)
-    with pytest.raises(RunLimitError, match=r"running sets would need .* \(5000 instances x 8192 sequences\)"):
-        simulate_fleet_batching([0.0], [1], [1], [1], n_instances=5000, router="round-robin", max_seqs=8192,
+    with pytest.raises(RunLimitError, match=r"running sets would need .* \(20000 instances x 8192 sequences\)"):
+        simulate_fleet_batching([0.0], [1], [1], [1], n_instances=20000, router="round-robin", max_seqs=8192,
                                 **TABLE)
     err = RunLimitError("deployment.fleet_simulation: too large")
     assert isinstance(err, McsimError) and str(pickle.loads(pickle.dumps(err))) == str(err)  # crosses processes

@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import prefix_workloads
+
 from mcsim.kernels.kv_tiers import lookup_tiers
 from mcsim.reference.kv_tiers import lookup_tiers_reference
 
@@ -80,32 +82,6 @@ def infinite_cache_hits(prompts, instances):
         hits.append(run)
         blocks_seen.update(prompt)
     return np.array(hits, np.int64)
-
-
-@st.composite
-def prefix_workloads(draw):
-    """Requests that share prefixes of earlier requests (a random prefix tree) and then add blocks.
-
-    Most added blocks are fresh ids, as chain hashing gives. With chain-hashed ids alone the cached set is
-    always prefix-closed, so some added blocks repeat earlier ids out of place: that exercises the
-    exact-prefix rule (a cached block after a miss is not reused but is still moved to HBM).
-    """
-    n_instances = draw(st.integers(1, 3))
-    chain_hashed = draw(st.booleans())
-    prompts: list[list[int]] = []
-    instances = []
-    next_id = 0
-    for _ in range(draw(st.integers(1, 40))):
-        parent = draw(st.integers(-1, len(prompts) - 1))
-        prompt = prompts[parent][: draw(st.integers(0, len(prompts[parent])))] if parent >= 0 else []
-        added = list(range(next_id, next_id + draw(st.integers(0, 6))))
-        next_id += len(added)
-        if not chain_hashed and len(added) < next_id:
-            earlier = st.integers(0, next_id - len(added) - 1).filter(lambda block: block not in prompt)
-            added += draw(st.lists(earlier, max_size=2, unique=True))
-        prompts.append(prompt + draw(st.permutations(added)))
-        instances.append(draw(st.integers(0, n_instances - 1)))
-    return prompts, instances, n_instances, chain_hashed
 
 
 capacities = st.tuples(st.integers(0, 8), st.integers(0, 8), st.integers(0, 8)) | st.just((BIG, 0, 0))

@@ -79,8 +79,9 @@ ROUTER_TABLE = {router.name: router for router in (
 #: The replicas' prefix caches hold one row of 16 bytes per (instance, distinct block): more rows than this
 #: (2 GiB) is refused rather than swapped.
 MAX_CACHE_ROWS = 1 << 27
-#: Each replica keeps eight int64 rows of ``max_seqs`` slots (its prefilling list and the heaps of its decoding
-#: sequences): more than this in all (2 GiB) is refused rather than swapped.
+#: Each replica keeps up to three int64 rows of ``max_seqs`` slots (its prefilling ring, and a static batch's members
+#: in two orders; its timing wheels hold at most 4 M slots in all the fleet): more than this in all (2 GiB) is
+#: refused rather than swapped.
 MAX_RUNNING_BYTES = 1 << 31
 
 
@@ -327,7 +328,7 @@ def simulate_fleet_batching(
                             f"{rows * 16 / 2**30:.1f} GiB ({k} instances x {stride} distinct blocks), more than "
                             f"{MAX_CACHE_ROWS * 16 / 2**30:.0f} GiB; use fewer requests or instances, or "
                             "fleet_simulation = 'representative'")
-    running_bytes = 8 * 8 * k * int(max_seqs)
+    running_bytes = 3 * 8 * k * int(max_seqs)
     if running_bytes > MAX_RUNNING_BYTES:
         raise RunLimitError(f"deployment.fleet_simulation: the replicas' running sets would need "
                             f"{running_bytes / 2**30:.1f} GiB ({k} instances x {int(max_seqs)} sequences), more "
