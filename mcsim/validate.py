@@ -29,9 +29,8 @@ from mcsim.calibration.fit import scenario_scale
 from mcsim.calibration.vidur import LINEAR_MODELS, bundled_collectives, bundled_linear, read_collectives
 from mcsim.fileio import atomic_write
 from mcsim.kernels.experts import build_alias, eplb_placement, route_steps
-from mcsim.perf.batching import simulate_batching
 from mcsim.perf.collectives import allreduce_time, send_time
-from mcsim.perf.fleet_batching import simulate_fleet_batching
+from mcsim.perf.fleet_batching import simulate_batching, simulate_fleet_batching
 from mcsim.perf.hardware import as_hardware, gemm_figures
 from mcsim.scenario import catalog, load_scenario, resolve
 from mcsim.stages import economics, kvcache, workload

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import CONSTANT, TABLE, TAU, linear_step_s, random_settings, random_workload
 
-from mcsim.perf.batching import simulate_batching
+from mcsim.perf.fleet_batching import simulate_batching
 from mcsim.reference.batching import simulate_reference
 
 # A step-time table linear in both coordinates, so bilinear interpolation reproduces the plane exactly and

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mcsim.perf import policies
-from mcsim.perf.batching import simulate_batching
+from mcsim.perf.fleet_batching import simulate_batching
 from mcsim.reference.batching import simulate_reference
 from helpers import TABLE, random_settings, random_workload
 

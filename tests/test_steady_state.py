@@ -12,7 +12,7 @@ import pytest
 
 import mcsim
 from mcsim.kernels.steady_state import window_ratios
-from mcsim.perf.batching import simulate_batching
+from mcsim.perf.fleet_batching import simulate_batching
 from mcsim.results.summary import format_table
 from mcsim.stages import kvcache
 from mcsim.stages.steady_state import extrapolate

@@ -1,17 +1,24 @@
-"""Latency of a fleet: ``K`` replicas of one pool on one clock behind a global router.
+"""Latency under load from the step loop: one serving instance, or a fleet of ``K`` replicas of one pool on one
+clock behind a global router.
 
-:func:`simulate_fleet_batching` replays a workload through the step loop, :mod:`mcsim.kernels.step_loop` (whose
-docstring states every rule): each arrival is routed, from the instances' state at its arrival time, by one of
-:data:`ROUTERS` (entries of :data:`ROUTER_TABLE`, which the loop reads as hooks), and every instance runs a
-scheduler policy of :mod:`mcsim.perf.policies` (continuous or static batching, mixed or exclusive prefill and
-decode, FCFS or keyed queues, whole-request KV reservation or KV growth with preemption by recompute) with the same
-step-time table and, when given one, its own tiered prefix cache (or a pooled one), looked up and filled as it
-admits requests. The latency quantiles are over the requests of all instances; ``instance_load_imbalance`` is
-the largest number of measured requests one instance served over the mean.
+The roofline (or any performance model) supplies step times as a table over (decoding sequences, prefill tokens in
+the step). :func:`simulate_batching` replays a workload through the step loop (:mod:`mcsim.kernels.step_loop`,
+whose docstring states every rule) with one instance, under any scheduler policy, and summarises per-request
+latencies, throughput and queueing (:mod:`mcsim.perf.batching` states how a run is flagged saturated and how its
+queue's steady state is judged).
+
+:func:`simulate_fleet_batching` replays a workload through the same step loop with ``K`` instances: each arrival
+is routed, from the instances' state at its arrival time, by one of :data:`ROUTERS` (entries of
+:data:`ROUTER_TABLE`, which the loop reads as hooks), and every instance runs a scheduler policy of
+:mod:`mcsim.perf.policies` (continuous or static batching, mixed or exclusive prefill and decode, FCFS or keyed
+queues, whole-request KV reservation or KV growth with preemption by recompute) with the same step-time table and,
+when given one, its own tiered prefix cache (or a pooled one), looked up and filled as it admits requests. The
+latency quantiles are over the requests of all instances; ``instance_load_imbalance`` is the largest number of
+measured requests one instance served over the mean.
 
 This is the ``deployment.fleet_simulation = "replicas"`` mode; the default, ``"representative"``, simulates
-one instance that receives ``1/K`` of the arrivals (:func:`mcsim.perf.batching.simulate_batching`) with hits
-from the cache stage's replay in arrival order (:mod:`mcsim.stages.kvcache`).
+one instance that receives ``1/K`` of the arrivals (:func:`simulate_batching`) with hits from the cache stage's
+replay in arrival order (:mod:`mcsim.stages.kvcache`).
 """
 
 from __future__ import annotations
@@ -126,6 +133,179 @@ def dense_blocks(block_ids) -> tuple[np.ndarray, int]:
     return dense.astype(np.int64).reshape(-1), len(unique)
 
 
+def simulate_batching(
+    arrival_s,
+    prefill_tokens,
+    context_tokens,
+    output_tokens,
+    passes=None,
+    *,
+    step_time_table,
+    decode_edges,
+    prefill_edges,
+    kv_slope=None,
+    kv_ref_context: float = 0.0,
+    token_budget: int = 8192,
+    max_seqs: int = 256,
+    kv_blocks: int | None = None,
+    block_tokens: int = 16,
+    chunk_tokens: int = 0,
+    verify_tokens: int = 1,
+    policy: str = "continuous",
+    priority=None,
+    max_new_per_step: int = 0,
+    preempt: bool = True,
+    closed_users: int = 0,
+    think_s=None,
+    warmup_s: float = 0.0,
+    max_steps: int = 0,
+    steady_tolerance: float = 0.1,
+) -> dict:
+    """Simulate one serving instance and summarise latency, throughput and queueing.
+
+    Parameters
+    ----------
+    arrival_s : array_like of float, shape (n,)
+        Arrival times, s; sorted in an open loop. In a closed loop only the first ``closed_users`` are used.
+    prefill_tokens : array_like of int, shape (n,)
+        Prompt tokens to compute (uncached part), >= 1.
+    context_tokens : array_like of int, shape (n,)
+        Full prompt length, tokens (>= prefill_tokens); sets the KV footprint.
+    output_tokens : array_like of int, shape (n,)
+        Tokens generated, >= 1.
+    passes : array_like of int, shape (n,), optional
+        Decode passes after the first token (from the speculative stage); default ``output_tokens - 1``.
+    step_time_table : array_like of float, shape (len(decode_edges), len(prefill_edges))
+        Step time, s, at each (decoding sequences, prefill tokens) pair; interpolated bilinearly, clamped.
+    decode_edges, prefill_edges : array_like of float
+        Strictly increasing grids of the table (sequences; tokens).
+    kv_slope : array_like of float, shape (len(decode_edges),), optional
+        Seconds one more KV token of a decoding sequence adds to a step, at each decode edge: the step then
+        pays for the batch's own KV lengths instead of the table's ``kv_ref_context`` per sequence (default 0:
+        the table alone).
+    kv_ref_context : float
+        KV length per decoding sequence at which the table was computed, tokens.
+    token_budget : int
+        Tokens one step may process (decodes at ``verify_tokens`` each, then prefill chunks).
+    max_seqs : int
+        Concurrent sequences (a static batch's size limit).
+    kv_blocks : int, optional
+        KV pool, in blocks of ``block_tokens``; default: room for every request at once.
+    block_tokens : int
+        Tokens per KV block.
+    chunk_tokens : int
+        Cap on one request's prefill chunk per step, tokens; 0 = only the budget caps it.
+    verify_tokens : int
+        Tokens a decoding sequence costs per step (``k + 1`` with ``k`` draft tokens, else 1).
+    policy : str
+        A scheduler policy of :data:`mcsim.perf.policies.POLICIES` (``"fcfs"``, ``"priority"``,
+        ``"shortest-prompt-first"``, ``"exclusive-prefill"``, ``"chunked-prefill"``, ``"static"``);
+        ``"continuous"`` is ``"fcfs"``.
+    priority : array_like of int, shape (n,), optional
+        Priority of each request's workload class, higher served first (the ``"priority"`` policy; default 0).
+    max_new_per_step : int
+        Sequences admitted per step at most under a continuous policy (0 = the policy's own cap, or none).
+    preempt : bool
+        Continuous policy: grow KV as sequences generate and preempt (recompute) the newest sequence when
+        the pool runs out, as vLLM does; False reserves each request's final size at admission.
+    closed_users : int
+        0: open loop. Otherwise request ``r >= closed_users`` arrives ``think_s[r]`` s after request
+        ``r - closed_users`` finishes.
+    think_s : array_like of float, shape (n,), optional
+        Think times of the closed loop, s (default 0).
+    warmup_s : float
+        Requests arriving earlier are simulated but excluded from the statistics, s.
+    max_steps : int
+        Record the first ``max_steps`` steps in ``step_log`` (0: no log).
+    steady_tolerance : float
+        Largest queue-wait drift (share of the mean time in system) that counts as steady.
+
+    Returns
+    -------
+    dict
+        ``per_request``: dict of arrays ``arrival_s``, ``first_token_s``, ``finish_s``, ``queue_s``,
+        ``ttft_s``, ``tpot_s`` (nan for single-token outputs), ``e2e_s``, ``measured`` (bool).
+        ``summary``: ``quantiles``; ``ttft_s``, ``tpot_s``, ``e2e_s`` (one value per quantile, over
+        measured requests); ``queue_s_mean``, ``queue_s_p99``; ``measured_requests``; ``window_s``
+        (start, end); ``throughput_tok_s`` (output tokens of requests finishing in the window per second
+        of window); ``arrival_rate_per_s``; ``mean_in_system`` (time average of waiting + running);
+        ``mean_time_in_system_s``; ``little_law_ratio`` (mean_in_system / (arrival rate x mean time in
+        system); ~1); ``completion_ratio`` (arrivals / completions over the window's second half);
+        ``waiting_at_window_end``; ``saturated``; ``queue_steady_state`` (a
+        :class:`~mcsim.stages.steady_state.SteadyState`: queue-wait drift, verdict, requests needed);
+        ``mean_decode_batch``; ``mean_step_s``; ``busy_fraction`` (summed
+        step time over the window / the window: the share of time the instance computes); ``steps``;
+        ``preemptions``.
+        ``step_log``: dict of per-step arrays ``start_s``, ``decode_seqs``, ``prefill_tokens``, ``step_s``,
+        ``waiting`` (None when ``max_steps == 0``).
+
+    Examples
+    --------
+    >>> table = [[0.02, 0.03], [0.04, 0.05]]
+    >>> result = simulate_batching([0.0, 10.0], [100, 100], [100, 100], [3, 3], step_time_table=table,
+    ...                            decode_edges=[1, 256], prefill_edges=[0, 8192])
+    >>> [round(float(x), 4) for x in result["per_request"]["e2e_s"]]  # prefill step, then 2 decode steps
+    [0.0601, 0.0601]
+    """
+    arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
+    n = arrival.shape[0]
+    if arrival.ndim != 1 or n == 0:
+        raise ValueError("arrival_s must be a non-empty 1-D array")
+    prefill = _as_int(prefill_tokens, "prefill_tokens", n)
+    context = _as_int(context_tokens, "context_tokens", n)
+    output = _as_int(output_tokens, "output_tokens", n)
+    passes = output - 1 if passes is None else _as_int(passes, "passes", n)
+    think = np.zeros(n) if think_s is None else np.ascontiguousarray(think_s, dtype=np.float64)
+    table = np.ascontiguousarray(step_time_table, dtype=np.float64)
+    d_edges = np.ascontiguousarray(decode_edges, dtype=np.float64)
+    p_edges = np.ascontiguousarray(prefill_edges, dtype=np.float64)
+    slope = np.zeros(d_edges.shape) if kv_slope is None else np.ascontiguousarray(kv_slope, dtype=np.float64)
+
+    check_arrivals(arrival, think, closed_users)
+    check_requests(prefill, context, output, passes)
+    check_step_model(d_edges, p_edges, table, slope, kv_ref_context)
+    scheduler = policies.get(policy)
+    if priority is not None:
+        priority = _as_int(priority, "priority", n)
+    if max_new_per_step < 0:
+        raise ValueError("max_new_per_step must be >= 0")
+    if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or min(chunk_tokens, closed_users) < 0:
+        raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens, "
+                         "closed_users >= 0")
+    params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
+                                    verify_tokens)
+    codes = scheduler.codes(max_new_per_step)
+    params[slots.P_POLICY] = codes["admission"]
+    params[slots.P_ORDER] = codes["order"]
+    params[slots.P_MIXING] = codes["mixing"]
+    params[slots.P_MAX_NEW] = codes["max_new_per_step"]
+    params[slots.P_PREEMPT] = int(bool(preempt))
+    params[slots.P_CLOSED_USERS] = closed_users
+    params[slots.P_ROUTE_PICK] = slots.PICK_GIVEN  # the one instance of the step loop
+    queue_key = scheduler.queue_key(prefill, priority)
+
+    arrival_out, first_token, finish, queue = (np.empty(n) for _ in range(4))
+    stats = np.zeros(slots.N_STATS)
+    log = {"start_s": np.empty((1, max_steps)), "decode_seqs": np.empty((1, max_steps), np.int64),
+           "prefill_tokens": np.empty((1, max_steps), np.int64), "step_s": np.empty((1, max_steps)),
+           "waiting": np.empty((1, max_steps), np.int64)}
+    zeros = np.zeros(n, np.int64)
+    status = kernel.simulate(arrival, prefill, context, output, passes, think, zeros, queue_key, False,
+                             np.zeros(n + 1, np.int64), zeros[:0], 1, np.zeros(1, np.int64), False, params, 0.0, 0,
+                             float(warmup_s), -1, table, d_edges, p_edges, slope, float(kv_ref_context),
+                             np.empty((0, 4), np.int32), arrival_out, np.empty(n, np.int64), first_token, finish,
+                             queue, np.empty((n, 1), np.int64), np.zeros(1, np.int64), stats, log["start_s"],
+                             log["decode_seqs"], log["prefill_tokens"], log["step_s"], log["waiting"])
+    if status != kernel.STATUS_OK:
+        raise RuntimeError("the batching simulation stalled (a step with nothing to run)")
+    steps = int(stats[slots.STAT_STEPS])
+    step_log = None if max_steps == 0 else {key: value[0, : min(steps, max_steps)] for key, value in log.items()}
+    per_request = _per_request(arrival_out, first_token, finish, queue, output, warmup_s)
+    summary = _summary(per_request, output, warmup_s, stats, slots)
+    summary["queue_steady_state"] = queue_steady_state(per_request, summary, float(steady_tolerance))
+    return {"per_request": per_request, "summary": summary, "step_log": step_log}
+
+
 def simulate_fleet_batching(
     arrival_s,
     prompt_tokens,
@@ -169,7 +349,7 @@ def simulate_fleet_batching(
     Parameters
     ----------
     arrival_s, context_tokens, output_tokens, passes
-        The fleet's whole workload, as in :func:`mcsim.perf.batching.simulate_batching` (open loop, sorted).
+        The fleet's whole workload, as in :func:`simulate_batching` (open loop, sorted).
     prompt_tokens : array_like of int
         Prompt tokens per request: the prefill is what the instance's prefix cache does not hold (without a
         cache, all of it; pass the tokens left to compute then).
@@ -191,7 +371,7 @@ def simulate_fleet_batching(
         ``deployment.routing_balance_requests``).
     step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, token_budget, max_seqs, kv_blocks,
     block_tokens, chunk_tokens, verify_tokens, warmup_s, steady_tolerance
-        Per instance, as in :func:`mcsim.perf.batching.simulate_batching` (``kv_blocks`` is one instance's pool;
+        Per instance, as in :func:`simulate_batching` (``kv_blocks`` is one instance's pool;
         default: room for every request at once; ``block_tokens`` is also the cache's block).
     preempt : bool
         Allocate KV as sequences grow and preempt (recompute) the newest running sequence when an instance's
@@ -205,7 +385,7 @@ def simulate_fleet_batching(
     priority : array_like of int, optional
         Per request, its class priority (higher first), read by ``priority``.
     closed_users, think_s
-        A closed loop of ``closed_users`` users, as in :func:`mcsim.perf.batching.simulate_batching`: requests
+        A closed loop of ``closed_users`` users, as in :func:`simulate_batching`: requests
         ``0 .. U-1`` arrive at ``arrival_s``, request ``r >= U`` ``think_s[r]`` after request ``r - U`` finishes;
         ``per_request["arrival_s"]`` then holds the arrivals that happened.
     measured_from : int, optional
@@ -223,7 +403,7 @@ def simulate_fleet_batching(
     dict
         ``per_request``: arrays ``instance``, ``cached_tokens`` (n, tiers: reused from each tier),
         ``arrival_s``, ``first_token_s``, ``finish_s``, ``queue_s``, ``ttft_s``, ``tpot_s``, ``e2e_s``,
-        ``measured``. ``summary``: the fleet-wide figures of :func:`mcsim.perf.batching.simulate_batching`'s
+        ``measured``. ``summary``: the fleet-wide figures of :func:`simulate_batching`'s
         summary (``throughput_tok_s`` of the whole fleet; ``mean_decode_batch`` per instance step;
         ``busy_fraction`` the mean over instances; ``queue_steady_state``), plus ``requests_per_instance``
         (measured requests each instance served), ``instance_load_imbalance`` (their max over their mean) and
