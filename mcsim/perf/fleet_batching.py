@@ -5,7 +5,8 @@ The roofline (or any performance model) supplies step times as a table over (dec
 the step). :func:`simulate_batching` replays a workload through the step loop (:mod:`mcsim.kernels.step_loop`,
 whose docstring states every rule) with one instance, under any scheduler policy, and summarises per-request
 latencies, throughput and queueing (:mod:`mcsim.perf.batching` states how a run is flagged saturated and how its
-queue's steady state is judged).
+queue's steady state is judged). It is :func:`simulate_fleet_batching` with one instance, without the figures
+only a fleet has: one wrapper validates the inputs and sets up the step loop for both.
 
 :func:`simulate_fleet_batching` replays a workload through the same step loop with ``K`` instances: each arrival
 is routed, from the instances' state at its arrival time, by one of :data:`ROUTERS` (entries of
@@ -91,6 +92,9 @@ MAX_CACHE_ROWS = 1 << 27
 #: refused rather than swapped.
 MAX_RUNNING_BYTES = 1 << 31
 
+#: The summary's per-instance figures, which the one-instance simulator leaves out.
+FLEET_SUMMARY_KEYS = ("requests_per_instance", "instance_steps", "instance_load_imbalance")
+
 
 def router_entry(router: str) -> Router:
     """The table entry of a router named in :data:`ROUTERS`."""
@@ -162,6 +166,9 @@ def simulate_batching(
     steady_tolerance: float = 0.1,
 ) -> dict:
     """Simulate one serving instance and summarise latency, throughput and queueing.
+
+    The replicas' simulator with one instance (:func:`simulate_fleet_batching` with ``n_instances=1``), less what
+    only a fleet has (each request's instance and cached tokens, the per-instance figures, the log's instances).
 
     Parameters
     ----------
@@ -247,63 +254,21 @@ def simulate_batching(
     >>> [round(float(x), 4) for x in result["per_request"]["e2e_s"]]  # prefill step, then 2 decode steps
     [0.0601, 0.0601]
     """
-    arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
-    n = arrival.shape[0]
-    if arrival.ndim != 1 or n == 0:
-        raise ValueError("arrival_s must be a non-empty 1-D array")
-    prefill = _as_int(prefill_tokens, "prefill_tokens", n)
-    context = _as_int(context_tokens, "context_tokens", n)
-    output = _as_int(output_tokens, "output_tokens", n)
-    passes = output - 1 if passes is None else _as_int(passes, "passes", n)
-    think = np.zeros(n) if think_s is None else np.ascontiguousarray(think_s, dtype=np.float64)
-    table = np.ascontiguousarray(step_time_table, dtype=np.float64)
-    d_edges = np.ascontiguousarray(decode_edges, dtype=np.float64)
-    p_edges = np.ascontiguousarray(prefill_edges, dtype=np.float64)
-    slope = np.zeros(d_edges.shape) if kv_slope is None else np.ascontiguousarray(kv_slope, dtype=np.float64)
+    result = simulate_fleet_batching(
+        arrival_s, prefill_tokens, context_tokens, output_tokens, passes, n_instances=1, router="round-robin",
+        step_time_table=step_time_table, decode_edges=decode_edges, prefill_edges=prefill_edges, kv_slope=kv_slope,
+        kv_ref_context=kv_ref_context, token_budget=token_budget, max_seqs=max_seqs, kv_blocks=kv_blocks,
+        block_tokens=block_tokens, chunk_tokens=chunk_tokens, verify_tokens=verify_tokens, preempt=preempt,
+        max_new_per_step=max_new_per_step, policy=policy, priority=priority, closed_users=closed_users,
+        think_s=think_s, warmup_s=warmup_s, steady_tolerance=steady_tolerance, max_steps=max_steps)
+    log = result["step_log"]
+    return {"per_request": _without(result["per_request"], ("instance", "cached_tokens")),
+            "summary": _without(result["summary"], FLEET_SUMMARY_KEYS),
+            "step_log": None if log is None else _without(log, ("instance",))}
 
-    check_arrivals(arrival, think, closed_users)
-    check_requests(prefill, context, output, passes)
-    check_step_model(d_edges, p_edges, table, slope, kv_ref_context)
-    scheduler = policies.get(policy)
-    if priority is not None:
-        priority = _as_int(priority, "priority", n)
-    if max_new_per_step < 0:
-        raise ValueError("max_new_per_step must be >= 0")
-    if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or min(chunk_tokens, closed_users) < 0:
-        raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens, "
-                         "closed_users >= 0")
-    params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
-                                    verify_tokens)
-    codes = scheduler.codes(max_new_per_step)
-    params[slots.P_POLICY] = codes["admission"]
-    params[slots.P_ORDER] = codes["order"]
-    params[slots.P_MIXING] = codes["mixing"]
-    params[slots.P_MAX_NEW] = codes["max_new_per_step"]
-    params[slots.P_PREEMPT] = int(bool(preempt))
-    params[slots.P_CLOSED_USERS] = closed_users
-    params[slots.P_ROUTE_PICK] = slots.PICK_GIVEN  # the one instance of the step loop
-    queue_key = scheduler.queue_key(prefill, priority)
 
-    arrival_out, first_token, finish, queue = (np.empty(n) for _ in range(4))
-    stats = np.zeros(slots.N_STATS)
-    log = {"start_s": np.empty((1, max_steps)), "decode_seqs": np.empty((1, max_steps), np.int64),
-           "prefill_tokens": np.empty((1, max_steps), np.int64), "step_s": np.empty((1, max_steps)),
-           "waiting": np.empty((1, max_steps), np.int64)}
-    zeros = np.zeros(n, np.int64)
-    status = kernel.simulate(arrival, prefill, context, output, passes, think, zeros, queue_key, False,
-                             np.zeros(n + 1, np.int64), zeros[:0], 1, np.zeros(1, np.int64), False, params, 0.0, 0,
-                             float(warmup_s), -1, table, d_edges, p_edges, slope, float(kv_ref_context),
-                             np.empty((0, 4), np.int32), arrival_out, np.empty(n, np.int64), first_token, finish,
-                             queue, np.empty((n, 1), np.int64), np.zeros(1, np.int64), stats, log["start_s"],
-                             log["decode_seqs"], log["prefill_tokens"], log["step_s"], log["waiting"])
-    if status != kernel.STATUS_OK:
-        raise RuntimeError("the batching simulation stalled (a step with nothing to run)")
-    steps = int(stats[slots.STAT_STEPS])
-    step_log = None if max_steps == 0 else {key: value[0, : min(steps, max_steps)] for key, value in log.items()}
-    per_request = _per_request(arrival_out, first_token, finish, queue, output, warmup_s)
-    summary = _summary(per_request, output, warmup_s, stats, slots)
-    summary["queue_steady_state"] = queue_steady_state(per_request, summary, float(steady_tolerance))
-    return {"per_request": per_request, "summary": summary, "step_log": step_log}
+def _without(figures: dict, keys) -> dict:
+    return {key: value for key, value in figures.items() if key not in keys}
 
 
 def simulate_fleet_batching(
@@ -477,14 +442,16 @@ def simulate_fleet_batching(
     if balance < 0 or balance_requests < 0:
         raise ValueError("balance and balance_requests must be >= 0")
     check_step_model(d_edges, p_edges, table, slope, kv_ref_context)
+    scheduler = policies.get(policy)
+    if priority is not None:
+        priority = _as_int(priority, "priority", n)
+    if max_new_per_step < 0:
+        raise ValueError("max_new_per_step must be >= 0")
     if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or chunk_tokens < 0:
         raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens >= 0")
     params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                                     verify_tokens)
     params[slots.P_PREEMPT] = int(bool(preempt))
-    if max_new_per_step < 0:
-        raise ValueError("max_new_per_step must be >= 0")
-    scheduler = policies.get(policy)
     codes = scheduler.codes(max_new_per_step)
     params[slots.P_POLICY] = codes["admission"]
     params[slots.P_ORDER] = codes["order"]
@@ -496,7 +463,7 @@ def simulate_fleet_batching(
     params[slots.P_ROUTE_MEASURE] = route["measure"]
     params[slots.P_ROUTE_PREFIX] = route["prefix"]
     key_uncached = scheduler.order == "shortest-prompt"
-    queue_key = scheduler.queue_key(prompt, None if priority is None else _as_int(priority, "priority", n))
+    queue_key = scheduler.queue_key(prompt, priority)
     # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
     given = given_instances(router, ptr, ids, uniform, k)
     pooled = entry.pooled
@@ -533,7 +500,7 @@ def simulate_fleet_batching(
                              stats, log["start_s"], log["decode_seqs"], log["prefill_tokens"], log["step_s"],
                              log["waiting"])
     if status != kernel.STATUS_OK:
-        raise RuntimeError("the fleet simulation stalled (a step with nothing to run)")
+        raise RuntimeError("the batching simulation stalled (a step with nothing to run)")
     if warmup_request >= 0:
         warmup_s = float(arrival_out[warmup_request])
     per_request = {"instance": instance, "cached_tokens": cached,
