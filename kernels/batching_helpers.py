@@ -2,7 +2,8 @@
 step-time table, the (time, index) heaps, KV growth and a keyed queue's skew heap.
 
 Most are ``inline="always"``: the step loop calls them on its hot path, and a call that passes arrays costs
-atomic reference-count updates that an inlined body does not (the skew heap is the exception, said there).
+atomic reference-count updates (the skew heap is the exception, said there). An inlined body saves them only if
+it has no branch: Numba prunes the increments and decrements of its array arguments within one basic block.
 """
 
 from __future__ import annotations
@@ -114,14 +115,16 @@ def prefill_chunk(prefill_left, budget_left, chunk_tokens):
 
 @kernel(inline="always")
 def unlink_running(run_prev, run_next, run_tail, r):
-    """Take ``r`` out of the doubly linked list of running sequences; returns the list's new tail."""
-    if run_prev[r] >= 0:
-        run_next[run_prev[r]] = run_next[r]
-    if run_next[r] >= 0:
-        run_prev[run_next[r]] = run_prev[r]
-    else:
-        run_tail = run_prev[r]
-    return run_tail
+    """Take ``r`` out of the doubly linked list of running sequences; returns the list's new tail.
+
+    Without a branch (a missing neighbour's link is written at ``r``'s own, unchanged), as the step loop's list
+    operations: see :func:`mcsim.kernels.step_loop._file`.
+    """
+    before = run_prev[r]
+    after = run_next[r]
+    run_next[before + (before < 0) * (r - before)] = after
+    run_prev[after + (after < 0) * (r - after)] = before
+    return run_tail + (after < 0) * (before - run_tail)
 
 
 @kernel(inline="always")

@@ -161,33 +161,37 @@ def _first_admission(s, owner, caching, cache_state, head, tail, count, capacity
 
 @kernel(inline="always")
 def _file(head, nxt, prv, at, base, mask, r, when):
-    """File ``r`` under step ``when`` of an instance's timing wheel (ring ``head[base:base + mask + 1]``)."""
+    """File ``r`` under step ``when`` of an instance's timing wheel (ring ``head[base:base + mask + 1]``).
+
+    The wheel's list operations, and the queues' and the running list's below, are written without a branch:
+    Numba prunes the reference counts of an inlined helper's array arguments only within one basic block, and an
+    ``if`` in the body leaves an atomic increment and decrement at every call (on the step loop's hot path, most of
+    its time). Where a list end has no neighbour, the write goes to ``r``'s own link, which is rewritten or unread.
+    """
     at[r] = when
-    prv[r] = -1
     slot = base + (when & mask)
-    nxt[r] = head[slot]
-    if nxt[r] >= 0:
-        prv[nxt[r]] = r
+    following = head[slot]
+    nxt[r] = following
+    prv[r] = -1
+    prv[following + (following < 0) * (r - following)] = r - (following < 0) * (r + 1)
     head[slot] = r
 
 
 @kernel(inline="always")
 def _unfile(head, nxt, prv, at, base, mask, r):
-    """Take ``r`` out of the wheel list it is filed in (nothing if it is in none)."""
-    if at[r] < 0:
-        return
-    if prv[r] >= 0:
-        nxt[prv[r]] = nxt[r]
-    else:
-        head[base + (at[r] & mask)] = nxt[r]
-    if nxt[r] >= 0:
-        prv[nxt[r]] = prv[r]
+    """Take ``r``, filed in a wheel list, out of it (the caller checks ``at[r] >= 0``)."""
+    before = prv[r]
+    after = nxt[r]
+    slot = base + (at[r] & mask)
+    nxt[before + (before < 0) * (r - before)] = after
+    head[slot] += (before < 0) * (after - head[slot])
+    prv[after + (after < 0) * (r - after)] = before
     at[r] = -1
 
 
 @kernel
 def _keyed_enqueue(r, i, tie_rank, by_uncached, owner, queue_key, cache_state, block_keys, block_ptr, key_stride,
-                   block_tokens, key, tie, q_left, q_right, q_head):
+                   block_tokens, key, tie, q_left, q_right, q_head, q_len, req_state):
     """Request ``r`` joins instance ``i``'s keyed queue under its key (with ``by_uncached``, the prompt tokens cache
     ``owner`` does not hold now) and ``tie_rank``. Not inlined, as :func:`skew_merge`."""
     key[r] = queue_key[r]
@@ -199,6 +203,8 @@ def _keyed_enqueue(r, i, tie_rank, by_uncached, owner, queue_key, cache_state, b
     q_left[r] = -1
     q_right[r] = -1
     q_head[i] = skew_merge(q_head[i], r, q_left, q_right, key, tie)
+    q_len[i] += 1
+    req_state[r] = _WAITING
 
 
 @kernel(inline="always")
@@ -218,28 +224,14 @@ def _finish_static_batch(batch, i, size, t_end, req_state, held, out_finish_s, c
 
 @kernel(inline="always")
 def _fcfs_push(r, i, q_head, q_tail, q_len, q_next):
-    """Request ``r`` joins the tail of instance ``i``'s FCFS queue (a singly linked list)."""
-    if q_tail[i] >= 0:
-        q_next[q_tail[i]] = r
-    else:
-        q_head[i] = r
+    """Request ``r`` joins the tail of instance ``i``'s FCFS queue (a singly linked list; no branch, as
+    :func:`_file`)."""
+    last = q_tail[i]
+    q_next[last + (last < 0) * (r - last)] = r
+    q_head[i] += (last < 0) * (r - q_head[i])
     q_tail[i] = r
     q_next[r] = -1
     q_len[i] += 1
-
-
-@kernel(inline="always")
-def _enqueue(r, i, tie_rank, keyed, key_uncached, caching, pooled, queue_key, cache_state, block_keys, block_ptr,
-             key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_tail, q_len, q_next, req_state):
-    """Request ``r`` joins the tail of instance ``i``'s waiting queue (a keyed queue: its heap, under its key and
-    ``tie_rank``)."""
-    req_state[r] = _WAITING
-    if keyed:
-        _keyed_enqueue(r, i, tie_rank, key_uncached and caching, 0 if pooled else i, queue_key, cache_state,
-                       block_keys, block_ptr, key_stride, block_tokens, key, tie, q_left, q_right, q_head)
-        q_len[i] += 1
-    else:
-        _fcfs_push(r, i, q_head, q_tail, q_len, q_next)
 
 
 @kernel
@@ -659,9 +651,13 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                     clock[chosen] = max(clock[chosen], t_next)
                     if ordered:
                         _heap_push(busy_t, busy_i, busy_size, clock[chosen], chosen)
-                _enqueue(r, chosen, released, keyed, key_uncached, caching, pooled, queue_key, cache_state,
-                         block_keys, block_ptr, key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_tail,
-                         q_len, q_next, req_state)
+                if keyed:
+                    _keyed_enqueue(r, chosen, released, key_uncached and caching, 0 if pooled else chosen, queue_key,
+                                   cache_state, block_keys, block_ptr, key_stride, block_tokens, key, tie, q_left,
+                                   q_right, q_head, q_len, req_state)
+                else:
+                    _fcfs_push(r, chosen, q_head, q_tail, q_len, q_next)
+                    req_state[r] = _WAITING
                 released += 1
                 if released == n:
                     waiting_at_end = 0
@@ -708,8 +704,13 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                 pos += 1
                 next_feed_s = out_arrival_s[feed[pos]] if pos < feed_stop else np.inf
                 out_instance[fed] = i
-                _enqueue(fed, i, fed, keyed, key_uncached, caching, pooled, queue_key, cache_state, block_keys, block_ptr,
-                         key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_tail, q_len, q_next, req_state)
+                if keyed:
+                    _keyed_enqueue(fed, i, fed, key_uncached and caching, owner, queue_key, cache_state, block_keys,
+                                   block_ptr, key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_len,
+                                   req_state)
+                else:
+                    _fcfs_push(fed, i, q_head, q_tail, q_len, q_next)
+                    req_state[fed] = _WAITING
             if n_running + q_len[i] == 0:
                 if pos < feed_stop:
                     t = max(t, next_feed_s)
@@ -807,8 +808,10 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                             run_next[rtail] = -1
                         if req_state[victim] == _DECODING:
                             passes_done[victim] += dc - decode_start[victim]
-                            _unfile(finish_head, f_next, f_prev, f_step, base, mask, victim)
-                            _unfile(block_head, b_next, b_prev, b_step, base, mask, victim)
+                            if f_step[victim] >= 0:
+                                _unfile(finish_head, f_next, f_prev, f_step, base, mask, victim)
+                            if b_step[victim] >= 0:
+                                _unfile(block_head, b_next, b_prev, b_step, base, mask, victim)
                             n_decoding -= 1
                             rate = _kv_rate(output_tokens[victim], passes[victim])
                             kvs -= context_tokens[victim] + 1 + passes_done[victim] * rate
