@@ -28,7 +28,8 @@ P_MAX_NEW = 11
 P_ROUTE_PICK = 12
 P_ROUTE_MEASURE = 13
 P_ROUTE_PREFIX = 14
-N_PARAMS = 15
+P_POOLED_TIERS = 15
+N_PARAMS = 16
 
 # Codes of the policy fields (mcsim.perf.policies names them). P_POLICY: when requests are admitted.
 POLICY_CONTINUOUS = 0
@@ -46,6 +47,7 @@ PICK_LEAST = 1  # the instance of least load, by P_ROUTE_MEASURE
 MEASURE_OUTSTANDING = 0  # requests in flight (waiting + running)
 MEASURE_FREE_KV = 1  # free KV blocks (most free first)
 # P_ROUTE_PREFIX: 1 = the longest cached prefix wins unless the fleet is imbalanced (SGLang's cache-aware rule).
+# P_POOLED_TIERS: how many of the last cache tiers the instances share (a pool behind their own tiers; 0 = none).
 
 # Indices into out_stats.
 STAT_STEPS = 0

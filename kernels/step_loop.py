@@ -84,19 +84,23 @@ Prefix caches on the same clock
 -------------------------------
 When ``capacity_blocks[0] > 0`` every instance keeps its own tiered LRU prefix cache (the tiers of
 ``capacity_blocks``, with the rules and code of :mod:`mcsim.kernels.kv_tiers`), or, with ``pooled``, all of them
-share one. A request is looked up and its blocks inserted when its instance first admits it. Its reused tokens are
-its reused blocks x ``block_tokens``, less what would leave no prompt token to compute (at least one is computed,
-taken from the first tier's share first, then the next's).
+share one. With ``P_POOLED_TIERS = m > 0`` (and not ``pooled``) the last ``m`` tiers are one pool behind every
+instance's own tiers (the rules of pooled tiers in :mod:`mcsim.kernels.kv_tiers`; ``capacity_blocks`` gives the
+whole pool's capacity of those tiers), and the fleet's steps run in time order, as with a shared cache, since an
+instance's evictions reach the others. A request is looked up and its blocks inserted when its instance first admits
+it. Its reused tokens are its reused blocks x ``block_tokens``, less what would leave no prompt token to compute (at
+least one is computed, taken from the first tier's share first, then the next's).
 
 Measured window and statistics
 ------------------------------
 The window runs from ``warmup_s`` (or, ``warmup_request >= 0``, from that request's arrival) to the last arrival or,
 if later, the end of the last of the steps that started before it (with one instance: the start of the step that
-first sees the last request, or its arrival). Over the steps that start inside it (at or after its start, before the last request is routed) ``out_stats``
-sums, at the ``STAT_*`` indices of :mod:`mcsim.kernels.batching_helpers` and over all instances: steps, their step
-time, decoding sequences over the steps that decode and those steps; the requests in flight integrated over time
-(each step weighs its instance's in-flight count at its start by its length within the window); the requests
-waiting when the last one has been routed; the total steps, the window end, the end of the last step and a status.
+first sees the last request, or its arrival). Over the steps that start inside it (at or after its start, before
+the last request is routed) ``out_stats`` sums, at the ``STAT_*`` indices of :mod:`mcsim.kernels.batching_helpers`
+and over all instances: steps, their step time, decoding sequences over the steps that decode and those steps; the
+requests in flight integrated over time (each step weighs its instance's in-flight count at its start by its length
+within the window); the requests waiting when the last one has been routed; the total steps, the window end, the end
+of the last step and a status.
 
 Cost
 ----
@@ -116,13 +120,15 @@ import numpy as np
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
     _DECODING, _DONE, _HEAP_SIZE, _PREFILLING, _WAITING, MIXING_EXCLUSIVE, ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS,
-    P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_MIXING, P_ORDER, P_POLICY, P_PREEMPT, P_ROUTE_MEASURE,
-    P_ROUTE_PICK, P_ROUTE_PREFIX, P_TOKEN_BUDGET, P_VERIFY_TOKENS, PICK_GIVEN, MEASURE_FREE_KV, POLICY_STATIC,
+    P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_MIXING, P_ORDER, P_POLICY, P_POOLED_TIERS, P_PREEMPT,
+    P_ROUTE_MEASURE, P_ROUTE_PICK, P_ROUTE_PREFIX, P_TOKEN_BUDGET, P_VERIFY_TOKENS, PICK_GIVEN, MEASURE_FREE_KV,
+    POLICY_STATIC,
     STAT_PREEMPTIONS, STAT_STATUS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_END_S, _heap_pop, _heap_push, _kv_rate,
     _next_block_step, _store_window, _tokens_after, kv_slope_at, prefill_chunk, skew_merge, step_time,
     unlink_running,
 )
-from mcsim.kernels.kv_tiers import admit_blocks, cached_prefix, next_tiers, reset_caches
+from mcsim.kernels.kv_tiers import (admit_blocks, admit_blocks_pooled, cached_prefix, cached_prefix_pooled, next_tiers,
+                                    reset_caches)
 
 STATUS_OK = 0
 STATUS_STALLED = 1  # a step with nothing to run (a validated input never produces one)
@@ -133,9 +139,13 @@ WHEEL_SLOTS = 1 << 22
 
 
 @kernel
-def _first_admission(s, owner, caching, cache_state, head, tail, count, capacity_blocks, next_tier, block_keys,
-                     block_ptr, key_stride, hits, block_tokens, prompt_tokens, out_cached):
+def _first_admission(s, owner, caching, cache_state, head, tail, count, capacity_blocks, next_tier, n_private,
+                     pool_key, pool_list, block_keys, block_ptr, key_stride, hits, block_tokens, prompt_tokens,
+                     out_cached):
     """Look request ``s`` up in cache ``owner`` and insert its blocks; returns the prompt tokens to compute.
+
+    The cache's own tiers are ``0..n_private-1``; the others are the pool's, whose keys start at ``pool_key`` and
+    lists at ``pool_list``.
 
     A function of its own, called only with a cache: inlined, the cache's code would sit in the step loop's body
     twice and slow every step of a run without one.
@@ -144,8 +154,13 @@ def _first_admission(s, owner, caching, cache_state, head, tail, count, capacity
     if caching:
         n_tiers = capacity_blocks.shape[0]
         hits[0, :] = 0
-        admit_blocks(cache_state, head, tail, count, capacity_blocks, next_tier, block_keys, block_ptr[s],
-                     block_ptr[s + 1], owner * key_stride, owner, hits, 0)
+        if n_private < n_tiers:
+            admit_blocks_pooled(cache_state, head, tail, count, capacity_blocks, next_tier, n_private, pool_key,
+                                pool_list, block_keys, block_ptr[s], block_ptr[s + 1],
+                                owner * key_stride, owner, hits, 0)
+        else:
+            admit_blocks(cache_state, head, tail, count, capacity_blocks, next_tier, block_keys, block_ptr[s],
+                         block_ptr[s + 1], owner * key_stride, owner, hits, 0)
         # Reused tokens, less what would leave no prompt token to compute (the first tier's share first).
         excess = -(prompt_tokens[s] - 1)
         for tier in range(n_tiers):
@@ -191,13 +206,18 @@ def _unfile(head, nxt, prv, at, base, mask, r):
 
 @kernel
 def _keyed_enqueue(r, i, tie_rank, by_uncached, owner, queue_key, cache_state, block_keys, block_ptr, key_stride,
-                   block_tokens, key, tie, q_left, q_right, q_head, q_len, req_state):
+                   pool_key, block_tokens, key, tie, q_left, q_right, q_head, q_len, req_state):
     """Request ``r`` joins instance ``i``'s keyed queue under its key (with ``by_uncached``, the prompt tokens cache
-    ``owner`` does not hold now) and ``tie_rank``. Not inlined, as :func:`skew_merge`."""
+    ``owner``, and the pool if ``pool_key >= 0``, do not hold now) and ``tie_rank``. Not inlined, as
+    :func:`skew_merge`."""
     key[r] = queue_key[r]
     if by_uncached:
-        held_prefix = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
-                                    owner * key_stride) * block_tokens
+        if pool_key >= 0:
+            held_prefix = cached_prefix_pooled(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
+                                               owner * key_stride, pool_key) * block_tokens
+        else:
+            held_prefix = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
+                                        owner * key_stride) * block_tokens
         key[r] = max(queue_key[r] - held_prefix, 1)
     tie[r] = tie_rank
     q_left[r] = -1
@@ -337,7 +357,8 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     params_int : int64[N_PARAMS]
         At the ``P_*`` indices of :mod:`mcsim.kernels.batching_helpers`: token_budget, max_seqs, kv_blocks (per
         instance), block_tokens (also the cache's block), chunk_tokens (0 = no cap), verify_tokens, policy,
-        preempt, closed_users, order, mixing, max_new, and the router's pick, measure and prefix hooks.
+        preempt, closed_users, order, mixing, max_new, the router's pick, measure and prefix hooks, and how many
+        of the last tiers are pooled.
     balance, balance_requests : float, int
         The cache-aware rule's relative and absolute imbalance thresholds.
     warmup_s : float
@@ -352,7 +373,8 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
         Seconds one more KV token of a decoding sequence adds to a step, at each decode edge (0: the table alone).
     kv_ref_context : float
         KV length per decoding sequence at which the table was computed, tokens.
-    cache_state : int32[K * key_stride, 4] (``key_stride`` rows when pooled)
+    cache_state : int32[K * key_stride, 4] (``key_stride`` rows when pooled; ``(K + 1) * key_stride`` with pooled
+        tiers)
         Workspace of the caches (overwritten); may be empty without a cache.
     out_arrival_s, out_first_token_s, out_finish_s, out_queue_s : float64[n]
         Written: each request's arrival (a closed loop's followers' included), first-token and finish times (s)
@@ -404,7 +426,13 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     by_free_kv = params_int[P_ROUTE_MEASURE] == MEASURE_FREE_KV
     caching = capacity_blocks[0] > 0
     by_prefix = params_int[P_ROUTE_PREFIX] != 0 and caching and not pooled
-    ordered = pooled or closed  # steps in the fleet's time order: a shared cache, or followers of finishing requests
+    n_tiers = capacity_blocks.shape[0]
+    n_private = n_tiers - params_int[P_POOLED_TIERS] if caching and not pooled else n_tiers
+    shared_tiers = n_private < n_tiers  # a pool behind the instances' own tiers
+    pool_key = k * key_stride  # the pool's key of block b is pool_key + b
+    shared_key = pool_key if shared_tiers else -1
+    # Steps in the fleet's time order: a shared cache or pool, or followers of finishing requests.
+    ordered = pooled or closed or shared_tiers
     if warmup_request >= 0:
         warmup_s = np.inf  # until that request arrives
 
@@ -504,10 +532,10 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     else:
         out_arrival_s[:] = arrival_s
 
-    n_tiers = capacity_blocks.shape[0]
-    head = np.empty(n_tiers * k, np.int32)
-    tail = np.empty(n_tiers * k, np.int32)
-    count = np.empty(n_tiers * k, np.int64)
+    n_lists = n_tiers * (k + 1 if shared_tiers else k)  # the pool's lists after every instance's
+    head = np.empty(n_lists, np.int32)
+    tail = np.empty(n_lists, np.int32)
+    count = np.empty(n_lists, np.int64)
     next_tier = next_tiers(capacity_blocks)
     if caching:
         reset_caches(cache_state, head, tail, count)
@@ -641,8 +669,12 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                         if by_prefix and not imbalanced:
                             best_len = -1
                             for j in range(k):
-                                length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
-                                                       j * key_stride)
+                                if shared_tiers:  # the pool's blocks count as every instance's
+                                    length = cached_prefix_pooled(cache_state, block_keys, block_ptr[r],
+                                                                  block_ptr[r + 1], j * key_stride, pool_key)
+                                else:
+                                    length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
+                                                           j * key_stride)
                                 if length > best_len or (length == best_len and load[j] < load[chosen]):
                                     chosen = j
                                     best_len = length
@@ -653,8 +685,8 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                         _heap_push(busy_t, busy_i, busy_size, clock[chosen], chosen)
                 if keyed:
                     _keyed_enqueue(r, chosen, released, key_uncached and caching, 0 if pooled else chosen, queue_key,
-                                   cache_state, block_keys, block_ptr, key_stride, block_tokens, key, tie, q_left,
-                                   q_right, q_head, q_len, req_state)
+                                   cache_state, block_keys, block_ptr, key_stride, shared_key, block_tokens, key, tie,
+                                   q_left, q_right, q_head, q_len, req_state)
                 else:
                     _fcfs_push(r, chosen, q_head, q_tail, q_len, q_next)
                     req_state[r] = _WAITING
@@ -706,8 +738,8 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                 out_instance[fed] = i
                 if keyed:
                     _keyed_enqueue(fed, i, fed, key_uncached and caching, owner, queue_key, cache_state, block_keys,
-                                   block_ptr, key_stride, block_tokens, key, tie, q_left, q_right, q_head, q_len,
-                                   req_state)
+                                   block_ptr, key_stride, shared_key, block_tokens, key, tie, q_left, q_right, q_head,
+                                   q_len, req_state)
                 else:
                     _fcfs_push(fed, i, q_head, q_tail, q_len, q_next)
                     req_state[fed] = _WAITING
@@ -724,8 +756,9 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                 waited = True
             in_system = q_len[i] + n_running
             if static and dleft > 0:
-                # The static batch's decode steps: a function of their own (nothing to build, the step time fixed but for
-                # the KV term), whose few live variables stay in registers; in this loop they cost about twice as much.
+                # The static batch's decode steps: a function of their own (nothing to build, the step time fixed
+                # but for the KV term), whose few live variables stay in registers; in this loop they cost about
+                # twice as much.
                 stop_s = min(t_limit, window_until if not waited else np.inf)
                 (t, dleft, kvs, kvr, done, stop, own_steps, ran_now, end_s, in_system_integral, window_steps,
                  window_step_s_sum, window_decode_seqs_sum, window_decode_steps, pos) = _static_decode_steps(
@@ -860,9 +893,10 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                     held[s] = need
                     out_queue_s[s] = t - out_arrival_s[s]
                     req_state[s] = _PREFILLING
-                    miss[s] = prompt_tokens[s] if not caching else _first_admission(s, owner, caching, cache_state, head, tail, count, capacity_blocks,
-                                               next_tier, block_keys, block_ptr, key_stride, hits, block_tokens,
-                                               prompt_tokens, out_cached)
+                    miss[s] = prompt_tokens[s] if not caching else _first_admission(
+                        s, owner, caching, cache_state, head, tail, count, capacity_blocks, next_tier, n_private,
+                        pool_key, n_tiers * k, block_keys, block_ptr, key_stride, hits, block_tokens, prompt_tokens,
+                        out_cached)
                     prefill_left[s] = miss[s]
                     batch[i, n_running] = s
                     n_running += 1
@@ -909,9 +943,10 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                     if not admitted_once[s]:
                         admitted_once[s] = True
                         out_queue_s[s] = t - out_arrival_s[s]
-                        miss[s] = prompt_tokens[s] if not caching else _first_admission(s, owner, caching, cache_state, head, tail, count, capacity_blocks,
-                                                   next_tier, block_keys, block_ptr, key_stride, hits, block_tokens,
-                                                   prompt_tokens, out_cached)
+                        miss[s] = prompt_tokens[s] if not caching else _first_admission(
+                            s, owner, caching, cache_state, head, tail, count, capacity_blocks, next_tier, n_private,
+                            pool_key, n_tiers * k, block_keys, block_ptr, key_stride, hits, block_tokens, prompt_tokens,
+                            out_cached)
                     prefill_left[s] = miss[s]
                     if first_done[s]:  # recompute after preemption: prompt and the output produced so far
                         prefill_left[s] += _tokens_after(output_tokens[s], passes[s], passes_done[s])

@@ -231,9 +231,20 @@ def test_a_grid_over_the_short_form_of_a_scenario_with_tiers_is_refused(tmp_path
         scn.with_values({"cache.tiers": 5}, origin="--grid")
 
 
-def test_replicas_refuse_a_pooled_tier(tmp_path):
-    with pytest.raises(ScenarioError, match="cache.tiers.remote.scope: fleet_simulation = 'replicas'"):
-        scenario(tmp_path, tiers=POOLED, overrides=["deployment.fleet_simulation=replicas"])
+def test_a_pooled_tier_runs_as_replicas(tmp_path):
+    """Behind round-robin each replica admits its own requests in arrival order, so its own tiers reuse what the
+    cache stage's replay reuses; the pool, shared, sees the fleet's admissions in the order the steps run them
+    (the kernel against the reference: tests/test_fleet_batching.py), close to the replay's arrival order."""
+    overrides = ["deployment.fleet=fixed", "baseline.deployment.fleet_simulation=representative"]
+    replicas = mcsim.run(scenario(tmp_path, tiers=POOLED, overrides=[*overrides,
+                                                                      "deployment.fleet_simulation=replicas"]),
+                         samples=1, requests=1500)
+    representative = mcsim.run(scenario(tmp_path, tiers=POOLED, overrides=overrides), samples=1, requests=1500)
+    assert replicas.attrs["fleet_simulation"] == "replicas" and list(replicas.tier.values) == ["hbm", "dram", "remote"]
+    by_tier, replay = replicas.cache_hit_rate_by_tier.values[0], representative.cache_hit_rate_by_tier.values[0]
+    np.testing.assert_array_equal(by_tier[:2], replay[:2])
+    assert by_tier[2] > 0.05  # the instances reuse what the other one wrote to the pool
+    assert by_tier[2] == pytest.approx(replay[2], rel=0.02)
 
 
 # -- runs ----------------------------------------------------------------------------------------------------------

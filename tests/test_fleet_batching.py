@@ -16,7 +16,8 @@ from mcsim.reference.fleet_batching import simulate_fleet_reference
 @pytest.mark.parametrize("router", ROUTERS)
 def test_kernel_matches_fleet_reference_exactly(router):
     """Every request's instance, times and reused tokens per tier, every instance's steps, and the window's
-    sums, with and without prefix caches (small tiers that evict, absent tiers)."""
+    sums, with and without prefix caches (small tiers that evict, absent tiers; 0 to 3 of the last tiers
+    pooled)."""
     for seed in range(40):
         rng = np.random.default_rng([seed, ROUTERS.index(router)])
         n = int(rng.integers(1, 60))
@@ -29,7 +30,7 @@ def test_kernel_matches_fleet_reference_exactly(router):
         settings["kv_blocks"] = int(((prompt + output + block_tokens - 1) // block_tokens).max()) \
             + int(rng.integers(0, 40))
         capacity = (0, 0, 0) if seed % 4 == 0 else tuple(int(c) for c in rng.integers([1, 0, 0], [12, 8, 8]))
-        cache = {"capacity_blocks": capacity, "balance": float(rng.uniform(0, 1)),
+        cache = {"capacity_blocks": capacity, "pooled_tiers": (seed // 4) % 4, "balance": float(rng.uniform(0, 1)),
                  "balance_requests": int(rng.integers(0, 4)), "preempt": seed % 3 == 1,
                  "max_new_per_step": int(rng.integers(0, 3)) if seed % 5 == 2 else 0,
                  "policy": REPLICA_SCHEDULERS[seed % len(REPLICA_SCHEDULERS)],

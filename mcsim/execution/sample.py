@@ -212,7 +212,8 @@ def sample_variants(scn: Scenario, variants, sample: int, seed: int, n_requests:
         fleet_in = fleet.Inputs.from_params(p)
         result = fleet.performance(fleet_in, measured, cached, passes, model, rng_for(seed, sample, STREAM_BATCHING),
                                    step_log=step_log, all_requests=shared["requests"],
-                                   capacity_blocks=shared["cache_inputs"].capacity_blocks)
+                                   capacity_blocks=shared["cache_inputs"].capacity_blocks,
+                                   pooled_tiers=shared["cache_inputs"].pooled_tiers)
         m = dict(result.metrics)
         m.update(experts)
         m.update(money(p, result))

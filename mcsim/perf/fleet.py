@@ -284,7 +284,8 @@ def token_totals(prompt, cached_tokens) -> tuple[float, float]:
 
 
 def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model, rng,
-                step_log: int = 0, all_requests=None, capacity_blocks: tuple = ()) -> Performance:
+                step_log: int = 0, all_requests=None, capacity_blocks: tuple = (),
+                pooled_tiers: int = 0) -> Performance:
     """Throughput, latency and fleet of one sample from its :class:`~mcsim.perf.factor.StepModel`.
 
     Parameters
@@ -310,6 +311,9 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         fleet's first guess.
     capacity_blocks : tuple of int
         Blocks per tier of one cache (:attr:`mcsim.stages.kvcache.Inputs.capacity_blocks`): the replicas' caches.
+    pooled_tiers : int
+        How many of the last tiers are pooled (:attr:`mcsim.stages.kvcache.Inputs.pooled_tiers`): in the
+        replicas' run, one pool behind every instance's own tiers.
 
     Returns
     -------
@@ -421,7 +425,7 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
                 else (0.0, 0.0)
             latency = (0.0, *(rate.latency_s for rate in rates))
             workload = prepare_stream(inputs.simulator, all_requests, warm, passes_r, capacity_blocks, per_token,
-                                      *transfer, rng, restore_latency_s=latency)
+                                      *transfer, rng, restore_latency_s=latency, pooled_tiers=pooled_tiers)
         else:
             workload = prepare(inputs.simulator, requests, miss, restore_s, transfer_s, passes_r, max_seqs, rng)
         mean_blocks = math.ceil(model.decode_context / requests.block_tokens)

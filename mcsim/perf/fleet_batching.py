@@ -284,6 +284,7 @@ def simulate_fleet_batching(
     block_ptr=None,
     block_ids=None,
     capacity_blocks=(0, 0, 0),
+    pooled_tiers: int = 0,
     balance: float = 0.25,
     balance_requests: int = 64,
     step_time_table,
@@ -331,6 +332,11 @@ def simulate_fleet_batching(
     capacity_blocks : sequence of int
         One instance's prefix-cache capacity per tier (1 to 8 tiers, first tier first), blocks; a first tier of 0
         (default) = no cache. Under ``"pooled"`` the instances share one cache of ``n_instances`` times this.
+    pooled_tiers : int
+        How many of the last tiers are one pool that every instance shares, behind its own tiers (a KV store
+        such as Mooncake's): their ``capacity_blocks`` are the whole pool's, not one instance's (default 0: every
+        tier is each instance's own). Under ``"pooled"``, or when every tier is pooled, the fleet has one cache:
+        the instances' own tiers ``n_instances`` times over, and the pool's.
     balance, balance_requests : float, int
         ``"cache-aware"``'s imbalance thresholds (``deployment.routing_balance``,
         ``deployment.routing_balance_requests``).
@@ -466,10 +472,16 @@ def simulate_fleet_batching(
     queue_key = scheduler.queue_key(prompt, priority)
     # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
     given = given_instances(router, ptr, ids, uniform, k)
-    pooled = entry.pooled
-    if pooled:
-        capacity = capacity * k
-    rows = (stride if pooled else k * stride) if caching else 0
+    if int(pooled_tiers) != pooled_tiers or not 0 <= pooled_tiers <= capacity.size:
+        raise ValueError(f"pooled_tiers must be an integer in [0, {capacity.size}], got {pooled_tiers!r}")
+    # Every tier pooled: one cache that every instance uses, whatever the router.
+    pooled = entry.pooled or int(pooled_tiers) == capacity.size
+    shared = int(pooled_tiers) if caching and not pooled else 0
+    params[slots.P_POOLED_TIERS] = shared
+    if pooled:  # one cache: every instance's own tiers together, and the pool's as they are
+        own = capacity.size - int(pooled_tiers)
+        capacity = np.concatenate([capacity[:own] * k, capacity[own:]])
+    rows = (stride if pooled else (k + (1 if shared else 0)) * stride) if caching else 0
     if rows > MAX_CACHE_ROWS:
         raise RunLimitError(f"deployment.fleet_simulation: the replicas' prefix caches would need "
                             f"{rows * 16 / 2**30:.1f} GiB ({k} instances x {stride} distinct blocks), more than "

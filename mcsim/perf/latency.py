@@ -87,6 +87,7 @@ class Workload:
     capacity_blocks: tuple = (0, 0, 0)
     restore_s_per_token: tuple = (0.0, 0.0, 0.0)
     restore_latency_s: tuple = ()  # per tier: what a request restoring from it waits once (none: 0)
+    pooled_tiers: int = 0  # how many of the last tiers are one pool behind every instance's own
 
 
 def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per_instance: float,
@@ -127,7 +128,7 @@ def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per
 
 def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks, restore_s_per_token,
                    transfer_s_per_token: float, transfer_latency_s: float, rng: np.random.Generator,
-                   restore_latency_s=()) -> Workload:
+                   restore_latency_s=(), pooled_tiers: int = 0) -> Workload:
     """The replicas' workload: every request of the sample in arrival order, the cache's warm-up ones included.
 
     ``passes`` are the measured requests' (``stream.tail(measured_from)``); a warm-up request, which is served
@@ -157,7 +158,7 @@ def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks,
                     block_ptr=stream.block_ptr, block_ids=stream.block_ids, measured_from=int(measured_from),
                     capacity_blocks=tuple(int(c) for c in capacity_blocks),
                     restore_s_per_token=tuple(float(s) for s in restore_s_per_token),
-                    restore_latency_s=tuple(float(s) for s in restore_latency_s))
+                    restore_latency_s=tuple(float(s) for s in restore_latency_s), pooled_tiers=int(pooled_tiers))
 
 
 def _restore_s(w: Workload, cached_tokens) -> np.ndarray:
@@ -255,7 +256,8 @@ class PoolSimulator:
         fleet = simulate_fleet_batching(
             w.arrival, w.context, w.context, w.output, w.decode_passes, n_instances=n_instances,
             router=p["deployment.routing"], router_uniform=w.router_uniform, block_ptr=w.block_ptr,
-            block_ids=w.block_ids, capacity_blocks=w.capacity_blocks, balance=p["deployment.routing_balance"],
+            block_ids=w.block_ids, capacity_blocks=w.capacity_blocks, pooled_tiers=w.pooled_tiers,
+            balance=p["deployment.routing_balance"],
             balance_requests=p["deployment.routing_balance_requests"], step_time_table=table,
             decode_edges=self.d_edges, prefill_edges=p_edges, kv_slope=self.kv_slope,
             kv_ref_context=self.model.decode_context, token_budget=self.budget, max_seqs=self.max_seqs,
@@ -308,7 +310,8 @@ class PoolSimulator:
         fleet = simulate_fleet_batching(
             w.arrival, w.context, w.context, np.ones(m, np.int64), np.zeros(m, np.int64), n_instances=n_instances,
             router=p["deployment.routing"], router_uniform=w.router_uniform, block_ptr=w.block_ptr,
-            block_ids=w.block_ids, capacity_blocks=w.capacity_blocks, balance=p["deployment.routing_balance"],
+            block_ids=w.block_ids, capacity_blocks=w.capacity_blocks, pooled_tiers=w.pooled_tiers,
+            balance=p["deployment.routing_balance"],
             balance_requests=p["deployment.routing_balance_requests"], step_time_table=table, decode_edges=d_edges,
             prefill_edges=p_edges, token_budget=budget, max_seqs=max(min(m, budget), 1), block_tokens=w.block,
             chunk_tokens=chunk, max_new_per_step=self.max_new, policy=self._prefill_policy(), priority=w.priority,

@@ -31,7 +31,7 @@ import math
 
 from mcsim.scenario.choices import ROUTERS  # the names only; the rules are written out here
 from mcsim.perf.policies import POLICIES, Policy
-from mcsim.reference.kv_tiers import TieredCache
+from mcsim.reference.kv_tiers import SharedTiers, TieredCache
 from mcsim.reference.step_loop import Instance, Request, Rules
 
 
@@ -64,7 +64,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
                              n_instances, router, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
                              verify_tokens, step_time_table, decode_edges, prefill_edges, kv_slope=None,
                              kv_ref_context=0.0, block_lists=None, fixed_instance=None, capacity_blocks=(0, 0, 0),
-                             balance=0.25, balance_requests=64, warmup_s=0.0, preempt=False, max_new_per_step=0,
+                             pooled_tiers=0, balance=0.25, balance_requests=64, warmup_s=0.0, preempt=False, max_new_per_step=0,
                              policy="fcfs", priority=None, queue_key=None, keyed_tie="index", closed_users=0,
                              think_s=None, warmup_request=-1):
     """Simulate ``n_instances`` replicas behind a router, one fleet-wide event at a time.
@@ -85,6 +85,10 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
         Prompt blocks per request; the instances ``prefix-affinity`` sends requests to; the prefix cache's
         capacity per tier in blocks (HBM 0: no cache; one pooled cache of ``n_instances`` times it under
         ``pooled``); cache-aware routing's relative and absolute imbalance thresholds.
+    pooled_tiers : int
+        How many of the last tiers are one pool every instance shares behind its own (their capacity the whole
+        pool's); under ``pooled``, or with every tier pooled, the fleet has one cache (the own tiers
+        ``n_instances`` times over, then the pool's).
     warmup_s, warmup_request : float, int
         Start of the measured window; ``warmup_request >= 0`` starts it at that request's arrival instead.
     preempt : bool
@@ -134,11 +138,14 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
     requests = [Request(r, float(arrival_s[r]), int(prompt_tokens[r]), block_lists[r], int(context_tokens[r]),
                         int(output_tokens[r]), int(passes[r])) for r in range(n)]
     caching = capacity_blocks[0] > 0
-    if router == "pooled":  # one cache of every instance's capacity, shared
-        shared = TieredCache([c * n_instances for c in capacity_blocks]) if caching else None
+    own = len(capacity_blocks) - int(pooled_tiers)
+    if router == "pooled" or own == 0:  # one cache of every instance's own tiers and the pool, shared
+        shared = TieredCache([c * n_instances for c in capacity_blocks[:own]] + list(capacity_blocks[own:])) \
+            if caching else None
         fleet = [Instance(rules, cache=shared) for _ in range(n_instances)]
     else:
-        fleet = [Instance(rules, cache=TieredCache(capacity_blocks) if caching else None)
+        pool = SharedTiers(capacity_blocks[own:]) if own < len(capacity_blocks) else None
+        fleet = [Instance(rules, cache=TieredCache(capacity_blocks[:own], pool) if caching else None)
                  for _ in range(n_instances)]
 
     instance = [-1] * n

@@ -600,18 +600,13 @@ def _validate_tiers(tiers_raw, source: str) -> dict:
 
 
 def _check_tiers(scn: Scenario, v: dict):
-    """The instances' own tiers come before the pooled ones; the replicas keep private tiers only."""
+    """The instances' own tiers come before the pooled ones."""
     names = v.get("cache.tiers") or ()
     scopes = [v[f"cache.tiers.{name}.scope"] for name in names]
     for t in range(1, len(names)):
         if scopes[t - 1] == "pooled" and scopes[t] != "pooled":
             raise ScenarioError(scn.source, f"cache.tiers.{names[t]}.scope", f"a private tier ({scopes[t]}) cannot "
                                 f"follow the pooled tier {names[t - 1]}: the instances' own tiers come first")
-    if "pooled" in scopes and v.get("deployment.fleet_simulation") == "replicas":
-        name = names[scopes.index("pooled")]
-        raise ScenarioError(scn.source, f"cache.tiers.{name}.scope", "fleet_simulation = 'replicas' keeps each "
-                            "instance's tiers private: a pooled tier runs in the representative mode (or give "
-                            "deployment.routing = 'pooled' for one cache the replicas share)")
 
 
 def _cross_checks(scn: Scenario):

@@ -196,6 +196,11 @@ class Inputs:
     routing_balance: float
     private_tiers: int = -1
 
+    @property
+    def pooled_tiers(self) -> int:
+        """How many of the last tiers are pooled."""
+        return 0 if self.private_tiers < 0 else len(self.capacity_blocks) - self.private_tiers
+
     @classmethod
     def from_params(cls, p: dict, block_tokens: int, kv_bytes_per_token: float) -> "Inputs":
         routing = p["deployment.routing"]
