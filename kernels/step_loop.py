@@ -127,8 +127,8 @@ from mcsim.kernels.batching_helpers import (
     _next_block_step, _store_window, _tokens_after, kv_slope_at, prefill_chunk, skew_merge, step_time,
     unlink_running,
 )
-from mcsim.kernels.kv_tiers import (admit_blocks, admit_blocks_pooled, cached_prefix, cached_prefix_pooled, next_tiers,
-                                    reset_caches)
+from mcsim.kernels.kv_tiers import (_ABSENT, _TIER, admit_blocks, admit_blocks_pooled, cached_prefix,
+                                    cached_prefix_pooled, next_tiers, reset_caches)
 
 STATUS_OK = 0
 STATUS_STALLED = 1  # a step with nothing to run (a validated input never produces one)
@@ -669,12 +669,17 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                         if by_prefix and not imbalanced:
                             best_len = -1
                             for j in range(k):
-                                if shared_tiers:  # the pool's blocks count as every instance's
-                                    length = cached_prefix_pooled(cache_state, block_keys, block_ptr[r],
-                                                                  block_ptr[r + 1], j * key_stride, pool_key)
-                                else:
-                                    length = cached_prefix(cache_state, block_keys, block_ptr[r], block_ptr[r + 1],
-                                                           j * key_stride)
+                                # kv_tiers.cached_prefix(_pooled) written out: an inlined helper with a loop
+                                # costs reference counts at every call (see _file)
+                                offset = j * key_stride
+                                length = 0
+                                for b in range(block_ptr[r], block_ptr[r + 1]):
+                                    present = cache_state[block_keys[b] + offset, _TIER] != _ABSENT
+                                    if not present and shared_tiers:
+                                        present = cache_state[block_keys[b] + pool_key, _TIER] != _ABSENT
+                                    if not present:
+                                        break
+                                    length += 1
                                 if length > best_len or (length == best_len and load[j] < load[chosen]):
                                     chosen = j
                                     best_len = length
