@@ -44,6 +44,7 @@ from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes
 from mcsim.perf.batching import QUANTILES
 from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
 from mcsim.perf.policies import policy_for
+from mcsim.perf.params import Params
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
 from mcsim.stages.kvcache import restore_rates, steady_state, tiers_of, warmup_requests
@@ -64,39 +65,6 @@ SIMULATOR_KEYS = (
     "deployment.routing_balance_requests", "performance.batching_requests", "performance.chunk_tokens",
     "performance.token_budget", "performance.preempt", "performance.closed_loop_users", "workload.think_time_s",
     "mc.queue_steady_state_tolerance")
-
-
-class Params(Mapping):
-    """Resolved parameters, read-only and hashable: what stage 5 hands the batching simulator. A key it does not
-    hold is a ``KeyError`` that says so (``.get`` returns its default, as a dict's does)."""
-
-    __slots__ = ("_items", "_values")
-
-    def __init__(self, items):
-        self._items = tuple(items)
-        self._values = dict(self._items)
-
-    def __getitem__(self, key):
-        try:
-            return self._values[key]
-        except KeyError:
-            raise KeyError(f"{key!r} is not among the parameters stage 5 hands the batching simulator "
-                           "(mcsim.perf.fleet.SIMULATOR_KEYS)") from None
-
-    def __iter__(self):
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Params) and self._items == other._items
-
-    def __hash__(self) -> int:
-        return hash(self._items)
-
-    def __repr__(self) -> str:
-        return f"Params({self._values!r})"
 
 
 @dataclass(frozen=True)
