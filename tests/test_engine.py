@@ -165,3 +165,30 @@ def test_variants_run_together_equal_variants_run_alone(scn):
             np.testing.assert_array_equal(value, together[name][metric], err_msg=f"{name}.{metric}")
     assert together["no_cache"]["cache_hit_rate"] == 0
     assert together["no_cache"]["spec_tokens_per_pass"] == together["factory"]["spec_tokens_per_pass"]
+
+
+def test_variants_that_differ_in_prices_only_share_stage_5(scn, monkeypatch):
+    # Stage 5 is memoised by its inputs and those of the stages before it: a price is none of them, so three
+    # variants run it once; the output price (read only by economics) still reaches each variant's margin.
+    from mcsim.execution import sample as sample_module
+    from mcsim.scenario import draw_uncertain
+
+    calls = []
+    performance = sample_module.fleet.performance
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return performance(*args, **kwargs)
+
+    monkeypatch.setattr(sample_module.fleet, "performance", counted)
+    draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 5).items()}
+    specs = {"factory": {}, "cheap": {"economics.price_output_usd_per_mtok": 1.0},
+             "dear": {"economics.price_output_usd_per_mtok": 20.0}}
+    together = sample_module.run_sample(scn, specs, 0, 5, 1500, draws)
+    assert len(calls) == 1
+    for name, overrides in specs.items():
+        alone = sample_module.run_sample(scn, {name: overrides}, 0, 5, 1500, draws)[name]
+        for metric, value in alone.items():
+            np.testing.assert_array_equal(value, together[name][metric], err_msg=f"{name}.{metric}")
+    assert together["cheap"]["gross_margin"] < together["dear"]["gross_margin"]
+    assert together["cheap"]["decode_tok_s_per_gpu"] == together["dear"]["decode_tok_s_per_gpu"]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import mcsim
 from mcsim.cli import main
 from mcsim.perf import roofline
-from mcsim.perf.factor import FactorStepModel, _model
+from mcsim.perf.factor import FactorStepModel, _model, step_inputs
 from mcsim.perf.fleet import PERFORMANCE_OUTPUTS
 from mcsim.perf.roofline_model import RooflineStepModel, _hardware, options
 from mcsim.results import summary
@@ -55,6 +55,26 @@ def test_a_mixed_step_is_the_roofline_of_all_its_tokens():
     lengths = np.linspace(ctx - 500, ctx + 500, d)
     assert model.step_time(d, lengths, q, pctx).total_s == pytest.approx(step.total_s, rel=1e-12)
     assert model.step_time(d, lengths + 4000, q, pctx).total_s > step.total_s
+
+
+@pytest.mark.parametrize("path", [DENSE, DEEPSEEK, FACTORY])
+def test_the_step_model_reads_its_declared_inputs_only(path):
+    # Built from the declared inputs (any other key is a KeyError), both fidelities price the same steps as from
+    # every parameter of the sample, a price and a workload key among them.
+    scn, p, req = _sample(path)
+    declared = step_inputs(p)
+    assert "economics.price_output_usd_per_mtok" in p and "economics.price_output_usd_per_mtok" not in declared
+    with pytest.raises(KeyError, match="step_reads"):
+        declared["workload.rate_rps"]
+    passes = np.maximum(req.output_tokens // 2, 1)
+    if p["performance.fidelity"] == "roofline":
+        full, restricted = (RooflineStepModel(params, req, passes, {"expert_efficiency": 0.8})
+                            for params in (p, declared))
+    else:
+        full, restricted = (FactorStepModel(params, req, passes, 0.8) for params in (p, declared))
+    for d, q in ((1, 0), (64, 0), (16, 2048), (0, 8192)):
+        for pool in ("decode", "prefill"):
+            assert restricted.step_time(d, None, q, pool=pool).total_s == full.step_time(d, None, q, pool=pool).total_s
 
 
 def test_a_factor_step_is_what_gives_its_throughput():

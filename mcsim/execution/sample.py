@@ -150,8 +150,10 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
     ``shared`` carries the sample's requests and memoised stage results from one variant to the next (pass the
     same dict for every variant of a sample). Returns ``(params, measured requests, cached tokens, passes,
     experts, step model)``; ``shared["cache_steady_state"]`` then holds the cache's steady-state check of this
-    variant (:func:`mcsim.stages.kvcache.steady_state`) and ``shared["cache_inputs"]`` its cache stage's
-    :class:`~mcsim.stages.kvcache.Inputs`.
+    variant (:func:`mcsim.stages.kvcache.steady_state`), ``shared["cache_inputs"]`` its cache stage's
+    :class:`~mcsim.stages.kvcache.Inputs` and ``shared["stage5_key"]`` what its step model was built from (its
+    declared inputs, :func:`mcsim.perf.factor.step_inputs`, and those of stages 1-4), with which stage 5 is
+    memoised.
     """
     shared = {} if shared is None else shared
     memo = shared.setdefault("memo", {})
@@ -191,10 +193,16 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
         # The step's tokens follow the batch that fits in memory (the one memory projection).
         expert_in = ExpertInputs.from_params(p, scn.classes, _memory_batch(p, measured))
     experts = once(("experts", expert_in), lambda: expert_stage(expert_in, rng_for(seed, sample, STREAM_EXPERTS)))
-    if p["performance.fidelity"] == "roofline":
-        model = RooflineStepModel(p, measured, passes, experts)
+    # The step model reads its declared inputs only, and is built once per sample for each value of them and of
+    # the stages it prices (the same key memoises stage 5: see sample_variants).
+    step_in = perf.step_inputs(p)
+    key = (step_in, warm, cache_in, spec_in, expert_in)
+    shared["stage5_key"] = key
+    if step_in["performance.fidelity"] == "roofline":
+        model = once(("model", key), lambda: RooflineStepModel(step_in, measured, passes, experts))
     else:
-        model = perf.FactorStepModel(p, measured, passes, experts["expert_efficiency"])
+        model = once(("model", key), lambda: perf.FactorStepModel(step_in, measured, passes,
+                                                                  experts["expert_efficiency"]))
     return p, measured, cached, passes, experts, model
 
 
@@ -210,10 +218,16 @@ def sample_variants(scn: Scenario, variants, sample: int, seed: int, n_requests:
         p, measured, cached, passes, experts, model = variant_stages(scn, variant, overrides, sample, seed,
                                                                       n_requests, draws, shared)
         fleet_in = fleet.Inputs.from_params(p)
-        result = fleet.performance(fleet_in, measured, cached, passes, model, rng_for(seed, sample, STREAM_BATCHING),
-                                   step_log=step_log, all_requests=shared["requests"],
-                                   capacity_blocks=shared["cache_inputs"].capacity_blocks,
-                                   pooled_tiers=shared["cache_inputs"].pooled_tiers)
+        # Stage 5 by its inputs and those of the stages before it: variants that differ only in later levers
+        # (prices, say) share it.
+        key = ("performance", fleet_in, shared["stage5_key"], step_log)
+        if key not in shared["memo"]:
+            shared["memo"][key] = fleet.performance(
+                fleet_in, measured, cached, passes, model, rng_for(seed, sample, STREAM_BATCHING),
+                step_log=step_log, all_requests=shared["requests"],
+                capacity_blocks=shared["cache_inputs"].capacity_blocks,
+                pooled_tiers=shared["cache_inputs"].pooled_tiers)
+        result = shared["memo"][key]
         m = dict(result.metrics)
         m.update(experts)
         m.update(money(p, result))

@@ -34,8 +34,10 @@ import numpy as np
 
 from mcsim.perf.capacity import memory_projection
 from mcsim.perf.hardware import as_hardware
+from mcsim.perf.params import Params
 from mcsim.perf.roofline import Parallelism, Precision
 from mcsim.scenario import catalog
+from mcsim.scenario.schema import TIER_SHORT_FORM
 from mcsim.stages.kvcache import first_tier_gb_per_instance
 from mcsim.stages.speculative import pass_cost
 
@@ -56,6 +58,33 @@ def static_slot_utilization(output_tokens: np.ndarray, batch: int) -> float:
     if full < n:
         longest += output_tokens[full:].max() * (n - full)
     return float(output_tokens.sum() / longest)
+
+
+#: Sections the step model reads whole (the deployment it prices), and the keys of other stages' sections it reads
+#: besides: the speculative pass's costs, the experts' ranks and FFN share, the cache's HBM reservation.
+STEP_SECTIONS = ("model.", "hardware.", "deployment.", "precision.", "efficiency.", "performance.")
+STEP_OTHER_KEYS = ("speculative.enabled", "speculative.draft_tokens", "speculative.draft_cost",
+                   "speculative.verify_cost", "moe.ep_ranks", "moe.ffn_time_fraction", "cache.enabled",
+                   *TIER_SHORT_FORM)
+
+
+def step_reads(path: str) -> bool:
+    """Whether the step model (either fidelity, with its memory projection) reads the dotted ``path``: its
+    declared inputs, :data:`STEP_SECTIONS` and :data:`STEP_OTHER_KEYS`, and the ``[[cache.tiers]]`` keys."""
+    return path.startswith(STEP_SECTIONS) or path in STEP_OTHER_KEYS or path.startswith("cache.tiers")
+
+
+def step_inputs(p) -> Params:
+    """The step model's declared inputs (:func:`step_reads`) of a sample's parameters: read-only and hashable
+    (a memo key); reading any other key is an error that says so.
+
+    Examples
+    --------
+    >>> step = step_inputs({"deployment.tp": 8, "economics.gpu_hour_usd": 2.5, "speculative.draft_cost": 0.1})
+    >>> sorted(step)
+    ['deployment.tp', 'speculative.draft_cost']
+    """
+    return Params(sorted((k, v) for k, v in p.items() if step_reads(k)), declared_by="mcsim.perf.factor.step_reads")
 
 
 def expert_factor(expert_efficiency: float, ffn_time_fraction: float) -> float:

@@ -7,21 +7,33 @@ from collections.abc import Mapping
 
 
 class Params(Mapping):
-    """Resolved parameters, read-only and hashable: what stage 5 hands the batching simulator. A key it does not
-    hold is a ``KeyError`` that says so (``.get`` returns its default, as a dict's does)."""
+    """Resolved parameters, read-only and hashable: the declared inputs a stage hands a part of itself (the step
+    model, the batching simulator). A key it does not hold is a ``KeyError`` that names ``declared_by``, where
+    the keys are declared (``.get`` returns its default, as a dict's does).
 
-    __slots__ = ("_items", "_values")
+    Examples
+    --------
+    >>> p = Params([("deployment.tp", 8)], declared_by="mcsim.perf.factor.step_reads")
+    >>> p["deployment.tp"], p.get("deployment.pp", 1)
+    (8, 1)
+    >>> p["moe.nodes"]
+    Traceback (most recent call last):
+    ...
+    KeyError: "'moe.nodes' is not among the declared inputs (mcsim.perf.factor.step_reads)"
+    """
 
-    def __init__(self, items):
+    __slots__ = ("_items", "_values", "_declared_by")
+
+    def __init__(self, items, declared_by: str = "mcsim.perf.fleet.SIMULATOR_KEYS"):
         self._items = tuple(items)
         self._values = dict(self._items)
+        self._declared_by = declared_by
 
     def __getitem__(self, key):
         try:
             return self._values[key]
         except KeyError:
-            raise KeyError(f"{key!r} is not among the parameters stage 5 hands the batching simulator "
-                           "(mcsim.perf.fleet.SIMULATOR_KEYS)") from None
+            raise KeyError(f"{key!r} is not among the declared inputs ({self._declared_by})") from None
 
     def __iter__(self):
         return iter(self._values)
