@@ -24,7 +24,7 @@ from mcsim.tables import table, terminal_width
 
 #: Names of the schema's kinds as ``mcsim list keys`` prints them.
 TYPE_NAMES = {"float": "number", "int": "integer", "perreq": "per-request", "bool": "bool", "str": "string",
-              "choice": "choice"}
+              "choice": "choice", "weights": "list"}
 
 #: What a preset key accepts, and the catalog each of them names.
 PRESET_KEYS = catalog.PRESET_KEYS
@@ -121,6 +121,8 @@ def allowed(path: str, spec: Field) -> str:
         return ", ".join(spec.choices)
     if spec.kind == "bool":
         return "true, false"
+    if spec.kind == "weights":
+        return "each >= 0, one > 0"
     if path in PRESET_KEYS:
         return ", ".join(PRESET_KEYS[path]()) + ("" if path.endswith(".preset") else ' or ""')
     if spec.lo is None and spec.hi is None:
@@ -135,6 +137,8 @@ def _default_text(value) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return f'"{value}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_number(x) for x in value) + "]"
     if isinstance(value, dict):
         params = " ".join(f"{k}={_number(v)}" for k, v in value.items() if k != "dist")
         return f"{value['dist']} {params}"

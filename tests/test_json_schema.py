@@ -62,6 +62,13 @@ REFUSED = {
     "a bad grid value": '[sweep]\n"deployment.fleet" = ["fixed", "elastic"]',
     "a workload key in [baseline]": '[baseline]\n"workload.rate_rps" = 5',
     "a block size in [baseline]": "[baseline.cache]\nblock_tokens = 32",
+    "a negative rate in a rate profile": "[workload]\nrate_profile = [1, -1]",
+    "a rate profile of zeros": "[workload]\nrate_profile = [0, 0]",
+    "a rate profile of strings": '[workload]\nrate_profile = ["1", "2"]',
+    "a rate profile with a trace": '[workload]\ntrace = "bundled:mooncake"\nrate_profile = [1, 2]',
+    "a distribution on a rate profile's period": '[workload]\nrate_profile_period_s = { dist = "uniform", '
+                                                 "low = 1, high = 2 }",
+    "a rate profile as a grid axis": '[sweep]\n"workload.rate_profile" = [[1, 2], [2, 1]]',
 }
 
 ACCEPTED = {
@@ -73,6 +80,9 @@ ACCEPTED = {
     "nested sweep tables": "[sweep.speculative]\ndraft_tokens = [0, 1]\n[sweep.workload.classes.chat]\nshare = [1, 2]",
     "a dotted class axis": '[sweep]\n"workload.classes.chat.turns" = { start = 1, stop = 4, num = 4 }',
     "a lever in [baseline]": '[baseline]\n"speculative.enabled" = true\n[baseline.moe]\nredundant_experts = 64',
+    "a daily rate profile": '[workload]\nrate_profile = [1, 2.5, 0]\nrate_profile_start_s = { dist = "uniform", '
+                            "low = 0, high = 86400 }",
+    "a trace with an empty rate profile": '[workload]\ntrace = "bundled:mooncake"\nrate_profile = []',
     "a catalog field with a distribution": '[hardware]\nprice_usd = { dist = "triangular", low = 2e4, mode = 2.5e4, '
                                            'high = 3e4 }',
 }
@@ -101,6 +111,9 @@ def test_keys_carry_their_facts():
                                                                     "maximum": 1}
     assert defs["key.mc.samples"] == {"type": "integer", "minimum": 1, "maximum": 1_000_000, "default": 32,
                                       "description": defs["key.mc.samples"]["description"]}
+    profile = defs["key.workload.rate_profile"]
+    assert profile["type"] == "array" and profile["items"] == {"type": "number", "minimum": 0}
+    assert profile["default"] == [] and "axis.workload.rate_profile" not in defs
 
 
 def test_schema_command_prints_and_writes_it(tmp_path):

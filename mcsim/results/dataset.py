@@ -175,7 +175,12 @@ def workload_description(scn) -> str:
     """What requests a scenario's samples serve: a replayed trace (and how) or the generator."""
     trace = scn["workload.trace"]
     if not trace:
-        return "generated (mcsim.stages.workload.generate)"
+        profile = scn["workload.rate_profile"]
+        start = scn["workload.rate_profile_start_s"]
+        start = f"{start:g} s" if isinstance(start, (int, float)) else f"a {start.kind} distribution of times"
+        return "generated (mcsim.stages.workload.generate)" + (
+            f"; arrival rate of a {len(profile)}-slice profile over {scn['workload.rate_profile_period_s']:g} s, "
+            f"from {start} into it" if profile else "")
     fmt = scn["workload.trace_format"]
     has_prefixes = fmt == "mooncake" or (fmt == "auto" and str(trace).lower().endswith((".jsonl", "mooncake")))
     return (f"replayed trace {trace} (time scale {scn['workload.trace_time_scale']:g}, from "

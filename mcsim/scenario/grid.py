@@ -131,11 +131,14 @@ def validate_axes(scn: Scenario, axes: list[Axis], option: str = "--grid") -> li
         if len(axis.values) > MAX_AXIS_VALUES:
             raise ScenarioError(scn.source, axis.path, f"{len(axis.values):,} values; a grid axis takes at most "
                                 f"{MAX_AXIS_VALUES:,}")
+        spec = field_for(axis.path)
+        if spec is not None and spec.kind == "weights":
+            raise ScenarioError(scn.source, axis.path, "a list-valued key cannot be a grid axis: a scenario has one "
+                                "list (set it with --set or in the file)")
         bad = [v for v in axis.values if isinstance(v, (dict, list)) or v is None]
         if bad:
             raise ScenarioError(scn.source, axis.path, f"a grid value must be a number or a string, got {bad[0]!r} "
                                 "(a distribution cannot be a grid value: put it on the key itself)")
-        spec = field_for(axis.path)
         if spec is None and not axis.path.endswith(".preset"):
             scn.with_values({axis.path: axis.values[0] if axis.values else 0}, origin=option)  # raises, names it
         if not axis.values:

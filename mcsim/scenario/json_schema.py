@@ -7,8 +7,9 @@ the parameters that bound a distribution's support; ``[baseline]`` (dotted keys 
 workload reads) and ``[sweep]`` (a list or a ``{start, stop, num, log}`` range per grid axis).
 
 What a schema cannot say is checked when the scenario is loaded: rules across keys (``tp x pp`` divides
-``gpus_per_instance``, EPLB's layout), the support of a distribution whose own parameters are uncertain, that a
-``[sweep]`` or ``[baseline]`` class name is one of the scenario's classes, and finite numbers.
+``gpus_per_instance``, EPLB's layout, a rate profile's start within its period), the support of a distribution
+whose own parameters are uncertain, that a ``[sweep]`` or ``[baseline]`` class name is one of the scenario's
+classes, and finite numbers.
 
 Examples
 --------
@@ -66,6 +67,9 @@ def plain(path: str, spec: Field) -> dict:
         return {"type": "boolean"}
     if spec.kind == "choice":
         return {"type": "string", "enum": list(spec.choices)}
+    if spec.kind == "weights":  # empty, or at least one weight above 0
+        return {"type": "array", "items": _range(spec),
+                "anyOf": [{"maxItems": 0}, {"contains": {"type": "number", "exclusiveMinimum": 0}}]}
     if spec.kind == "str":
         out: dict = {"type": "string"}
         if path in PRESETS:
@@ -146,7 +150,7 @@ def value(path: str, spec: Field, description: str, default=None, defs: dict | N
         description += " A distribution makes it uncertain: drawn once per Monte Carlo sample."
     out["description"] = description
     if default is not None:
-        out["default"] = default
+        out["default"] = list(default) if isinstance(default, tuple) else default
     return out
 
 
@@ -232,7 +236,7 @@ def scenario_schema() -> dict:
             body[key] = {"$ref": f"#/$defs/key.{path}"}
             if not workload_reads(path):
                 base_body[key] = baseline[path] = {"$ref": f"#/$defs/key.{path}"}
-            if section != "mc" and spec.kind != "perreq":
+            if section != "mc" and spec.kind not in ("perreq", "weights"):
                 defs[f"axis.{path}"] = axis(path, spec)
                 sweep_body[key] = sweep[path] = {"$ref": f"#/$defs/axis.{path}"}
         table = {"type": "object", "properties": body, "additionalProperties": False}
@@ -252,6 +256,9 @@ def scenario_schema() -> dict:
                 "description": "Request classes, one [workload.classes.<name>] table each (default: one class, "
                                "chat, with every field's default)."}
             sweep_body["classes"] = {"type": "object", "additionalProperties": class_axis_table}
+            # a trace replay brings its own arrival times: no rate profile with it
+            table["not"] = {"required": ["trace", "rate_profile"],
+                            "properties": {"trace": {"minLength": 1}, "rate_profile": {"minItems": 1}}}
         properties[section] = table
         if base_body:
             baseline[section] = {"type": "object", "properties": base_body, "additionalProperties": False}

@@ -251,6 +251,8 @@ def _check_value(spec: Field, path: str, value, source: str):
         if value not in spec.choices:
             fail(f"expected {spec.describe()}, got {value!r}{_nearest(str(value), spec.choices)}")
         return value
+    if kind == "weights":
+        return _check_weights(spec, value, fail)
     # numbers and distributions
     try:
         if kind == "int" and not isinstance(value, dict):
@@ -279,6 +281,18 @@ def _check_value(spec: Field, path: str, value, source: str):
         v = d.params["value"]
         return int(v) if kind == "int" else float(v)
     return d
+
+
+def _check_weights(spec: Field, value, fail) -> tuple:
+    """A list of relative weights (``[1, 2.5, 1]``) as a tuple of floats; ``fail`` raises the key's error."""
+    if not isinstance(value, (list, tuple)):
+        fail(f"expected {spec.describe()}, e.g. [1, 2, 1], got {value!r}")
+    for i, x in enumerate(value):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < spec.lo:
+            fail(f"expected {spec.describe()}, got {x!r} at position {i + 1}")
+    if value and not any(x > 0 for x in value):
+        fail(f"expected {spec.describe()}, got only zeros ({len(value)})")
+    return tuple(float(x) for x in value)
 
 
 def _nested_support(d: Dist, source: str) -> tuple[float, float, bool]:
@@ -622,6 +636,7 @@ def _cross_checks(scn: Scenario):
     _check_expert_layout(scn, v)
     _check_replicas(scn, v)
     _check_tiers(scn, v)
+    _check_rate_profile(scn, v)
     g, tp, pp = v["deployment.gpus_per_instance"], v["deployment.tp"], v["deployment.pp"]
     if all(isinstance(x, int) for x in (g, tp, pp)) and g % (tp * pp):
         raise ScenarioError(scn.source, "deployment.tp", f"tp x pp = {tp} x {pp} must divide gpus_per_instance "
@@ -629,6 +644,22 @@ def _cross_checks(scn: Scenario):
     g, tp = v["deployment.prefill_gpus_per_instance"], v["deployment.prefill_tp"]
     if all(isinstance(x, int) for x in (g, tp)) and g % tp:
         raise ScenarioError(scn.source, "deployment.prefill_tp", f"must divide prefill_gpus_per_instance ({g})")
+
+
+def _check_rate_profile(scn: Scenario, v: dict):
+    """A rate profile shapes generated arrivals only, and its start lies within its period (a distribution of
+    starts may reach the period's end, the same time of the period as 0)."""
+    if v["workload.rate_profile"] and v["workload.trace"]:
+        raise ScenarioError(scn.source, "workload.rate_profile", "expected an empty list with workload.trace "
+                            f"({v['workload.trace']}): a trace replay brings its own arrival times (replay it "
+                            "faster or slower with workload.trace_time_scale)")
+    start, period = v["workload.rate_profile_start_s"], v["workload.rate_profile_period_s"]
+    highest = _closed_support(start)[1] if isinstance(start, Dist) else start
+    reaches_end = isinstance(start, Dist) and start.kind != "choice" and highest == period
+    if highest >= period and not reaches_end:
+        shown = f"{highest:g}" if not isinstance(start, Dist) else f"a {start.kind} distribution up to {highest:g}"
+        raise ScenarioError(scn.source, "workload.rate_profile_start_s", f"expected a time in [0, {period:g}) s, "
+                            f"within workload.rate_profile_period_s = {period:g} s, got {shown}")
 
 
 def _check_replicas(scn: Scenario, v: dict):

@@ -13,6 +13,9 @@ Kinds
     uncertain (nested distribution tables).
 ``bool`` / ``str`` / ``choice``
     Switches and names; never uncertain (sweep them instead).
+``weights``
+    A list of non-negative relative weights, at least one positive, or an empty list (the key is off). Never
+    uncertain, and not a grid axis: a scenario has one list.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class Field:
     def describe(self) -> str:
         if self.kind == "choice":
             return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "weights":
+            return "a list of numbers >= 0, at least one of them > 0 (or an empty list)"
         rng = ""
         if self.lo is not None or self.hi is not None:
             lo = "-inf" if self.lo is None else f"{self.lo:g}"
@@ -78,6 +83,10 @@ def C(default, doc, *choices, fidelity=""):
 
 def R(default, doc, lo=None, hi=None):
     return Field("perreq", default, doc, lo, hi)
+
+
+def W(doc):
+    return Field("weights", (), doc, 0)  # empty by default: the key is off
 
 
 #: The values of performance.fidelity; a Field whose ``fidelity`` names one of them is read by that one only.
@@ -193,6 +202,18 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "arrivals": C("poisson", "Arrival process.", "poisson", "gamma"),
         "burstiness": F(1.0, "Gamma arrivals: 1/shape of the inter-arrival gamma (1 = Poisson, >1 = bursty).",
                         0, None, lo_open=True),
+        "rate_profile": W("Arrival rate over a period (a diurnal profile): relative rates, one per equal slice of "
+                          "rate_profile_period_s (e.g. 24 hourly values), normalised to mean 1 so that rate_rps "
+                          "stays the mean rate over a whole period; a slice of rate 0 gets no arrival. The "
+                          "arrival process runs in operational time and is mapped through the cumulative "
+                          "intensity (Poisson arrivals make a non-homogeneous Poisson process). Generator only: "
+                          "a trace brings its own arrival times. Empty: a constant rate."),
+        "rate_profile_period_s": replace(F(86400.0, "Length of the period rate_profile covers, s; the profile "
+                                                    "repeats after it.", 0, None, lo_open=True), plain=True),
+        "rate_profile_start_s": F(0.0, "Where in rate_profile's period the sample's first arrival falls, s from the "
+                                       "period's start, in [0, rate_profile_period_s) (14 x 3600 = 2 pm of a daily "
+                                       "profile; within a slice of rate 0, the next slice with traffic). A "
+                                       "distribution places each sample at its own time of the period.", 0, None),
         "system_prompts": I(64, "Pool of shared system prompts (Zipf-popular).", 1, 10_000_000),
         "system_prompt_zipf": F(1.0, "Zipf exponent of system-prompt popularity.", 0, 10),
         "system_prompt_tokens": R({"dist": "lognormal", "median": 1500, "sigma": 0.6},

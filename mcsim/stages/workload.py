@@ -14,7 +14,11 @@ identities directly (block *k* of system prompt *j*, or block *k* of session *s*
 token ids; a replayed Mooncake trace brings its own chain hashes.
 
 Arrivals form an exact renewal process (Poisson, or gamma with squared coefficient of variation
-``burstiness``). Sessions start in time and their turns follow after exponential think times; the resulting order
+``burstiness``). With a ``workload.rate_profile`` (:class:`RateProfile`) the rate follows a profile over a period
+(a day): the same renewal process runs in operational time, at ``rate_rps``, and each operational time maps to the
+wall-clock time at which the cumulative intensity reaches it, so Poisson arrivals make a non-homogeneous Poisson
+process and a slice of rate 0 gets no arrival. Sessions start in time, at the same rate as the arrivals (through
+the same profile), and their turns follow after exponential think times in wall-clock seconds; the resulting order
 decides which request gets which arrival, so every session's turns arrive in order. Sessions also start before the
 sample's window (five mean session lengths, :data:`LEAD_IN_SESSION_LENGTHS`), so that its first requests carry
 the steady share of later turns rather than a ramp of first turns whose length grows with think time x rate.
@@ -146,6 +150,85 @@ def renewal_arrivals(n: int, rate_rps: float, arrivals: str, burstiness: float, 
     return t - t[0]
 
 
+@dataclass(frozen=True)
+class RateProfile:
+    """A piecewise-constant arrival rate repeating every period: ``workload.rate_profile`` and its two keys.
+
+    Time ``t`` counts wall-clock seconds from the sample's start, which lies ``start_s`` into the period. The
+    operational time ``Q(t)`` is the integral of the relative rate (mean 1 over a period) from the start to ``t``:
+    seconds at the mean rate, so that the cumulative intensity is ``rate_rps x Q(t)``.
+
+    Attributes
+    ----------
+    rates : float64[m]
+        Relative rate of each slice, normalised to mean 1.
+    period_s : float
+        Length of the period; slice ``i`` covers ``[i, i + 1) x period_s / m`` of it.
+    start_s : float
+        Where in the period ``t = 0`` falls, in ``[0, period_s)``.
+    """
+
+    rates: np.ndarray
+    period_s: float
+    start_s: float
+
+    @classmethod
+    def from_params(cls, p: dict) -> "RateProfile | None":
+        """The profile of a sample's parameters, or None for a constant rate (an empty ``workload.rate_profile``)."""
+        profile = np.asarray(p["workload.rate_profile"], dtype=float)
+        if profile.size == 0:
+            return None
+        period = float(p["workload.rate_profile_period_s"])
+        # a drawn start may reach the period's end, the same time of the period as 0
+        return cls(profile / profile.mean(), period, float(p["workload.rate_profile_start_s"]) % period)
+
+    def _edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Slice edges of one period from its start, wall-clock and operational (``m + 1`` each)."""
+        m = len(self.rates)
+        return (np.linspace(0.0, self.period_s, m + 1),
+                np.concatenate([[0.0], np.cumsum(self.rates * (self.period_s / m))]))
+
+    def operational(self, t) -> np.ndarray:
+        """``Q(t)``: operational seconds (seconds at the mean rate) from the start to wall-clock ``t`` (any sign)."""
+        edges, cum = self._edges()
+        x = self.start_s + np.asarray(t, dtype=float)
+        periods = np.floor(x / self.period_s)
+        at = periods * cum[-1] + np.interp(x - periods * self.period_s, edges, cum)
+        return at - np.interp(self.start_s, edges, cum)
+
+    def wall(self, q) -> np.ndarray:
+        """The inverse of :meth:`operational`: the wall-clock time at which ``Q`` reaches ``q``.
+
+        Where ``Q`` is flat (slices of rate 0), the end of the flat stretch: a time inside a slice of rate 0 is
+        never returned.
+        """
+        edges, cum = self._edges()
+        x = np.interp(self.start_s, edges, cum) + np.asarray(q, dtype=float)
+        periods = np.floor(x / cum[-1])
+        rest = x - periods * cum[-1]
+        wrapped = rest >= cum[-1]  # rounding
+        periods, rest = periods + wrapped, np.maximum(np.where(wrapped, rest - cum[-1], rest), 0.0)
+        # the last slice whose operational start is at or before rest: the last of equal starts is the one with a
+        # positive rate, since rest is below the period's total
+        i = np.searchsorted(cum[:-1], rest, side="right") - 1
+        within = np.minimum((rest - cum[i]) / self.rates[i], self.period_s / len(self.rates))
+        return periods * self.period_s + edges[i] + within - self.start_s
+
+
+def profiled_arrivals(n: int, rate_rps: float, arrivals: str, burstiness: float, rng,
+                      profile: RateProfile | None) -> np.ndarray:
+    """Arrival times starting at 0: :func:`renewal_arrivals` in operational time, mapped through ``profile``.
+
+    Without a profile, :func:`renewal_arrivals` itself. The first arrival falls ``profile.start_s`` into the
+    period, or at the start of the next slice with traffic if that slice's rate is 0.
+    """
+    t = renewal_arrivals(n, rate_rps, arrivals, burstiness, rng)
+    if profile is None:
+        return t
+    t = profile.wall(t)
+    return t - t[0]
+
+
 def zipf_probabilities(n: int, exponent: float) -> np.ndarray:
     """P(rank r) proportional to r**-exponent, r = 1..n."""
     w = np.arange(1, n + 1, dtype=float) ** -exponent
@@ -159,15 +242,20 @@ LEAD_IN_SESSION_LENGTHS = 5.0
 LEAD_IN_MAX_ROWS = 500_000
 
 
-def _lead_in_s(think_time_s: float, longest_mean_turns: float, rate_rps: float, n: int) -> float:
+def _lead_in_s(think_time_s: float, longest_mean_turns: float, rate_rps: float, n: int,
+               profile: RateProfile | None = None) -> float:
     """How long before a window sessions start: five mean session lengths ((turns - 1) x think time) of the class
     with the longest sessions, so that the window's first requests already carry the steady share of later turns;
-    0 for single-turn sessions."""
+    0 for single-turn sessions. In operational seconds with a ``profile`` (the traffic of those wall-clock
+    seconds before the start, at the mean rate), wall-clock seconds without."""
     span = max(longest_mean_turns - 1.0, 0.0) * max(float(think_time_s), 0.0)
     if span <= 0 or rate_rps <= 0:
         return 0.0
     most = max(LEAD_IN_MAX_ROWS, 4 * n) / rate_rps  # turns arrive at rate_rps once the mix is steady
-    return float(min(LEAD_IN_SESSION_LENGTHS * span, most))
+    lead = LEAD_IN_SESSION_LENGTHS * span
+    if profile is not None:
+        lead = -float(profile.operational(-lead))
+    return float(min(lead, most))
 
 
 def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max_context: int) -> Requests:
@@ -196,7 +284,9 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     session_shares /= session_shares.sum()
     mean_turns_all = 1.0 / np.sum(shares / mean_turns)
     session_rate = params["workload.rate_rps"] / mean_turns_all
-    lead_s = _lead_in_s(params["workload.think_time_s"], float(mean_turns.max()), params["workload.rate_rps"], n)
+    profile = RateProfile.from_params(params)
+    lead_s = _lead_in_s(params["workload.think_time_s"], float(mean_turns.max()), params["workload.rate_rps"], n,
+                        profile)
     n_sessions = int(np.ceil(1.25 * n / mean_turns_all + lead_s * session_rate)) + 16
     session_class = rng.choice(len(classes), size=n_sessions, p=session_shares).astype(np.int32)
     turns = rng.geometric(1.0 / mean_turns[session_class]).astype(np.int64)
@@ -236,7 +326,11 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     # Virtual times: sessions start as a Poisson process, turns follow after exponential think times. Sessions
     # start from -lead_s, and the window takes the turns from time 0 on, so it opens on the steady mix of first and
     # later turns instead of a ramp of first turns (a cold cache is still cold: mc.warmup_fraction covers that).
+    # With a rate profile the starts (and lead_s) are operational times, mapped to wall-clock times as the arrivals
+    # are, and the think times are wall-clock seconds.
     start = np.cumsum(rng.exponential(1.0 / session_rate, n_sessions)) - lead_s
+    if profile is not None:
+        start = profile.wall(start)
     think = rng.exponential(params["workload.think_time_s"], rows)
     think[first_row] = 0.0
     cum_think = np.cumsum(think)
@@ -248,8 +342,8 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     order = order[np.argsort(t_virtual[order], kind="stable")][:n]
     if len(order) < n:  # pathological context limits: fewer turns than asked
         n = len(order)
-    arrival = renewal_arrivals(n, params["workload.rate_rps"], params["workload.arrivals"],
-                               params["workload.burstiness"], rng)
+    arrival = profiled_arrivals(n, params["workload.rate_rps"], params["workload.arrivals"],
+                                params["workload.burstiness"], rng, profile)
 
     # Block identities: block k of system prompt j, or block k of session s's conversation.
     prompt_r = prompt[order]
