@@ -31,7 +31,7 @@ P_ROUTE_PREFIX = 14
 P_POOLED_TIERS = 15
 N_PARAMS = 16
 
-# Codes of the policy fields (mcsim.perf.policies names them). P_POLICY: when requests are admitted.
+# Codes of the policy fields (mcsim.scenario.policies names them). P_POLICY: when requests are admitted.
 POLICY_CONTINUOUS = 0
 POLICY_STATIC = 1
 # P_ORDER: the waiting queue's order.

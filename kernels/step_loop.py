@@ -2,7 +2,7 @@
 
 One kernel, :func:`simulate`, runs every batching simulation of mcsim: one serving instance is ``K = 1``.
 Each instance builds its steps as vLLM's scheduler does; what differs between scheduler policies and between
-routers are integer hooks in ``params_int`` that the loop reads (:mod:`mcsim.perf.policies` and
+routers are integer hooks in ``params_int`` that the loop reads (:mod:`mcsim.scenario.policies` and
 :mod:`mcsim.scenario.routing` name them), not loops of their own.
 
 Step of one instance (continuous batching)

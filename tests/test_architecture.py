@@ -47,11 +47,7 @@ LAYERS = (
 )
 
 #: Upward imports in modules whose owners are still moving them (module, imported module). Empty it as they go.
-TODO_UPWARD = {
-    # the replicas' reference reads the policy table of the performance layer: the table should move down (or the
-    # reference take the Policy)
-    ("mcsim.reference.fleet_batching", "mcsim.perf.policies"),
-}
+TODO_UPWARD: set = set()
 
 #: Modules whose imports inside functions are not yet each justified (their owners are rewriting them).
 TODO_DEFERRED = (
@@ -63,7 +59,7 @@ MAX_DEFERRED = 20
 
 #: Choice lists a performance module still defines as a copy of mcsim.scenario.choices' (it should import them).
 TODO_CHOICE_COPIES = {
-    "mcsim.perf.policies": ("SCHEDULERS",),
+    "mcsim.scenario.policies": ("SCHEDULERS",),
 }
 
 
@@ -292,8 +288,8 @@ def test_imports_inside_functions_are_few_and_say_why():
 
 
 def test_choice_lists_have_one_owner():
-    from mcsim.perf import collectives, fleet, fleet_batching, policies
-    from mcsim.scenario import choices, loading, schema
+    from mcsim.perf import collectives, fleet, fleet_batching
+    from mcsim.scenario import choices, loading, policies, schema
 
     # the performance layer reads the scenario's lists (the same objects) where it has moved to them
     assert collectives.ALLREDUCE_ALGORITHMS is choices.ALLREDUCE_ALGORITHMS

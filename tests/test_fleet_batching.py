@@ -136,7 +136,7 @@ def test_one_replica_is_the_one_instance_simulator(preempt, scheduler):
     """With K = 1 every router sends everything to the one instance: the one-instance reference's timeline,
     under every policy of the table (static batching and exclusive prefill included), with whole-request reservation or with KV growth and preemption by
     recompute, with or without a cap on the requests admitted per step."""
-    from mcsim.perf.policies import POLICIES
+    from mcsim.scenario.policies import POLICIES
 
     policy = POLICIES[scheduler]
     preemptions = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mcsim.perf import policies
+from mcsim.scenario import policies
 from mcsim.perf.fleet_batching import simulate_batching
 from mcsim.reference.batching import simulate_reference
 from helpers import TABLE, random_settings, random_workload

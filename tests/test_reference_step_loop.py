@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mcsim.perf.policies import POLICIES
+from mcsim.scenario.policies import POLICIES
 from mcsim.reference.batching import simulate_reference
 from mcsim.reference.fleet_batching import simulate_fleet_reference
 

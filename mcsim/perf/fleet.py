@@ -43,7 +43,7 @@ from mcsim.errors import RunLimitError
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
 from mcsim.perf.batching import QUANTILES
 from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
-from mcsim.perf.policies import policy_for
+from mcsim.scenario.policies import policy_for
 from mcsim.perf.params import Params
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
@@ -83,7 +83,7 @@ class Inputs:
     fleet_simulation : str
         ``deployment.fleet_simulation``: representative or replicas.
     batching, scheduler : str
-        The policy of :mod:`mcsim.perf.policies` (its analytic decode-slot model).
+        The policy of :mod:`mcsim.scenario.policies` (its analytic decode-slot model).
     simulate_batching : bool
     max_batch_per_gpu, tpot_target_s, ttft_target_s, slo_quantile : float
         ``deployment.*``: the batch cap and the latency targets.

@@ -11,7 +11,7 @@ only a fleet has: one wrapper validates the inputs and sets up the step loop for
 :func:`simulate_fleet_batching` replays a workload through the same step loop with ``K`` instances: each arrival
 is routed, from the instances' state at its arrival time, by one of :data:`ROUTERS` (entries of
 :data:`ROUTER_TABLE`, which the loop reads as hooks), and every instance runs a scheduler policy of
-:mod:`mcsim.perf.policies` (continuous or static batching, mixed or exclusive prefill and decode, FCFS or keyed
+:mod:`mcsim.scenario.policies` (continuous or static batching, mixed or exclusive prefill and decode, FCFS or keyed
 queues, whole-request KV reservation or KV growth with preemption by recompute) with the same step-time table and,
 when given one, its own tiered prefix cache (or a pooled one), looked up and filled as it admits requests. The
 latency quantiles are over the requests of all instances; ``instance_load_imbalance`` is the largest number of
@@ -32,7 +32,7 @@ from mcsim.errors import RunLimitError
 from mcsim.kernels import batching_helpers as slots
 from mcsim.kernels import step_loop as kernel
 from mcsim.kernels.kv_tiers import MAX_TIERS, _workspace
-from mcsim.perf import policies
+from mcsim.scenario import policies
 from mcsim.perf.batching import (_as_int, _per_request, _summary, base_params, check_arrivals, check_requests,
                                  check_step_model, queue_steady_state)
 from mcsim.scenario.choices import (  # noqa: F401  (the names, read here by the pool simulator and its tests)
@@ -205,7 +205,7 @@ def simulate_batching(
     verify_tokens : int
         Tokens a decoding sequence costs per step (``k + 1`` with ``k`` draft tokens, else 1).
     policy : str
-        A scheduler policy of :data:`mcsim.perf.policies.POLICIES` (``"fcfs"``, ``"priority"``,
+        A scheduler policy of :data:`mcsim.scenario.policies.POLICIES` (``"fcfs"``, ``"priority"``,
         ``"shortest-prompt-first"``, ``"exclusive-prefill"``, ``"chunked-prefill"``, ``"static"``);
         ``"continuous"`` is ``"fcfs"``.
     priority : array_like of int, shape (n,), optional
@@ -350,7 +350,7 @@ def simulate_fleet_batching(
     max_new_per_step : int
         Requests one instance admits per step at most (``deployment.max_new_per_step``; 0: no cap).
     policy : str
-        A policy of :mod:`mcsim.perf.policies` (:data:`REPLICA_SCHEDULERS`: all of them), which each instance
+        A policy of :mod:`mcsim.scenario.policies` (:data:`REPLICA_SCHEDULERS`: all of them), which each instance
         runs. ``shortest-prompt-first`` orders by the prompt tokens the instance's
         cache does not hold when the request joins its queue.
     priority : array_like of int, optional

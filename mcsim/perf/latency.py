@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mcsim.perf import policies
+from mcsim.scenario import policies
 from mcsim.perf.fleet_batching import DECODE_ROUTERS, simulate_batching, simulate_fleet_batching
 
 #: The simulated requests are at least this many times one instance's largest concurrency ...

@@ -57,7 +57,7 @@ def simulate_reference(
     token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens, verify_tokens : int
         The scheduler settings.
     policy : {"continuous", "static"}
-        Admission (the :class:`mcsim.perf.policies.Policy` field).
+        Admission (the :class:`mcsim.scenario.policies.Policy` field).
     preempt : bool
         KV growth and preemption by recompute (continuous only).
     order, queue_key, mixing, max_new_per_step : optional

@@ -3,7 +3,7 @@
 The one reference of :mod:`mcsim.kernels.step_loop` and, with one replica, of
 :mod:`mcsim.kernels.step_loop` (:func:`mcsim.reference.batching.simulate_reference` is this loop with one
 instance). The kernels' module docstrings state the rules; each instance's step is
-:meth:`mcsim.reference.step_loop.Instance.step` (every policy of :mod:`mcsim.perf.policies`: continuous
+:meth:`mcsim.reference.step_loop.Instance.step` (every policy of :mod:`mcsim.scenario.policies`: continuous
 batching with mixed or exclusive steps, FCFS or keyed queues, a cap on admissions per step, whole-request KV
 reservation or preemption by recompute, and static batching).
 
@@ -30,7 +30,7 @@ import heapq
 import math
 
 from mcsim.scenario.choices import ROUTERS  # the names only; the rules are written out here
-from mcsim.perf.policies import POLICIES, Policy
+from mcsim.scenario.policies import POLICIES, Policy
 from mcsim.reference.kv_tiers import SharedTiers, TieredCache
 from mcsim.reference.step_loop import Instance, Request, Rules
 
@@ -97,7 +97,7 @@ def simulate_fleet_reference(arrival_s, prompt_tokens, context_tokens, output_to
     max_new_per_step : int
         Admissions per step at most (0: the policy's own cap; continuous policies only).
     policy : str or Policy
-        A policy of :data:`mcsim.perf.policies.POLICIES` by name, or a :class:`~mcsim.perf.policies.Policy`.
+        A policy of :data:`mcsim.scenario.policies.POLICIES` by name, or a :class:`~mcsim.scenario.policies.Policy`.
     priority, queue_key : sequences of int, optional
         A keyed queue's order, lowest key first: ``queue_key`` when given; else, by the policy's order, minus
         ``priority``, or the prompt tokens the instance's cache does not hold when the request joins its queue

@@ -99,7 +99,7 @@ class Rules:
 
     ``admission`` (``"continuous"`` or ``"static"``), ``order`` (``"fcfs"``, ``"priority"``,
     ``"shortest-prompt"``) and ``mixing`` (``"mixed"``, ``"exclusive"``) are the fields of a
-    :class:`mcsim.perf.policies.Policy`; ``max_new`` caps admissions per step (0: no cap; continuous only);
+    :class:`mcsim.scenario.policies.Policy`; ``max_new`` caps admissions per step (0: no cap; continuous only);
     ``preempt`` grows KV pass by pass and preempts by recompute (continuous only). ``table``,
     ``decode_edges``, ``prefill_edges``, ``kv_slope`` and ``kv_ref_context``: the step-time model.
     """

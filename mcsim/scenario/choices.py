@@ -1,7 +1,7 @@
 """The names a scenario may choose from, where the code that runs them (the performance stage, above the scenario)
 and the schema that checks them both read them.
 
-The schema offers these values; the simulators implement them: :mod:`mcsim.perf.policies` has a table entry per
+The schema offers these values; the simulators implement them: :mod:`mcsim.scenario.policies` has a table entry per
 scheduler, :mod:`mcsim.perf.fleet_batching` a router entry per replicas' router, :mod:`mcsim.perf.collectives` a
 model per algorithm. Adding a value is an entry here and its implementation there.
 
@@ -15,7 +15,7 @@ True
 
 from __future__ import annotations
 
-#: ``deployment.scheduler``: the continuous-batching policies of :data:`mcsim.perf.policies.POLICIES`
+#: ``deployment.scheduler``: the continuous-batching policies of :data:`mcsim.scenario.policies.POLICIES`
 #: (``deployment.batching = "static"`` is a policy of its own).
 SCHEDULERS = ("fcfs", "priority", "shortest-prompt-first", "exclusive-prefill", "chunked-prefill")
 #: The scheduler policies the replicas run: every one (the one step loop runs them all on any number of instances).
