@@ -58,9 +58,7 @@ TODO_DEFERRED = (
 MAX_DEFERRED = 20
 
 #: Choice lists a performance module still defines as a copy of mcsim.scenario.choices' (it should import them).
-TODO_CHOICE_COPIES = {
-    "mcsim.scenario.policies": ("SCHEDULERS",),
-}
+TODO_CHOICE_COPIES: dict = {}
 
 
 def _modules() -> dict[str, Path]:
@@ -295,6 +293,7 @@ def test_choice_lists_have_one_owner():
     assert collectives.ALLREDUCE_ALGORITHMS is choices.ALLREDUCE_ALGORITHMS
     assert collectives.ALLTOALL_ALGORITHMS is choices.ALLTOALL_ALGORITHMS
     assert fleet.replica_mismatch is loading.replica_mismatch is choices.replica_mismatch
+    assert policies.SCHEDULERS is choices.SCHEDULERS
     for module, names in TODO_CHOICE_COPIES.items():
         mod = importlib.import_module(module)
         for n in names:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcsim.scenario.choices import SCHEDULERS
+
 #: Field values, by name, and the kernel's code for each (see :mod:`mcsim.kernels.batching_helpers`).
 ADMISSION = {"continuous": 0, "static": 1}
 ORDER = {"fcfs": 0, "priority": 1, "shortest-prompt": 1}  # the two keyed orders differ only in their key
@@ -102,8 +104,8 @@ _ENTRIES = (
 POLICIES: dict[str, Policy] = {p.name: p for p in _ENTRIES}
 # The kernel forms static batches first come, first served and mixes nothing into them.
 assert all(p.order == "fcfs" and p.mixing == "mixed" for p in _ENTRIES if p.admission == "static")
-#: Names ``deployment.scheduler`` accepts (continuous batching).
-SCHEDULERS = tuple(name for name, p in POLICIES.items() if p.admission == "continuous")
+# deployment.scheduler offers the continuous policies (mcsim.scenario.choices.SCHEDULERS), in the table's order.
+assert SCHEDULERS == tuple(name for name, p in POLICIES.items() if p.admission == "continuous")
 #: Older names of policies.
 ALIASES = {"continuous": "fcfs"}
 

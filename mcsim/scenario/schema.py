@@ -140,7 +140,7 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "prefill_gpus_per_instance": I(16, "Prefill GPUs per instance when disaggregated.", 1, 100_000),
         "disaggregated": B(True, "Prefill and decode on separate pools (lever: prefill/decode split)."),
         "batching": C("continuous", "Batching policy (lever: continuous batching).", "continuous", "static"),
-        "scheduler": C("fcfs", "Scheduler policy of continuous batching (mcsim.perf.policies): fcfs; priority "
+        "scheduler": C("fcfs", "Scheduler policy of continuous batching (mcsim.scenario.policies): fcfs; priority "
                                "(workload.classes.<name>.priority, higher first, FCFS within a class); "
                                "shortest-prompt-first; exclusive-prefill (a step is prefill or decode, prefill "
                                "first); chunked-prefill (Sarathi-style, as fcfs). Static batching ignores it.",
