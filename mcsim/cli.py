@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 
 from mcsim.errors import McsimError
+from mcsim.fileio import atomic_write
 from mcsim.tables import paragraph, table
 from mcsim.text import one_line, safe_filename, strict_json
 
@@ -523,8 +524,7 @@ def schema(as_json, output, force):
     Editors and tools can check scenario files (TOML read as JSON) against it. Rules across keys (tp x pp divides
     gpus_per_instance, EPLB's layout) are checked only when mcsim loads a scenario.
     """
-    # start-up: the JSON Schema imports the scenario package (NumPy, SciPy), atomic writes tempfile
-    from mcsim.fileio import atomic_write
+    # start-up: the JSON Schema imports the scenario package (NumPy, SciPy)
     from mcsim.scenario.json_schema import scenario_schema
 
     text = json.dumps(scenario_schema(), indent=2) + "\n"

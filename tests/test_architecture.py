@@ -50,10 +50,7 @@ LAYERS = (
 TODO_UPWARD: set = set()
 
 #: Modules whose imports inside functions are not yet each justified (their owners are rewriting them).
-TODO_DEFERRED = (
-    "mcsim.bench.kernels", "mcsim.bench.report", "mcsim.bench.run", "mcsim.bench.scaling", "mcsim.bench.timing",
-    "mcsim.stages.kvcache",
-)
+TODO_DEFERRED: tuple = ()
 #: The most imports inside functions the other modules may keep.
 MAX_DEFERRED = 20
 

@@ -36,6 +36,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcsim.kernels import batching_helpers as slots
+from mcsim.kernels import step_loop as kernel
+from mcsim.kernels.experts import build_alias, eplb_placement, rank_loads, route_steps
+from mcsim.kernels.kv_tiers import lookup_tiers
+from mcsim.kernels.speculative import verify_passes
+from mcsim.perf.fleet_batching import simulate_fleet_batching
+from mcsim.reference import experts as ref
+from mcsim.reference.batching import simulate_reference
+from mcsim.reference.experts import route_steps_reference
+from mcsim.reference.fleet_batching import simulate_fleet_reference
+from mcsim.reference.kv_tiers import lookup_tiers_reference
+from mcsim.reference.speculative import verify_passes as reference_verify_passes
+from mcsim.stages.experts import class_popularity
+
 STAGES = ("kv_tiers", "speculative", "experts", "batching")
 
 # The project's performance targets (benchmarks/README.md), per core.
@@ -136,8 +150,6 @@ def kv_workload(n_requests: int, n_instances: int = KV_INSTANCES, seed: int = 0)
 
 def run_kv_kernel(workload):
     """Blocks reused from HBM, DRAM and NVMe per request (int64[n, 3]) for a :func:`kv_workload`."""
-    from mcsim.kernels.kv_tiers import lookup_tiers
-
     block_ptr, block_keys, instance, n_keys = workload
     hits = np.zeros((instance.shape[0], 3), np.int64)
     lookup_tiers(block_ptr, block_keys, instance, KV_INSTANCES, n_keys, KV_CAPACITY_BLOCKS, hits)
@@ -146,8 +158,6 @@ def run_kv_kernel(workload):
 
 def kv_tiers_cases(sizes: KernelSizes = FULL) -> list[dict]:
     """The KV-tier kernel against the ``OrderedDict`` reference (no NumPy version: LRU is sequential)."""
-    from mcsim.reference.kv_tiers import lookup_tiers_reference
-
     fast_workload = kv_workload(sizes.kv_requests)
     reference_workload = kv_workload(sizes.kv_reference_requests)
     keys, ptr = reference_workload[1].tolist(), reference_workload[0].tolist()
@@ -209,9 +219,6 @@ def verify_passes_numpy(output_tokens, acceptance, draft_tokens, decay, rng):
 
 
 def _speculative_case(name: str, draft_tokens: int, decay: float, sizes: KernelSizes) -> dict:
-    from mcsim.kernels.speculative import verify_passes
-    from mcsim.reference.speculative import verify_passes as reference_verify_passes
-
     output_tokens, acceptance = speculative_workload(sizes.spec_requests)
     passes = np.empty_like(output_tokens)
     accepted = np.empty_like(output_tokens)
@@ -293,10 +300,6 @@ def rank_loads_numpy(counts, phy2log, logcnt, num_gpus):
 
 
 def _routing_case(name, skews, shares, sizes: KernelSizes) -> dict:
-    from mcsim.kernels.experts import build_alias, route_steps
-    from mcsim.reference.experts import route_steps_reference
-    from mcsim.stages.experts import class_popularity
-
     laws = class_popularity(N_EXPERTS, skews, np.random.default_rng(0))
     prob = np.empty(laws.shape)
     alias = np.empty(laws.shape, np.int64)
@@ -327,9 +330,6 @@ def _routing_case(name, skews, shares, sizes: KernelSizes) -> dict:
 
 def experts_cases(sizes: KernelSizes = FULL) -> list[dict]:
     """Routing (uniform, and a skewed four-class mix), EPLB placement and rank loads."""
-    from mcsim.kernels.experts import eplb_placement, rank_loads
-    from mcsim.reference import experts as ref
-
     out = [
         _routing_case("expert routing, uniform, 1 class", [0.0], [1.0], sizes),
         _routing_case("expert routing, Zipf 0.4-1.0, 4 classes", [0.4, 0.6, 0.8, 1.0], [0.4, 0.3, 0.2, 0.1], sizes),
@@ -391,8 +391,6 @@ def batching_workload(n_requests: int, rate_per_s: float, seed: int = 0):
 
 
 def _batching_params(policy, preempt, kv_blocks):
-    from mcsim.kernels import batching_helpers as slots
-
     params = np.zeros(slots.N_PARAMS, np.int64)
     params[slots.P_TOKEN_BUDGET] = BATCH_SETTINGS["token_budget"]
     params[slots.P_MAX_SEQS] = BATCH_SETTINGS["max_seqs"]
@@ -408,9 +406,6 @@ def _batching_params(policy, preempt, kv_blocks):
 
 def run_batching_kernel(workload, policy, preempt, kv_blocks):
     """Per-request outputs (four float arrays) and the statistics vector of the step loop with one instance."""
-    from mcsim.kernels import batching_helpers as slots
-    from mcsim.kernels import step_loop as kernel
-
     arrival, prefill, context, output = workload
     n = arrival.shape[0]
     outputs = [np.empty(n) for _ in range(4)]
@@ -429,8 +424,6 @@ def run_batching_kernel(workload, policy, preempt, kv_blocks):
 
 def run_batching_reference(workload, policy, preempt, kv_blocks):
     """The event-loop reference on the same workload (lists in, lists out)."""
-    from mcsim.reference.batching import simulate_reference
-
     arrival, prefill, context, output = (a.tolist() for a in workload)
     return simulate_reference(arrival, prefill, context, output, [o - 1 for o in output], [0.0] * len(arrival),
                               policy=policy, preempt=preempt, kv_blocks=kv_blocks, warmup_s=0.0,
@@ -486,9 +479,6 @@ def _fleet_settings():
 
 def fleet_case(sizes: KernelSizes) -> dict:
     """The replicas' kernel (8 instances, cache-aware, tiered caches) against the fleet event-loop reference."""
-    from mcsim.perf.fleet_batching import simulate_fleet_batching
-    from mcsim.reference.fleet_batching import simulate_fleet_reference
-
     rate = BATCH_LOAD * FLEET_REPLICAS * batching_capacity_per_s("continuous", False, 40_000,
                                                                  sizes.batch_capacity_requests)
     table = {"step_time_table": BATCH_STEP_TIME_TABLE, "decode_edges": BATCH_DECODE_EDGES,

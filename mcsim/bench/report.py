@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import io
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -104,12 +110,6 @@ def format_scaling(sc: dict) -> list[str]:
 
 def scaling_png(result: dict) -> bytes:
     """The scaling curves as a PNG (matplotlib Figure on an Agg canvas; no pyplot state)."""
-    import io
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
-
     sc = result["scaling"]
     fig = Figure(figsize=(12, 8.5), layout="constrained")
     FigureCanvasAgg(fig)

@@ -17,6 +17,7 @@ Python use::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mcsim.bench import compile_time
 from mcsim.bench import kernels as kernel_cases
 from mcsim.bench import scaling
 from mcsim.bench.report import PNG_SIGNATURE, format_kernels, format_table, scaling_png, si
@@ -185,7 +187,7 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
         sc["overhead"] = scaling.task_overhead(200, settings.overhead_tasks, max(1, settings.workers_repeats))
     if "compile" in chosen and (settings.compile or parts is not None):
         progress("Numba compile time (fresh processes, cache off and on)")
-        sc["compile"] = scaling.compile_times()
+        sc["compile"] = compile_time.compile_times()
     result["scaling"] = sc
     result["targets"] = design_targets(result, settings)
     result["seconds"] = time.perf_counter() - start
@@ -300,8 +302,6 @@ ALIASES = {"e2e": ("requests",), "sweep": ("grid", "workers", "overhead")}
 
 def main(argv=None) -> int:
     """``python -m mcsim.bench.run [--quick] [--json] [-o DIR] [--only PARTS]`` (the same as ``mcsim bench``)."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="small inputs, single repeats (about a minute on 2 idle cores)")

@@ -13,9 +13,9 @@
   bandwidth, caches, other load), measured in the same run. Parallel efficiency = t(1) / (N x t(N)).
   Clusters are started and warmed up before timing, so start-up is not counted.
 * :func:`task_overhead` — Dask's cost per task: the same tasks through ``execute`` and in a plain loop.
-* :func:`compile_times` — a fresh process with ``MCSIM_NUMBA_CACHE=0``: import time, compile time per stage
-  (first call of its kernels on tiny inputs) and what the engine's first sample still compiles; and the same
-  process with the on-disk cache, to show what a user pays after the first run.
+* :func:`mcsim.bench.compile_time.compile_times` — a fresh process with ``MCSIM_NUMBA_CACHE=0``: import time,
+  compile time per stage (first call of its kernels on tiny inputs) and what the engine's first sample still
+  compiles; and the same process with the on-disk cache, to show what a user pays after the first run.
 
 The scenario is the bundled ``factory`` (installed with the package as ``mcsim.scenarios``) with every stage on;
 see :data:`BENCH_OVERRIDES`.
@@ -31,8 +31,17 @@ import sys
 import time
 
 import numpy as np
+from dask.distributed import LocalCluster
 
 from mcsim.bench.timing import best_of
+from mcsim.execution import executor
+from mcsim.execution.sample import run_sample
+from mcsim.scenario import bundled, draw_uncertain, grid, load_scenario
+
+try:  # macOS and the BSDs (Linux reads /proc); the module does not exist on Windows
+    import resource
+except ImportError:
+    resource = None
 
 #: The benchmark scenario: the bundled factory with every stage on (the batching simulator too).
 #: (``mc.warmup_fraction`` pinned at the 0.25 the benchmark's figures were measured with, whatever factory.toml says,
@@ -53,8 +62,6 @@ WARM_UP_REQUESTS = 2000
 
 def bench_scenario(overrides=()):
     """The bundled ``factory`` scenario with :data:`BENCH_OVERRIDES` and ``--set``-style overrides."""
-    from mcsim.scenario import bundled, load_scenario
-
     return load_scenario(bundled("factory"), overrides=(*BENCH_OVERRIDES, *overrides))
 
 
@@ -78,8 +85,8 @@ def peak_rss_bytes() -> int:
     peak = _proc_status_bytes("VmHWM")
     if peak is not None:
         return peak
-    import resource
-
+    if resource is None:
+        return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
@@ -114,10 +121,10 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def in_subprocess(function: str, env: dict | None = None, **kwargs):
-    """Run ``mcsim.bench.scaling.<function>(**kwargs)`` in a fresh Python process; return its JSON result."""
-    code = ("import json, sys\nfrom mcsim.bench import scaling\n"
-            f"print('\\n' + json.dumps(scaling.{function}(**json.loads(sys.argv[1]))))\n")
+def in_subprocess(function: str, env: dict | None = None, module: str = "scaling", **kwargs):
+    """Run ``mcsim.bench.<module>.<function>(**kwargs)`` in a fresh Python process; return its JSON result."""
+    code = (f"import json, sys\nfrom mcsim.bench import {module} as bench\n"
+            f"print('\\n' + json.dumps(bench.{function}(**json.loads(sys.argv[1]))))\n")
     completed = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True, text=True,
                                env={**os.environ, **(env or {})}, check=False)
     if completed.returncode != 0:
@@ -139,9 +146,6 @@ def measure_sample(requests: int, overrides=(), repeats: int = 2) -> dict:
         ``requests``; ``first_call_s`` (includes first touch of the arrays); ``seconds`` (best of ``repeats``
         later calls); ``requests_per_s``; ``peak_memory_mib`` (peak RSS growth over the warmed-up process).
     """
-    from mcsim.execution.sample import run_sample
-    from mcsim.scenario import draw_uncertain
-
     scn = bench_scenario(overrides)
     draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()}
 
@@ -186,9 +190,6 @@ def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allo
 
 def sweep_plan(requests: int, samples: int, points: int, chunk_size: int = 1):
     """A plan over :data:`SWEEP_AXIS` with ``points`` values on the sweep-sized bench scenario."""
-    from mcsim.execution import executor
-    from mcsim.scenario import grid
-
     scn = bench_scenario(SWEEP)
     axes = grid.validate_axes(scn, [grid.Axis(SWEEP_AXIS, tuple(2.0 + 0.1 * i for i in range(points)))])
     return executor.make_plan(scn, ("factory",), axes=axes, samples=samples, requests=requests,
@@ -204,8 +205,6 @@ def measure_sweep(points: int, samples: int, requests: int, repeats: int = 1) ->
         ``points``, ``tasks``, ``seconds`` (best of ``repeats``, client start-up included, as a user sees it),
         ``peak_memory_mib`` (peak RSS growth over the warmed-up process).
     """
-    from mcsim.execution import executor
-
     plan = sweep_plan(requests, samples, points)
     # Compile or load the kernels on a small task, so that the peak of a full-size task counts below.
     executor.run_task(sweep_plan(WARM_UP_REQUESTS, 1, 1), 0, 0)
@@ -235,8 +234,6 @@ def grid_curve(point_counts, samples: int, requests: int, repeats: int = 1) -> d
 
 def solo_sweep(requests: int, samples: int, points: int, part: int, parts: int) -> float:
     """Seconds to run every ``parts``-th task of a sweep from ``part`` in a plain loop (no Dask)."""
-    from mcsim.execution import executor
-
     plan = sweep_plan(requests, samples, points)
     executor.run_task(plan, 0, 0)
     tasks = [(p, c) for p in range(len(plan.grid)) for c in range(len(plan.chunks))]
@@ -282,10 +279,6 @@ def workers_curve(requests: int, samples: int, points: int, repeats: int = 2, pr
         ``workers``: the worker counts; per kind (``threads``, ``processes``, ``independent``): ``seconds``
         and ``efficiency`` lists aligned with ``workers``; ``tasks``.
     """
-    from dask.distributed import LocalCluster
-
-    from mcsim.execution import executor
-
     counts = list(counts or worker_counts())
     plan = sweep_plan(requests, samples, points)
     executor.run_task(plan, 0, 0)  # compile in the parent, so worker processes load from the cache
@@ -314,8 +307,6 @@ def _efficiency(counts, seconds) -> dict:
 
 def task_overhead(requests: int = 200, tasks: int = 40, repeats: int = 2) -> dict:
     """Dask's cost per task: ``tasks`` one-sample tasks through ``execute`` (one worker) and in a plain loop."""
-    from mcsim.execution import executor
-
     plan = sweep_plan(requests, tasks, 1)
     executor.run_task(plan, 0, 0)
 
@@ -327,49 +318,3 @@ def task_overhead(requests: int = 200, tasks: int = 40, repeats: int = 2) -> dic
     dask_s = best_of(lambda: executor.execute(plan, workers=1), repeats)
     return {"tasks": tasks, "requests": requests, "direct_s": direct_s, "dask_s": dask_s,
             "overhead_ms_per_task": 1e3 * (dask_s - direct_s) / tasks}
-
-
-# --------------------------------------------------------------------------------------------------------
-# Compile time
-# --------------------------------------------------------------------------------------------------------
-
-
-def measure_compile() -> dict:
-    """Import time, per-stage first-call time of the kernels and the engine's first sample, in this process.
-
-    Call it in a fresh process (:func:`compile_times`): with ``MCSIM_NUMBA_CACHE=0`` the first calls compile,
-    with the cache on they load compiled code from disk.
-    """
-    start = time.perf_counter()
-    import mcsim.execution.sample  # noqa: F401  (timed: what every command pays before any kernel runs)
-    from mcsim.bench import kernels
-
-    out = {"import_s": time.perf_counter() - start, "stages_s": {}}
-    for stage in kernels.STAGES:
-        start = time.perf_counter()
-        kernels.cases(stage, kernels.TINY)  # first calls on tiny inputs: compile time, nearly all of it
-        out["stages_s"][stage] = time.perf_counter() - start
-    from mcsim.execution.sample import run_sample
-    from mcsim.scenario import draw_uncertain
-
-    scn = bench_scenario()
-    draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()}
-
-    def sample():
-        run_sample(scn, ("factory",), 0, 1, WARM_UP_REQUESTS, draws)
-
-    first = best_of(sample, 1)
-    again = best_of(sample, 1)
-    # What the engine still compiles after the benchmarked kernels (workload, routing variants, signatures).
-    out["engine_s"] = max(0.0, first - again)
-    out["total_s"] = out["import_s"] + sum(out["stages_s"].values()) + out["engine_s"]
-    return out
-
-
-def compile_times(cached: bool = True) -> dict:
-    """:func:`measure_compile` in a fresh process with the on-disk cache off (``compiled``) and, if ``cached``,
-    on (``cached``: loading what an earlier run compiled)."""
-    out = {"compiled": in_subprocess("measure_compile", env={"MCSIM_NUMBA_CACHE": "0"})}
-    if cached:
-        out["cached"] = in_subprocess("measure_compile", env={"MCSIM_NUMBA_CACHE": "1"})
-    return out

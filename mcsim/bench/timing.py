@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import time
 
+import numba
+
+from mcsim.optrace.profiles import runtime_environment
+
 
 def best_of(function, repeats: int = 3) -> float:
     """Fastest wall time of ``repeats`` calls, seconds (the least disturbed by other load on the machine).
@@ -21,10 +25,6 @@ def best_of(function, repeats: int = 3) -> float:
 
 def machine() -> dict:
     """CPU model, cores, Python, NumPy, BLAS, Numba and the 1-minute load average when the suite started."""
-    import numba
-
-    from mcsim.optrace.profiles import runtime_environment
-
     out = runtime_environment()
     out.pop("backend", None)
     out["numba_version"] = numba.__version__

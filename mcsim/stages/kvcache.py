@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcsim.kernels.kv_tiers import lookup_tiers
 from mcsim.scenario.schema import TIER_SCOPES
+from mcsim.stages import steady_state as steady
 
 ROUTING = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
 #: Routers of the instances' current load, which only the replicas' simulation has (:mod:`mcsim.perf.fleet_batching`).
@@ -328,8 +330,6 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
         Leading tiers that are each instance's own, the rest pooled (-1: all own). With none of its own, the
         pooled tiers are one cache that every request uses, whatever the routing.
     """
-    from mcsim.kernels.kv_tiers import lookup_tiers
-
     n = requests.n
     instance = route(policy, requests.block_ptr, requests.block_ids, n_instances, rng)
     capacity = np.asarray(capacity_per_instance, dtype=np.int64).copy()
@@ -395,8 +395,6 @@ def steady_state(cached_tokens: np.ndarray, prompt_tokens: np.ndarray, warmup_fr
         ``drift`` is the last-quarter minus third-quarter hit rate; ``requests_needed`` the requests per sample
         at which the drift would fall to the tolerance (see :mod:`mcsim.stages.steady_state` for the estimate).
     """
-    from mcsim.stages import steady_state as steady
-
     cached = np.asarray(cached_tokens)
     cached = cached.sum(axis=1) if cached.ndim == 2 else cached
     n = len(prompt_tokens)
