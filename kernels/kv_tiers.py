@@ -186,6 +186,74 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
             key_stride, float(balance), n_private)
 
 
+def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capacity_blocks, out_hits):
+    """:func:`lookup_tiers` for requests whose prompt blocks are two runs of consecutive ids, without a CSR array of
+    their ids (the generator's requests: the blocks of a shared system prompt, then those of the request's own
+    conversation).
+
+    Block ``k`` of request ``r`` (``k < block_ptr[r + 1] - block_ptr[r]``) is ``shared_base + k`` while
+    ``k < shared_blocks``, else ``own_base + k``, with ``(shared_blocks, shared_base, own_base) = block_runs[r]``;
+    ids lie in ``[0, span)`` and instance ``i`` keeps block ``b`` under key ``i * span + b``. Every tier is each
+    instance's own; the instance of each request is given (no cache-aware routing). Same results as
+    :func:`lookup_tiers` on the ids written out, with ``n_keys = n_instances * span``.
+
+    Examples
+    --------
+    >>> ptr = np.array([0, 3, 6], np.int64)
+    >>> runs = np.array([[2, 0, 10], [2, 0, 20]], np.int64)  # two requests sharing a 2-block system prompt
+    >>> hits = np.zeros((2, 3), np.int64)
+    >>> lookup_tiers_runs(ptr, runs, np.zeros(2, np.int32), 1, 30, np.array([8, 0, 0]), hits)
+    >>> hits[1].tolist()  # blocks 0 and 1 are reused, block 22 is new
+    [2, 0, 0]
+    """
+    block_ptr = np.ascontiguousarray(block_ptr, dtype=np.int64)
+    block_runs = np.ascontiguousarray(block_runs, dtype=np.int64)
+    instance = np.ascontiguousarray(instance, dtype=np.int32)
+    capacity_blocks = np.ascontiguousarray(capacity_blocks, dtype=np.int64)
+    n = instance.shape[0]
+    n_instances, span = int(n_instances), int(span)
+    if block_runs.shape != (n, 3) or block_ptr.shape != (n + 1,):
+        raise ValueError("block_runs must have shape (n, 3) and block_ptr n + 1 entries, n = len(instance)")
+    if out_hits.dtype != np.int64 or out_hits.shape != (n, capacity_blocks.shape[0]) or not out_hits.flags.c_contiguous:
+        raise ValueError("out_hits must be a C-contiguous int64 array of shape (len(instance), tiers)")
+    if not 1 <= capacity_blocks.shape[0] <= MAX_TIERS or np.any(capacity_blocks < 0):
+        raise ValueError(f"capacity_blocks must be 1 to {MAX_TIERS} values >= 0")
+    if not 0 <= n_instances * span < 2**31:
+        raise ValueError("n_instances x span must be in [0, 2**31)")
+    if n and (instance.min() < 0 or instance.max() >= n_instances):
+        raise ValueError("instance out of range [0, n_instances)")
+    counts = np.diff(block_ptr)
+    shared = np.minimum(block_runs[:, 0], counts)
+    # Every id a request has lies in [0, span): its shared run's, and its own run's (blocks shared..count - 1).
+    if n and (np.any(counts < 0) or np.any(block_runs[:, 0] < 0)
+              or np.any((shared > 0) & ((block_runs[:, 1] < 0) | (block_runs[:, 1] + shared > span)))
+              or np.any((counts > shared) & ((block_runs[:, 2] + shared < 0) | (block_runs[:, 2] + counts > span)))):
+        raise ValueError("block_runs give ids outside [0, span) (or block_ptr decreases)")
+    if capacity_blocks[0] == 0:
+        return
+    state = _workspace(n_instances * span)
+    lists = capacity_blocks.shape[0] * n_instances
+    _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, state, np.empty(lists, np.int32),
+                 np.empty(lists, np.int32), np.empty(lists, np.int64), span, int(counts.max()) if n else 0)
+
+
+@kernel
+def _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, state, head, tail, count, span,
+                 longest):
+    """Loop of :func:`lookup_tiers_runs` (validated inputs): each request's ids written into a small buffer, then
+    admitted as :func:`admit_blocks` admits a CSR row."""
+    next_tier = next_tiers(capacity_blocks)
+    reset_caches(state, head, tail, count)
+    ids = np.empty(max(longest, 1), np.int64)
+    for r in range(instance.shape[0]):
+        m = block_ptr[r + 1] - block_ptr[r]
+        shared = block_runs[r, 0]
+        for k in range(m):
+            ids[k] = (block_runs[r, 1] if k < shared else block_runs[r, 2]) + k
+        inst = instance[r]
+        admit_blocks(state, head, tail, count, capacity_blocks, next_tier, ids, 0, m, inst * span, inst, out_hits, r)
+
+
 @kernel(inline="always")
 def next_tiers(capacity_blocks):
     """Where each tier's LRU block goes: the next tier with nonzero capacity, or -1 (dropped)."""

@@ -410,3 +410,43 @@ def test_kernel_and_schema_agree_on_the_most_tiers():
     from mcsim.scenario.schema import MAX_TIERS as SCHEMA_MAX_TIERS
 
     assert MAX_TIERS == SCHEMA_MAX_TIERS == 8
+
+
+def test_runs_of_ids_replay_as_the_reference_on_the_ids_written_out():
+    """The generator's requests carry their block ids as two runs (a shared system prompt's, then the request's own
+    conversation's): the tiers replayed from the runs reuse, per request and tier, what the OrderedDict reference
+    reuses on every id written out; and the ids the requests write out are those runs."""
+    from mcsim.kernels.kv_tiers import lookup_tiers_runs
+
+    rng = np.random.default_rng(7)
+    n, n_instances, n_prompts, n_sessions = 3000, 3, 6, 400
+    prompt_blocks = rng.integers(0, 12, n_prompts)
+    prompt_base = np.concatenate([[0], np.cumsum(prompt_blocks)[:-1]])
+    session = rng.integers(0, n_sessions, n)
+    prompt_of = rng.integers(0, n_prompts, n_sessions)[session]
+    shared = np.where(rng.random(n) < 0.8, prompt_blocks[prompt_of], 0)
+    counts = shared + rng.integers(0, 30, n)  # a session's later turns reach further into its own run
+    own_base = prompt_blocks.sum() + 40 * session
+    runs = np.stack([shared, prompt_base[prompt_of], own_base], axis=1).astype(np.int64)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    instance = rng.integers(0, n_instances, n).astype(np.int32)
+    span = int(max((own_base + counts)[counts > shared].max(), (runs[:, 1] + shared)[shared > 0].max()))  # exact
+    capacity = np.array([150, 200, 300], np.int64)
+    hits = np.zeros((n, 3), np.int64)
+    lookup_tiers_runs(ptr, runs, instance, n_instances, span, capacity, hits)
+    lists = [[int(runs[r, 1] + k if k < shared[r] else runs[r, 2] + k) for k in range(counts[r])] for r in range(n)]
+    expected = lookup_tiers_reference(lists, instance.tolist(), tuple(capacity.tolist()), n_instances)
+    np.testing.assert_array_equal(hits, np.array(expected))
+    assert (hits > 0).sum(axis=0).all()  # every tier serves reuse
+    with pytest.raises(ValueError, match="outside"):
+        lookup_tiers_runs(ptr, runs, instance, n_instances, span - 1, capacity, np.zeros((n, 3), np.int64))
+
+    from mcsim.stages.workload import Requests
+
+    requests = Requests(arrival_s=np.arange(n, dtype=float), class_id=np.zeros(n, np.int32),
+                        prompt_tokens=counts * 16 + 1, output_tokens=np.ones(n, np.int64), acceptance=np.zeros(n),
+                        block_ptr=ptr, block_tokens=16, session_id=session, class_names=("chat",), block_runs=runs)
+    assert requests.block_ids.tolist() == [b for blocks in lists for b in blocks]
+    tail = requests.tail(2000)
+    assert tail.block_runs.shape == (1000, 3)
+    assert tail.block_ids.tolist() == [b for blocks in lists[2000:] for b in blocks]

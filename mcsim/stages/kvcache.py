@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mcsim.kernels.kv_tiers import lookup_tiers
+from mcsim.kernels.kv_tiers import lookup_tiers, lookup_tiers_runs
 from mcsim.scenario.schema import TIER_SCOPES
 from mcsim.stages import steady_state as steady
 
@@ -291,6 +291,20 @@ def capacity_blocks(tier_bytes, kv_bytes_per_token: float, block_tokens: int) ->
     return np.floor(np.array(tier_bytes, dtype=float) / per_block).astype(np.int64)
 
 
+def _run_span(requests) -> int:
+    """One more than the largest block id of requests whose ids are runs (``Requests.block_runs``); 0 without runs
+    (or with a negative id)."""
+    runs = requests.block_runs
+    if runs is None or requests.n == 0:
+        return 0
+    counts = np.diff(requests.block_ptr)
+    shared = np.minimum(runs[:, 0], counts)
+    lowest = min(np.where(shared > 0, runs[:, 1], 0).min(), np.where(counts > shared, runs[:, 2] + shared, 0).min())
+    highest = max(np.where(shared > 0, runs[:, 1] + shared, 0).max(), np.where(counts > shared, runs[:, 2] + counts,
+                                                                                 0).max())
+    return int(highest) if lowest >= 0 else 0
+
+
 def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray, caches: int):
     """One dense key per (instance, block) pair, as the kernel wants.
 
@@ -331,7 +345,10 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
         pooled tiers are one cache that every request uses, whatever the routing.
     """
     n = requests.n
-    instance = route(policy, requests.block_ptr, requests.block_ids, n_instances, rng)
+    nnz = int(requests.block_ptr[-1] - requests.block_ptr[0])
+    # Only prefix affinity reads the ids to route (the generator's are then written out).
+    instance = route(policy, requests.block_ptr, requests.block_ids if policy == "prefix-affinity" else
+                     np.zeros(0, np.int64), n_instances, rng)
     capacity = np.asarray(capacity_per_instance, dtype=np.int64).copy()
     private = len(capacity) if private_tiers < 0 else int(private_tiers)
     caches = n_instances
@@ -343,7 +360,7 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
     hits = np.zeros((n, len(capacity)), dtype=np.int64)
     counts = np.diff(requests.block_ptr)
     pooled = private < len(capacity)
-    if ((policy == "cache-aware" and caches > 1) or pooled) and len(requests.block_ids) and capacity[0] > 0:
+    if ((policy == "cache-aware" and caches > 1) or pooled) and nnz and capacity[0] > 0:
         # Block ids in the key_stride layout: instance i's key of block b is i * stride + b (and the pool's is
         # caches * stride + b).
         ids = requests.block_ids
@@ -355,11 +372,15 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
                         else np.zeros(n)).astype(np.int32)
         lookup_tiers(requests.block_ptr, ids, instance, caches, caches * stride, capacity, hits, key_stride=stride,
                      balance=balance, n_private=private)
-    elif len(requests.block_ids) and capacity[0] > 0:
+    elif nnz and capacity[0] > 0:
         instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
-        keys, n_keys = _dense_keys(requests.block_ids, instance, counts, caches)
-        lookup_tiers(requests.block_ptr, keys, instance if caches > 1 else np.zeros(n, np.int32), caches, n_keys,
-                     capacity, hits)
+        serving = instance if caches > 1 else np.zeros(n, np.int32)
+        span = _run_span(requests)
+        if span and caches * span <= 2 * nnz + (1 << 20):  # the generator's runs, in a key space as dense
+            lookup_tiers_runs(requests.block_ptr, requests.block_runs, serving, caches, span, capacity, hits)
+        else:
+            keys, n_keys = _dense_keys(requests.block_ids, instance, counts, caches)
+            lookup_tiers(requests.block_ptr, keys, serving, caches, n_keys, capacity, hits)
     instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
     cached = hits * requests.block_tokens
     # A fully cached prompt still computes its last token (the first output needs one forward position).

@@ -26,7 +26,7 @@ the steady share of later turns rather than a ramp of first turns whose length g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +60,15 @@ class Inputs:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Requests:
     """Struct of arrays, one row per request, sorted by arrival.
+
+    The prompt blocks' ids are given as a CSR array (``block_ids``), or, for the generator's requests, as two runs
+    of consecutive ids per request (``block_runs``): then the CSR array is written out only when something reads
+    ``block_ids`` (the replicas, prefix-affinity and cache-aware routing), and the cache stage's replay of its own
+    per-instance tiers reads the runs (:func:`mcsim.kernels.kv_tiers.lookup_tiers_runs`): 24 bytes per request
+    instead of 8 per block.
 
     Attributes
     ----------
@@ -74,9 +80,13 @@ class Requests:
     acceptance : float64[n]
         Per-request draft acceptance rate (used when speculative decoding is on).
     block_ptr : int64[n+1]
-        CSR pointers into ``block_ids``.
+        CSR pointers into ``block_ids``: request ``r`` has ``block_ptr[r + 1] - block_ptr[r]`` whole blocks.
     block_ids : int64[nnz]
         Identity of each whole prompt block (chain-hash semantics), in prompt order.
+    block_runs : int64[n, 3] or None
+        ``(shared_blocks, shared_base, own_base)`` per request when its ids are two runs: block ``k`` is
+        ``shared_base + k`` while ``k < shared_blocks`` (a shared system prompt's), else ``own_base + k`` (its
+        conversation's).
     block_tokens : int
         Tokens per block.
     session_id : int64[n]
@@ -92,25 +102,49 @@ class Requests:
     output_tokens: np.ndarray
     acceptance: np.ndarray
     block_ptr: np.ndarray
-    block_ids: np.ndarray
     block_tokens: int
     session_id: np.ndarray
     class_names: tuple
-    source: str = "generator"
+    source: str
+    block_runs: np.ndarray | None
+    _block_ids: np.ndarray | None = field(repr=False, compare=False)
+
+    def __init__(self, *, arrival_s, class_id, prompt_tokens, output_tokens, acceptance, block_ptr, block_tokens,
+                 session_id, class_names, source: str = "generator", block_ids=None, block_runs=None):
+        if block_ids is None and block_runs is None:
+            raise ValueError("give the prompt blocks as block_ids or as block_runs (or both, the same ids)")
+        values = dict(arrival_s=arrival_s, class_id=class_id, prompt_tokens=prompt_tokens,
+                      output_tokens=output_tokens, acceptance=acceptance, block_ptr=block_ptr,
+                      block_tokens=block_tokens, session_id=session_id, class_names=class_names, source=source,
+                      block_runs=block_runs, _block_ids=block_ids)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     @property
     def n(self) -> int:
         return len(self.prompt_tokens)
 
+    @property
+    def block_ids(self) -> np.ndarray:
+        """Every request's block ids, in prompt order (written out from ``block_runs`` at the first read)."""
+        if self._block_ids is None:
+            ids = np.empty(int(self.block_ptr[-1] - self.block_ptr[0]), dtype=np.int64)
+            runs = self.block_runs
+            fill_block_ids(self.block_ptr - self.block_ptr[0], np.ascontiguousarray(runs[:, 0]),
+                           np.ascontiguousarray(runs[:, 1]), np.ascontiguousarray(runs[:, 2]), ids)
+            object.__setattr__(self, "_block_ids", ids)
+        return self._block_ids
+
     def tail(self, start: int) -> "Requests":
         """Requests ``start:`` (the ones measured after a warm-up), with block pointers re-based."""
         ptr = self.block_ptr[start:]
+        blocks = {"block_runs": None if self.block_runs is None else self.block_runs[start:],
+                  "block_ids": None if self._block_ids is None else self._block_ids[ptr[0]:ptr[-1]]}
         return Requests(
             arrival_s=self.arrival_s[start:], class_id=self.class_id[start:],
             prompt_tokens=self.prompt_tokens[start:], output_tokens=self.output_tokens[start:],
-            acceptance=self.acceptance[start:], block_ptr=ptr - ptr[0],
-            block_ids=self.block_ids[ptr[0]:ptr[-1]], block_tokens=self.block_tokens,
-            session_id=self.session_id[start:], class_names=self.class_names, source=self.source,
+            acceptance=self.acceptance[start:], block_ptr=ptr - ptr[0], block_tokens=self.block_tokens,
+            session_id=self.session_id[start:], class_names=self.class_names, source=self.source, **blocks,
         )
 
     @property
@@ -356,9 +390,7 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     np.maximum.at(max_blocks_session, session_r, nblocks)
     session_base = sys_base[-1] + np.concatenate([[0], np.cumsum(max_blocks_session)[:-1]])
     block_ptr = np.concatenate([[0], np.cumsum(nblocks)]).astype(np.int64)
-    block_ids = np.empty(block_ptr[-1], dtype=np.int64)
-    fill_block_ids(block_ptr, sys_full.astype(np.int64), sys_base[prompt_of_session[session_r]].astype(np.int64),
-                   session_base[session_r].astype(np.int64), block_ids)
+    runs = np.stack([sys_full, sys_base[prompt_of_session[session_r]], session_base[session_r]], axis=1)
 
     return Requests(
         arrival_s=arrival,
@@ -367,7 +399,7 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
         output_tokens=output[order].astype(np.int64),
         acceptance=acceptance[order],
         block_ptr=block_ptr,
-        block_ids=block_ids,
+        block_runs=runs.astype(np.int64),
         block_tokens=block,
         session_id=session_r.astype(np.int64),
         class_names=tuple(classes),
