@@ -186,7 +186,7 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
             key_stride, float(balance), n_private)
 
 
-def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capacity_blocks, out_hits):
+def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capacity_blocks, out_hits, bounded=None):
     """:func:`lookup_tiers` for requests whose prompt blocks are two runs of consecutive ids, without a CSR array of
     their ids (the generator's requests: the blocks of a shared system prompt, then those of the request's own
     conversation).
@@ -196,6 +196,12 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
     ids lie in ``[0, span)`` and instance ``i`` keeps block ``b`` under key ``i * span + b``. Every tier is each
     instance's own; the instance of each request is given (no cache-aware routing). Same results as
     :func:`lookup_tiers` on the ids written out, with ``n_keys = n_instances * span``.
+
+    Memory: a row of 16 bytes per key of the key space, or, ``bounded`` (default: whichever is smaller), rows for
+    what the caches can hold only: twice every instance's capacity in all tiers plus one request, 24 bytes each,
+    found through an open-addressing hash table of 4 bytes a slot (at most half full). A row whose block was
+    dropped from the last tier is reclaimed when free rows run short, by a sweep over the rows (amortised O(1)
+    per block). Then memory depends on the capacities, not on the number of requests or blocks.
 
     Examples
     --------
@@ -231,10 +237,21 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
         raise ValueError("block_runs give ids outside [0, span) (or block_ptr decreases)")
     if capacity_blocks[0] == 0:
         return
-    state = _workspace(n_instances * span)
+    longest = int(counts.max()) if n else 0
     lists = capacity_blocks.shape[0] * n_instances
-    _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, state, np.empty(lists, np.int32),
-                 np.empty(lists, np.int32), np.empty(lists, np.int64), span, int(counts.max()) if n else 0)
+    rows = 2 * n_instances * int(capacity_blocks.sum()) + longest + 1024
+    slots = 1 << max(int(2 * rows - 1).bit_length(), 4)
+    if bounded is None:
+        bounded = rows * 24 + slots * 4 < n_instances * span * 16
+    if not bounded:
+        _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, _workspace(n_instances * span),
+                     np.empty(lists, np.int32), np.empty(lists, np.int32), np.empty(lists, np.int64), span, longest)
+        return
+    if rows >= 2**31:
+        raise ValueError("the caches' capacities need 2**31 rows or more")
+    _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_hits, _workspace(rows),
+                         np.empty(lists, np.int32), np.empty(lists, np.int32), np.empty(lists, np.int64), span,
+                         longest, np.empty(rows, np.int64), np.empty(slots, np.int32))
 
 
 @kernel
@@ -252,6 +269,77 @@ def _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, sta
             ids[k] = (block_runs[r, 1] if k < shared else block_runs[r, 2]) + k
         inst = instance[r]
         admit_blocks(state, head, tail, count, capacity_blocks, next_tier, ids, 0, m, inst * span, inst, out_hits, r)
+
+
+@kernel(inline="always")
+def _slot_of(key, shift):
+    """Home slot of a key in a hash table of ``2 ** (64 - shift)`` slots (at least 8): eight consecutive keys share
+    a group of eight slots (a run's blocks then probe one cache line), groups are Fibonacci-hashed (the
+    product's top bits)."""
+    group = np.int64((np.uint64(key >> 3) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift + 3))
+    return (group << 3) | (key & 7)
+
+
+@kernel
+def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_hits, state, head, tail, count, span,
+                         longest, row_key, table):
+    """:func:`_replay_runs` with a row per key only while its block is cached: ``table`` (linear probing, -1 =
+    empty) maps a key to its row, ``row_key`` a row to its key (-1: free). Before a request, if fewer rows are
+    free than it has blocks, every row whose block was dropped goes back to the free list and leaves the table
+    (backward-shift deletion keeps every probe chain unbroken)."""
+    next_tier = next_tiers(capacity_blocks)
+    reset_caches(state, head, tail, count)
+    mask = table.shape[0] - 1
+    shift = 64
+    while (1 << (64 - shift)) < table.shape[0]:
+        shift -= 1
+    table[:] = -1
+    row_key[:] = -1
+    n_rows = state.shape[0]
+    free = np.empty(n_rows, np.int32)  # a stack of free rows
+    for i in range(n_rows):
+        free[i] = n_rows - 1 - i
+    n_free = n_rows
+    rows = np.empty(max(longest, 1), np.int64)
+    for r in range(instance.shape[0]):
+        m = block_ptr[r + 1] - block_ptr[r]
+        inst = instance[r]
+        if n_free < m:  # reclaim the rows of dropped blocks
+            for i in range(n_rows):
+                if row_key[i] >= 0 and state[i, _TIER] == _ABSENT:
+                    slot = _slot_of(row_key[i], shift)
+                    while table[slot] != i:
+                        slot = (slot + 1) & mask
+                    hole = slot
+                    probe = slot
+                    while True:
+                        probe = (probe + 1) & mask
+                        if table[probe] < 0:
+                            break
+                        home = _slot_of(row_key[table[probe]], shift)
+                        # the entry at probe may move to the hole unless its home lies cyclically in (hole, probe]
+                        if (hole < probe and hole < home <= probe) or (hole > probe and (home > hole or home <= probe)):
+                            continue
+                        table[hole] = table[probe]
+                        hole = probe
+                    table[hole] = -1
+                    row_key[i] = -1
+                    free[n_free] = i
+                    n_free += 1
+        shared = block_runs[r, 0]
+        for k in range(m):
+            key = inst * span + (block_runs[r, 1] if k < shared else block_runs[r, 2]) + k
+            slot = _slot_of(key, shift)
+            while table[slot] >= 0 and row_key[table[slot]] != key:
+                slot = (slot + 1) & mask
+            if table[slot] < 0:  # a new key: a free row, absent from every tier
+                n_free -= 1
+                row = free[n_free]
+                table[slot] = row
+                row_key[row] = key
+                state[row, _TIER] = _ABSENT
+            rows[k] = table[slot]
+        admit_blocks(state, head, tail, count, capacity_blocks, next_tier, rows, 0, m, 0, inst, out_hits, r)
 
 
 @kernel(inline="always")

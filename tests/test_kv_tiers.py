@@ -450,3 +450,29 @@ def test_runs_of_ids_replay_as_the_reference_on_the_ids_written_out():
     tail = requests.tail(2000)
     assert tail.block_runs.shape == (1000, 3)
     assert tail.block_ids.tolist() == [b for blocks in lists[2000:] for b in blocks]
+
+
+@pytest.mark.parametrize("capacity", [(40, 0, 0), (30, 50, 80), (5, 0, 9)])
+def test_bounded_rows_replay_as_the_dense_key_space(capacity):
+    """With rows only for what the caches hold (reclaimed from dropped blocks, found through a hash table), the
+    replay reuses exactly what the reference does; the capacities are small so that rows are reclaimed many
+    times over."""
+    from mcsim.kernels.kv_tiers import lookup_tiers_runs
+
+    rng = np.random.default_rng(11)
+    n, n_instances = 2500, 2
+    counts = rng.integers(0, 25, n)
+    shared = np.minimum(rng.integers(0, 6, n), counts)
+    session = rng.integers(0, 300, n)
+    runs = np.stack([shared, 7 * rng.integers(0, 4, n), 100 + 30 * session], axis=1).astype(np.int64)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    instance = rng.integers(0, n_instances, n).astype(np.int32)
+    span = int(100 + 30 * session.max() + 25)
+    lists = [[int(runs[r, 1] + k if k < shared[r] else runs[r, 2] + k) for k in range(counts[r])] for r in range(n)]
+    expected = np.array(lookup_tiers_reference(lists, instance.tolist(), capacity, n_instances))
+    for bounded in (False, True):
+        hits = np.zeros((n, 3), np.int64)
+        lookup_tiers_runs(ptr, runs, instance, n_instances, span, np.array(capacity, np.int64), hits,
+                          bounded=bounded)
+        np.testing.assert_array_equal(hits, expected, err_msg=f"bounded={bounded}")
+    assert expected.sum() > 0
