@@ -294,7 +294,7 @@ def capacity_blocks(tier_bytes, kv_bytes_per_token: float, block_tokens: int) ->
 def _run_span(requests) -> int:
     """One more than the largest block id of requests whose ids are runs (``Requests.block_runs``); 0 without runs
     (or with a negative id)."""
-    runs = requests.block_runs
+    runs = getattr(requests, "block_runs", None)  # (a trace's requests, or any with block_ids only, have none)
     if runs is None or requests.n == 0:
         return 0
     counts = np.diff(requests.block_ptr)
