@@ -47,6 +47,7 @@ class SuiteSettings:
     repeats_reference: int
     request_sizes: tuple
     request_repeats: int
+    request_largest: int | None = None
     light_sizes: tuple = ()
     light_largest: int | None = None
     grid_points: tuple = (1, 2)
@@ -63,7 +64,7 @@ class SuiteSettings:
 
 
 SETTINGS = {
-    "full": SuiteSettings(kernel_cases.FULL, 3, 2, (10_000, 100_000, 1_000_000), 2,
+    "full": SuiteSettings(kernel_cases.FULL, 3, 2, (10_000, 100_000, 1_000_000), 2, request_largest=10_000_000,
                           light_sizes=(100_000, 1_000_000), light_largest=10_000_000,
                           grid_points=(1, 2, 4, 8), grid_samples=4, grid_requests=20_000,
                           workers_requests=50_000, workers_samples=8, workers_points=4, workers_repeats=2,
@@ -166,8 +167,10 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
               "kernels": kernel_rows(settings, [s for s in kernel_cases.STAGES if s in chosen], progress)}
     sc: dict = dict.fromkeys(("requests", "requests_light", "grid", "workers", "overhead", "compile"))
     if "requests" in chosen:
-        progress(f"one sample at {', '.join(f'{n:,}' for n in settings.request_sizes)} requests")
-        sc["requests"] = scaling.requests_curve(settings.request_sizes, repeats=settings.request_repeats)
+        more = f" (and {settings.request_largest:,} if memory allows)" if settings.request_largest else ""
+        progress(f"one sample at {', '.join(f'{n:,}' for n in settings.request_sizes)} requests{more}")
+        sc["requests"] = scaling.requests_curve(settings.request_sizes, repeats=settings.request_repeats,
+                                                largest_if_memory_allows=settings.request_largest)
         if settings.light_sizes:
             progress(f"one sample with 512-token blocks at {', '.join(f'{n:,}' for n in settings.light_sizes)} "
                      f"requests (and {settings.light_largest:,} if memory allows)")
