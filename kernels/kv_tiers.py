@@ -197,11 +197,12 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
     instance's own; the instance of each request is given (no cache-aware routing). Same results as
     :func:`lookup_tiers` on the ids written out, with ``n_keys = n_instances * span``.
 
-    Memory: a row of 16 bytes per key of the key space, or, ``bounded`` (default: whichever is smaller), rows for
-    what the caches can hold only: twice every instance's capacity in all tiers plus one request, 24 bytes each,
-    found through an open-addressing hash table of 4 bytes a slot (at most half full). A row whose block was
-    dropped from the last tier is reclaimed when free rows run short, by a sweep over the rows (amortised O(1)
-    per block). Then memory depends on the capacities, not on the number of requests or blocks.
+    Memory: a row of 16 bytes per key of the key space, or, ``bounded`` (default: when that takes less than half the
+    memory; a hash probe per block makes it slower), rows for what the caches can hold only: twice every instance's
+    capacity in all tiers plus one request, 24 bytes each, found through an open-addressing hash table of 4 bytes a
+    slot (at most half full). A row whose block was dropped from the last tier is reclaimed when free rows run
+    short, by a sweep over the rows (amortised O(1) per block). Then memory depends on the capacities, not on the
+    number of requests or blocks.
 
     Examples
     --------
@@ -241,8 +242,8 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
     lists = capacity_blocks.shape[0] * n_instances
     rows = 2 * n_instances * int(capacity_blocks.sum()) + longest + 1024
     slots = 1 << max(int(2 * rows - 1).bit_length(), 4)
-    if bounded is None:
-        bounded = rows * 24 + slots * 4 < n_instances * span * 16
+    if bounded is None:  # the bounded rows cost a hash probe per block: taken when they save half the memory
+        bounded = 2 * (rows * 24 + slots * 4) < n_instances * span * 16
     if not bounded:
         _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, _workspace(n_instances * span),
                      np.empty(lists, np.int32), np.empty(lists, np.int32), np.empty(lists, np.int64), span, longest)

@@ -352,10 +352,13 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     before = cum_exchange - exchange - session_start_cum  # tokens of earlier turns in this session
     prompt = sys_len[session] + before + user
     keep = (prompt + output <= max_context) | (turn == 0)
+    # Arrays of one row per turn are most of a sample's memory: each goes as soon as it is used.
+    del user, exchange, cum_exchange, session_start_cum, before, turn
     # A dropped turn drops every later turn of its session: keep only a leading run per session.
     bad = (~keep).astype(np.int64)
     bad_before = np.cumsum(bad) - np.repeat(np.cumsum(bad)[first_row] - bad[first_row], turns)
     keep = bad_before == 0
+    del bad, bad_before
 
     # Virtual times: sessions start as a Poisson process, turns follow after exponential think times. Sessions
     # start from -lead_s, and the window takes the turns from time 0 on, so it opens on the steady mix of first and
@@ -369,11 +372,14 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     think[first_row] = 0.0
     cum_think = np.cumsum(think)
     t_virtual = start[session] + cum_think - np.repeat(cum_think[first_row], turns)
+    del think, cum_think
     if lead_s > 0:
         keep &= t_virtual >= 0.0
 
     order = np.flatnonzero(keep)
+    del keep
     order = order[np.argsort(t_virtual[order], kind="stable")][:n]
+    del t_virtual
     if len(order) < n:  # pathological context limits: fewer turns than asked
         n = len(order)
     arrival = profiled_arrivals(n, params["workload.rate_rps"], params["workload.arrivals"],
