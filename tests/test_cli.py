@@ -234,12 +234,16 @@ class _Terminal(io.StringIO):
 
 
 def test_the_progress_bar_is_drawn_on_a_terminal_only():
-    from mcsim.execution.executor import _progress_bar
+    from mcsim.execution.executor import _progress_bar, _show_rate
 
     assert _progress_bar(10, 0, io.StringIO()) is None  # a log file or a pipe
     bar = _progress_bar(10, 3, _Terminal())
     try:
         assert bar is not None and bar.total == 10 and bar.n == 3
+        _show_rate(bar, 2_500_000, 2.0)  # the requests of the samples finished, per second so far
+        assert bar.postfix == "1.25 M requests/s"
+        _show_rate(bar, 900, 1.0)
+        assert bar.postfix == "900 requests/s"
     finally:
         bar.close()
 

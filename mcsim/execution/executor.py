@@ -570,6 +570,8 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
         futures = [client.submit(run_task, plan_future, p, c, pure=False, retries=2,
                                  key=f"mcsim-{fingerprint[:12]}-{p}-{c}") for p, c in todo]
         bar = _progress_bar(total, total - len(todo)) if progress else None
+        chunk_sizes = [len(chunk) for chunk in plan.chunks]
+        started, simulated = time.perf_counter(), 0
         # Ctrl-C only sets a flag, checked between results, so a part file is never cut half-written and the
         # client shuts down cleanly.
         with _stop_on_sigint() as stop:
@@ -589,6 +591,8 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                     parts[(p, c)] = table
                     future.release()
                     if bar is not None:
+                        simulated += chunk_sizes[c] * plan.requests
+                        _show_rate(bar, simulated, time.perf_counter() - started)
                         bar.update(1)
     except KeyboardInterrupt:
         for f in futures:
@@ -601,6 +605,13 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
             client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _show_rate(bar, requests: int, seconds: float) -> None:
+    """Requests per sample x samples finished, per second of this run so far, beside the progress bar."""
+    rate = requests / max(seconds, 1e-9)
+    scale, unit = next(((f, u) for f, u in ((1e9, " G"), (1e6, " M"), (1e3, " k")) if rate >= f), (1.0, ""))
+    bar.set_postfix_str(f"{rate / scale:.3g}{unit} requests/s", refresh=False)
 
 
 def _progress_bar(total: int, done: int, stream=None):
