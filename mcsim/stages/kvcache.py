@@ -382,7 +382,8 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
             keys, n_keys = _dense_keys(requests.block_ids, instance, counts, caches)
             lookup_tiers(requests.block_ptr, keys, serving, caches, n_keys, capacity, hits)
     instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
-    cached = hits * requests.block_tokens
+    cached = hits  # reused tokens, in place of the blocks (one array per request and tier, not two)
+    cached *= requests.block_tokens
     # A fully cached prompt still computes its last token (the first output needs one forward position).
     excess = np.maximum(cached.sum(axis=1) - (requests.prompt_tokens - 1), 0)
     for tier in range(cached.shape[1]):
