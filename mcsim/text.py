@@ -54,3 +54,12 @@ def strict_json(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def si(value: float) -> str:
+    """``64.1 M``, ``2.4 G``, ``950 k``, ``12.5``."""
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            scaled = value / factor
+            return f"{scaled:.3g} {prefix}" if scaled < 100 else f"{scaled:.0f} {prefix}"
+    return f"{value:.3g}"

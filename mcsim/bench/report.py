@@ -8,16 +8,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from mcsim.text import si
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def si(value: float) -> str:
-    """``64.1 M``, ``2.4 G``, ``950 k``, ``12.5``."""
-    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            scaled = value / factor
-            return f"{scaled:.3g} {prefix}" if scaled < 100 else f"{scaled:.0f} {prefix}"
-    return f"{value:.3g}"
 
 
 def _ratio(value) -> str:

@@ -28,9 +28,10 @@ from pathlib import Path
 from mcsim.bench import compile_time
 from mcsim.bench import kernels as kernel_cases
 from mcsim.bench import scaling
-from mcsim.bench.report import PNG_SIGNATURE, format_kernels, format_table, scaling_png, si
+from mcsim.bench.report import PNG_SIGNATURE, format_kernels, format_table, scaling_png
 from mcsim.bench.timing import best_of, machine
 from mcsim.fileio import atomic_write
+from mcsim.text import si
 
 __all__ = ["PARTS", "PNG_SIGNATURE", "SETTINGS", "bench_command", "format_table", "run_suite"]
 

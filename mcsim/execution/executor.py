@@ -48,6 +48,7 @@ from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
 from mcsim.scenario.grid import Axis, points, pricing_note
 from mcsim.scenario.schema import workload_reads
 from mcsim.stages.workload import resolve_trace_path
+from mcsim.text import si
 
 PART_FORMAT = 2  # 2: parts carry a checksum of their values
 
@@ -609,9 +610,7 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
 
 def _show_rate(bar, requests: int, seconds: float) -> None:
     """Requests per sample x samples finished, per second of this run so far, beside the progress bar."""
-    rate = requests / max(seconds, 1e-9)
-    scale, unit = next(((f, u) for f, u in ((1e9, " G"), (1e6, " M"), (1e3, " k")) if rate >= f), (1.0, ""))
-    bar.set_postfix_str(f"{rate / scale:.3g}{unit} requests/s", refresh=False)
+    bar.set_postfix_str(f"{si(requests / max(seconds, 1e-9))} requests/s", refresh=False)
 
 
 def _progress_bar(total: int, done: int, stream=None):
