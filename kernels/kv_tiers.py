@@ -186,6 +186,26 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
             key_stride, float(balance), n_private)
 
 
+def run_id_range(block_ptr, block_runs) -> tuple[int, int]:
+    """The smallest block id of requests whose ids are runs (see :func:`lookup_tiers_runs`), and one more than the
+    largest; ``(0, 0)`` without a block.
+
+    Examples
+    --------
+    >>> run_id_range(np.array([0, 3, 6]), np.array([[2, 0, 10], [2, 0, 20]]))  # ids 0, 1, 12 and 0, 1, 22
+    (0, 23)
+    """
+    counts = np.diff(np.asarray(block_ptr, dtype=np.int64))
+    runs = np.asarray(block_runs, dtype=np.int64).reshape(-1, 3)
+    shared = np.minimum(runs[:, 0], counts)
+    has_shared, has_own = shared > 0, counts > shared
+    if not (has_shared.any() or has_own.any()):
+        return 0, 0
+    starts = np.concatenate([runs[has_shared, 1], (runs[:, 2] + shared)[has_own]])
+    ends = np.concatenate([(runs[:, 1] + shared)[has_shared], (runs[:, 2] + counts)[has_own]])
+    return int(starts.min()), int(ends.max())
+
+
 def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capacity_blocks, out_hits, bounded=None):
     """:func:`lookup_tiers` for requests whose prompt blocks are two runs of consecutive ids, without a CSR array of
     their ids (the generator's requests: the blocks of a shared system prompt, then those of the request's own
@@ -230,11 +250,8 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
     if n and (instance.min() < 0 or instance.max() >= n_instances):
         raise ValueError("instance out of range [0, n_instances)")
     counts = np.diff(block_ptr)
-    shared = np.minimum(block_runs[:, 0], counts)
-    # Every id a request has lies in [0, span): its shared run's, and its own run's (blocks shared..count - 1).
-    if n and (np.any(counts < 0) or np.any(block_runs[:, 0] < 0)
-              or np.any((shared > 0) & ((block_runs[:, 1] < 0) | (block_runs[:, 1] + shared > span)))
-              or np.any((counts > shared) & ((block_runs[:, 2] + shared < 0) | (block_runs[:, 2] + counts > span)))):
+    lowest, end = run_id_range(block_ptr, block_runs)
+    if n and (np.any(counts < 0) or np.any(block_runs[:, 0] < 0) or lowest < 0 or end > span):
         raise ValueError("block_runs give ids outside [0, span) (or block_ptr decreases)")
     if capacity_blocks[0] == 0:
         return

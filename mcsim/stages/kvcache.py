@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mcsim.kernels.kv_tiers import lookup_tiers, lookup_tiers_runs
+from mcsim.kernels.kv_tiers import lookup_tiers, lookup_tiers_runs, run_id_range
 from mcsim.scenario.schema import TIER_SCOPES
 from mcsim.stages import steady_state as steady
 
@@ -297,12 +297,8 @@ def _run_span(requests) -> int:
     runs = getattr(requests, "block_runs", None)  # (a trace's requests, or any with block_ids only, have none)
     if runs is None or requests.n == 0:
         return 0
-    counts = np.diff(requests.block_ptr)
-    shared = np.minimum(runs[:, 0], counts)
-    lowest = min(np.where(shared > 0, runs[:, 1], 0).min(), np.where(counts > shared, runs[:, 2] + shared, 0).min())
-    highest = max(np.where(shared > 0, runs[:, 1] + shared, 0).max(), np.where(counts > shared, runs[:, 2] + counts,
-                                                                                 0).max())
-    return int(highest) if lowest >= 0 else 0
+    lowest, end = run_id_range(requests.block_ptr, runs)
+    return end if lowest >= 0 else 0
 
 
 def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray, caches: int):
