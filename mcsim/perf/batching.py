@@ -136,15 +136,15 @@ def _quantiles(values):
     return np.quantile(values, QUANTILES)
 
 
-def _summary(per, output, warmup_s, stats, kernel):
+def _summary(per, output, warmup_s, stats):
     measured = per["measured"]
     arrival, finish, e2e = per["arrival_s"], per["finish_s"], per["e2e_s"]
     window_start = float(warmup_s)
-    window_end = float(stats[kernel.STAT_WINDOW_END_S])
+    window_end = float(stats[slots.STAT_WINDOW_END_S])
     window = window_end - window_start
     nan = float("nan")
     if window > 0:
-        mean_in_system = stats[kernel.STAT_IN_SYSTEM_INTEGRAL] / window
+        mean_in_system = stats[slots.STAT_IN_SYSTEM_INTEGRAL] / window
         arrival_rate = float(measured.sum()) / window
         finished_in = (finish >= window_start) & (finish <= window_end)
         throughput = float(output[finished_in].sum()) / window
@@ -155,11 +155,11 @@ def _summary(per, output, warmup_s, stats, kernel):
     else:
         mean_in_system = arrival_rate = throughput = completion_ratio = nan
     mean_time = float(e2e[measured].mean()) if measured.any() else nan
-    waiting_at_end = int(stats[kernel.STAT_WAITING_AT_WINDOW_END])
+    waiting_at_end = int(stats[slots.STAT_WAITING_AT_WINDOW_END])
     saturated = bool(completion_ratio > SATURATION_RATIO
                      and waiting_at_end > SATURATION_BACKLOG * max(int(measured.sum()), 1))
-    window_steps = stats[kernel.STAT_WINDOW_STEPS]
-    decode_steps = stats[kernel.STAT_WINDOW_DECODE_STEPS]
+    window_steps = stats[slots.STAT_WINDOW_STEPS]
+    decode_steps = stats[slots.STAT_WINDOW_DECODE_STEPS]
     return {
         "quantiles": np.array(QUANTILES),
         "ttft_s": _quantiles(per["ttft_s"][measured]),
@@ -177,9 +177,9 @@ def _summary(per, output, warmup_s, stats, kernel):
         "completion_ratio": completion_ratio,
         "waiting_at_window_end": waiting_at_end,
         "saturated": saturated,
-        "mean_decode_batch": stats[kernel.STAT_WINDOW_DECODE_SEQS_SUM] / decode_steps if decode_steps else nan,
-        "mean_step_s": stats[kernel.STAT_WINDOW_STEP_S_SUM] / window_steps if window_steps else nan,
-        "busy_fraction": min(stats[kernel.STAT_WINDOW_STEP_S_SUM] / window, 1.0) if window > 0 else nan,
-        "steps": int(stats[kernel.STAT_STEPS]),
-        "preemptions": int(stats[kernel.STAT_PREEMPTIONS]),
+        "mean_decode_batch": stats[slots.STAT_WINDOW_DECODE_SEQS_SUM] / decode_steps if decode_steps else nan,
+        "mean_step_s": stats[slots.STAT_WINDOW_STEP_S_SUM] / window_steps if window_steps else nan,
+        "busy_fraction": min(stats[slots.STAT_WINDOW_STEP_S_SUM] / window, 1.0) if window > 0 else nan,
+        "steps": int(stats[slots.STAT_STEPS]),
+        "preemptions": int(stats[slots.STAT_PREEMPTIONS]),
     }

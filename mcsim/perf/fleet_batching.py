@@ -521,7 +521,7 @@ def simulate_fleet_batching(
         per_request["measured"] = measured
     measured = per_request["measured"]
     served = np.bincount(instance[measured], minlength=k)
-    summary = _summary(per_request, output, warmup_s, stats, slots)
+    summary = _summary(per_request, output, warmup_s, stats)
     window = summary["window_s"][1] - summary["window_s"][0]
     summary["busy_fraction"] = min(stats[slots.STAT_WINDOW_STEP_S_SUM] / (k * window), 1.0) \
         if window > 0 else float("nan")
