@@ -31,3 +31,36 @@ def fill_block_ids(block_ptr, shared_blocks, shared_base, own_base, out):
                 out[j] = shared_base[r] + k
             else:
                 out[j] = own_base[r] + k
+
+
+@kernel
+def turn_times(session_start, turns, think_s, out):
+    """Each turn's time: its session's start plus the think times of its turns so far (the first turn's is not
+    read), summed turn by turn within each session, so that a session's times do not depend on the sessions
+    before it.
+
+    Parameters
+    ----------
+    session_start : float64[m]
+    turns : int64[m]
+        Turns of each session (>= 1); session ``s``'s rows follow those of sessions ``0 .. s-1``.
+    think_s : float64[sum(turns)]
+    out : float64[sum(turns)]
+        Filled in place.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> out = np.empty(3)
+    >>> turn_times(np.array([1.0, 5.0]), np.array([2, 1]), np.array([9.0, 0.5, 9.0]), out)
+    >>> out.tolist()
+    [1.0, 1.5, 5.0]
+    """
+    row = 0
+    for s in range(session_start.shape[0]):
+        t = session_start[s]
+        for j in range(turns[s]):
+            if j > 0:
+                t += think_s[row]
+            out[row] = t
+            row += 1

@@ -288,7 +288,10 @@ def test_the_short_form_written_out_gives_the_same_figures(tmp_path):
 def test_a_tier_latency_adds_to_each_restoring_request(tmp_path):
     fast = mcsim.run(scenario(tmp_path, overrides=["cache.tiers.nvme.latency_us=0"]), samples=1, requests=1500)
     slow = mcsim.run(scenario(tmp_path, overrides=["cache.tiers.nvme.latency_us=2e5"]), samples=1, requests=1500)
-    assert float(slow.ttft_s.sel(request_quantile=0.99)[0]) > float(fast.ttft_s.sel(request_quantile=0.99)[0]) + 0.1
+    # 0.2 s more for every request that restores from NVMe, nothing for the others: TTFT quantiles never fall, and
+    # those that restoring requests reach rise by most of it.
+    shift = slow.ttft_s.values[0] - fast.ttft_s.values[0]
+    assert shift.min() >= 0 and shift.max() > 0.1
     np.testing.assert_array_equal(slow.cache_hit_rate_by_tier.values, fast.cache_hit_rate_by_tier.values)
 
 

@@ -260,7 +260,7 @@ def test_disaggregated_replicas_hold_the_cache_on_the_prefill_pool():
     slo = {routing: mcsim.run(root / "deepseek-disaggregated.toml", samples=1, requests=6000, workers=1,
                               overrides=["deployment.fleet_simulation=replicas", f"deployment.routing={routing}"])
            for routing in ("pooled", "random")}
-    assert float(slo["random"].cache_hit_rate.max()) < float(slo["pooled"].cache_hit_rate.min()) - 0.2
+    assert float(slo["random"].cache_hit_rate.max()) < 0.75 * float(slo["pooled"].cache_hit_rate.min())
     assert float(slo["random"].prefill_instances.min()) > float(slo["pooled"].prefill_instances.max())
 
 

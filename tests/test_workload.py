@@ -216,3 +216,29 @@ def test_the_window_opens_and_closes_on_the_steady_mix_of_turns(n):
     for quarter in np.array_split(chat, 4):
         share = quarter.mean()
         assert abs(share - 0.7) < 4 * np.sqrt(0.7 * 0.3 / quarter.size), share
+
+
+@pytest.mark.parametrize("extra", ["", "rate_profile = [1, 3, 0, 2]\nrate_profile_period_s = 600\n"])
+def test_a_stream_of_chunks_is_the_sample_whatever_the_chunks(extra):
+    """Chunks of any sizes, joined, are the one-piece sample: every field, block ids included (sessions in flight,
+    block ids and every random stream carry over from chunk to chunk)."""
+    text = TOML.replace("[workload]\n", "[workload]\n" + extra)
+    scn = load_scenario("t.toml", text=text)
+    p = resolve(scn, {})
+    n = 5000
+    whole = workload.generate(p, scn.classes, n, np.random.default_rng(11), 2000)
+    stream = workload.RequestStream(p, scn.classes, n, np.random.default_rng(11), 2000)
+    sizes = np.random.default_rng(0)
+    parts = []
+    while stream.remaining:
+        parts.append(stream.next_chunk(int(sizes.integers(1, 1500))))
+    assert len(parts) > 3 and stream.next_chunk(10).n == 0
+    joined = workload.concat_requests(parts)
+    for name in ("arrival_s", "class_id", "prompt_tokens", "output_tokens", "acceptance", "block_ptr", "session_id",
+                 "block_ids"):
+        np.testing.assert_array_equal(getattr(joined, name), getattr(whole, name), err_msg=name)
+    # Each session's turns arrive in order and carry the conversation so far.
+    for s in np.unique(whole.session_id)[:200]:
+        prompts = whole.prompt_tokens[whole.session_id == s]
+        assert np.all(np.diff(prompts) > 0)
+    assert np.all(whole.prompt_tokens + whole.output_tokens <= 2000)

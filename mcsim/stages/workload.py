@@ -22,6 +22,9 @@ the same profile), and their turns follow after exponential think times in wall-
 decides which request gets which arrival, so every session's turns arrive in order. Sessions also start before the
 sample's window (five mean session lengths, :data:`LEAD_IN_SESSION_LENGTHS`), so that its first requests carry
 the steady share of later turns rather than a ramp of first turns whose length grows with think time x rate.
+
+The generator is a stream (:class:`RequestStream`): a sample's requests come chunk by chunk, with the sessions in
+flight and every random stream carried over, and the chunks joined are the sample whatever their sizes.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mcsim.kernels.workload import fill_block_ids
+from mcsim.kernels.workload import fill_block_ids, turn_times
 from mcsim.scenario import ScenarioError
 from mcsim.scenario.distributions import Dist
 from mcsim.scenario.schema import workload_reads as reads  # the keys are declared with the schema
@@ -293,7 +296,7 @@ def _lead_in_s(think_time_s: float, longest_mean_turns: float, rate_rps: float, 
 
 
 def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max_context: int) -> Requests:
-    """Generate ``n`` requests for one sample (see module docstring).
+    """Generate ``n`` requests for one sample (see module docstring): the one chunk of a :class:`RequestStream`.
 
     Parameters
     ----------
@@ -306,110 +309,242 @@ def generate(params: dict, classes: tuple, n: int, rng: np.random.Generator, max
     max_context : int
         Longest prompt + output, tokens.
     """
-    block = int(params["cache.block_tokens"])
-    shares = _class_values(params, classes, "share")
-    shares = shares / shares.sum()
-    mean_turns = _class_values(params, classes, "turns")
-    sys_share = _class_values(params, classes, "system_prompt_share")
+    stream = RequestStream(params, classes, n, rng, max_context)
+    # Generated a cache-sized piece at a time (several times faster than one pass over n-long arrays), then joined.
+    return concat_requests([stream.next_chunk(GENERATE_PIECE) for _ in range(-(-n // GENERATE_PIECE))] or
+                           [stream.next_chunk(0)])
 
-    # Sessions: enough that their turns cover n requests after a 25 % margin for the window's edge, plus those that
-    # started before the window (see "Virtual times" below).
-    session_shares = shares / mean_turns
-    session_shares /= session_shares.sum()
-    mean_turns_all = 1.0 / np.sum(shares / mean_turns)
-    session_rate = params["workload.rate_rps"] / mean_turns_all
-    profile = RateProfile.from_params(params)
-    lead_s = _lead_in_s(params["workload.think_time_s"], float(mean_turns.max()), params["workload.rate_rps"], n,
-                        profile)
-    n_sessions = int(np.ceil(1.25 * n / mean_turns_all + lead_s * session_rate)) + 16
-    session_class = rng.choice(len(classes), size=n_sessions, p=session_shares).astype(np.int32)
-    turns = rng.geometric(1.0 / mean_turns[session_class]).astype(np.int64)
 
-    # System prompts: Zipf-popular pool, lengths drawn once per prompt.
-    n_prompts = int(params["workload.system_prompts"])
-    prompt_len = _tokens(params["workload.system_prompt_tokens"].sample(rng, n_prompts))
-    uses_prompt = rng.random(n_sessions) < sys_share[session_class]
-    prompt_of_session = rng.choice(n_prompts, size=n_sessions,
-                                   p=zipf_probabilities(n_prompts, params["workload.system_prompt_zipf"]))
-    sys_len = np.where(uses_prompt, prompt_len[prompt_of_session], 0)
+#: Requests :func:`generate` draws at a time.
+GENERATE_PIECE = 1 << 16
 
-    # Flatten turns: one row per (session, turn).
-    rows = int(turns.sum())
-    session = np.repeat(np.arange(n_sessions), turns)
-    first_row = np.concatenate([[0], np.cumsum(turns)[:-1]])
-    turn = np.arange(rows) - np.repeat(first_row, turns)
-    cls = session_class[session]
-    user = _tokens(_per_class_sample(params, classes, "prompt_tokens", cls, rng))
-    output = _tokens(_per_class_sample(params, classes, "output_tokens", cls, rng))
-    acceptance = np.clip(_per_class_sample(params, classes, "acceptance", cls, rng), 0.0, 1.0)
 
-    # Context limits: a first turn is clipped to fit; later turns that do not fit end their session.
-    output = np.minimum(output, max(max_context // 2, 1))
-    user = np.where(turn == 0, np.minimum(user, np.maximum(max_context - output - sys_len[session], 1)), user)
-    exchange = user + output
-    cum_exchange = np.cumsum(exchange)
-    session_start_cum = np.repeat(cum_exchange[first_row] - exchange[first_row], turns)
-    before = cum_exchange - exchange - session_start_cum  # tokens of earlier turns in this session
-    prompt = sys_len[session] + before + user
-    keep = (prompt + output <= max_context) | (turn == 0)
-    # Arrays of one row per turn are most of a sample's memory: each goes as soon as it is used.
-    del user, exchange, cum_exchange, session_start_cum, before, turn
-    # A dropped turn drops every later turn of its session: keep only a leading run per session.
-    bad = (~keep).astype(np.int64)
-    bad_before = np.cumsum(bad) - np.repeat(np.cumsum(bad)[first_row] - bad[first_row], turns)
-    keep = bad_before == 0
-    del bad, bad_before
-
-    # Virtual times: sessions start as a Poisson process, turns follow after exponential think times. Sessions
-    # start from -lead_s, and the window takes the turns from time 0 on, so it opens on the steady mix of first and
-    # later turns instead of a ramp of first turns (a cold cache is still cold: mc.warmup_fraction covers that).
-    # With a rate profile the starts (and lead_s) are operational times, mapped to wall-clock times as the arrivals
-    # are, and the think times are wall-clock seconds.
-    start = np.cumsum(rng.exponential(1.0 / session_rate, n_sessions)) - lead_s
-    if profile is not None:
-        start = profile.wall(start)
-    think = rng.exponential(params["workload.think_time_s"], rows)
-    think[first_row] = 0.0
-    cum_think = np.cumsum(think)
-    t_virtual = start[session] + cum_think - np.repeat(cum_think[first_row], turns)
-    del think, cum_think
-    if lead_s > 0:
-        keep &= t_virtual >= 0.0
-
-    order = np.flatnonzero(keep)
-    del keep
-    order = order[np.argsort(t_virtual[order], kind="stable")][:n]
-    del t_virtual
-    if len(order) < n:  # pathological context limits: fewer turns than asked
-        n = len(order)
-    arrival = profiled_arrivals(n, params["workload.rate_rps"], params["workload.arrivals"],
-                                params["workload.burstiness"], rng, profile)
-
-    # Block identities: block k of system prompt j, or block k of session s's conversation.
-    prompt_r = prompt[order]
-    nblocks = prompt_r // block
-    sys_blocks_of_prompt = prompt_len // block
-    sys_base = np.concatenate([[0], np.cumsum(sys_blocks_of_prompt)])
-    session_r = session[order]
-    sys_full = np.where(uses_prompt[session_r], sys_len[session_r] // block, 0)
-    max_blocks_session = np.zeros(n_sessions, dtype=np.int64)
-    np.maximum.at(max_blocks_session, session_r, nblocks)
-    session_base = sys_base[-1] + np.concatenate([[0], np.cumsum(max_blocks_session)[:-1]])
-    block_ptr = np.concatenate([[0], np.cumsum(nblocks)]).astype(np.int64)
-    runs = np.stack([sys_full, sys_base[prompt_of_session[session_r]], session_base[session_r]], axis=1)
-
+def concat_requests(parts: list) -> "Requests":
+    """One :class:`Requests` of consecutive chunks (of one stream: the same classes and blocks)."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    counts = np.concatenate([np.diff(q.block_ptr) for q in parts])
+    ids = None
+    if any(q.block_runs is None for q in parts):
+        ids = np.concatenate([q.block_ids for q in parts])
     return Requests(
-        arrival_s=arrival,
-        class_id=cls[order].astype(np.int32),
-        prompt_tokens=prompt_r.astype(np.int64),
-        output_tokens=output[order].astype(np.int64),
-        acceptance=acceptance[order],
-        block_ptr=block_ptr,
-        block_runs=runs.astype(np.int64),
-        block_tokens=block,
-        session_id=session_r.astype(np.int64),
-        class_names=tuple(classes),
-    )
+        arrival_s=np.concatenate([q.arrival_s for q in parts]),
+        class_id=np.concatenate([q.class_id for q in parts]),
+        prompt_tokens=np.concatenate([q.prompt_tokens for q in parts]),
+        output_tokens=np.concatenate([q.output_tokens for q in parts]),
+        acceptance=np.concatenate([q.acceptance for q in parts]),
+        block_ptr=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        block_tokens=first.block_tokens, session_id=np.concatenate([q.session_id for q in parts]),
+        class_names=first.class_names, source=first.source, block_ids=ids,
+        block_runs=None if ids is not None else np.concatenate([q.block_runs for q in parts]))
+
+
+#: The generator's random streams, each consumed in the order of its sessions, turns or requests (and one of each
+#: per-class stream per class), so that the requests do not depend on how they are cut into chunks.
+STREAMS = ("system_prompt_tokens", "session_class", "turns", "uses_system_prompt", "system_prompt", "session_start",
+           "think_time", "arrival")
+PER_CLASS_STREAMS = ("prompt_tokens", "output_tokens", "acceptance")
+
+#: Sessions the stream generates at a time (at least; more when a chunk needs them).
+SESSION_BLOCK = 4096
+
+
+class RequestStream:
+    """The generator's requests in arrival order, chunk by chunk (see module docstring).
+
+    Sessions are generated in start order, a block at a time; their turns wait in a pending pool until no later
+    session can start before them (a session's turns come at or after its start), and leave it in time order. Every
+    random stream is drawn in the order of its own sessions, turns or requests (:data:`STREAMS`), block ids are
+    given to sessions as they are generated, and sums run in the same order whatever the chunks: the requests of
+    ``next_chunk(a)`` then ``next_chunk(b)`` are those of ``next_chunk(a + b)``. The state carried from chunk to
+    chunk is the pending turns (sessions in flight), the streams and the running sums of start and arrival times.
+
+    Parameters
+    ----------
+    params, classes, n, rng, max_context
+        As :func:`generate`; ``n`` is the sample's number of requests (it sets the lead-in, see
+        :func:`_lead_in_s`), ``rng`` is split into the streams at construction.
+    """
+
+    def __init__(self, params: dict, classes: tuple, n: int, rng: np.random.Generator, max_context: int):
+        self.params, self.classes, self.n, self.max_context = params, tuple(classes), int(n), int(max_context)
+        self.block = int(params["cache.block_tokens"])
+        shares = _class_values(params, classes, "share")
+        shares = shares / shares.sum()
+        self.mean_turns = _class_values(params, classes, "turns")
+        self.sys_share = _class_values(params, classes, "system_prompt_share")
+        session_shares = shares / self.mean_turns
+        self.session_shares = session_shares / session_shares.sum()
+        self.mean_turns_all = 1.0 / np.sum(shares / self.mean_turns)
+        self.session_rate = params["workload.rate_rps"] / self.mean_turns_all
+        self.profile = RateProfile.from_params(params)
+        self.lead_s = _lead_in_s(params["workload.think_time_s"], float(self.mean_turns.max()),
+                                 params["workload.rate_rps"], n, self.profile)
+        streams = rng.spawn(len(STREAMS) + len(PER_CLASS_STREAMS) * len(self.classes))
+        self.rng = dict(zip(STREAMS, streams))
+        self.class_rng = {key: streams[len(STREAMS) + i * len(self.classes):][:len(self.classes)]
+                          for i, key in enumerate(PER_CLASS_STREAMS)}
+        # System prompts: a Zipf-popular pool, lengths drawn once per prompt.
+        n_prompts = int(params["workload.system_prompts"])
+        self.n_prompts = n_prompts
+        self.prompt_len = _tokens(params["workload.system_prompt_tokens"].sample(self.rng["system_prompt_tokens"],
+                                                                                  n_prompts))
+        self.zipf = zipf_probabilities(n_prompts, params["workload.system_prompt_zipf"])
+        self.sys_base = np.concatenate([[0], np.cumsum(self.prompt_len // self.block)])
+        self.sessions = 0  # generated so far
+        self.next_base = int(self.sys_base[-1])  # the next session's first block id
+        self.start_sum = 0.0  # running sum of the sessions' start gaps (operational seconds)
+        self.horizon = -np.inf  # no turn generated later can come before it
+        self.pending = None  # turns generated, not yet handed out, in generation order (a dict of arrays)
+        self.arrival_sum = None  # running sum of the arrival gaps; None before the first arrival
+        self.arrival_first = 0.0
+        self.emitted = 0
+
+    def _generate_sessions(self, m: int) -> None:
+        """Generate the next ``m`` sessions and add their turns to the pending pool."""
+        p, classes, rng, block = self.params, self.classes, self.rng, self.block
+        max_context = self.max_context
+        session_class = rng["session_class"].choice(len(classes), size=m, p=self.session_shares).astype(np.int32)
+        turns = rng["turns"].geometric(1.0 / self.mean_turns[session_class]).astype(np.int64)
+        uses_prompt = rng["uses_system_prompt"].random(m) < self.sys_share[session_class]
+        prompt_of_session = rng["system_prompt"].choice(self.n_prompts, size=m, p=self.zipf)
+        sys_len = np.where(uses_prompt, self.prompt_len[prompt_of_session], 0)
+
+        # Flatten turns: one row per (session, turn).
+        rows = int(turns.sum())
+        session = np.repeat(np.arange(m), turns)
+        first_row = np.concatenate([[0], np.cumsum(turns)[:-1]])
+        turn = np.arange(rows) - np.repeat(first_row, turns)
+        cls = session_class[session]
+        user = _tokens(self._per_class("prompt_tokens", cls))
+        output = _tokens(self._per_class("output_tokens", cls))
+        acceptance = np.clip(self._per_class("acceptance", cls), 0.0, 1.0)
+
+        # Context limits: a first turn is clipped to fit (its output first, to what its system prompt leaves);
+        # later turns that do not fit end their session.
+        output = np.minimum(output, max(max_context // 2, 1))
+        first = turn == 0
+        output = np.where(first, np.minimum(output, np.maximum(max_context - sys_len[session] - 1, 1)), output)
+        user = np.where(first, np.minimum(user, np.maximum(max_context - output - sys_len[session], 1)), user)
+        exchange = user + output
+        cum_exchange = np.cumsum(exchange)  # integers: exact whatever the block
+        before = cum_exchange - exchange - np.repeat(cum_exchange[first_row] - exchange[first_row], turns)
+        prompt = sys_len[session] + before + user
+        keep = (prompt + output <= max_context) | (turn == 0)
+        del user, exchange, cum_exchange, before, turn
+        # A dropped turn drops every later turn of its session: keep only a leading run per session.
+        bad = np.cumsum((~keep).astype(np.int64))
+        keep = bad - np.repeat(bad[first_row] - (~keep[first_row]).astype(np.int64), turns) == 0
+        del bad
+        last_kept = first_row + np.add.reduceat(keep.astype(np.int64), first_row) - 1  # turn 0 is always kept
+
+        # Virtual times: sessions start as a Poisson process, turns follow after exponential think times. Sessions
+        # start from -lead_s, and the window takes the turns from time 0 on, so it opens on the steady mix of first
+        # and later turns instead of a ramp of first turns (a cold cache is still cold: mc.warmup_fraction covers
+        # that). With a rate profile the starts (and lead_s) are operational times, mapped to wall-clock times as
+        # the arrivals are, and the think times are wall-clock seconds.
+        gaps = rng["session_start"].exponential(1.0 / self.session_rate, m)
+        sums = np.cumsum(np.concatenate([[self.start_sum], gaps]))[1:]  # the running sum, in one order
+        self.start_sum = float(sums[-1])
+        start = sums - self.lead_s
+        if self.profile is not None:
+            start = self.profile.wall(start)
+        think = rng["think_time"].exponential(p["workload.think_time_s"], rows)
+        t_virtual = np.empty(rows)
+        turn_times(start, turns, think, t_virtual)
+        del think
+        if self.lead_s > 0:
+            keep &= t_virtual >= 0.0
+
+        # Block identities: block k of system prompt j, or block k of session s's conversation (each session's
+        # ids after the last one's, as many as its longest prompt within the context limit has blocks: its last).
+        nblocks = prompt // block
+        bases = np.cumsum(np.concatenate([[self.next_base], nblocks[last_kept]]))
+        self.next_base = int(bases[-1])
+        kept = np.flatnonzero(keep)
+        s = session[kept]
+        new = {
+            "t": t_virtual[kept], "class_id": cls[kept], "prompt": prompt[kept], "output": output[kept],
+            "acceptance": acceptance[kept], "session": self.sessions + s, "nblocks": nblocks[kept],
+            "sys_full": np.where(uses_prompt[s], sys_len[s] // block, 0),
+            "sys_base": self.sys_base[prompt_of_session[s]], "own_base": bases[:-1][s],
+        }
+        self.sessions += m
+        self.horizon = float(start[-1])
+        if self.pending is None:
+            self.pending = new
+        else:
+            self.pending = {k: np.concatenate([self.pending[k], v]) for k, v in new.items()}
+
+    def _per_class(self, key: str, class_of: np.ndarray) -> np.ndarray:
+        """The per-turn field ``key``: for each class, the next values of its own stream, in turn order."""
+        out = np.empty(len(class_of), dtype=float)
+        for c, name in enumerate(self.classes):
+            rows = np.flatnonzero(class_of == c)
+            dist: Dist = self.params[f"workload.classes.{name}.{key}"]
+            out[rows] = dist.sample(self.class_rng[key][c], len(rows))
+        return out
+
+    def _ready(self) -> int:
+        return 0 if self.pending is None else int(np.count_nonzero(self.pending["t"] < self.horizon))
+
+    def _arrivals(self, m: int) -> np.ndarray:
+        """The next ``m`` arrival times (:func:`profiled_arrivals`, continued)."""
+        p = self.params
+        rng = self.rng["arrival"]
+        rate = p["workload.rate_rps"]
+        if p["workload.arrivals"] == "poisson":
+            gaps = rng.exponential(1.0 / rate, m)
+        else:
+            gaps = rng.gamma(1.0 / p["workload.burstiness"], p["workload.burstiness"] / rate, m)
+        if self.arrival_sum is None:  # the first arrival is at 0
+            self.arrival_first = float(gaps[0])
+            sums = np.cumsum(gaps)
+        else:
+            sums = np.cumsum(np.concatenate([[self.arrival_sum], gaps]))[1:]
+        self.arrival_sum = float(sums[-1])
+        t = sums - self.arrival_first
+        if self.profile is None:
+            return t
+        return self.profile.wall(t) - self.profile.wall(0.0)
+
+    @property
+    def remaining(self) -> int:
+        """Requests of the sample not yet handed out."""
+        return self.n - self.emitted
+
+    def next_chunk(self, m: int) -> Requests:
+        """The next ``min(m, remaining)`` requests, in arrival order, block pointers from 0."""
+        m = max(min(int(m), self.remaining), 0)
+        while self._ready() < m:
+            lead = max(self.lead_s * self.session_rate - self.sessions, 0.0)  # sessions before the window
+            self._generate_sessions(max(SESSION_BLOCK, int(1.25 * (m - self._ready()) / self.mean_turns_all + lead)))
+        pend = self.pending
+        ready = np.flatnonzero(pend["t"] < self.horizon) if pend is not None else np.zeros(0, np.int64)
+        take = ready[np.argsort(pend["t"][ready], kind="stable")[:m]] if m else ready[:0]
+        if pend is not None:
+            rest = np.ones(len(pend["t"]), dtype=bool)
+            rest[take] = False
+            chunk = {k: v[take] for k, v in pend.items()}
+            self.pending = {k: v[rest] for k, v in pend.items()}
+        else:
+            chunk = {k: np.zeros(0) for k in ("class_id", "prompt", "output", "acceptance", "session", "nblocks",
+                                              "sys_full", "sys_base", "own_base")}
+        self.emitted += m
+        runs = np.stack([chunk["sys_full"], chunk["sys_base"], chunk["own_base"]], axis=1).astype(np.int64)
+        return Requests(
+            arrival_s=self._arrivals(m) if m else np.zeros(0),
+            class_id=chunk["class_id"].astype(np.int32),
+            prompt_tokens=chunk["prompt"].astype(np.int64),
+            output_tokens=chunk["output"].astype(np.int64),
+            acceptance=chunk["acceptance"].astype(np.float64),
+            block_ptr=np.concatenate([[0], np.cumsum(chunk["nblocks"])]).astype(np.int64),
+            block_runs=runs.reshape(-1, 3),
+            block_tokens=self.block,
+            session_id=chunk["session"].astype(np.int64),
+            class_names=self.classes,
+        )
 
 
 #: Added to ``Requests.source`` when a replayed trace carries no prefix hashes (Azure, BurstGPT).
