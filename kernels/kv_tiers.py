@@ -265,11 +265,103 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
         _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, _workspace(n_instances * span),
                      np.empty(lists, np.int32), np.empty(lists, np.int32), np.empty(lists, np.int64), span, longest)
         return
-    if rows >= 2**31:
-        raise ValueError("the caches' capacities need 2**31 rows or more")
-    _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_hits, _workspace(rows),
-                         np.empty(lists, np.int32), np.empty(lists, np.int32), np.empty(lists, np.int64), span,
-                         longest, np.empty(rows, np.int64), np.empty(slots, np.int32))
+    caches = RunCaches(capacity_blocks, n_instances, span, longest)
+    caches.replay(block_ptr, block_runs, instance, out_hits)
+
+
+class RunCaches:
+    """The bounded caches of :func:`lookup_tiers_runs` as state kept from one call to the next: a stream of
+    requests replayed chunk by chunk reuses exactly what it would reuse in one call.
+
+    Parameters
+    ----------
+    capacity_blocks : int64[T]
+        One instance's capacity per tier, blocks (first tier > 0).
+    n_instances, span : int
+        Instances, and the block ids' range ``[0, span)`` (any size: keys are hashed).
+    longest : int
+        The most blocks one request may have.
+    rows : int
+        Rows to start with (more are added as blocks arrive; a replay of the same requests again can start with
+        what the first one ended with).
+
+    Examples
+    --------
+    >>> caches = RunCaches(np.array([8, 0, 0]), 1, 1 << 40, 4)
+    >>> hits = np.zeros((1, 3), np.int64)
+    >>> caches.replay(np.array([0, 3]), np.array([[2, 0, 10]]), np.zeros(1, np.int32), hits)
+    >>> caches.replay(np.array([0, 3]), np.array([[2, 0, 20]]), np.zeros(1, np.int32), hits)
+    >>> hits[0].tolist()  # the second request (its own call) reuses the shared blocks 0 and 1
+    [2, 0, 0]
+    """
+
+    def __init__(self, capacity_blocks, n_instances: int, span: int, longest: int, rows: int = 0):
+        self.capacity_blocks = np.ascontiguousarray(capacity_blocks, dtype=np.int64)
+        self.n_instances, self.span, self.longest = int(n_instances), int(span), int(longest)
+        if not 0 <= self.n_instances * self.span < 2**62:
+            raise ValueError("n_instances x span must be in [0, 2**62)")
+        lists = self.capacity_blocks.shape[0] * self.n_instances
+        self.max_rows = 2 * self.n_instances * int(self.capacity_blocks.sum()) + self.longest + 1024
+        if self.max_rows >= 2**31:
+            raise ValueError("the caches' capacities need 2**31 rows or more")
+        # Rows grow (doubling) with the blocks seen, up to max_rows; from there dropped blocks' rows are reclaimed.
+        rows = min(self.max_rows, max(INITIAL_ROWS, 2 * self.longest, int(rows)))
+        self.state = _workspace(rows)
+        self.head, self.tail = np.empty(lists, np.int32), np.empty(lists, np.int32)
+        self.count = np.empty(lists, np.int64)
+        self.row_key, self.table = np.empty(rows, np.int64), np.empty(_slots(rows), np.int32)
+        self.free = np.empty(rows, np.int32)
+        self.n_free = np.full(1, -1, np.int64)  # -1: not yet reset
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the state."""
+        return sum(a.nbytes for a in (self.state, self.head, self.tail, self.count, self.row_key, self.table,
+                                      self.free))
+
+    def replay(self, block_ptr, block_runs, instance, out_hits) -> None:
+        """Replay requests (arguments as :func:`lookup_tiers_runs`, each at most ``longest`` blocks) after those of
+        the earlier calls, writing their hits."""
+        block_ptr = np.ascontiguousarray(block_ptr, dtype=np.int64)
+        if block_ptr.shape[0] > 1 and int(np.diff(block_ptr).max()) > self.longest:
+            raise ValueError(f"a request has more than longest = {self.longest} blocks")
+        block_runs = np.ascontiguousarray(block_runs, dtype=np.int64)
+        instance = np.ascontiguousarray(instance, dtype=np.int32)
+        start = 0
+        while start >= 0:
+            start = _replay_runs_bounded(block_ptr, block_runs, instance, self.capacity_blocks, out_hits, self.state,
+                                         self.head, self.tail, self.count, self.span, self.longest, self.row_key,
+                                         self.table, self.free, self.n_free, start,
+                                         self.state.shape[0] < self.max_rows)
+            if start >= 0:
+                self._grow()
+
+    def _grow(self) -> None:
+        """Twice the rows (at most ``max_rows``): the new ones free, the table rebuilt at its new size."""
+        rows = self.state.shape[0]
+        new = min(2 * rows, self.max_rows)
+        state = _workspace(new)
+        state[:rows] = self.state
+        row_key = np.full(new, -1, np.int64)
+        row_key[:rows] = self.row_key
+        free = np.empty(new, np.int32)
+        n_free = int(self.n_free[0])
+        free[:n_free] = self.free[:n_free]
+        free[n_free:n_free + new - rows] = np.arange(new - 1, rows - 1, -1, dtype=np.int32)
+        self.n_free[0] = n_free + new - rows
+        table = np.empty(_slots(new), np.int32)
+        shift = 64 - (table.shape[0].bit_length() - 1)
+        _rehash(row_key, table, shift)
+        self.state, self.row_key, self.free, self.table = state, row_key, free, table
+
+
+#: Rows a :class:`RunCaches` starts with.
+INITIAL_ROWS = 1 << 16
+
+
+def _slots(rows: int) -> int:
+    """Hash table slots for ``rows`` rows: a power of two, at most half full."""
+    return 1 << max(int(2 * rows - 1).bit_length(), 4)
 
 
 @kernel
@@ -300,28 +392,35 @@ def _slot_of(key, shift):
 
 @kernel
 def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_hits, state, head, tail, count, span,
-                         longest, row_key, table):
+                         longest, row_key, table, free, n_free_io, start, may_grow):
     """:func:`_replay_runs` with a row per key only while its block is cached: ``table`` (linear probing, -1 =
-    empty) maps a key to its row, ``row_key`` a row to its key (-1: free). Before a request, if fewer rows are
-    free than it has blocks, every row whose block was dropped goes back to the free list and leaves the table
-    (backward-shift deletion keeps every probe chain unbroken)."""
+    empty) maps a key to its row, ``row_key`` a row to its key (-1: free), ``free[:n_free_io[0]]`` is a stack of
+    free rows. Before a request, if fewer rows are free than it has blocks, every row whose block was dropped goes
+    back to the free stack and leaves the table (backward-shift deletion keeps every probe chain unbroken). The
+    state carries over from call to call; ``n_free_io[0] < 0`` resets it first. Requests from ``start`` on; with
+    ``may_grow``, instead of reclaiming, it stops before the request that needs more rows and returns its index
+    (more rows, then the call again from there), else returns -1 once every request is replayed."""
     next_tier = next_tiers(capacity_blocks)
-    reset_caches(state, head, tail, count)
     mask = table.shape[0] - 1
     shift = 64
     while (1 << (64 - shift)) < table.shape[0]:
         shift -= 1
-    table[:] = -1
-    row_key[:] = -1
     n_rows = state.shape[0]
-    free = np.empty(n_rows, np.int32)  # a stack of free rows
-    for i in range(n_rows):
-        free[i] = n_rows - 1 - i
-    n_free = n_rows
+    if n_free_io[0] < 0:
+        reset_caches(state, head, tail, count)
+        table[:] = -1
+        row_key[:] = -1
+        for i in range(n_rows):
+            free[i] = n_rows - 1 - i
+        n_free_io[0] = n_rows
+    n_free = n_free_io[0]
     rows = np.empty(max(longest, 1), np.int64)
-    for r in range(instance.shape[0]):
+    for r in range(start, instance.shape[0]):
         m = block_ptr[r + 1] - block_ptr[r]
         inst = instance[r]
+        if n_free < m and may_grow:
+            n_free_io[0] = n_free
+            return r
         if n_free < m:  # reclaim the rows of dropped blocks
             for i in range(n_rows):
                 if row_key[i] >= 0 and state[i, _TIER] == _ABSENT:
@@ -358,6 +457,22 @@ def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_h
                 state[row, _TIER] = _ABSENT
             rows[k] = table[slot]
         admit_blocks(state, head, tail, count, capacity_blocks, next_tier, rows, 0, m, 0, inst, out_hits, r)
+    n_free_io[0] = n_free
+    return -1
+
+
+@kernel
+def _rehash(row_key, table, shift):
+    """Every row whose key is set (``row_key >= 0``) into an empty ``table`` (linear probing, as
+    :func:`_replay_runs_bounded` finds them)."""
+    mask = table.shape[0] - 1
+    table[:] = -1
+    for i in range(row_key.shape[0]):
+        if row_key[i] >= 0:
+            slot = _slot_of(row_key[i], shift)
+            while table[slot] >= 0:
+                slot = (slot + 1) & mask
+            table[slot] = i
 
 
 @kernel(inline="always")
