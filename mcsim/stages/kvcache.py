@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mcsim.kernels.kv_tiers import lookup_tiers, lookup_tiers_runs, run_id_range
+from mcsim.kernels.kv_tiers import RunCaches, lookup_tiers, lookup_tiers_runs, run_id_range
 from mcsim.scenario.schema import TIER_SCOPES
 from mcsim.stages import steady_state as steady
 
@@ -378,7 +378,13 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
             keys, n_keys = _dense_keys(requests.block_ids, instance, counts, caches)
             lookup_tiers(requests.block_ptr, keys, serving, caches, n_keys, capacity, hits)
     instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
-    cached = hits  # reused tokens, in place of the blocks (one array per request and tier, not two)
+    return CacheResult(cached_tokens=_reused_tokens(hits, requests), instance=instance, capacity_blocks=capacity)
+
+
+def _reused_tokens(hits: np.ndarray, requests) -> np.ndarray:
+    """Reused tokens per request and tier from the blocks hit, in place (one array per request and tier, not
+    two)."""
+    cached = hits
     cached *= requests.block_tokens
     # A fully cached prompt still computes its last token (the first output needs one forward position).
     excess = np.maximum(cached.sum(axis=1) - (requests.prompt_tokens - 1), 0)
@@ -386,7 +392,71 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
         take = np.minimum(excess, cached[:, tier])
         cached[:, tier] -= take
         excess -= take
-    return CacheResult(cached_tokens=cached, instance=instance, capacity_blocks=capacity)
+    return cached
+
+
+class CacheStream:
+    """The cache stage over a sample's requests chunk by chunk (:class:`mcsim.stages.workload.RequestStream`):
+    :func:`cache_hits` of the chunks joined, with the caches (bounded rows, :class:`~mcsim.kernels.kv_tiers.
+    RunCaches`), the routing stream and the round-robin position carried from chunk to chunk.
+
+    Built by :meth:`of`, which returns None where the replay needs every request at once: cache-aware routing over
+    several caches, pooled tiers behind the instances' own, or requests without block runs (a trace's).
+    """
+
+    def __init__(self, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int, rows: int = 0):
+        self.inputs, self.rng, self.block_tokens = inputs, rng, int(block_tokens)
+        capacity = np.asarray(inputs.capacity_blocks, dtype=np.int64).copy()
+        self.tiers = len(capacity)
+        self.policy = inputs.routing
+        self.n_instances = inputs.caches
+        caches = inputs.caches
+        if self.policy == "pooled":
+            capacity = capacity * caches
+            caches = 1
+        self.caches = caches
+        self.offset = 0  # requests routed so far (round-robin's position)
+        self.runs = None if capacity[0] == 0 else RunCaches(capacity, caches, 1 << 40, longest_blocks, rows)
+
+    @staticmethod
+    def streams(inputs: "Inputs") -> bool:
+        """Whether the cache stage of ``inputs`` can run chunk by chunk."""
+        return not (inputs.capacity_blocks[0] > 0 and (inputs.pooled_tiers > 0 or
+                                                       (inputs.routing == "cache-aware" and inputs.caches > 1)))
+
+    @classmethod
+    def of(cls, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int,
+           rows: int = 0) -> "CacheStream | None":
+        """The stream of ``inputs`` (its caches starting with ``rows`` rows, see
+        :class:`~mcsim.kernels.kv_tiers.RunCaches`), or None where the cache stage needs the whole sample."""
+        return cls(inputs, rng, longest_blocks, block_tokens, rows) if cls.streams(inputs) else None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.runs is None else self.runs.nbytes
+
+    @property
+    def rows(self) -> int:
+        """The caches' rows now."""
+        return 0 if self.runs is None else self.runs.state.shape[0]
+
+    def cached_tokens(self, requests) -> np.ndarray:
+        """Reused prompt tokens per request and tier of the next chunk (``requests``, with block runs)."""
+        n = requests.n
+        hits = np.zeros((n, self.tiers), dtype=np.int64)
+        if self.runs is None or n == 0:
+            return hits
+        if requests.block_runs is None:
+            raise ValueError("a streamed cache stage reads the generator's block runs")
+        if self.policy == "round-robin" and self.n_instances > 1:
+            instance = ((self.offset + np.arange(n)) % self.n_instances).astype(np.int32)
+        else:
+            instance = route(self.policy, requests.block_ptr, requests.block_ids if self.policy == "prefix-affinity"
+                             else np.zeros(0, np.int64), self.n_instances, self.rng)
+        self.offset += n
+        serving = instance if self.caches > 1 else np.zeros(n, np.int32)
+        self.runs.replay(requests.block_ptr, requests.block_runs, serving, hits)
+        return _reused_tokens(hits, requests)
 
 
 def warmup_requests(n: int, warmup_fraction: float) -> int:
@@ -416,11 +486,52 @@ def steady_state(cached_tokens: np.ndarray, prompt_tokens: np.ndarray, warmup_fr
     cached = np.asarray(cached_tokens)
     cached = cached.sum(axis=1) if cached.ndim == 2 else cached
     n = len(prompt_tokens)
+    windows = steady_windows(n, warmup_fraction)
+    if windows is None:
+        return steady.not_checked(n)
+    return steady.check(cached.astype(np.float64), np.asarray(prompt_tokens, dtype=np.float64), windows, tolerance)
+
+
+def steady_windows(n: int, warmup_fraction: float):
+    """The four request windows :func:`steady_state` compares in a run of ``n``, or None when too few are
+    measured."""
     half = n // 2
     warm, warm_half = warmup_requests(n, warmup_fraction), warmup_requests(max(half, 1), warmup_fraction)
     if n - warm < steady.MIN_MEASURED:
-        return steady.not_checked(n)
+        return None
     windows = [*steady.quarter_bounds(n, warm)]
     # A run half as long: the same requests (the cache's state after request i depends on requests 0..i only).
     windows += [*steady.quarter_bounds(half, warm_half)] if half - warm_half >= steady.MIN_MEASURED else [(0, 0)] * 2
-    return steady.check(cached.astype(np.float64), np.asarray(prompt_tokens, dtype=np.float64), windows, tolerance)
+    return windows
+
+
+class SteadyStream:
+    """:func:`steady_state` over a sample's requests chunk by chunk: the windows' token sums, added as the chunks
+    pass (integers, so the verdict is the one of the whole arrays)."""
+
+    def __init__(self, n: int, warmup_fraction: float, tolerance: float):
+        self.n, self.tolerance = int(n), float(tolerance)
+        self.windows = steady_windows(self.n, warmup_fraction)
+        self.cached = np.zeros(4, np.int64)
+        self.prompt = np.zeros(4, np.int64)
+        self.at = 0
+
+    def add(self, cached_tokens: np.ndarray, prompt_tokens: np.ndarray) -> None:
+        """The next chunk's reused tokens (per tier) and prompt tokens."""
+        lo, hi = self.at, self.at + len(prompt_tokens)
+        self.at = hi
+        if self.windows is None:
+            return
+        cached = cached_tokens.sum(axis=1)
+        for w, (start, stop) in enumerate(self.windows):
+            a, b = max(start, lo) - lo, min(stop, hi) - lo
+            if a < b:
+                self.cached[w] += int(cached[a:b].sum())
+                self.prompt[w] += int(prompt_tokens[a:b].sum())
+
+    def result(self):
+        if self.windows is None:
+            return steady.not_checked(self.n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratios = np.where(self.prompt > 0, self.cached / np.maximum(self.prompt, 1), np.nan)
+        return steady.verdict(ratios, self.n, self.tolerance)

@@ -91,8 +91,12 @@ def check(numerator: np.ndarray, denominator: np.ndarray, windows, tolerance: fl
     stops = np.array([w[1] for w in windows], dtype=np.int64)
     ratios = np.empty(len(windows))
     window_ratios(numerator, denominator, starts, stops, ratios)
+    return verdict(ratios, len(numerator), tolerance)
+
+
+def verdict(ratios, n: int, tolerance: float) -> SteadyState:
+    """The check of :func:`check` from the four windows' ratios (NaN for an empty window) of a run of ``n``."""
     drift, half_drift = float(ratios[1] - ratios[0]), float(ratios[3] - ratios[2])
-    n = len(numerator)
     return SteadyState(drift, half_drift, not abs(drift) > tolerance, extrapolate(n, drift, half_drift, tolerance))
 
 
