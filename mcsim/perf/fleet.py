@@ -48,6 +48,7 @@ from mcsim.perf.params import Params
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
 from mcsim.stages.kvcache import restore_rates, steady_state, tiers_of, warmup_requests
+from mcsim.stages.sketch import QuantileSketch
 
 #: Figures that describe a deployment that ran; NaN when it could not.
 PERFORMANCE_OUTPUTS = (
@@ -235,20 +236,148 @@ def infeasible(reason: str, b_mem: float, tpp: float, classes: tuple = ("chat",)
     return out
 
 
-def cache_figures(prompt, cached_tokens, kv_bytes_per_token: float) -> dict:
+@dataclass(frozen=True)
+class RequestSums:
+    """Integer totals over some requests: what stage 5 reads of them besides each request's latency inputs. Sums of
+    chunks add up (``a + b``) to the sums of the chunks joined, exactly.
+
+    Attributes
+    ----------
+    n : int
+    prompt, output, passes : int
+        Prompt tokens, output tokens and decode passes (output tokens without speculative decoding).
+    cached : int64[tiers]
+        Prompt tokens reused from each tier.
+    """
+
+    n: int
+    prompt: int
+    output: int
+    passes: int
+    cached: tuple
+
+    @classmethod
+    def of(cls, prompt, cached_tokens, passes, output) -> "RequestSums":
+        return cls(len(prompt), int(np.sum(prompt)), int(np.sum(output)), int(np.sum(passes)),
+                   tuple(int(c) for c in np.asarray(cached_tokens).sum(axis=0)))
+
+    def __add__(self, other: "RequestSums") -> "RequestSums":
+        return RequestSums(self.n + other.n, self.prompt + other.prompt, self.output + other.output,
+                           self.passes + other.passes, tuple(a + b for a, b in zip(self.cached, other.cached)))
+
+    @property
+    def hit(self) -> int:
+        return sum(self.cached)
+
+    @property
+    def miss(self) -> int:
+        return self.prompt - self.hit
+
+
+def cache_figures(sums: RequestSums, kv_bytes_per_token: float) -> dict:
     """The cache's figures over some requests: hit rates (all tiers and per tier), restored GB per request."""
-    cached = cached_tokens.sum(axis=1)
-    total_in = float(np.sum(prompt))
-    restore_bytes = cached_tokens[:, 1:] * kv_bytes_per_token  # every tier after the first
-    return {"cache_hit_rate": float(cached.sum()) / total_in,
-            "cache_hit_rate_by_tier": cached_tokens.sum(axis=0) / total_in,
-            "restore_gb_per_request_by_tier": np.concatenate([[0.0], restore_bytes.sum(axis=0) / len(prompt) / 1e9])}
+    total_in = float(sums.prompt)
+    cached = np.array(sums.cached, dtype=float)
+    return {"cache_hit_rate": float(sums.hit) / total_in,
+            "cache_hit_rate_by_tier": cached / total_in,
+            "restore_gb_per_request_by_tier": np.concatenate([[0.0], cached[1:] * kv_bytes_per_token / sums.n / 1e9])}
 
 
-def token_totals(prompt, cached_tokens) -> tuple[float, float]:
-    """(reused, computed) prompt tokens over some requests: the hit and miss totals economics prices."""
-    cached = cached_tokens.sum(axis=1)
-    return float(cached.sum()), float((prompt - cached).sum())
+class Latencies:
+    """Per-request latencies of the measured requests, chunk by chunk, into the figures stage 5 reports.
+
+    Exact (``sketch=False``): the chunks are kept and the quantiles are NumPy's. Sketched: each figure goes into a
+    :class:`~mcsim.stages.sketch.QuantileSketch` (overall and per class) and the chunks are dropped, so memory does
+    not grow with the requests; every quantile is then within the sketch's ``alpha`` (0.5 %) of the exact one of
+    the same requests by the rank rule of ``np.quantile(..., method="inverted_cdf")``. Counts (SLO attainment) are
+    exact either way.
+    """
+
+    NAMES = ("ttft", "tpot", "e2e", "queue")
+
+    def __init__(self, classes: tuple, slo_quantile: float, sketch: bool):
+        self.classes, self.slo_quantile, self.sketch = tuple(classes), float(slo_quantile), bool(sketch)
+        self.parts: list = []
+        k = len(self.classes)
+        self.within = np.zeros(k, np.int64)
+        self.count = np.zeros(k, np.int64)
+        if sketch:
+            self.all = {name: QuantileSketch() for name in self.NAMES}
+            self.per_class = {name: [QuantileSketch() for _ in range(k)] for name in ("ttft", "tpot")}
+
+    def add(self, ttft, tpot, e2e, queue, within, class_id) -> None:
+        class_id = np.asarray(class_id)
+        k = len(self.classes)
+        self.within += np.bincount(class_id[within], minlength=k)[:k]
+        self.count += np.bincount(class_id, minlength=k)[:k]
+        if not self.sketch:
+            self.parts.append((ttft, tpot, e2e, queue, class_id))
+            return
+        for name, values in zip(self.NAMES, (ttft, tpot, e2e, queue)):
+            self.all[name].add(_finite(values))
+        for c in range(k):
+            mine = class_id == c
+            self.per_class["ttft"][c].add(_finite(ttft), mask=mine)
+            self.per_class["tpot"][c].add(_finite(tpot), mask=mine)
+
+    def figures(self) -> dict:
+        k = len(self.classes)
+        attained = np.where(self.count > 0, self.within / np.maximum(self.count, 1), np.nan)
+        total = int(self.count.sum())
+        out = {"slo_attainment": float(self.within.sum()) / total if total else math.nan,
+               "slo_attainment_by_class": attained}
+        slo_q = self.slo_quantile
+        if self.sketch:
+            for name, key in zip(self.NAMES, ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s")):
+                out[key] = self.all[name].quantiles(list(QUANTILES))
+            out["ttft_at_slo_quantile_s"] = float(self.all["ttft"].quantiles(slo_q))
+            out["tpot_at_slo_quantile_s"] = float(self.all["tpot"].quantiles(slo_q))
+            for name in ("ttft", "tpot"):
+                out[f"{name}_s_by_class"] = np.array([s.quantiles(list(QUANTILES)) for s in self.per_class[name]])
+            return out
+        ttft, tpot, e2e, queue, class_id = (np.concatenate(a) for a in zip(*self.parts))
+        out.update({"ttft_s": _quantiles(ttft), "tpot_s": _quantiles(tpot), "e2e_s": _quantiles(e2e),
+                    "queue_wait_s": _quantiles(queue), "ttft_at_slo_quantile_s": _quantile(ttft, slo_q),
+                    "tpot_at_slo_quantile_s": _quantile(tpot, slo_q)})
+        ttft_q, tpot_q = np.full((k, len(QUANTILES)), np.nan), np.full((k, len(QUANTILES)), np.nan)
+        for c in range(k):
+            mine = class_id == c
+            if mine.any():
+                ttft_q[c], tpot_q[c] = _quantiles(ttft[mine]), _quantiles(tpot[mine])
+        out.update(ttft_s_by_class=ttft_q, tpot_s_by_class=tpot_q)
+        return out
+
+
+def _finite(values) -> np.ndarray:
+    """The values with every non-finite one as NaN (what a sketch skips; the exact quantiles drop them too)."""
+    values = np.asarray(values, dtype=float)
+    return np.where(np.isfinite(values), values, np.nan)
+
+
+@dataclass
+class MeasuredStream:
+    """A sample's measured requests as a stream (stage 5 of a streamed sample): their totals, and the chunks again.
+
+    Attributes
+    ----------
+    sums : RequestSums
+        Over every measured request.
+    duration_s : float
+        The measured window (:attr:`mcsim.stages.workload.Requests.duration_s` of them all).
+    class_names : tuple of str
+    chunks : callable
+        ``chunks()`` yields ``(requests, cached_tokens, passes)`` of consecutive chunks of the measured requests,
+        from the first (``passes`` None without speculative decoding).
+    window : tuple
+        ``(requests, cached_tokens, passes)`` of the first measured requests, at most a chunk of them: what the
+        batching simulator replays (``performance.batching_requests`` of them, or all of the window).
+    """
+
+    sums: RequestSums
+    duration_s: float
+    class_names: tuple
+    chunks: object
+    window: tuple
 
 
 def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model, rng,
@@ -260,8 +389,9 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     ----------
     inputs : Inputs
         The sample's parameters that stage 5 reads.
-    requests : mcsim.stages.workload.Requests
-        The measured requests (after warm-up).
+    requests : mcsim.stages.workload.Requests or MeasuredStream
+        The measured requests (after warm-up), or their stream (:func:`streams`): then ``cached_tokens`` and
+        ``passes`` are None and the fleet runs without the batching simulator.
     cached_tokens : int64[n, tiers]
         Reused prompt tokens per tier (zeros when the cache is off).
     passes : int64[n] or None
@@ -287,16 +417,24 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     -------
     Performance
     """
-    out_tokens = requests.output_tokens
-    prompt = requests.prompt_tokens
-    n = requests.n
+    streamed = isinstance(requests, MeasuredStream)
+    if streamed:
+        sums = requests.sums
+        out_tokens = prompt = passes_r = miss = None
+    else:
+        out_tokens = requests.output_tokens
+        prompt = requests.prompt_tokens
+        passes_r = out_tokens if passes is None else passes
+        sums = RequestSums.of(prompt, cached_tokens, passes_r, out_tokens)
+        miss = prompt - cached_tokens.sum(axis=1)
+    n = sums.n
     duration = requests.duration_s
-    total_out = float(out_tokens.sum())
-    total_in = float(prompt.sum())
+    block_tokens = requests.window[0].block_tokens if streamed else requests.block_tokens
+    total_out = float(sums.output)
+    total_in = float(sums.prompt)
     kvb = inputs.kv_bytes_per_token
     disagg = inputs.disaggregated
     g, gp = model.decode_gpus, model.prefill_gpus
-    passes_r = out_tokens if passes is None else passes
     tpp = model.tokens_per_pass
     mode = inputs.fleet
 
@@ -304,14 +442,12 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     if message:  # a value drawn from a distribution (plain values are checked when the scenario loads)
         raise RunLimitError(f"deployment.fleet_simulation: a drawn value: {message}")
     replicas = inputs.fleet_simulation == "replicas"
-    miss = prompt - cached_tokens.sum(axis=1)
-    restore_bytes = cached_tokens[:, 1:] * kvb  # every tier after the first (its blocks are used in place)
     stage = {
-        **cache_figures(prompt, cached_tokens, kvb),
+        **cache_figures(sums, kvb),
         "kv_bytes_per_token": kvb, "requests": n, "mean_input_tokens": total_in / n,
         "mean_output_tokens": total_out / n, "trace_duration_s": duration,
     }
-    hit_tokens, miss_tokens = token_totals(prompt, cached_tokens)
+    hit_tokens, miss_tokens = float(sums.hit), float(sums.miss)
 
     def cannot_run(why: str) -> Performance:
         return Performance(MappingProxyType({**infeasible(why, b_mem, tpp, requests.class_names), **stage}),
@@ -333,6 +469,8 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     b_cap = max(min(hi, largest(lambda b: model.pass_s(b) / tpp <= target, 1.0, hi)), 1.0)
     policy = policy_for(inputs.batching, inputs.scheduler)
     # The policy's analytic decode-slot model (used with the simulator too: it sets the operating throughput).
+    if policy.analytic == "static-slots" and streamed:
+        raise ValueError("static batching's slot model reads every output length: it does not stream")
     slot_util = static_slot_utilization(out_tokens, round(b_cap)) if policy.analytic == "static-slots" else 1.0
 
     def throughput(b):  # useful decode tokens/s per GPU at batch b
@@ -346,13 +484,13 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
                           nvme_gb_s_per_node=inputs.nvme_gb_s_per_node, hbm_tb_s=hw.hbm_tb_s,
                           scale_out_gb_s=hw.scale_out_gb_s)[1:]
 
-    def prefill_work(miss_tokens, restored_bytes):  # GPU-seconds of prefill: compute and restores
-        work = float(miss_tokens.sum()) / x_prefill
+    def prefill_work(s: RequestSums):  # GPU-seconds of prefill: compute and restores
+        work = float(s.miss) / x_prefill
         for t, rate in enumerate(rates):
-            work += float(restored_bytes[:, t].sum()) / rate.gpu_bytes_s
+            work += s.cached[t + 1] * kvb / rate.gpu_bytes_s
         return work
 
-    prefill_gpu_s = prefill_work(miss, restore_bytes)
+    prefill_gpu_s = prefill_work(sums)
     demand = total_out / duration  # decode tokens/s
     prefill_load = prefill_gpu_s / duration  # GPUs' worth of prefill work
     # Instances that the load needs at the batch cap, at 100 % busy: fewer cannot keep up.
@@ -363,15 +501,18 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     prefill_min = (inputs.prefill_instances or inputs.instances) if disagg else 0
 
     # -- latency inputs -----------------------------------------------------------------------------------------
-    restore_s = np.zeros(n)
-    for t, rate in enumerate(rates):  # each tier's bytes at its bandwidth, and its latency when it restores any
-        restore_s = restore_s + restore_bytes[:, t] / rate.instance_bytes_s
-        if rate.latency_s > 0:
-            restore_s = restore_s + rate.latency_s * (cached_tokens[:, t + 1] > 0)
-    transfer_s = prompt * kvb / (hw.scale_out_gb_s * 1e9 * gp) \
-        + inputs.kv_transfer_latency_s if disagg else np.zeros(n)
-    host_first = inputs.request_overhead_s + inputs.tokenize_s_per_token * float(prompt.mean())
-    host_last = inputs.detokenize_s_per_token * float(out_tokens.mean())
+    def restore_and_transfer(prompt, cached_tokens):  # seconds per request: restores, and the KV's hand-off
+        restore_s = np.zeros(len(prompt))
+        for t, rate in enumerate(rates):  # each tier's bytes at its bandwidth, and its latency when it restores any
+            restore_s = restore_s + cached_tokens[:, t + 1] * kvb / rate.instance_bytes_s
+            if rate.latency_s > 0:
+                restore_s = restore_s + rate.latency_s * (cached_tokens[:, t + 1] > 0)
+        transfer_s = prompt * kvb / (hw.scale_out_gb_s * 1e9 * gp) \
+            + inputs.kv_transfer_latency_s if disagg else np.zeros(len(prompt))
+        return restore_s, transfer_s
+
+    host_first = inputs.request_overhead_s + inputs.tokenize_s_per_token * (total_in / n)
+    host_last = inputs.detokenize_s_per_token * (total_out / n)
     stream = inputs.stream_interval_tokens - 1
     slo_q = inputs.slo_quantile
     ttft_target = inputs.ttft_target_s
@@ -382,6 +523,8 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         return ttft + host_first + stream * np.nan_to_num(tpot), e2e + host_first + host_last
 
     simulate = inputs.simulate_batching or mode in ("fixed", "slo") or replicas
+    if simulate and streamed and replicas:
+        raise ValueError("the replicas replay every request: a streamed sample runs without them")
     sim = None
     if simulate:
         max_seqs = max(int(round(b_cap * g)), 1)
@@ -395,8 +538,12 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
             workload = prepare_stream(inputs.simulator, all_requests, warm, passes_r, capacity_blocks, per_token,
                                       *transfer, rng, restore_latency_s=latency, pooled_tiers=pooled_tiers)
         else:
-            workload = prepare(inputs.simulator, requests, miss, restore_s, transfer_s, passes_r, max_seqs, rng)
-        mean_blocks = math.ceil(model.decode_context / requests.block_tokens)
+            replayed, cached_r, passes_w = requests.window if streamed else (requests, cached_tokens, passes_r)
+            passes_w = replayed.output_tokens if passes_w is None else passes_w
+            restore_s, transfer_s = restore_and_transfer(replayed.prompt_tokens, cached_r)
+            workload = prepare(inputs.simulator, replayed, replayed.prompt_tokens - cached_r.sum(axis=1), restore_s,
+                               transfer_s, passes_w, max_seqs, rng)
+        mean_blocks = math.ceil(model.decode_context / block_tokens)
         sim = PoolSimulator(inputs.simulator, model, workload, max_seqs, int(max(b_mem, 1.0) * g * mean_blocks))
 
     def meets(lat, check_ttft=True, check_tpot=True) -> bool:
@@ -440,10 +587,10 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         if replicas:  # the cache figures and prefill work of the run's own caches
             every = lat["cached_tokens"]
             measured_cached = every[workload.measured_from:]
-            stage.update(cache_figures(prompt, measured_cached, kvb))
-            hit_tokens, miss_tokens = token_totals(prompt, measured_cached)
-            miss = prompt - measured_cached.sum(axis=1)
-            prefill_gpu_s = prefill_work(miss, measured_cached[:, 1:] * kvb)
+            replica_sums = RequestSums.of(prompt, measured_cached, passes_r, out_tokens)
+            stage.update(cache_figures(replica_sums, kvb))
+            hit_tokens, miss_tokens = float(replica_sums.hit), float(replica_sums.miss)
+            prefill_gpu_s = prefill_work(replica_sums)
             prefill_load = prefill_gpu_s / duration
             if all_requests is not requests:
                 cache_steady = steady_state(every, all_requests.prompt_tokens, inputs.warmup_fraction,
@@ -468,25 +615,35 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         busy = min((decode_gpu_s + prefill_gpu_s) / (gpus * duration), 1.0)
 
     pass_s = model.pass_s(b_op)
-    multi = out_tokens > 1  # TPOT is undefined for a one-token output
+    latencies = Latencies(requests.class_names, slo_q, sketch=streamed and not simulate)
+
+    def add_latencies(ttft, tpot, e2e, queue, class_id):
+        ttft, e2e = with_host(ttft, tpot, e2e)
+        within = np.ones(len(ttft), dtype=bool)
+        if ttft_target > 0:
+            within &= ttft <= ttft_target
+        within &= ~(tpot > target)  # NaN (one-token outputs) never breaks it
+        latencies.add(ttft, tpot, e2e, queue, within, class_id)
+
+    def service_times(chunk, cached, passes_c):  # the analytic latencies (no queueing) of some requests
+        out = chunk.output_tokens
+        passes_c = out if passes_c is None else passes_c
+        multi = out > 1  # TPOT is undefined for a one-token output
+        restore_s, transfer_s = restore_and_transfer(chunk.prompt_tokens, cached)
+        tpot = np.where(multi, pass_s * passes_c / out, np.nan)
+        ttft = (chunk.prompt_tokens - cached.sum(axis=1)) / (x_prefill * gp) + restore_s + pass_s + transfer_s
+        e2e = ttft + np.where(multi, tpot * (out - 1), 0.0)
+        add_latencies(ttft, tpot, e2e, np.zeros(len(out)), chunk.class_id)
+
     if simulate:
-        ttft, tpot, e2e, queue = lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"]
-        class_id = lat["class_id"]
+        add_latencies(lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"], lat["class_id"])
         saturated, little = lat["saturated"], lat["little_law_ratio"]
         steps_kept = lat["step_log"]
     else:
-        tpot = np.where(multi, pass_s * passes_r / out_tokens, np.nan)
-        ttft = miss / (x_prefill * gp) + restore_s + pass_s + transfer_s
-        e2e = ttft + np.where(multi, tpot * (out_tokens - 1), 0.0)
-        queue = np.zeros(n)
-        class_id = requests.class_id
+        for chunk, cached, passes_c in (requests.chunks() if streamed else [(requests, cached_tokens, passes)]):
+            service_times(chunk, cached, passes_c)
         saturated, little = 0, math.nan
-    ttft, e2e = with_host(ttft, tpot, e2e)
-    within = np.ones(len(ttft), dtype=bool)
-    if ttft_target > 0:
-        within &= ttft <= ttft_target
-    within &= ~(tpot > target)  # NaN (one-token outputs) never breaks it
-    concurrency = (n / duration) * float((pass_s * passes_r).mean()) / max(available, 1e-9)
+    concurrency = (n / duration) * (pass_s * sums.passes / n) / max(available, 1e-9)
 
     metrics = {
         **stage,
@@ -498,14 +655,7 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         "max_batch_by_memory": b_mem,
         "spec_tokens_per_pass": tpp / model.pass_overhead(b_op),
         "spec_raw_tokens_per_pass": tpp,
-        "ttft_s": _quantiles(ttft),
-        "tpot_s": _quantiles(tpot),
-        "e2e_s": _quantiles(e2e),
-        "queue_wait_s": _quantiles(queue),
-        "ttft_at_slo_quantile_s": _quantile(ttft, slo_q),
-        "tpot_at_slo_quantile_s": _quantile(tpot, slo_q),
-        "slo_attainment": float(within.mean()) if len(within) else math.nan,
-        **by_class(ttft, tpot, within, class_id, requests.class_names),
+        **latencies.figures(),
         "saturated": int(saturated),
         "little_law_ratio": little,
         "gpus": gpus,
@@ -525,19 +675,6 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
                        output_tokens=total_out, step_log=steps_kept,
                        batching_steady_state=lat["steady_state"] if simulate else None,
                        cache_steady_state=cache_steady)
-
-
-def by_class(ttft, tpot, within, class_id, classes) -> dict:
-    """Per-request TTFT and TPOT quantiles and SLO attainment of each workload class (NaN for an empty class)."""
-    k = len(classes)
-    ttft_q, tpot_q, attained = np.full((k, len(QUANTILES)), np.nan), np.full((k, len(QUANTILES)), np.nan), \
-        np.full(k, np.nan)
-    for c in range(k):
-        mine = class_id == c
-        if mine.any():
-            ttft_q[c], tpot_q[c] = _quantiles(ttft[mine]), _quantiles(tpot[mine])
-            attained[c] = float(within[mine].mean())
-    return {"ttft_s_by_class": ttft_q, "tpot_s_by_class": tpot_q, "slo_attainment_by_class": attained}
 
 
 def _prefill_meets(sim, k: int, with_host, ttft_target: float, slo_q: float) -> bool:
