@@ -18,6 +18,7 @@ from mcsim.perf import fleet
 from mcsim.perf.hardware import performance_defaults
 from mcsim.perf.roofline_model import RooflineStepModel
 from mcsim.results.variables import WORKLOAD_CLASS
+from mcsim.scenario.policies import policy_for
 from mcsim.scenario import (
     STREAM_BATCHING,
     STREAM_EXPERTS,
@@ -87,6 +88,112 @@ def expert_stage(inputs: ExpertInputs | None, rng) -> dict:
     # Throughput follows the time-weighted ratio: each step lasts as long as its busiest GPU.
     return {"expert_efficiency": float(result["expert_efficiency_ratio_of_sums"]),
             "distinct_experts_per_step": float(result["distinct_experts_per_step"])}
+
+
+#: Requests per chunk of a streamed sample when ``mc.chunk_requests`` is 0.
+CHUNK_REQUESTS = 1 << 18
+
+
+def chunk_requests(p: dict) -> int:
+    """Requests per chunk of a streamed sample (``mc.chunk_requests``, 0 = :data:`CHUNK_REQUESTS`)."""
+    return int(p.get("mc.chunk_requests", 0) or CHUNK_REQUESTS)
+
+
+def streamed(scn: Scenario, p: dict, n_requests: int) -> bool:
+    """Whether a variant's sample runs streamed: more requests than a chunk, through stages that stream.
+
+    A streamed sample never holds an array per request of the whole sample: the generator, the cache replay and the
+    speculative draws go chunk by chunk, and latency quantiles come from sketches. Without the batching simulator
+    the chunks run twice: once for the totals that size the fleet, once for each request's service times. With the
+    representative simulator (fleet modes fixed and slo, ``performance.simulate_batching``) they run once, and the
+    simulator replays the first chunk of measured requests at most (``performance.batching_requests`` of them
+    when fewer). The stages that need every request at once keep the whole sample in memory instead: a replayed
+    trace, the replicas, static batching's slot model, cache-aware routing over several caches and pooled tiers
+    behind the instances' own.
+    """
+    if n_requests <= chunk_requests(p) or p["workload.trace"]:
+        return False
+    f = fleet.Inputs.from_params(p)
+    if f.fleet_simulation == "replicas":
+        return False
+    if policy_for(f.batching, f.scheduler).analytic == "static-slots":
+        return False
+    cache_in = kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p))
+    return kvcache.CacheStream.streams(cache_in)
+
+
+class StreamedSample:
+    """Stages 1-4 of one variant of a streamed sample (:func:`streamed`), chunk by chunk.
+
+    :meth:`passes` runs the generator, the cache replay and the speculative draws over every request from the
+    start (each from its own seed, so every pass sees the same requests, hits and draws) and yields each chunk's
+    measured requests with their reused tokens and passes; :attr:`totals` (the first pass's sums) is what the
+    step model and stage 5 are sized on.
+    """
+
+    def __init__(self, scn: Scenario, p: dict, sample: int, seed: int, n_requests: int, chunk: int):
+        self.scn, self.p, self.sample, self.seed, self.n, self.chunk = scn, p, sample, seed, n_requests, chunk
+        self.warm = kvcache.warmup_requests(n_requests, p["mc.warmup_fraction"])
+        self.cache_in = kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p))
+        self.spec_in = SpeculativeInputs.from_params(p)
+        self.cache_steady = None
+        self.cache_state_bytes = 0
+        self.cache_rows = 0  # what the first pass's caches grew to: the next passes start there
+        sums, first, last = None, math.nan, math.nan
+        steady = kvcache.SteadyStream(n_requests, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"])
+        limit = int(p["performance.batching_requests"])
+        limit = chunk if limit <= 0 else min(limit, chunk)
+        window, held = [], 0
+        for measured, cached, passes, _, _ in self._chunks(steady):
+            part = fleet.RequestSums.of(measured.prompt_tokens, cached,
+                                        measured.output_tokens if passes is None else passes, measured.output_tokens)
+            sums = part if sums is None else sums + part
+            if measured.n:
+                first = float(measured.arrival_s[0]) if math.isnan(first) else first
+                last = float(measured.arrival_s[-1])
+            if held < limit and measured.n:
+                take = min(limit - held, measured.n)
+                window.append((measured.head(take), cached[:take], None if passes is None else passes[:take]))
+                held += take
+        self.window = (workload.concat_requests([w[0] for w in window]), np.concatenate([w[1] for w in window]),
+                       None if window[0][2] is None else np.concatenate([w[2] for w in window]))
+        self.cache_steady = steady.result()
+        self.sums = sums
+        span = last - first if sums.n > 1 else 0.0
+        self.duration_s = span * sums.n / (sums.n - 1) if sums.n > 1 and span > 0 else max(span, 1.0)
+        self.class_names = tuple(scn.classes)
+        self.totals = workload.RequestTotals(sums.n, workload.Summed(sums.prompt, sums.n),
+                                             workload.Summed(sums.output, sums.n), int(p["cache.block_tokens"]),
+                                             self.class_names)
+        self.passes_total = None if self.spec_in.draft_tokens == 0 else workload.Summed(sums.passes, sums.n)
+
+    def _chunks(self, steady=None):
+        p, scn = self.p, self.scn
+        max_context = int(p["workload.max_context"] or p["model.max_context"])
+        stream = workload.RequestStream(p, scn.classes, self.n, rng_for(self.seed, self.sample, STREAM_WORKLOAD),
+                                        max_context)
+        cache = kvcache.CacheStream.of(self.cache_in, rng_for(self.seed, self.sample, STREAM_ROUTING),
+                                       max_context // int(p["cache.block_tokens"]) + 1, int(p["cache.block_tokens"]),
+                                       self.cache_rows)
+        spec_rng = rng_for(self.seed, self.sample, STREAM_SPECULATIVE)
+        at = 0
+        while stream.remaining:
+            every = stream.next_chunk(self.chunk)
+            every_cached = cache.cached_tokens(every)
+            self.cache_state_bytes = max(self.cache_state_bytes, cache.nbytes)
+            self.cache_rows = max(self.cache_rows, cache.rows)
+            if steady is not None:
+                steady.add(every_cached, every.prompt_tokens)
+            skip = min(max(self.warm - at, 0), every.n)
+            at += every.n
+            measured = every.tail(skip) if skip else every
+            passes = speculative_stage(self.spec_in, measured, spec_rng)
+            yield measured, every_cached[skip:], passes, every, every_cached
+
+    def passes(self):
+        """The measured requests chunk by chunk, from the first: ``(requests, cached_tokens, passes)``."""
+        for measured, cached, passes, _, _ in self._chunks():
+            yield measured, cached, passes
 
 
 MONEY_OUTPUTS = ("cost_usd_per_day", "revenue_usd_per_day", "gross_margin", "cost_profit_margin",
@@ -163,9 +270,7 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
             memo[key] = compute()
         return memo[key]
 
-    p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
-    if p["performance.fidelity"] == "roofline":
-        p = performance_defaults(p)  # the hardware's fitted GEMM figures where the scenario leaves them at 0
+    p = _variant_params(scn, variant, overrides, draws)
     inputs = workload.Inputs.from_params(p)
     if "requests" not in shared:  # the workload is common to all variants
         shared["requests"] = sample_requests(scn, p, sample, seed, n_requests)
@@ -198,12 +303,49 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
     step_in = perf.step_inputs(p)
     key = (step_in, warm, cache_in, spec_in, expert_in)
     shared["stage5_key"] = key
-    if step_in["performance.fidelity"] == "roofline":
-        model = once(("model", key), lambda: RooflineStepModel(step_in, measured, passes, experts))
-    else:
-        model = once(("model", key), lambda: perf.FactorStepModel(step_in, measured, passes,
-                                                                  experts["expert_efficiency"]))
+    model = once(("model", key), lambda: _step_model(step_in, measured, passes, experts))
     return p, measured, cached, passes, experts, model
+
+
+def _variant_params(scn: Scenario, variant: str, overrides: dict, draws: dict) -> dict:
+    """The resolved parameters of one variant of a sample."""
+    p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
+    if p["performance.fidelity"] == "roofline":
+        p = performance_defaults(p)  # the hardware's fitted GEMM figures where the scenario leaves them at 0
+    return p
+
+
+def _step_model(step_in, requests, passes, experts):
+    if step_in["performance.fidelity"] == "roofline":
+        return RooflineStepModel(step_in, requests, passes, experts)
+    return perf.FactorStepModel(step_in, requests, passes, experts["expert_efficiency"])
+
+
+def streamed_variant(scn: Scenario, variant: str, p: dict, sample: int, seed: int, n_requests: int, draws: dict,
+                     shared: dict):
+    """One variant of a streamed sample (:func:`streamed`), as :func:`sample_variants` yields it."""
+    inputs = workload.Inputs.from_params(p)
+    if "workload_inputs" not in shared:
+        shared["workload_inputs"] = inputs
+    elif inputs != shared["workload_inputs"]:
+        key = shared["workload_inputs"].first_difference(inputs)
+        raise ScenarioError(scn.source, key, f"variant {variant} changes the workload; the variants of a "
+                            "sample share their requests, so sweep it with --grid instead")
+    stages = StreamedSample(scn, p, sample, seed, n_requests, chunk_requests(p))
+    expert_in = None
+    if p["model.experts"] > 0:
+        expert_in = ExpertInputs.from_params(p, scn.classes, _memory_batch(p, stages.totals))
+    experts = expert_stage(expert_in, rng_for(seed, sample, STREAM_EXPERTS))
+    model = _step_model(perf.step_inputs(p), stages.totals, stages.passes_total, experts)
+    measured = fleet.MeasuredStream(stages.sums, stages.duration_s, stages.class_names, stages.passes,
+                                    stages.window)
+    result = fleet.performance(fleet.Inputs.from_params(p), measured, None, None, model,
+                               rng_for(seed, sample, STREAM_BATCHING))
+    m = dict(result.metrics)
+    m.update(experts)
+    m.update(money(p, result))
+    m.update(steady_outputs(stages.cache_steady, result.batching_steady_state, n_requests))
+    return variant, m, result, {WORKLOAD_CLASS: stages.class_names, "tier": kvcache.tier_names(p)}
 
 
 def sample_variants(scn: Scenario, variants, sample: int, seed: int, n_requests: int, draws: dict,
@@ -215,6 +357,10 @@ def sample_variants(scn: Scenario, variants, sample: int, seed: int, n_requests:
     tiers). See :func:`run_sample`."""
     shared: dict = {}
     for variant, overrides in variant_specs(scn, variants).items():
+        p = _variant_params(scn, variant, overrides, draws)
+        if streamed(scn, p, n_requests):
+            yield streamed_variant(scn, variant, p, sample, seed, n_requests, draws, shared)
+            continue
         p, measured, cached, passes, experts, model = variant_stages(scn, variant, overrides, sample, seed,
                                                                       n_requests, draws, shared)
         fleet_in = fleet.Inputs.from_params(p)

@@ -100,6 +100,10 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
     "mc": {
         "samples": replace(I(32, "Monte Carlo samples (draws of the uncertain inputs).", 1, 1_000_000), plain=True),
         "requests": replace(I(20_000, "Requests simulated per sample.", 1, 100_000_000), plain=True),
+        "chunk_requests": replace(I(0, "Requests per chunk of a streamed sample (0 = 262144): a sample of more "
+                                       "requests runs its stages chunk by chunk, in memory that does not grow with "
+                                       "mc.requests, where its stages allow (see mcsim.execution.sample.streamed).",
+                                    0, 100_000_000), plain=True),
         "seed": replace(I(0, "Root seed; every random stream is derived from it and the sample index.", 0,
                           2**63 - 1), plain=True),
         "sampling": C("random", "How uncertain inputs are drawn.", "random", "lhs"),

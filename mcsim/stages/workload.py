@@ -29,6 +29,7 @@ flight and every random stream carried over, and the chunks joined are the sampl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,6 +151,16 @@ class Requests:
             session_id=self.session_id[start:], class_names=self.class_names, source=self.source, **blocks,
         )
 
+    def head(self, stop: int) -> "Requests":
+        """Requests ``:stop``."""
+        ptr = self.block_ptr[:stop + 1]
+        return Requests(
+            arrival_s=self.arrival_s[:stop], class_id=self.class_id[:stop], prompt_tokens=self.prompt_tokens[:stop],
+            output_tokens=self.output_tokens[:stop], acceptance=self.acceptance[:stop], block_ptr=ptr,
+            block_tokens=self.block_tokens, session_id=self.session_id[:stop], class_names=self.class_names,
+            source=self.source, block_runs=None if self.block_runs is None else self.block_runs[:stop],
+            block_ids=None if self._block_ids is None else self._block_ids[:ptr[-1]])
+
     @property
     def duration_s(self) -> float:
         """Span of the arrivals plus one mean gap (so a single request has a positive duration)."""
@@ -174,6 +185,32 @@ def _per_class_sample(params, classes, key, class_of, rng) -> np.ndarray:
 
 def _tokens(x) -> np.ndarray:
     return np.maximum(np.rint(x), 1).astype(np.int64)
+
+
+class Summed:
+    """The sum and count of a per-request integer field, read as an array is read for its ``sum()`` and ``mean()``
+    (the integer sum over the count: what NumPy gives for integers below 2**53)."""
+
+    def __init__(self, total: int, n: int):
+        self.total, self.n = int(total), int(n)
+
+    def sum(self) -> int:
+        return self.total
+
+    def mean(self) -> float:
+        return self.total / self.n if self.n else math.nan
+
+
+@dataclass(frozen=True)
+class RequestTotals:
+    """What the step model and the memory projection read of a sample's measured requests (means and sums of
+    their lengths), from the integer sums of a streamed sample instead of its arrays."""
+
+    n: int
+    prompt_tokens: Summed
+    output_tokens: Summed
+    block_tokens: int
+    class_names: tuple
 
 
 def renewal_arrivals(n: int, rate_rps: float, arrivals: str, burstiness: float, rng) -> np.ndarray:

@@ -1,0 +1,140 @@
+"""Streamed samples against whole ones: the same requests, hits and totals whatever the chunks, and latency
+quantiles within the sketch's stated error of the exact ones."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mcsim.execution.sample import run_sample, streamed
+from mcsim.perf.fleet import Latencies
+from mcsim.scenario import draw_uncertain, load_scenario, resolve
+from mcsim.stages import kvcache, workload
+
+FACTORY = Path(__file__).resolve().parents[1] / "scenarios" / "factory.toml"
+#: The factory's deployment with caches small enough to evict within a few thousand requests.
+SMALL_CACHES = ("cache.hbm_gb_per_instance=30", "cache.dram_gb_per_node=20", "cache.nvme_gb_per_node=60",
+                "mc.warmup_fraction=0.3")
+
+
+def _params(overrides=()):
+    scn = load_scenario(FACTORY, overrides=[*SMALL_CACHES, *overrides])
+    return scn, resolve(scn, {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 4).items()})
+
+
+@pytest.mark.parametrize("policy, caches, capacity", [("pooled", 4, (300, 500, 0)),
+                                                      ("round-robin", 3, (200, 300, 900)),
+                                                      ("random", 5, (100, 0, 200)),
+                                                      ("prefix-affinity", 3, (200, 100, 0))])
+def test_the_cache_stage_chunk_by_chunk_is_the_whole_replay(policy, caches, capacity):
+    """The carried caches (bounded rows, hashed keys), routing stream and round-robin position reuse exactly what
+    one replay of every request reuses, tier by tier and request by request."""
+    scn, p = _params()
+    n = 8000
+    whole = workload.generate(p, scn.classes, n, np.random.default_rng(5), 20000)
+    reference = kvcache.cache_hits(whole, policy, caches, np.array(capacity), np.random.default_rng(3)).cached_tokens
+    assert reference[:, -1].sum() > 0 or capacity[-1] == 0  # the last tier is reached: blocks are evicted
+    cache = kvcache.CacheStream.of(kvcache.Inputs(capacity, policy, caches, 0.25, -1), np.random.default_rng(3),
+                                   20000 // whole.block_tokens, whole.block_tokens)
+    stream = workload.RequestStream(p, scn.classes, n, np.random.default_rng(5), 20000)
+    sizes = np.random.default_rng(1)
+    parts = []
+    while stream.remaining:
+        parts.append(cache.cached_tokens(stream.next_chunk(int(sizes.integers(100, 2500)))))
+    np.testing.assert_array_equal(np.concatenate(parts), reference)
+
+
+def test_the_sketched_latencies_are_within_their_error_of_the_exact_ones():
+    rng = np.random.default_rng(0)
+    n, classes = 30_000, ("chat", "code")
+    ttft, tpot = rng.lognormal(-2.0, 1.0, n), rng.lognormal(-4.0, 0.3, n)
+    tpot[rng.random(n) < 0.05] = np.nan  # one-token outputs
+    e2e, queue = ttft + 50 * np.nan_to_num(tpot), np.zeros(n)
+    class_id = (rng.random(n) < 0.3).astype(np.int64)
+    within = (ttft <= 0.3) & ~(tpot > 0.03)
+    exact, sketched = Latencies(classes, 0.95, sketch=False), Latencies(classes, 0.95, sketch=True)
+    exact.add(ttft, tpot, e2e, queue, within, class_id)
+    for part in np.array_split(np.arange(n), 7):
+        sketched.add(ttft[part], tpot[part], e2e[part], queue[part], within[part], class_id[part])
+    a, b = exact.figures(), sketched.figures()
+    for key in ("slo_attainment", "slo_attainment_by_class"):
+        np.testing.assert_array_equal(a[key], b[key])
+    assert a["slo_attainment"] == float(within.mean())
+    q = [0.5, 0.9, 0.99]
+
+    def inverted(values, prob):
+        values = values[np.isfinite(values)]
+        return np.quantile(values, prob, method="inverted_cdf")
+
+    for key, values in (("ttft_s", ttft), ("tpot_s", tpot), ("e2e_s", e2e)):
+        np.testing.assert_allclose(b[key], inverted(values, q), rtol=0.005)
+    np.testing.assert_allclose(b["ttft_at_slo_quantile_s"], inverted(ttft, 0.95), rtol=0.005)
+    for c in range(2):
+        np.testing.assert_allclose(b["tpot_s_by_class"][c], inverted(tpot[class_id == c], q), rtol=0.005)
+    np.testing.assert_array_equal(b["queue_wait_s"], 0.0)
+
+
+#: Figures of a sample that are counts, sums or ratios of sums (exact whatever the chunks).
+EXACT = ("cache_hit_rate", "cache_hit_rate_by_tier", "restore_gb_per_request_by_tier", "mean_input_tokens",
+         "mean_output_tokens", "requests", "trace_duration_s", "gpus", "decode_tok_s_per_gpu", "prefill_tok_s_per_gpu",
+         "operating_batch_per_gpu", "spec_tokens_per_pass", "busy_fraction", "slo_attainment",
+         "slo_attainment_by_class", "cost_usd_per_day", "gross_margin", "energy_j_per_token", "cache_hit_rate_drift",
+         "steady_state", "expert_efficiency", "mean_concurrency_per_gpu")
+QUANTILES = ("ttft_s", "tpot_s", "e2e_s", "ttft_s_by_class", "tpot_s_by_class")
+
+
+def _sample(overrides, n):
+    scn, p = _params(overrides)
+    draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 4).items()}
+    return streamed(scn, p, n), run_sample(scn, ("factory",), 0, 4, n, draws)["factory"]
+
+
+def test_a_streamed_sample_is_the_whole_one():
+    """Without the simulator: counts, sums, hit rates and means equal at any chunk size; quantiles within 1 % (the
+    sketch's 0.5 % of the rank-rule quantile, checked above, and the whole sample's interpolation between
+    neighbouring requests)."""
+    n = 6000
+    whole_streams, whole = _sample(["mc.chunk_requests=0"], n)
+    assert not whole_streams
+    for chunk in (1000, 2600):
+        streams, part = _sample([f"mc.chunk_requests={chunk}"], n)
+        assert streams
+        for key in EXACT:
+            np.testing.assert_array_equal(part[key], whole[key], err_msg=f"{key} at chunks of {chunk}")
+        for key in QUANTILES:  # a class's p99 of ~1400 requests: neighbours too far apart to compare
+            np.testing.assert_allclose(part[key][..., :2] if "class" in key else part[key],
+                                       whole[key][..., :2] if "class" in key else whole[key], rtol=0.01, err_msg=key)
+    assert 0 < whole["cache_hit_rate_by_tier"][-1] < whole["cache_hit_rate"]  # every tier in play
+
+
+def test_a_streamed_sample_replays_its_first_chunk_in_the_simulator():
+    """With the representative simulator, a streamed sample replays the first chunk of measured requests: exactly
+    the whole sample told to replay that many (performance.batching_requests), every figure equal."""
+    n, chunk = 6000, 2000
+    fixed = ["deployment.fleet=fixed", "deployment.instances=2", "deployment.prefill_instances=1"]
+    streams, part = _sample([*fixed, f"mc.chunk_requests={chunk}"], n)
+    _, whole = _sample([*fixed, f"performance.batching_requests={chunk}"], n)
+    assert streams
+    for key in (*EXACT, *QUANTILES, "queue_wait_s", "ttft_at_slo_quantile_s", "little_law_ratio"):
+        np.testing.assert_array_equal(part[key], whole[key], err_msg=key)
+
+
+def test_bounded_rows_grow_then_reclaim_and_reuse_what_dense_rows_reuse(monkeypatch):
+    """Rows start few, double as blocks arrive (the table rebuilt each time), then, at twice the capacities,
+    reclaim dropped blocks' rows: hits equal the dense key space's, request by request."""
+    from mcsim.kernels import kv_tiers
+
+    monkeypatch.setattr(kv_tiers, "INITIAL_ROWS", 64)
+    scn, p = _params()
+    req = workload.generate(p, scn.classes, 6000, np.random.default_rng(2), 20000)
+    capacity = np.array([3000, 2000, 4000])
+    span = kv_tiers.run_id_range(req.block_ptr, req.block_runs)[1]
+    instance = (np.arange(req.n) % 2).astype(np.int32)
+    dense = np.zeros((req.n, 3), np.int64)
+    kv_tiers.lookup_tiers_runs(req.block_ptr, req.block_runs, instance, 2, span, capacity, dense, bounded=False)
+    caches = kv_tiers.RunCaches(capacity, 2, span, 20000 // req.block_tokens)
+    grown = np.zeros((req.n, 3), np.int64)
+    caches.replay(req.block_ptr, req.block_runs, instance, grown)
+    assert caches.state.shape[0] == caches.max_rows  # grown all the way, then reclaiming
+    assert int(np.diff(req.block_ptr).sum()) > 2 * caches.max_rows and dense[:, 2].sum() > 0
+    np.testing.assert_array_equal(grown, dense)
