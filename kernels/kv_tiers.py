@@ -273,6 +273,10 @@ class RunCaches:
     """The bounded caches of :func:`lookup_tiers_runs` as state kept from one call to the next: a stream of
     requests replayed chunk by chunk reuses exactly what it would reuse in one call.
 
+    The rows (24 bytes each, twice every instance's capacity in all tiers plus one request) are allocated at once
+    but used in order, so that only those that ever held a block take memory; the hash table (4 bytes a slot, at
+    most half full at its most rows) is written whole at the first call.
+
     Parameters
     ----------
     capacity_blocks : int64[T]
@@ -281,9 +285,6 @@ class RunCaches:
         Instances, and the block ids' range ``[0, span)`` (any size: keys are hashed).
     longest : int
         The most blocks one request may have.
-    rows : int
-        Rows to start with (more are added as blocks arrive; a replay of the same requests again can start with
-        what the first one ended with).
 
     Examples
     --------
@@ -293,31 +294,32 @@ class RunCaches:
     >>> caches.replay(np.array([0, 3]), np.array([[2, 0, 20]]), np.zeros(1, np.int32), hits)
     >>> hits[0].tolist()  # the second request (its own call) reuses the shared blocks 0 and 1
     [2, 0, 0]
+    >>> int(caches.rows_used[0])  # blocks 0, 1, 10 and 20
+    4
     """
 
-    def __init__(self, capacity_blocks, n_instances: int, span: int, longest: int, rows: int = 0):
+    def __init__(self, capacity_blocks, n_instances: int, span: int, longest: int):
         self.capacity_blocks = np.ascontiguousarray(capacity_blocks, dtype=np.int64)
         self.n_instances, self.span, self.longest = int(n_instances), int(span), int(longest)
         if not 0 <= self.n_instances * self.span < 2**62:
             raise ValueError("n_instances x span must be in [0, 2**62)")
         lists = self.capacity_blocks.shape[0] * self.n_instances
-        self.max_rows = 2 * self.n_instances * int(self.capacity_blocks.sum()) + self.longest + 1024
-        if self.max_rows >= 2**31:
+        rows = 2 * self.n_instances * int(self.capacity_blocks.sum()) + self.longest + 1024
+        if rows >= 2**31:
             raise ValueError("the caches' capacities need 2**31 rows or more")
-        # Rows grow (doubling) with the blocks seen, up to max_rows; from there dropped blocks' rows are reclaimed.
-        rows = min(self.max_rows, max(INITIAL_ROWS, 2 * self.longest, int(rows)))
-        self.state = _workspace(rows)
+        self.state = np.empty((rows, _ROW), np.int32)
         self.head, self.tail = np.empty(lists, np.int32), np.empty(lists, np.int32)
         self.count = np.empty(lists, np.int64)
         self.row_key, self.table = np.empty(rows, np.int64), np.empty(_slots(rows), np.int32)
         self.free = np.empty(rows, np.int32)
         self.n_free = np.full(1, -1, np.int64)  # -1: not yet reset
+        self.rows_used = np.zeros(1, np.int64)  # rows ever given a key: those beyond are untouched
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the state."""
-        return sum(a.nbytes for a in (self.state, self.head, self.tail, self.count, self.row_key, self.table,
-                                      self.free))
+        """Bytes of the state in use: the table and the rows that ever held a block."""
+        per_row = self.state.itemsize * _ROW + self.row_key.itemsize + self.free.itemsize
+        return int(self.table.nbytes + self.head.nbytes * 2 + self.count.nbytes + per_row * int(self.rows_used[0]))
 
     def replay(self, block_ptr, block_runs, instance, out_hits) -> None:
         """Replay requests (arguments as :func:`lookup_tiers_runs`, each at most ``longest`` blocks) after those of
@@ -325,38 +327,10 @@ class RunCaches:
         block_ptr = np.ascontiguousarray(block_ptr, dtype=np.int64)
         if block_ptr.shape[0] > 1 and int(np.diff(block_ptr).max()) > self.longest:
             raise ValueError(f"a request has more than longest = {self.longest} blocks")
-        block_runs = np.ascontiguousarray(block_runs, dtype=np.int64)
-        instance = np.ascontiguousarray(instance, dtype=np.int32)
-        start = 0
-        while start >= 0:
-            start = _replay_runs_bounded(block_ptr, block_runs, instance, self.capacity_blocks, out_hits, self.state,
-                                         self.head, self.tail, self.count, self.span, self.longest, self.row_key,
-                                         self.table, self.free, self.n_free, start,
-                                         self.state.shape[0] < self.max_rows)
-            if start >= 0:
-                self._grow()
-
-    def _grow(self) -> None:
-        """Twice the rows (at most ``max_rows``): the new ones free, the table rebuilt at its new size."""
-        rows = self.state.shape[0]
-        new = min(2 * rows, self.max_rows)
-        state = _workspace(new)
-        state[:rows] = self.state
-        row_key = np.full(new, -1, np.int64)
-        row_key[:rows] = self.row_key
-        free = np.empty(new, np.int32)
-        n_free = int(self.n_free[0])
-        free[:n_free] = self.free[:n_free]
-        free[n_free:n_free + new - rows] = np.arange(new - 1, rows - 1, -1, dtype=np.int32)
-        self.n_free[0] = n_free + new - rows
-        table = np.empty(_slots(new), np.int32)
-        shift = 64 - (table.shape[0].bit_length() - 1)
-        _rehash(row_key, table, shift)
-        self.state, self.row_key, self.free, self.table = state, row_key, free, table
-
-
-#: Rows a :class:`RunCaches` starts with.
-INITIAL_ROWS = 1 << 16
+        _replay_runs_bounded(block_ptr, np.ascontiguousarray(block_runs, dtype=np.int64),
+                             np.ascontiguousarray(instance, dtype=np.int32), self.capacity_blocks, out_hits,
+                             self.state, self.head, self.tail, self.count, self.span, self.longest, self.row_key,
+                             self.table, self.free, self.n_free, self.rows_used)
 
 
 def _slots(rows: int) -> int:
@@ -392,14 +366,13 @@ def _slot_of(key, shift):
 
 @kernel
 def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_hits, state, head, tail, count, span,
-                         longest, row_key, table, free, n_free_io, start, may_grow):
+                         longest, row_key, table, free, n_free_io, used_io):
     """:func:`_replay_runs` with a row per key only while its block is cached: ``table`` (linear probing, -1 =
-    empty) maps a key to its row, ``row_key`` a row to its key (-1: free), ``free[:n_free_io[0]]`` is a stack of
-    free rows. Before a request, if fewer rows are free than it has blocks, every row whose block was dropped goes
-    back to the free stack and leaves the table (backward-shift deletion keeps every probe chain unbroken). The
-    state carries over from call to call; ``n_free_io[0] < 0`` resets it first. Requests from ``start`` on; with
-    ``may_grow``, instead of reclaiming, it stops before the request that needs more rows and returns its index
-    (more rows, then the call again from there), else returns -1 once every request is replayed."""
+    empty) maps a key to its row, ``row_key`` a row to its key (-1: free); rows ``used_io[0]`` on have never been
+    used (nor written), ``free[:n_free_io[0]]`` is a stack of rows given back. When a request has more blocks than
+    rows are left, every row whose block was dropped goes back to the stack and leaves the table (backward-shift
+    deletion keeps every probe chain unbroken). The state carries over from call to call; ``n_free_io[0] < 0``
+    resets it first."""
     next_tier = next_tiers(capacity_blocks)
     mask = table.shape[0] - 1
     shift = 64
@@ -407,22 +380,20 @@ def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_h
         shift -= 1
     n_rows = state.shape[0]
     if n_free_io[0] < 0:
-        reset_caches(state, head, tail, count)
+        head[:] = _NIL
+        tail[:] = _NIL
+        count[:] = 0
         table[:] = -1
-        row_key[:] = -1
-        for i in range(n_rows):
-            free[i] = n_rows - 1 - i
-        n_free_io[0] = n_rows
+        n_free_io[0] = 0
+        used_io[0] = 0
     n_free = n_free_io[0]
+    used = used_io[0]
     rows = np.empty(max(longest, 1), np.int64)
-    for r in range(start, instance.shape[0]):
+    for r in range(instance.shape[0]):
         m = block_ptr[r + 1] - block_ptr[r]
         inst = instance[r]
-        if n_free < m and may_grow:
-            n_free_io[0] = n_free
-            return r
-        if n_free < m:  # reclaim the rows of dropped blocks
-            for i in range(n_rows):
+        if n_free + (n_rows - used) < m:  # reclaim the rows of dropped blocks
+            for i in range(used):
                 if row_key[i] >= 0 and state[i, _TIER] == _ABSENT:
                     slot = _slot_of(row_key[i], shift)
                     while table[slot] != i:
@@ -449,30 +420,20 @@ def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_h
             slot = _slot_of(key, shift)
             while table[slot] >= 0 and row_key[table[slot]] != key:
                 slot = (slot + 1) & mask
-            if table[slot] < 0:  # a new key: a free row, absent from every tier
-                n_free -= 1
-                row = free[n_free]
+            if table[slot] < 0:  # a new key: a row given back, or one never used; absent from every tier
+                if n_free > 0:
+                    n_free -= 1
+                    row = free[n_free]
+                else:
+                    row = used
+                    used += 1
                 table[slot] = row
                 row_key[row] = key
                 state[row, _TIER] = _ABSENT
             rows[k] = table[slot]
         admit_blocks(state, head, tail, count, capacity_blocks, next_tier, rows, 0, m, 0, inst, out_hits, r)
     n_free_io[0] = n_free
-    return -1
-
-
-@kernel
-def _rehash(row_key, table, shift):
-    """Every row whose key is set (``row_key >= 0``) into an empty ``table`` (linear probing, as
-    :func:`_replay_runs_bounded` finds them)."""
-    mask = table.shape[0] - 1
-    table[:] = -1
-    for i in range(row_key.shape[0]):
-        if row_key[i] >= 0:
-            slot = _slot_of(row_key[i], shift)
-            while table[slot] >= 0:
-                slot = (slot + 1) & mask
-            table[slot] = i
+    used_io[0] = used
 
 
 @kernel(inline="always")

@@ -119,12 +119,11 @@ def test_a_streamed_sample_replays_its_first_chunk_in_the_simulator():
         np.testing.assert_array_equal(part[key], whole[key], err_msg=key)
 
 
-def test_bounded_rows_grow_then_reclaim_and_reuse_what_dense_rows_reuse(monkeypatch):
-    """Rows start few, double as blocks arrive (the table rebuilt each time), then, at twice the capacities,
-    reclaim dropped blocks' rows: hits equal the dense key space's, request by request."""
+def test_bounded_rows_fill_then_reclaim_and_reuse_what_dense_rows_reuse():
+    """Rows are taken in order until all are used (twice the capacities), then dropped blocks' rows are reclaimed:
+    hits equal the dense key space's, request by request."""
     from mcsim.kernels import kv_tiers
 
-    monkeypatch.setattr(kv_tiers, "INITIAL_ROWS", 64)
     scn, p = _params()
     req = workload.generate(p, scn.classes, 6000, np.random.default_rng(2), 20000)
     capacity = np.array([3000, 2000, 4000])
@@ -133,8 +132,10 @@ def test_bounded_rows_grow_then_reclaim_and_reuse_what_dense_rows_reuse(monkeypa
     dense = np.zeros((req.n, 3), np.int64)
     kv_tiers.lookup_tiers_runs(req.block_ptr, req.block_runs, instance, 2, span, capacity, dense, bounded=False)
     caches = kv_tiers.RunCaches(capacity, 2, span, 20000 // req.block_tokens)
-    grown = np.zeros((req.n, 3), np.int64)
-    caches.replay(req.block_ptr, req.block_runs, instance, grown)
-    assert caches.state.shape[0] == caches.max_rows  # grown all the way, then reclaiming
-    assert int(np.diff(req.block_ptr).sum()) > 2 * caches.max_rows and dense[:, 2].sum() > 0
-    np.testing.assert_array_equal(grown, dense)
+    bounded = np.zeros((req.n, 3), np.int64)
+    for part in np.array_split(np.arange(req.n), 3):
+        caches.replay(req.block_ptr[part[0]:part[-1] + 2] - req.block_ptr[part[0]], req.block_runs[part],
+                      instance[part], bounded[part[0]:part[-1] + 1])
+    assert caches.rows_used[0] > caches.state.shape[0] - caches.longest  # (nearly) every row used, then reclaimed
+    assert int(np.diff(req.block_ptr).sum()) > 2 * caches.state.shape[0] and dense[:, 2].sum() > 0
+    np.testing.assert_array_equal(bounded, dense)

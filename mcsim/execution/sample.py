@@ -138,7 +138,6 @@ class StreamedSample:
         self.spec_in = SpeculativeInputs.from_params(p)
         self.cache_steady = None
         self.cache_state_bytes = 0
-        self.cache_rows = 0  # what the first pass's caches grew to: the next passes start there
         sums, first, last = None, math.nan, math.nan
         steady = kvcache.SteadyStream(n_requests, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"])
         limit = int(p["performance.batching_requests"])
@@ -173,15 +172,13 @@ class StreamedSample:
         stream = workload.RequestStream(p, scn.classes, self.n, rng_for(self.seed, self.sample, STREAM_WORKLOAD),
                                         max_context)
         cache = kvcache.CacheStream.of(self.cache_in, rng_for(self.seed, self.sample, STREAM_ROUTING),
-                                       max_context // int(p["cache.block_tokens"]) + 1, int(p["cache.block_tokens"]),
-                                       self.cache_rows)
+                                       max_context // int(p["cache.block_tokens"]) + 1, int(p["cache.block_tokens"]))
         spec_rng = rng_for(self.seed, self.sample, STREAM_SPECULATIVE)
         at = 0
         while stream.remaining:
             every = stream.next_chunk(self.chunk)
             every_cached = cache.cached_tokens(every)
             self.cache_state_bytes = max(self.cache_state_bytes, cache.nbytes)
-            self.cache_rows = max(self.cache_rows, cache.rows)
             if steady is not None:
                 steady.add(every_cached, every.prompt_tokens)
             skip = min(max(self.warm - at, 0), every.n)

@@ -404,7 +404,7 @@ class CacheStream:
     several caches, pooled tiers behind the instances' own, or requests without block runs (a trace's).
     """
 
-    def __init__(self, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int, rows: int = 0):
+    def __init__(self, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int):
         self.inputs, self.rng, self.block_tokens = inputs, rng, int(block_tokens)
         capacity = np.asarray(inputs.capacity_blocks, dtype=np.int64).copy()
         self.tiers = len(capacity)
@@ -416,7 +416,7 @@ class CacheStream:
             caches = 1
         self.caches = caches
         self.offset = 0  # requests routed so far (round-robin's position)
-        self.runs = None if capacity[0] == 0 else RunCaches(capacity, caches, 1 << 40, longest_blocks, rows)
+        self.runs = None if capacity[0] == 0 else RunCaches(capacity, caches, 1 << 40, longest_blocks)
 
     @staticmethod
     def streams(inputs: "Inputs") -> bool:
@@ -425,20 +425,13 @@ class CacheStream:
                                                        (inputs.routing == "cache-aware" and inputs.caches > 1)))
 
     @classmethod
-    def of(cls, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int,
-           rows: int = 0) -> "CacheStream | None":
-        """The stream of ``inputs`` (its caches starting with ``rows`` rows, see
-        :class:`~mcsim.kernels.kv_tiers.RunCaches`), or None where the cache stage needs the whole sample."""
-        return cls(inputs, rng, longest_blocks, block_tokens, rows) if cls.streams(inputs) else None
+    def of(cls, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int) -> "CacheStream | None":
+        """The stream of ``inputs``, or None where the cache stage needs the whole sample."""
+        return cls(inputs, rng, longest_blocks, block_tokens) if cls.streams(inputs) else None
 
     @property
     def nbytes(self) -> int:
         return 0 if self.runs is None else self.runs.nbytes
-
-    @property
-    def rows(self) -> int:
-        """The caches' rows now."""
-        return 0 if self.runs is None else self.runs.state.shape[0]
 
     def cached_tokens(self, requests) -> np.ndarray:
         """Reused prompt tokens per request and tier of the next chunk (``requests``, with block runs)."""
