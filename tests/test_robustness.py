@@ -319,9 +319,20 @@ def test_processes_and_a_scheduler_exclude_each_other(tmp_path):
 
 
 def test_a_request_count_that_cannot_fit_is_refused_with_the_numbers(tmp_path):
-    result = invoke("run", FACTORY, "--samples", "1", "--requests", "100000000", "-o", tmp_path / "x.nc")
+    """A whole sample of 10^8 requests (chunks as large as the sample: not streamed) cannot fit; streamed, its
+    estimate is a chunk and the caches' state, whatever the requests."""
+    from mcsim.execution import executor
+    from mcsim.scenario import load_scenario
+
+    result = invoke("run", FACTORY, "--samples", "1", "--requests", "100000000", "--set",
+                    "mc.chunk_requests=100000000", "-o", tmp_path / "x.nc")
     assert "GiB" in one_line_error(result)
     assert listing(tmp_path) == set()
+    plan = executor.make_plan(load_scenario(FACTORY), ("factory",), samples=1, requests=10**8)
+    streamed = executor.sample_bytes(plan)
+    assert streamed < 3 * 2**30 and streamed == executor.sample_bytes(
+        executor.make_plan(load_scenario(FACTORY), ("factory",), samples=1, requests=10**7))
+    executor.check_memory(plan, 1)  # not refused
 
 
 # -- the error boundary -----------------------------------------------------------------------------------------

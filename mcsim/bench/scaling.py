@@ -164,14 +164,20 @@ def measure_sample(requests: int, overrides=(), repeats: int = 2) -> dict:
 def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allows: int | None = None) -> list[dict]:
     """:func:`measure_sample` at each size, each in a fresh process.
 
-    ``largest_if_memory_allows``: one more size, run only if the memory of the largest measured size scaled
-    to it (with a 30 % margin) fits in half the memory available now; otherwise recorded as skipped.
+    ``largest_if_memory_allows``: one more size, run only if its memory fits in half the memory available now:
+    a streamed sample's estimate (:func:`mcsim.execution.executor.sample_bytes`), or else the memory of the
+    largest measured size scaled to it (with a 30 % margin); otherwise recorded as skipped.
     """
     out = [in_subprocess("measure_sample", requests=int(n), overrides=list(overrides), repeats=repeats)
            for n in sizes]
     if largest_if_memory_allows:
         last = out[-1]
         need = 1.3 * last["peak_memory_mib"] * 2**20 * largest_if_memory_allows / last["requests"]
+        plan = executor.make_plan(bench_scenario(overrides), ("factory",), samples=1,
+                                  requests=int(largest_if_memory_allows))
+        streamed = executor.sample_bytes(plan)
+        if streamed < int(largest_if_memory_allows) * executor.BYTES_PER_REQUEST:
+            need = streamed
         available = available_memory_bytes()
         if available is not None and need < 0.5 * available:
             out.append(in_subprocess("measure_sample", requests=int(largest_if_memory_allows),

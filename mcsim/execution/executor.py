@@ -308,6 +308,26 @@ def reach_scheduler(address: str) -> None:
 BYTES_PER_REQUEST = 2048
 
 
+def sample_bytes(plan: "Plan") -> int:
+    """Memory one sample of the plan needs: :data:`BYTES_PER_REQUEST` a request, or for a streamed sample (its
+    first sample's draws, every variant) a chunk's worth and its caches' state
+    (:func:`mcsim.execution.sample.streamed_bytes`)."""
+    whole = plan.requests * BYTES_PER_REQUEST
+    scn = plan.scn
+    try:
+        draws = draw_uncertain(scn, [0], plan.seed, n_samples=plan.samples)
+        values = {k: float(v[0]) for k, v in draws.items()}
+        sizes = []
+        for name, overrides in plan.variants.items():
+            p = one_sample.variant_params(scn, name, overrides, values)
+            sizes.append(one_sample.streamed_bytes(scn, p, plan.requests, BYTES_PER_REQUEST))
+    except Exception:  # the run itself reports what is wrong with the scenario
+        return whole
+    if any(size is None for size in sizes) or plan.axes:  # a grid point may not stream
+        return whole
+    return min(max(sizes), whole)
+
+
 class MemoryLimitError(McsimError, ValueError):
     """A run whose samples cannot fit in this machine's memory."""
 
@@ -319,7 +339,7 @@ def check_memory(plan: "Plan", concurrent: int) -> None:
         total = psutil.virtual_memory().total
     except Exception:  # no way to tell: do not refuse
         return
-    one = plan.requests * BYTES_PER_REQUEST
+    one = sample_bytes(plan)
     at_once = max(1, min(concurrent, plan.samples))
     if one * at_once <= total:
         return

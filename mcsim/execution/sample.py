@@ -122,6 +122,25 @@ def streamed(scn: Scenario, p: dict, n_requests: int) -> bool:
     return kvcache.CacheStream.streams(cache_in)
 
 
+#: Bytes of a streamed sample's cache state per row (its int32[4] row, int64 key, int32 free-stack slot) and per
+#: hash-table slot (:class:`mcsim.kernels.kv_tiers.RunCaches`).
+CACHE_ROW_BYTES, CACHE_SLOT_BYTES = 28, 4
+
+
+def streamed_bytes(scn: Scenario, p: dict, n_requests: int, bytes_per_request: int) -> int | None:
+    """Peak memory of one streamed sample (None when it does not stream): a chunk's requests at
+    ``bytes_per_request`` each, and the most its caches' state can take (rows for twice the capacities)."""
+    if not streamed(scn, p, n_requests):
+        return None
+    cache_in = kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p))
+    caches = 1 if cache_in.routing == "pooled" else cache_in.caches
+    scale = cache_in.caches if cache_in.routing == "pooled" else 1
+    max_context = int(p["workload.max_context"] or p["model.max_context"])
+    rows = 2 * caches * scale * sum(cache_in.capacity_blocks) + max_context // int(p["cache.block_tokens"]) + 1025
+    cache_bytes = 0 if cache_in.capacity_blocks[0] == 0 else rows * CACHE_ROW_BYTES + 2 * rows * CACHE_SLOT_BYTES
+    return chunk_requests(p) * bytes_per_request + cache_bytes
+
+
 class StreamedSample:
     """Stages 1-4 of one variant of a streamed sample (:func:`streamed`), chunk by chunk.
 
@@ -267,7 +286,7 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
             memo[key] = compute()
         return memo[key]
 
-    p = _variant_params(scn, variant, overrides, draws)
+    p = variant_params(scn, variant, overrides, draws)
     inputs = workload.Inputs.from_params(p)
     if "requests" not in shared:  # the workload is common to all variants
         shared["requests"] = sample_requests(scn, p, sample, seed, n_requests)
@@ -304,7 +323,7 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
     return p, measured, cached, passes, experts, model
 
 
-def _variant_params(scn: Scenario, variant: str, overrides: dict, draws: dict) -> dict:
+def variant_params(scn: Scenario, variant: str, overrides: dict, draws: dict) -> dict:
     """The resolved parameters of one variant of a sample."""
     p = resolve(scn.with_values(overrides, origin=f"variant {variant}") if overrides else scn, draws)
     if p["performance.fidelity"] == "roofline":
@@ -354,7 +373,7 @@ def sample_variants(scn: Scenario, variants, sample: int, seed: int, n_requests:
     tiers). See :func:`run_sample`."""
     shared: dict = {}
     for variant, overrides in variant_specs(scn, variants).items():
-        p = _variant_params(scn, variant, overrides, draws)
+        p = variant_params(scn, variant, overrides, draws)
         if streamed(scn, p, n_requests):
             yield streamed_variant(scn, variant, p, sample, seed, n_requests, draws, shared)
             continue
