@@ -161,3 +161,22 @@ def test_the_frontier_day_is_the_published_daily_volume():
     assert streamed(scn, p, n)
     assert streamed_bytes(scn, p, n, BYTES_PER_REQUEST) < 4 * 2**30  # a chunk and the caches' state, whatever n
 
+
+def test_the_second_pass_reads_back_what_the_stages_give_again():
+    """The first pass's file holds, request by request, what running the generator, the cache replay and the
+    speculative draws again gives (the passes without the file)."""
+    from mcsim.execution.sample import StreamedSample
+
+    scn, p = _params(["mc.chunk_requests=1500"])
+    stages = StreamedSample(scn, p, 0, 4, 5000, 1500)
+    assert stages._spill is not None
+    kept = list(stages.passes())
+    stages.close()
+    again = list(stages.passes())
+    assert [c[0].n for c in kept] == [c[0].n for c in again] and sum(c[0].n for c in kept) == stages.sums.n
+    for (a, cached_a, passes_a), (b, cached_b, passes_b) in zip(kept, again):
+        for field in ("prompt_tokens", "output_tokens", "class_id"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+        np.testing.assert_array_equal(cached_a, cached_b)
+        np.testing.assert_array_equal(passes_a, passes_b)
+    assert cached_b[:, 1:].sum() > 0 and passes_b is not None  # lower tiers and speculative draws in play

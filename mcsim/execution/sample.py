@@ -9,6 +9,7 @@ tendencies and arrivals (common random numbers).
 from __future__ import annotations
 
 import math
+import tempfile
 from functools import lru_cache
 
 import numpy as np
@@ -144,10 +145,13 @@ def streamed_bytes(scn: Scenario, p: dict, n_requests: int, bytes_per_request: i
 class StreamedSample:
     """Stages 1-4 of one variant of a streamed sample (:func:`streamed`), chunk by chunk.
 
-    :meth:`passes` runs the generator, the cache replay and the speculative draws over every request from the
-    start (each from its own seed, so every pass sees the same requests, hits and draws) and yields each chunk's
-    measured requests with their reused tokens and passes; :attr:`totals` (the first pass's sums) is what the
-    step model and stage 5 are sized on.
+    The first pass (at construction) runs the generator, the cache replay and the speculative draws over every
+    request, into sums (:attr:`totals`: what the step model and stage 5 are sized on), the steady-state windows and
+    the simulator's window; it also writes what the service times read of each measured request (prompt and output
+    tokens, passes, class, reused tokens per tier: ``4 x (4 + tiers)`` bytes) to an unnamed temporary file, in the
+    system's temporary folder (about 2.8 GB for 10^8 requests over three tiers), so that :meth:`passes` reads them
+    back chunk by chunk instead of running the stages again. Where that file cannot be written (no space), the
+    passes run the stages again from their seeds: the same requests, hits and draws.
     """
 
     def __init__(self, scn: Scenario, p: dict, sample: int, seed: int, n_requests: int, chunk: int):
@@ -162,7 +166,9 @@ class StreamedSample:
         limit = int(p["performance.batching_requests"])
         limit = chunk if limit <= 0 else min(limit, chunk)
         window, held = [], 0
+        self._spill, self._spill_rows = _open_spill(), []
         for measured, cached, passes, _, _ in self._chunks(steady):
+            self._write_spill(measured, cached, passes)
             part = fleet.RequestSums.of(measured.prompt_tokens, cached,
                                         measured.output_tokens if passes is None else passes, measured.output_tokens)
             sums = part if sums is None else sums + part
@@ -206,10 +212,58 @@ class StreamedSample:
             passes = speculative_stage(self.spec_in, measured, spec_rng)
             yield measured, every_cached[skip:], passes, every, every_cached
 
+    def _write_spill(self, measured, cached, passes) -> None:
+        if self._spill is None:
+            return
+        columns = [measured.prompt_tokens, measured.output_tokens,
+                   measured.output_tokens if passes is None else passes, measured.class_id, *cached.T]
+        try:
+            np.column_stack(columns).astype(np.int32).tofile(self._spill)
+        except OSError:  # no space: the passes run the stages again
+            self.close()
+            return
+        self._spill_rows.append(measured.n)
+
+    def close(self) -> None:
+        """Remove the first pass's file (:meth:`passes` then runs the stages again)."""
+        if self._spill is not None:
+            self._spill.close()
+            self._spill = None
+
     def passes(self):
-        """The measured requests chunk by chunk, from the first: ``(requests, cached_tokens, passes)``."""
-        for measured, cached, passes, _, _ in self._chunks():
-            yield measured, cached, passes
+        """The measured requests chunk by chunk, from the first: ``(requests, cached_tokens, passes)``; ``requests``
+        has their ``prompt_tokens``, ``output_tokens`` and ``class_id`` (a :class:`SpilledChunk`, read back from
+        the first pass's file) or is the :class:`~mcsim.stages.workload.Requests` themselves."""
+        if self._spill is None:
+            for measured, cached, passes, _, _ in self._chunks():
+                yield measured, cached, passes
+            return
+        tiers = len(self.cache_in.capacity_blocks)
+        width = 4 + tiers
+        self._spill.seek(0)
+        for rows in self._spill_rows:
+            block = np.fromfile(self._spill, np.int32, count=rows * width).reshape(rows, width)
+            columns = block.astype(np.int64)
+            passes = None if self.spec_in.draft_tokens == 0 else np.ascontiguousarray(columns[:, 2])
+            yield (SpilledChunk(np.ascontiguousarray(columns[:, 0]), np.ascontiguousarray(columns[:, 1]),
+                                np.ascontiguousarray(block[:, 3])),
+                   np.ascontiguousarray(columns[:, 4:]), passes)
+
+
+class SpilledChunk:
+    """What the service times read of a chunk of requests (read back by :meth:`StreamedSample.passes`)."""
+
+    def __init__(self, prompt_tokens, output_tokens, class_id):
+        self.prompt_tokens, self.output_tokens, self.class_id = prompt_tokens, output_tokens, class_id
+        self.n = len(prompt_tokens)
+
+
+def _open_spill():
+    """An unnamed temporary file for a streamed sample's first pass, or None where none can be made."""
+    try:
+        return tempfile.TemporaryFile(prefix="mcsim-sample-")
+    except OSError:
+        return None
 
 
 MONEY_OUTPUTS = ("cost_usd_per_day", "revenue_usd_per_day", "gross_margin", "cost_profit_margin",
