@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -240,12 +241,40 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only():
     bar = _progress_bar(10, 3, _Terminal())
     try:
         assert bar is not None and bar.total == 10 and bar.n == 3
-        _show_rate(bar, 2_500_000, 2.0)  # the requests of the samples finished, per second so far
-        assert bar.postfix == "1.25 M requests/s"
+        _show_rate(bar, 2_500_000, 2.0)  # the requests simulated so far, and per second
+        assert bar.postfix == "2.5 M requests, 1.25 M requests/s"
         _show_rate(bar, 900, 1.0)
-        assert bar.postfix == "900 requests/s"
+        assert bar.postfix == "900 requests, 900 requests/s"
     finally:
         bar.close()
+
+
+def test_samples_in_flight_report_their_requests_to_the_client():
+    """A streamed sample's chunks reach the client as events while it runs: the bar's count moves before the task
+    ends (two variants each stream the requests once), and a task's count leaves once it is done."""
+    from dask.distributed import Client, LocalCluster
+
+    from mcsim.execution import progress
+    from mcsim.execution.sample import run_sample
+    from mcsim.scenario import draw_uncertain, load_scenario
+
+    scn = load_scenario(FACTORY, overrides=["mc.chunk_requests=1000"])
+    draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()}
+    variants = {"factory": {}, "cheaper": {"economics.electricity_usd_per_kwh": 0.05}}
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        inflight = progress.InFlight({"t1": 3500}, weight=2)
+        client.subscribe_topic(progress.TOPIC, inflight)
+        seen = client.submit(lambda: run_sample(scn, variants, 0, 1, 3500, draws) and 1, key="t1")
+        assert seen.result() == 1
+        deadline = time.monotonic() + 10
+        while inflight.requests() < 3500 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert inflight.counts["t1"] == 2 * 3500 and inflight.requests() == 3500
+        inflight.finish("t1")
+        inflight(("now", ["t1", 1000]))  # a late event of a finished task is not counted again
+        assert inflight.requests() == 0
+    progress.report(10)  # outside a worker: nothing to do, no error
 
 
 def test_a_run_logged_to_a_file_has_no_progress_frames(tmp_path, monkeypatch):

@@ -40,6 +40,7 @@ import xarray as xr
 
 from mcsim import __version__
 from mcsim.errors import McsimError, OutputError
+from mcsim.execution import progress as progress_events
 from mcsim.execution import sample as one_sample
 from mcsim.fileio import atomic_path
 from mcsim.results import dataset as results
@@ -587,12 +588,18 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
     bar = None
     futures = []
     try:
-        plan_future = client.scatter(plan, broadcast=True, hash=False)
-        futures = [client.submit(run_task, plan_future, p, c, pure=False, retries=2,
-                                 key=f"mcsim-{fingerprint[:12]}-{p}-{c}") for p, c in todo]
-        bar = _progress_bar(total, total - len(todo)) if progress else None
         chunk_sizes = [len(chunk) for chunk in plan.chunks]
-        started, simulated = time.perf_counter(), 0
+        keys = {(p, c): f"mcsim-{fingerprint[:12]}-{p}-{c}" for p, c in todo}
+        bar = _progress_bar(total, total - len(todo)) if progress else None
+        inflight = None
+        if bar is not None:  # streamed samples report their requests as they go
+            inflight = progress_events.InFlight({keys[t]: chunk_sizes[t[1]] * plan.requests for t in todo},
+                                                weight=len(plan.variants))
+            client.subscribe_topic(progress_events.TOPIC, inflight)
+        plan_future = client.scatter(plan, broadcast=True, hash=False)
+        futures = [client.submit(run_task, plan_future, p, c, pure=False, retries=2, key=keys[(p, c)])
+                   for p, c in todo]
+        started, simulated, shown = time.perf_counter(), 0, 0.0
         # Ctrl-C only sets a flag, checked between results, so a part file is never cut half-written and the
         # client shuts down cleanly.
         with _stop_on_sigint() as stop:
@@ -603,6 +610,11 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                 batch = pending.next_batch(block=False)
                 if not batch:
                     time.sleep(0.02)
+                    now = time.perf_counter()
+                    if inflight is not None and now - shown > 1.0:
+                        shown = now
+                        _show_rate(bar, simulated + inflight.requests(), now - started)
+                        bar.refresh()
                     continue
                 for future in batch:
                     p, c = (int(x) for x in future.key.rsplit("-", 2)[1:])
@@ -612,6 +624,7 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                     parts[(p, c)] = table
                     future.release()
                     if bar is not None:
+                        inflight.finish(future.key)
                         simulated += chunk_sizes[c] * plan.requests
                         _show_rate(bar, simulated, time.perf_counter() - started)
                         bar.update(1)
@@ -629,8 +642,9 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
 
 
 def _show_rate(bar, requests: int, seconds: float) -> None:
-    """Requests per sample x samples finished, per second of this run so far, beside the progress bar."""
-    bar.set_postfix_str(f"{si(requests / max(seconds, 1e-9))} requests/s", refresh=False)
+    """Requests simulated (requests per sample x samples finished, and what the samples in flight reported), and
+    per second of this run so far, beside the progress bar."""
+    bar.set_postfix_str(f"{si(requests)} requests, {si(requests / max(seconds, 1e-9))} requests/s", refresh=False)
 
 
 def _progress_bar(total: int, done: int, stream=None):

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from mcsim.execution import progress
 from mcsim.perf import factor as perf
 from mcsim.perf import fleet
 from mcsim.perf.hardware import performance_defaults
@@ -204,8 +205,9 @@ class StreamedSample:
             every = stream.next_chunk(self.chunk)
             every_cached = cache.cached_tokens(every)
             self.cache_state_bytes = max(self.cache_state_bytes, cache.nbytes)
-            if steady is not None:
+            if steady is not None:  # the first pass: requests simulated
                 steady.add(every_cached, every.prompt_tokens)
+                progress.report(every.n)
             skip = min(max(self.warm - at, 0), every.n)
             at += every.n
             measured = every.tail(skip) if skip else every

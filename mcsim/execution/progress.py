@@ -1,0 +1,58 @@
+"""Requests simulated so far by the samples in flight: what the progress bar's rate counts before they finish.
+
+A streamed sample (:class:`mcsim.execution.sample.StreamedSample`) calls :func:`report` after each chunk of its
+first pass; on a ``dask.distributed`` worker that is an event of :data:`TOPIC` with the task's key, which
+:class:`InFlight` (subscribed on the client) adds up. Outside a worker it does nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+#: The event topic of the requests a task has simulated.
+TOPIC = "mcsim-requests"
+
+
+def report(requests: int) -> None:
+    """Count ``requests`` more simulated by the task this runs in (a no-op outside a dask worker)."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:  # never imported: not in a worker (and importing it costs a second)
+        return
+    try:
+        worker = distributed.get_worker()
+    except ValueError:  # not in a worker
+        return
+    key = worker.get_current_task()
+    if isinstance(key, str):
+        worker.log_event(TOPIC, [key, int(requests)])
+
+
+class InFlight:
+    """Requests reported by each running task (the handler of :data:`TOPIC` events), less those of tasks done.
+
+    ``per_task`` caps a task's count (its samples x requests) and ``weight`` divides what is reported (the
+    variants of a sample each stream its requests).
+    """
+
+    def __init__(self, per_task: dict, weight: int = 1):
+        self.per_task, self.weight = per_task, max(int(weight), 1)
+        self.counts: dict = {}
+        self.done: set = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, event) -> None:
+        _, (key, requests) = event
+        with self.lock:
+            if key not in self.done:
+                self.counts[key] = self.counts.get(key, 0) + int(requests)
+
+    def finish(self, key) -> None:
+        with self.lock:
+            self.done.add(key)
+            self.counts.pop(key, None)
+
+    def requests(self) -> int:
+        """Requests simulated by the running tasks."""
+        with self.lock:
+            return sum(min(n // self.weight, self.per_task.get(k, 0)) for k, n in self.counts.items())
