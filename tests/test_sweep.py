@@ -150,25 +150,34 @@ def _cli(*args, **kw):
 SWEEP_ARGS = ["sweep", ROOT / "scenarios" / "factory.toml", *[x for s in SMALL for x in ("--set", s)],
               "--grid", "speculative.draft_tokens=0,1,2", "--samples", "6", "--requests", "2500", "--chunk-size", "1",
               "--workers", "1", "--no-progress"]
+#: Samples streamed in chunks of 1,000 requests (mcsim.execution.sample.streamed).
+STREAMED = "mc.chunk_requests=1000"
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The file SWEEP_ARGS write when nothing interrupts them (the same call, made from Python)."""
-    path = tmp_path_factory.mktemp("uninterrupted") / "reference.nc"
-    mcsim.sweep(ROOT / "scenarios" / "factory.toml", ["speculative.draft_tokens=0,1,2"], overrides=SMALL, samples=6,
-                requests=2500, chunk_size=1, workers=1, output=path)
-    return path
+    """The files SWEEP_ARGS write when nothing interrupts them (the same call, made from Python), whole samples
+    and streamed ones."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    paths = {}
+    for extra in ((), (STREAMED,)):
+        paths[extra] = folder / f"reference{len(extra)}.nc"
+        mcsim.sweep(ROOT / "scenarios" / "factory.toml", ["speculative.draft_tokens=0,1,2"], overrides=[*SMALL, *extra],
+                    samples=6, requests=2500, chunk_size=1, workers=1, output=paths[extra])
+    return paths
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
-def test_interrupted_sweep_resumes_to_the_same_file(tmp_path, how, uninterrupted):
-    reference = uninterrupted
+@pytest.mark.parametrize("how, extra", [(signal.SIGINT, ()), (signal.SIGKILL, (STREAMED,))])
+def test_interrupted_sweep_resumes_to_the_same_file(tmp_path, how, extra, uninterrupted):
+    """Interrupted (Ctrl-C) or killed, a sweep resumes to the file an uninterrupted one writes, with whole samples
+    and with streamed ones."""
+    reference = uninterrupted[extra]
+    args = [*SWEEP_ARGS, *[x for s in extra for x in ("--set", s)]]
 
     out = tmp_path / "out.nc"
     parts = tmp_path / "out.nc.parts"
-    proc = _cli(*SWEEP_ARGS, "-o", out)
+    proc = _cli(*args, "-o", out)
     deadline = time.time() + 120
     while time.time() < deadline and len(list(parts.glob("*.npz"))) < 4:
         time.sleep(0.05)
@@ -182,15 +191,19 @@ def test_interrupted_sweep_resumes_to_the_same_file(tmp_path, how, uninterrupted
 
     # Without --resume the leftover parts are not silently discarded or merged (the same command, run in this
     # process from here on: only the interruption needs a process of its own).
-    refused = invoke(*SWEEP_ARGS, "-o", out)
+    refused = invoke(*args, "-o", out)
     assert refused.exit_code == 2 and "--resume" in refused.stderr
 
-    resumed = invoke(*SWEEP_ARGS, "-o", out, "--resume")
+    resumed = invoke(*args, "-o", out, "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert not parts.exists()
     with xr.open_dataset(out) as a, xr.open_dataset(reference) as b:
         assert_same_results(a, b)
         assert a.attrs["parts_reused"] >= 4
+    if extra:  # the streamed samples differ from whole ones (sketched quantiles): the reference is theirs
+        with xr.open_dataset(uninterrupted[()]) as whole, xr.open_dataset(reference) as b:
+            assert not np.array_equal(whole["ttft_s"].values, b["ttft_s"].values)
+            np.testing.assert_array_equal(whole["cache_hit_rate"].values, b["cache_hit_rate"].values)
 
 
 def test_damaged_and_foreign_parts_are_recomputed(scn, tmp_path):
