@@ -143,7 +143,7 @@ def test_bounded_rows_fill_then_reclaim_and_reuse_what_dense_rows_reuse():
 
 def test_the_frontier_day_is_the_published_daily_volume():
     """scenarios/frontier-day.toml: 10^8 requests over 24 hours whose tokens are DeepSeek's published day (608 B
-    input, 168 B output; Open Infra Index, day 6) within 3 % over samples (a sample's input varies by about 6 %: its
+    input, 168 B output; Open Infra Index, day 6) within 3 % over samples (a single sample's input may be 20 % off: its
     400 system prompts' lengths are drawn once), streamed in memory that does not grow with them."""
     from mcsim.execution.executor import BYTES_PER_REQUEST
     from mcsim.execution.sample import streamed_bytes
