@@ -307,13 +307,16 @@ class RunCaches:
         rows = 2 * self.n_instances * int(self.capacity_blocks.sum()) + self.longest + 1024
         if rows >= 2**31:
             raise ValueError("the caches' capacities need 2**31 rows or more")
-        self.state = np.empty((rows, _ROW), np.int32)
-        self.head, self.tail = np.empty(lists, np.int32), np.empty(lists, np.int32)
-        self.count = np.empty(lists, np.int64)
-        self.row_key, self.table = np.empty(rows, np.int64), np.empty(_slots(rows), np.int32)
-        self.free = np.empty(rows, np.int32)
+        self._arrays = _take_run_arrays(rows, lists)
+        self.state, self.head, self.tail, self.count, self.row_key, self.table, self.free = self._arrays
         self.n_free = np.full(1, -1, np.int64)  # -1: not yet reset
         self.rows_used = np.zeros(1, np.int64)  # rows ever given a key: those beyond are untouched
+
+    def __del__(self):
+        try:
+            _give_back_run_arrays(getattr(self, "_arrays", None))
+        except Exception:  # at interpreter shutdown the module may be gone: nothing to keep then
+            pass
 
     @property
     def nbytes(self) -> int:
@@ -331,6 +334,27 @@ class RunCaches:
                              np.ascontiguousarray(instance, dtype=np.int32), self.capacity_blocks, out_hits,
                              self.state, self.head, self.tail, self.count, self.span, self.longest, self.row_key,
                              self.table, self.free, self.n_free, self.rows_used)
+
+
+def _take_run_arrays(rows: int, lists: int) -> tuple:
+    """The arrays of a :class:`RunCaches` of ``rows`` rows and ``lists`` lists: those an earlier one of the same
+    shapes gave back in this thread (their pages already touched: a sample after the first does not pay the
+    operating system's first touch again), else new ones. Their contents do not matter: a reset writes what is
+    read before it is written."""
+    kept = getattr(_local, "run_arrays", None)
+    if kept is not None and kept[0] == (rows, lists):
+        _local.run_arrays = None
+        return kept[1]
+    return (np.empty((rows, _ROW), np.int32), np.empty(lists, np.int32), np.empty(lists, np.int32),
+            np.empty(lists, np.int64), np.empty(rows, np.int64), np.empty(_slots(rows), np.int32),
+            np.empty(rows, np.int32))
+
+
+def _give_back_run_arrays(arrays) -> None:
+    """Keep the arrays of a :class:`RunCaches` no longer used, for the next one of the same shapes in this thread
+    (one set at most: a new shape replaces it)."""
+    if arrays is not None:
+        _local.run_arrays = ((arrays[0].shape[0], arrays[1].shape[0]), arrays)
 
 
 def _slots(rows: int) -> int:

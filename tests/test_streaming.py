@@ -180,3 +180,29 @@ def test_the_second_pass_reads_back_what_the_stages_give_again():
         np.testing.assert_array_equal(cached_a, cached_b)
         np.testing.assert_array_equal(passes_a, passes_b)
     assert cached_b[:, 1:].sum() > 0 and passes_b is not None  # lower tiers and speculative draws in play
+
+
+def test_caches_reuse_the_arrays_of_earlier_ones_and_reuse_what_fresh_ones_reuse():
+    """A RunCaches of the same shapes takes the arrays an earlier one gave back (their pages touched, their
+    contents stale) and replays exactly what dense rows replay."""
+    from mcsim.kernels import kv_tiers
+
+    scn, p = _params()
+    capacity = np.array([3000, 2000, 4000])
+    first = kv_tiers.RunCaches(capacity, 2, 1 << 40, 20000 // 64)
+    earlier = workload.generate(p, scn.classes, 3000, np.random.default_rng(8), 20000)
+    first.replay(earlier.block_ptr, earlier.block_runs, (np.arange(earlier.n) % 2).astype(np.int32),
+                 np.zeros((earlier.n, 3), np.int64))
+    state = first.state
+    del first
+    req = workload.generate(p, scn.classes, 4000, np.random.default_rng(9), 20000)
+    instance = (np.arange(req.n) % 2).astype(np.int32)
+    again = kv_tiers.RunCaches(capacity, 2, 1 << 40, 20000 // 64)
+    assert again.state is state  # the earlier arrays, as they were left
+    hits = np.zeros((req.n, 3), np.int64)
+    again.replay(req.block_ptr, req.block_runs, instance, hits)
+    span = kv_tiers.run_id_range(req.block_ptr, req.block_runs)[1]
+    dense = np.zeros((req.n, 3), np.int64)
+    kv_tiers.lookup_tiers_runs(req.block_ptr, req.block_runs, instance, 2, span, capacity, dense, bounded=False)
+    assert dense[:, 1:].sum() > 0
+    np.testing.assert_array_equal(hits, dense)
