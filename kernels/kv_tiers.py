@@ -310,6 +310,7 @@ class RunCaches:
         self._arrays = _take_run_arrays(rows, lists)
         self.state, self.head, self.tail, self.count, self.row_key, self.table, self.free = self._arrays
         self.n_free = np.full(1, -1, np.int64)  # -1: not yet reset
+        self.load = np.zeros(max(self.n_instances, 1), np.int64)  # blocks admitted per instance (cache-aware)
         self.rows_used = np.zeros(1, np.int64)  # rows ever given a key: those beyond are untouched
 
     def __del__(self):
@@ -324,16 +325,19 @@ class RunCaches:
         per_row = self.state.itemsize * _ROW + self.row_key.itemsize + self.free.itemsize
         return int(self.table.nbytes + self.head.nbytes * 2 + self.count.nbytes + per_row * int(self.rows_used[0]))
 
-    def replay(self, block_ptr, block_runs, instance, out_hits) -> None:
+    def replay(self, block_ptr, block_runs, instance, out_hits, balance: float = 0.25) -> None:
         """Replay requests (arguments as :func:`lookup_tiers_runs`, each at most ``longest`` blocks) after those of
-        the earlier calls, writing their hits."""
+        the earlier calls, writing their hits. A request of ``instance`` -1 is routed cache-aware (``balance`` as
+        :func:`lookup_tiers`'s) and its instance written."""
         block_ptr = np.ascontiguousarray(block_ptr, dtype=np.int64)
         if block_ptr.shape[0] > 1 and int(np.diff(block_ptr).max()) > self.longest:
             raise ValueError(f"a request has more than longest = {self.longest} blocks")
+        instance = np.ascontiguousarray(instance, dtype=np.int32)
+        if instance.size and (int(instance.min()) < -1 or int(instance.max()) >= self.n_instances):
+            raise ValueError("instance out of range [-1, n_instances)")
         _replay_runs_bounded(block_ptr, np.ascontiguousarray(block_runs, dtype=np.int64),
-                             np.ascontiguousarray(instance, dtype=np.int32), self.capacity_blocks, out_hits,
-                             self.state, self.head, self.tail, self.count, self.span, self.longest, self.row_key,
-                             self.table, self.free, self.n_free, self.rows_used)
+                             instance, self.capacity_blocks, out_hits, self.state, self.head, self.tail, self.count, self.span, self.longest, self.row_key,
+                             self.table, self.free, self.n_free, self.rows_used, self.load, float(balance))
 
 
 def _take_run_arrays(rows: int, lists: int) -> tuple:
@@ -390,14 +394,20 @@ def _slot_of(key, shift):
 
 @kernel
 def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_hits, state, head, tail, count, span,
-                         longest, row_key, table, free, n_free_io, used_io):
+                         longest, row_key, table, free, n_free_io, used_io, load, balance):
     """:func:`_replay_runs` with a row per key only while its block is cached: ``table`` (linear probing, -1 =
     empty) maps a key to its row, ``row_key`` a row to its key (-1: free); rows ``used_io[0]`` on have never been
     used (nor written), ``free[:n_free_io[0]]`` is a stack of rows given back. When a request has more blocks than
     rows are left, every row whose block was dropped goes back to the stack and leaves the table (backward-shift
     deletion keeps every probe chain unbroken). The state carries over from call to call; ``n_free_io[0] < 0``
-    resets it first."""
+    resets it first.
+
+    A request of ``instance`` -1 is routed cache-aware, as :func:`lookup_tiers` routes it: to the instance holding
+    the longest prefix of its blocks in some tier (fewer blocks admitted so far, ``load``, breaks ties), unless
+    that instance's load exceeds ``1 + balance`` times the least loaded one's; ``instance`` is then written and
+    ``load`` (blocks admitted per instance, carried from call to call) counts every request."""
     next_tier = next_tiers(capacity_blocks)
+    n_instances = load.shape[0]
     mask = table.shape[0] - 1
     shift = 64
     while (1 << (64 - shift)) < table.shape[0]:
@@ -439,6 +449,31 @@ def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_h
                     free[n_free] = i
                     n_free += 1
         shared = block_runs[r, 0]
+        if inst < 0:  # cache-aware: the longest cached prefix, unless that instance is overloaded
+            least = 0
+            for i in range(1, n_instances):
+                if load[i] < load[least]:
+                    least = i
+            best = -1
+            best_len = -1
+            for i in range(n_instances):
+                length = 0
+                for k in range(m):
+                    key = i * span + (block_runs[r, 1] if k < shared else block_runs[r, 2]) + k
+                    slot = _slot_of(key, shift)
+                    while table[slot] >= 0 and row_key[table[slot]] != key:
+                        slot = (slot + 1) & mask
+                    if table[slot] < 0 or state[table[slot], _TIER] == _ABSENT:
+                        break
+                    length += 1
+                if length > best_len or (length == best_len and load[i] < load[best]):
+                    best = i
+                    best_len = length
+            if load[best] > (1.0 + balance) * load[least]:
+                best = least
+            inst = best
+            instance[r] = inst
+        load[inst] += m
         for k in range(m):
             key = inst * span + (block_runs[r, 1] if k < shared else block_runs[r, 2]) + k
             slot = _slot_of(key, shift)

@@ -25,10 +25,11 @@ def _params(overrides=()):
 @pytest.mark.parametrize("policy, caches, capacity", [("pooled", 4, (300, 500, 0)),
                                                       ("round-robin", 3, (200, 300, 900)),
                                                       ("random", 5, (100, 0, 200)),
-                                                      ("prefix-affinity", 3, (200, 100, 0))])
+                                                      ("prefix-affinity", 3, (200, 100, 0)),
+                                                      ("cache-aware", 4, (150, 200, 600))])
 def test_the_cache_stage_chunk_by_chunk_is_the_whole_replay(policy, caches, capacity):
-    """The carried caches (bounded rows, hashed keys), routing stream and round-robin position reuse exactly what
-    one replay of every request reuses, tier by tier and request by request."""
+    """The carried caches (bounded rows, hashed keys), routing stream, round-robin position and cache-aware loads
+    reuse exactly what one replay of every request reuses, tier by tier and request by request."""
     scn, p = _params()
     n = 8000
     whole = workload.generate(p, scn.classes, n, np.random.default_rng(5), 20000)
@@ -89,15 +90,16 @@ def _sample(overrides, n):
     return streamed(scn, p, n), run_sample(scn, ("factory",), 0, 4, n, draws)["factory"]
 
 
-def test_a_streamed_sample_is_the_whole_one():
+@pytest.mark.parametrize("routing", [(), ('deployment.routing="cache-aware"', "deployment.prefill_instances=3")])
+def test_a_streamed_sample_is_the_whole_one(routing):
     """Without the simulator: counts, sums, hit rates and means equal at any chunk size; quantiles within 1 % (the
     sketch's 0.5 % of the rank-rule quantile, checked above, and the whole sample's interpolation between
-    neighbouring requests)."""
+    neighbouring requests). The factory's one pooled cache, and cache-aware routing over three."""
     n = 6000
-    whole_streams, whole = _sample(["mc.chunk_requests=0"], n)
+    whole_streams, whole = _sample(["mc.chunk_requests=0", *routing], n)
     assert not whole_streams
     for chunk in (1000, 2600):
-        streams, part = _sample([f"mc.chunk_requests={chunk}"], n)
+        streams, part = _sample([f"mc.chunk_requests={chunk}", *routing], n)
         assert streams
         for key in EXACT:
             np.testing.assert_array_equal(part[key], whole[key], err_msg=f"{key} at chunks of {chunk}")

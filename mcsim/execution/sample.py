@@ -110,8 +110,7 @@ def streamed(scn: Scenario, p: dict, n_requests: int) -> bool:
     representative simulator (fleet modes fixed and slo, ``performance.simulate_batching``) they run once, and the
     simulator replays the first chunk of measured requests at most (``performance.batching_requests`` of them
     when fewer). The stages that need every request at once keep the whole sample in memory instead: a replayed
-    trace, the replicas, static batching's slot model, cache-aware routing over several caches and pooled tiers
-    behind the instances' own.
+    trace, the replicas, static batching's slot model and pooled tiers behind the instances' own.
     """
     if n_requests <= chunk_requests(p) or p["workload.trace"]:
         return False

@@ -400,8 +400,9 @@ class CacheStream:
     :func:`cache_hits` of the chunks joined, with the caches (bounded rows, :class:`~mcsim.kernels.kv_tiers.
     RunCaches`), the routing stream and the round-robin position carried from chunk to chunk.
 
-    Built by :meth:`of`, which returns None where the replay needs every request at once: cache-aware routing over
-    several caches, pooled tiers behind the instances' own, or requests without block runs (a trace's).
+    Built by :meth:`of`, which returns None where the replay needs every request at once: pooled tiers behind the
+    instances' own. Cache-aware routing over several caches routes request by request in the replay, with the
+    instances' loads carried over too. The requests must have block runs (the generator's, not a trace's).
     """
 
     def __init__(self, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int):
@@ -421,8 +422,7 @@ class CacheStream:
     @staticmethod
     def streams(inputs: "Inputs") -> bool:
         """Whether the cache stage of ``inputs`` can run chunk by chunk."""
-        return not (inputs.capacity_blocks[0] > 0 and (inputs.pooled_tiers > 0 or
-                                                       (inputs.routing == "cache-aware" and inputs.caches > 1)))
+        return not (inputs.capacity_blocks[0] > 0 and inputs.pooled_tiers > 0)
 
     @classmethod
     def of(cls, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int) -> "CacheStream | None":
@@ -448,7 +448,7 @@ class CacheStream:
                              else np.zeros(0, np.int64), self.n_instances, self.rng)
         self.offset += n
         serving = instance if self.caches > 1 else np.zeros(n, np.int32)
-        self.runs.replay(requests.block_ptr, requests.block_runs, serving, hits)
+        self.runs.replay(requests.block_ptr, requests.block_runs, serving, hits, self.inputs.routing_balance)
         return _reused_tokens(hits, requests)
 
 
