@@ -408,6 +408,7 @@ def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_h
     ``load`` (blocks admitted per instance, carried from call to call) counts every request."""
     next_tier = next_tiers(capacity_blocks)
     n_instances = load.shape[0]
+    lengths = np.zeros(n_instances, np.int64)
     mask = table.shape[0] - 1
     shift = 64
     while (1 << (64 - shift)) < table.shape[0]:
@@ -449,13 +450,7 @@ def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_h
                     free[n_free] = i
                     n_free += 1
         shared = block_runs[r, 0]
-        if inst < 0:  # cache-aware: the longest cached prefix, unless that instance is overloaded
-            least = 0
-            for i in range(1, n_instances):
-                if load[i] < load[least]:
-                    least = i
-            best = -1
-            best_len = -1
+        if inst < 0:  # cache-aware: each instance's cached prefix, through the table
             for i in range(n_instances):
                 length = 0
                 for k in range(m):
@@ -466,12 +461,8 @@ def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_h
                     if table[slot] < 0 or state[table[slot], _TIER] == _ABSENT:
                         break
                     length += 1
-                if length > best_len or (length == best_len and load[i] < load[best]):
-                    best = i
-                    best_len = length
-            if load[best] > (1.0 + balance) * load[least]:
-                best = least
-            inst = best
+                lengths[i] = length
+            inst = route_cache_aware(lengths, load, balance)
             instance[r] = inst
         load[inst] += m
         for k in range(m):
@@ -506,6 +497,24 @@ def next_tiers(capacity_blocks):
                 next_tier[t] = u
                 break
     return next_tier
+
+
+@kernel(inline="always")
+def route_cache_aware(lengths, load, balance):
+    """Cache-aware routing's pick: the instance with the longest cached prefix (``lengths``, blocks per instance),
+    the fewer blocks admitted so far (``load``) breaking ties and then the lower index, unless its load exceeds
+    ``1 + balance`` times the least loaded instance's (then that one)."""
+    least = 0
+    for i in range(1, load.shape[0]):
+        if load[i] < load[least]:
+            least = i
+    best = 0
+    for i in range(1, load.shape[0]):
+        if lengths[i] > lengths[best] or (lengths[i] == lengths[best] and load[i] < load[best]):
+            best = i
+    if load[best] > (1.0 + balance) * load[least]:
+        best = least
+    return best
 
 
 @kernel(inline="always")
@@ -810,26 +819,15 @@ def _replay_private(block_ptr, block_keys, instance, n_instances, capacity_block
     """The requests through every instance's own tiers (the validated inputs of :func:`_replay`)."""
     n = instance.shape[0]
     load = np.zeros(max(n_instances, 1), np.int64)
+    lengths = np.zeros(max(n_instances, 1), np.int64)
     for r in range(n):
         start = block_ptr[r]
         stop = block_ptr[r + 1]
         inst = instance[r]
-        if inst < 0:
-            # Cache-aware routing: the longest cached prefix, unless that instance is overloaded.
-            least = 0
-            for i in range(1, n_instances):
-                if load[i] < load[least]:
-                    least = i
-            best = -1
-            best_len = -1
+        if inst < 0:  # cache-aware routing
             for i in range(n_instances):
-                length = cached_prefix(state, block_keys, start, stop, i * key_stride)
-                if length > best_len or (length == best_len and load[i] < load[best]):
-                    best = i
-                    best_len = length
-            if load[best] > (1.0 + balance) * load[least]:
-                best = least
-            inst = best
+                lengths[i] = cached_prefix(state, block_keys, start, stop, i * key_stride)
+            inst = route_cache_aware(lengths, load, balance)
             instance[r] = inst
         load[inst] += stop - start
         admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_keys, start, stop,
@@ -844,25 +842,15 @@ def _replay_pooled(block_ptr, block_keys, instance, n_instances, capacity_blocks
     n = instance.shape[0]
     pool_list = capacity_blocks.shape[0] * n_instances
     load = np.zeros(max(n_instances, 1), np.int64)
+    lengths = np.zeros(max(n_instances, 1), np.int64)
     for r in range(n):
         start = block_ptr[r]
         stop = block_ptr[r + 1]
         inst = instance[r]
         if inst < 0:  # cache-aware: the pool's blocks count as every instance's
-            least = 0
-            for i in range(1, n_instances):
-                if load[i] < load[least]:
-                    least = i
-            best = -1
-            best_len = -1
             for i in range(n_instances):
-                length = cached_prefix_pooled(state, block_keys, start, stop, i * key_stride, n_keys)
-                if length > best_len or (length == best_len and load[i] < load[best]):
-                    best = i
-                    best_len = length
-            if load[best] > (1.0 + balance) * load[least]:
-                best = least
-            inst = best
+                lengths[i] = cached_prefix_pooled(state, block_keys, start, stop, i * key_stride, n_keys)
+            inst = route_cache_aware(lengths, load, balance)
             instance[r] = inst
         load[inst] += stop - start
         admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_private, n_keys, pool_list,
