@@ -276,6 +276,8 @@ class RunCaches:
     The rows (24 bytes each, twice every instance's capacity in all tiers plus one request) are allocated at once
     but used in order, so that only those that ever held a block take memory; the hash table (4 bytes a slot, at
     most half full at its most rows) is written whole at the first call.
+    Arrays of the same shapes that an earlier one gave back in this thread are taken instead of new ones (see
+    :func:`_take_run_arrays`): a worker's later samples keep the memory of its first.
 
     Parameters
     ----------
