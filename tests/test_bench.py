@@ -203,3 +203,19 @@ def test_numpy_speculative_agrees_with_reference_in_distribution():
     # Same requests, independent draws: per-request pass counts differ by noise only.
     diff = np_passes - np.array(ref_passes)
     assert abs(diff.mean()) <= 4 * diff.std(ddof=1) / np.sqrt(diff.size)
+
+
+def test_the_frontier_day_runs_only_when_asked_and_reports_its_rate(tmp_path):
+    """Asked for, the frontier day's sample runs in a process of its own and the table quotes its time, rate and
+    memory; its 15-minute target is judged at 10^8 requests only."""
+    asked = run_suite(False, tmp_path, size="tiny", parts=["frontier"], progress=None)
+    day = asked["scaling"]["frontier"]
+    assert day["requests"] == 3_000 and day["seconds"] > 0 and day["peak_rss_mib"] > 50
+    assert day["requests_per_s"] == pytest.approx(3_000 / day["seconds"], rel=1e-12)
+    assert "the frontier day (scenarios/frontier-day.toml), one sample of 3,000 requests" in format_table(asked)
+    assert not [t for t in asked["targets"] if t["target"].startswith("the frontier day")]
+
+
+def test_the_default_suite_leaves_the_frontier_day_out(suite):
+    result, _ = suite
+    assert result["scaling"]["frontier"] is None

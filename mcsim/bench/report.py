@@ -90,6 +90,11 @@ def format_scaling(sc: dict) -> list[str]:
         o = sc["overhead"]
         lines += ["", (f"Dask per task ({o['tasks']} tasks of one {o['requests']}-request sample, one worker): "
                        f"{o['overhead_ms_per_task']:.2f} ms ({o['dask_s'] / o['direct_s']:.2f}x a plain loop)")]
+    if sc.get("frontier"):
+        d = sc["frontier"]
+        lines += ["", (f"the frontier day (scenarios/frontier-day.toml), one sample of {d['requests']:,} requests, "
+                       f"one worker, fresh process: {d['seconds']:.1f} s ({si(d['requests_per_s'])} requests/s), "
+                       f"peak RSS {d['peak_rss_mib'] / 1024:.2f} GiB")]
     if sc.get("compile"):
         lines += ["", "Numba, fresh process:"]
         for kind, label in (("compiled", "cache off (compiles)"), ("cached", "on-disk cache (loads)")):

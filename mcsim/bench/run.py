@@ -36,7 +36,7 @@ from mcsim.text import si
 __all__ = ["PARTS", "PNG_SIGNATURE", "SETTINGS", "bench_command", "format_table", "run_suite"]
 
 DEFAULT_OUT_DIR = Path("outputs") / "bench"
-PARTS = kernel_cases.STAGES + ("requests", "grid", "workers", "overhead", "compile")
+PARTS = kernel_cases.STAGES + ("requests", "grid", "workers", "overhead", "compile", "frontier")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ class SuiteSettings:
     overhead_tasks: int = 16
     compile: bool = False
     end_to_end_requests: int = 1_000_000
+    frontier_requests: int = 100_000_000  # the frontier day's sample, run only when asked for (parts)
 
 
 SETTINGS = {
@@ -73,10 +74,10 @@ SETTINGS = {
     "quick": SuiteSettings(kernel_cases.QUICK, 2, 1, (10_000, 100_000, 1_000_000), 1,
                            grid_points=(1, 4), grid_samples=2, grid_requests=10_000,
                            workers_requests=20_000, workers_samples=4, workers_points=2, workers_repeats=1,
-                           overhead_tasks=16),
+                           overhead_tasks=16, frontier_requests=1_000_000),
     "tiny": SuiteSettings(kernel_cases.TINY, 1, 1, (3_000, 6_000), 0, grid_points=(1, 2), grid_samples=1,
                           grid_requests=2_000, workers_requests=2_000, workers_samples=2, workers_points=1,
-                          overhead_tasks=4),
+                          overhead_tasks=4, frontier_requests=3_000),
 }
 
 
@@ -143,7 +144,8 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
         Overrides ``quick``; ``"tiny"`` is for the test suite (a structure check, not a measurement).
     parts : iterable of str, optional
         A subset of :data:`PARTS` (kernel stages, ``requests``, ``grid``, ``workers``, ``overhead``,
-        ``compile``); default: all that the size runs.
+        ``compile``, ``frontier``); default: all that the size runs (``frontier``, one sample of the frontier day
+        at ``SuiteSettings.frontier_requests``, only when named here).
     progress : callable, optional
         Receives one line per step (default: printed to stderr); ``None`` silences it.
 
@@ -166,7 +168,7 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
     start = time.perf_counter()
     result = {"suite": size, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
               "kernels": kernel_rows(settings, [s for s in kernel_cases.STAGES if s in chosen], progress)}
-    sc: dict = dict.fromkeys(("requests", "requests_light", "grid", "workers", "overhead", "compile"))
+    sc: dict = dict.fromkeys(("requests", "requests_light", "grid", "workers", "overhead", "compile", "frontier"))
     if "requests" in chosen:
         more = f" (and {settings.request_largest:,} if memory allows)" if settings.request_largest else ""
         progress(f"one sample at {', '.join(f'{n:,}' for n in settings.request_sizes)} requests{more}")
@@ -192,6 +194,9 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
     if "compile" in chosen and (settings.compile or parts is not None):
         progress("Numba compile time (fresh processes, cache off and on)")
         sc["compile"] = compile_time.compile_times()
+    if "frontier" in chosen and parts is not None:  # minutes: only when asked for
+        progress(f"the frontier day: one sample of {settings.frontier_requests:,} requests in a fresh process")
+        sc["frontier"] = scaling.in_subprocess("measure_frontier", requests=settings.frontier_requests)
     result["scaling"] = sc
     result["targets"] = design_targets(result, settings)
     result["seconds"] = time.perf_counter() - start
@@ -238,6 +243,12 @@ def design_targets(result: dict, settings: SuiteSettings) -> list[dict]:
             f"{r['seconds']:.2f} s best call, {r['first_call_s']:.2f} s first call (first touch of its arrays)")
     else:
         add(f"end to end: one sample of {n:,} requests in <= 3 s, every stage on", None, "not measured")
+
+    day = sc.get("frontier")
+    if day and day["requests"] >= 100_000_000:
+        add("the frontier day: one sample of 10^8 requests in <= 15 minutes", day["seconds"] <= 900,
+            f"{day['seconds'] / 60:.1f} min, {si(day['requests_per_s'])} requests/s, peak RSS "
+            f"{day['peak_rss_mib'] / 1024:.2f} GiB")
 
     workers = sc["workers"]
     if workers and 2 in workers["workers"]:

@@ -34,7 +34,7 @@ import numpy as np
 from dask.distributed import LocalCluster
 
 from mcsim.bench.timing import best_of
-from mcsim.execution import executor
+from mcsim.execution import api, executor
 from mcsim.execution.sample import run_sample
 from mcsim.scenario import bundled, draw_uncertain, grid, load_scenario
 
@@ -159,6 +159,23 @@ def measure_sample(requests: int, overrides=(), repeats: int = 2) -> dict:
     return {"requests": int(requests), "first_call_s": first, "seconds": seconds,
             "requests_per_s": requests / seconds,
             "peak_memory_mib": max(0, peak_rss_bytes() - before) / 2**20}
+
+
+def measure_frontier(requests: int) -> dict:
+    """One sample of the bundled ``frontier-day`` scenario at ``requests`` (its whole day: 10^8), as ``mcsim run
+    --samples 1 --workers 1`` runs it, in this process; call in a fresh one (:func:`in_subprocess`).
+
+    Returns
+    -------
+    dict
+        ``requests``, ``seconds`` (wall: the local cluster's start and the kernels' loading included),
+        ``requests_per_s``, ``peak_rss_mib`` (the process's peak resident size).
+    """
+    start = time.perf_counter()
+    api.run(bundled("frontier-day"), samples=1, requests=int(requests), workers=1)
+    seconds = time.perf_counter() - start
+    return {"requests": int(requests), "seconds": seconds, "requests_per_s": requests / seconds,
+            "peak_rss_mib": peak_rss_bytes() / 2**20}
 
 
 def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allows: int | None = None) -> list[dict]:
