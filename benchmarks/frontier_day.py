@@ -3,12 +3,15 @@ samples, on local threads and on a loopback ``dask.distributed`` cluster of 1 an
 
     python benchmarks/frontier_day.py                       # one sample of the whole day (10^8 requests)
     python benchmarks/frontier_day.py --requests 10000000 --samples 2 --cluster
+    python benchmarks/frontier_day.py --volume 4           # the day's tokens of 4 samples, against DeepSeek's
 
 Each run is ``mcsim run scenarios/frontier-day.toml --samples S --requests N`` in a child process; its peak
 resident set size is the child's (``getrusage(RUSAGE_CHILDREN)``: the largest of the children so far, so a run on
 local threads comes first). With ``--cluster`` the same samples then run on a scheduler and 1, then 2, workers
 (one thread each) started on 127.0.0.1 (their memory is theirs, not counted), and every numeric variable of each
-result is compared with the local run's: they must be identical.
+result is compared with the local run's: they must be identical. With ``--volume S`` it prints instead the tokens
+of a day of each of the first S samples (the generator alone, over their first 3 M requests: the mean prompt and
+output per request is steady from the start), against the 608 B input and 168 B output tokens DeepSeek published.
 """
 
 from __future__ import annotations
@@ -77,12 +80,46 @@ def identical(a: Path, b: Path) -> bool:
             np.array_equal(x[n].values, y[n].values, equal_nan=True) for n in names)
 
 
+def daily_volume(samples: int, requests: int = 3_000_000) -> list[tuple[float, float]]:
+    """Input and output tokens of a day (``mc.requests`` times the mean per request of the first ``requests``) of
+    each of the first ``samples`` samples, as their runs draw them."""
+    import numpy as np
+
+    from mcsim.scenario import STREAM_WORKLOAD, draw_uncertain, load_scenario, resolve, rng_for
+    from mcsim.stages import workload
+
+    scn = load_scenario(SCENARIO)
+    seed, n = int(scn["mc.seed"]), int(scn["mc.requests"])
+    draws = draw_uncertain(scn, list(range(samples)), seed, n_samples=samples)
+    out = []
+    for s in range(samples):
+        p = resolve(scn, {k: float(v[s]) for k, v in draws.items()})
+        stream = workload.RequestStream(p, scn.classes, n, rng_for(seed, s, STREAM_WORKLOAD),
+                                        int(p["workload.max_context"] or p["model.max_context"]))
+        prompt = output = 0
+        taken = min(requests, n)
+        while stream.emitted < taken:
+            chunk = stream.next_chunk(min(1 << 18, taken - stream.emitted))
+            prompt, output = prompt + int(chunk.prompt_tokens.sum()), output + int(chunk.output_tokens.sum())
+        out.append((n * prompt / taken, n * output / taken))
+    return out
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=100_000_000)
     parser.add_argument("--samples", type=int, default=1)
     parser.add_argument("--cluster", action="store_true", help="also on a loopback cluster of 1 and 2 workers")
+    parser.add_argument("--volume", type=int, default=0, help="the day's tokens of this many samples instead")
     args = parser.parse_args(argv)
+    if args.volume:
+        days = daily_volume(args.volume)
+        for s, (prompt, output) in enumerate(days):
+            print(f"sample {s}: {prompt / 1e9:.0f} B input, {output / 1e9:.1f} B output tokens a day")
+        prompt, output = (sum(d[i] for d in days) / len(days) for i in (0, 1))
+        print(f"mean of {len(days)}: {prompt / 1e9:.0f} B input ({prompt / 608e9:.3f} x 608 B), {output / 1e9:.1f} B "
+              f"output ({output / 168e9:.3f} x 168 B)")
+        return {"days": days}
     total = args.samples * args.requests
     report = {}
     with tempfile.TemporaryDirectory() as folder:

@@ -219,8 +219,8 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
 
     Memory: a row of 16 bytes per key of the key space, or, ``bounded`` (default: when that takes less than half the
     memory; a hash probe per block makes it slower), rows for what the caches can hold only: twice every instance's
-    capacity in all tiers plus one request, 24 bytes each, found through an open-addressing hash table of 4 bytes a
-    slot (at most half full). A row whose block was dropped from the last tier is reclaimed when free rows run
+    capacity in all tiers plus one request, 28 bytes each, found through an open-addressing hash table of 4 bytes a
+    slot (at most half full; :meth:`RunCaches.most_bytes`). A row whose block was dropped from the last tier is reclaimed when free rows run
     short, by a sweep over the rows (amortised O(1) per block). Then memory depends on the capacities, not on the
     number of requests or blocks.
 
@@ -257,10 +257,8 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
         return
     longest = int(counts.max()) if n else 0
     lists = capacity_blocks.shape[0] * n_instances
-    rows = 2 * n_instances * int(capacity_blocks.sum()) + longest + 1024
-    slots = 1 << max(int(2 * rows - 1).bit_length(), 4)
     if bounded is None:  # the bounded rows cost a hash probe per block: taken when they save half the memory
-        bounded = 2 * (rows * 24 + slots * 4) < n_instances * span * 16
+        bounded = 2 * RunCaches.most_bytes(capacity_blocks, n_instances, longest) < n_instances * span * 16
     if not bounded:
         _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, _workspace(n_instances * span),
                      np.empty(lists, np.int32), np.empty(lists, np.int32), np.empty(lists, np.int64), span, longest)
@@ -273,9 +271,9 @@ class RunCaches:
     """The bounded caches of :func:`lookup_tiers_runs` as state kept from one call to the next: a stream of
     requests replayed chunk by chunk reuses exactly what it would reuse in one call.
 
-    The rows (24 bytes each, twice every instance's capacity in all tiers plus one request) are allocated at once
-    but used in order, so that only those that ever held a block take memory; the hash table (4 bytes a slot, at
-    most half full at its most rows) is written whole at the first call.
+    The rows (28 bytes each with their key and free-stack slot: :meth:`rows_for`) are allocated at once but used
+    in order, so that only those that ever held a block take memory; the hash table (4 bytes a slot, at most half
+    full at its most rows) is written whole at the first call. :meth:`most_bytes` is all of it.
     Arrays of the same shapes that an earlier one gave back in this thread are taken instead of new ones (see
     :func:`_take_run_arrays`): a worker's later samples keep the memory of its first.
 
@@ -306,7 +304,7 @@ class RunCaches:
         if not 0 <= self.n_instances * self.span < 2**62:
             raise ValueError("n_instances x span must be in [0, 2**62)")
         lists = self.capacity_blocks.shape[0] * self.n_instances
-        rows = 2 * self.n_instances * int(self.capacity_blocks.sum()) + self.longest + 1024
+        rows = self.rows_for(self.capacity_blocks, self.n_instances, self.longest)
         if rows >= 2**31:
             raise ValueError("the caches' capacities need 2**31 rows or more")
         self._arrays = _take_run_arrays(rows, lists)
@@ -321,11 +319,17 @@ class RunCaches:
         except Exception:  # at interpreter shutdown the module may be gone: nothing to keep then
             pass
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the state in use: the table and the rows that ever held a block."""
-        per_row = self.state.itemsize * _ROW + self.row_key.itemsize + self.free.itemsize
-        return int(self.table.nbytes + self.head.nbytes * 2 + self.count.nbytes + per_row * int(self.rows_used[0]))
+    @staticmethod
+    def rows_for(capacity_blocks, n_instances: int, longest: int) -> int:
+        """Rows of the caches: twice every instance's capacity in all tiers, plus one request's blocks and 1024."""
+        return 2 * int(n_instances) * int(np.sum(capacity_blocks)) + int(longest) + 1024
+
+    @staticmethod
+    def most_bytes(capacity_blocks, n_instances: int, longest: int) -> int:
+        """Bytes of the caches' arrays (what they take once every row is used)."""
+        rows = RunCaches.rows_for(capacity_blocks, n_instances, longest)
+        lists = len(capacity_blocks) * int(n_instances)
+        return rows * (4 * _ROW + 8 + 4) + 4 * _slots(rows) + lists * (4 + 4 + 8)
 
     def replay(self, block_ptr, block_runs, instance, out_hits, balance: float = 0.25) -> None:
         """Replay requests (arguments as :func:`lookup_tiers_runs`, each at most ``longest`` blocks) after those of
@@ -337,9 +341,10 @@ class RunCaches:
         instance = np.ascontiguousarray(instance, dtype=np.int32)
         if instance.size and (int(instance.min()) < -1 or int(instance.max()) >= self.n_instances):
             raise ValueError("instance out of range [-1, n_instances)")
-        _replay_runs_bounded(block_ptr, np.ascontiguousarray(block_runs, dtype=np.int64),
-                             instance, self.capacity_blocks, out_hits, self.state, self.head, self.tail, self.count, self.span, self.longest, self.row_key,
-                             self.table, self.free, self.n_free, self.rows_used, self.load, float(balance))
+        _replay_runs_bounded(block_ptr, np.ascontiguousarray(block_runs, dtype=np.int64), instance,
+                             self.capacity_blocks, out_hits, self.state, self.head, self.tail, self.count, self.span,
+                             self.longest, self.row_key, self.table, self.free, self.n_free, self.rows_used, self.load,
+                             float(balance))
 
 
 def _take_run_arrays(rows: int, lists: int) -> tuple:

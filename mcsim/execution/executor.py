@@ -314,19 +314,18 @@ def sample_bytes(plan: "Plan") -> int:
     first sample's draws, every variant) a chunk's worth and its caches' state
     (:func:`mcsim.execution.sample.streamed_bytes`)."""
     whole = plan.requests * BYTES_PER_REQUEST
+    if plan.axes:  # a grid point may not stream
+        return whole
     scn = plan.scn
     try:
         draws = draw_uncertain(scn, [0], plan.seed, n_samples=plan.samples)
         values = {k: float(v[0]) for k, v in draws.items()}
-        sizes = []
-        for name, overrides in plan.variants.items():
-            p = one_sample.variant_params(scn, name, overrides, values)
-            sizes.append(one_sample.streamed_bytes(scn, p, plan.requests, BYTES_PER_REQUEST))
+        sizes = [one_sample.streamed_bytes(scn, one_sample.variant_params(scn, name, overrides, values),
+                                           plan.requests, BYTES_PER_REQUEST)
+                 for name, overrides in plan.variants.items()]
     except Exception:  # the run itself reports what is wrong with the scenario
         return whole
-    if any(size is None for size in sizes) or plan.axes:  # a grid point may not stream
-        return whole
-    return min(max(sizes), whole)
+    return whole if None in sizes else min(max(sizes), whole)
 
 
 class MemoryLimitError(McsimError, ValueError):

@@ -123,23 +123,15 @@ def streamed(scn: Scenario, p: dict, n_requests: int) -> bool:
     return kvcache.CacheStream.streams(cache_in)
 
 
-#: Bytes of a streamed sample's cache state per row (its int32[4] row, int64 key, int32 free-stack slot) and per
-#: hash-table slot (:class:`mcsim.kernels.kv_tiers.RunCaches`).
-CACHE_ROW_BYTES, CACHE_SLOT_BYTES = 28, 4
-
-
 def streamed_bytes(scn: Scenario, p: dict, n_requests: int, bytes_per_request: int) -> int | None:
     """Peak memory of one streamed sample (None when it does not stream): a chunk's requests at
-    ``bytes_per_request`` each, and the most its caches' state can take (rows for twice the capacities)."""
+    ``bytes_per_request`` each, and the most its caches' state can take
+    (:meth:`mcsim.stages.kvcache.CacheStream.most_bytes`)."""
     if not streamed(scn, p, n_requests):
         return None
     cache_in = kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p))
-    caches = 1 if cache_in.routing == "pooled" else cache_in.caches
-    scale = cache_in.caches if cache_in.routing == "pooled" else 1
-    max_context = int(p["workload.max_context"] or p["model.max_context"])
-    rows = 2 * caches * scale * sum(cache_in.capacity_blocks) + max_context // int(p["cache.block_tokens"]) + 1025
-    cache_bytes = 0 if cache_in.capacity_blocks[0] == 0 else rows * CACHE_ROW_BYTES + 2 * rows * CACHE_SLOT_BYTES
-    return chunk_requests(p) * bytes_per_request + cache_bytes
+    longest = int(p["workload.max_context"] or p["model.max_context"]) // int(p["cache.block_tokens"]) + 1
+    return chunk_requests(p) * bytes_per_request + kvcache.CacheStream.most_bytes(cache_in, longest)
 
 
 class StreamedSample:
@@ -160,14 +152,13 @@ class StreamedSample:
         self.cache_in = kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p))
         self.spec_in = SpeculativeInputs.from_params(p)
         self.cache_steady = None
-        self.cache_state_bytes = 0
         sums, first, last = None, math.nan, math.nan
         steady = kvcache.SteadyStream(n_requests, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"])
         limit = int(p["performance.batching_requests"])
         limit = chunk if limit <= 0 else min(limit, chunk)
         window, held = [], 0
         self._spill, self._spill_rows = _open_spill(), []
-        for measured, cached, passes, _, _ in self._chunks(steady):
+        for measured, cached, passes in self._chunks(steady):
             self._write_spill(measured, cached, passes)
             part = fleet.RequestSums.of(measured.prompt_tokens, cached,
                                         measured.output_tokens if passes is None else passes, measured.output_tokens)
@@ -203,7 +194,6 @@ class StreamedSample:
         while stream.remaining:
             every = stream.next_chunk(self.chunk)
             every_cached = cache.cached_tokens(every)
-            self.cache_state_bytes = max(self.cache_state_bytes, cache.nbytes)
             if steady is not None:  # the first pass: requests simulated
                 steady.add(every_cached, every.prompt_tokens)
                 progress.report(every.n)
@@ -211,7 +201,7 @@ class StreamedSample:
             at += every.n
             measured = every.tail(skip) if skip else every
             passes = speculative_stage(self.spec_in, measured, spec_rng)
-            yield measured, every_cached[skip:], passes, every, every_cached
+            yield measured, every_cached[skip:], passes
 
     def _write_spill(self, measured, cached, passes) -> None:
         if self._spill is None:
@@ -236,8 +226,7 @@ class StreamedSample:
         has their ``prompt_tokens``, ``output_tokens`` and ``class_id`` (a :class:`SpilledChunk`, read back from
         the first pass's file) or is the :class:`~mcsim.stages.workload.Requests` themselves."""
         if self._spill is None:
-            for measured, cached, passes, _, _ in self._chunks():
-                yield measured, cached, passes
+            yield from self._chunks()
             return
         tiers = len(self.cache_in.capacity_blocks)
         width = 4 + tiers

@@ -407,17 +407,26 @@ class CacheStream:
 
     def __init__(self, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int):
         self.inputs, self.rng, self.block_tokens = inputs, rng, int(block_tokens)
-        capacity = np.asarray(inputs.capacity_blocks, dtype=np.int64).copy()
-        self.tiers = len(capacity)
+        self.tiers = len(inputs.capacity_blocks)
         self.policy = inputs.routing
         self.n_instances = inputs.caches
-        caches = inputs.caches
-        if self.policy == "pooled":
-            capacity = capacity * caches
-            caches = 1
-        self.caches = caches
+        capacity, self.caches = self.layout(inputs)
         self.offset = 0  # requests routed so far (round-robin's position)
-        self.runs = None if capacity[0] == 0 else RunCaches(capacity, caches, 1 << 40, longest_blocks)
+        self.runs = None if capacity[0] == 0 else RunCaches(capacity, self.caches, 1 << 40, longest_blocks)
+
+    @staticmethod
+    def layout(inputs: "Inputs"):
+        """Capacity per tier of each replayed cache, and how many: pooled routing is one cache of them all."""
+        capacity = np.asarray(inputs.capacity_blocks, dtype=np.int64)
+        if inputs.routing == "pooled":
+            return capacity * inputs.caches, 1
+        return capacity.copy(), inputs.caches
+
+    @classmethod
+    def most_bytes(cls, inputs: "Inputs", longest_blocks: int) -> int:
+        """The most memory the stream's caches take (:meth:`~mcsim.kernels.kv_tiers.RunCaches.most_bytes`)."""
+        capacity, caches = cls.layout(inputs)
+        return 0 if capacity[0] == 0 else RunCaches.most_bytes(capacity, caches, longest_blocks)
 
     @staticmethod
     def streams(inputs: "Inputs") -> bool:
@@ -428,10 +437,6 @@ class CacheStream:
     def of(cls, inputs: "Inputs", rng, longest_blocks: int, block_tokens: int) -> "CacheStream | None":
         """The stream of ``inputs``, or None where the cache stage needs the whole sample."""
         return cls(inputs, rng, longest_blocks, block_tokens) if cls.streams(inputs) else None
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.runs is None else self.runs.nbytes
 
     def cached_tokens(self, requests) -> np.ndarray:
         """Reused prompt tokens per request and tier of the next chunk (``requests``, with block runs)."""

@@ -1,0 +1,63 @@
+"""The streamed KV-tier replay's cost per block against the size of its caches: the factory's requests (its first
+sample's draws, 600 k requests in chunks of 128 Ki) through :class:`mcsim.kernels.kv_tiers.RunCaches` of one
+pooled cache, with the factory's three tiers and with smaller layouts of the same requests.
+
+    python benchmarks/kv_replay_working_set.py [requests]
+
+Each layout replays the same chunks from empty caches; the first chunk (the first touch of the caches' arrays) is
+left out of the figure. The ratio is against the smallest layout (the HBM tier alone) in the same run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(requests: int = 600_000) -> dict:
+    from mcsim.execution.sample import variant_params
+    from mcsim.kernels import kv_tiers
+    from mcsim.perf import factor as perf
+    from mcsim.scenario import draw_uncertain, load_scenario
+    from mcsim.stages import kvcache, workload
+
+    scn = load_scenario(ROOT / "scenarios" / "factory.toml")
+    draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1, n_samples=1).items()}
+    p = variant_params(scn, "factory", {}, draws)
+    hbm, dram, ssd = kvcache.CacheStream.layout(
+        kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p)))[0]
+    longest = int(p["workload.max_context"] or p["model.max_context"]) // int(p["cache.block_tokens"]) + 1
+    stream = workload.RequestStream(p, scn.classes, requests, np.random.default_rng(1), longest * 64)
+    chunks = []
+    while stream.remaining:
+        c = stream.next_chunk(1 << 17)
+        chunks.append((c.block_ptr.copy(), c.block_runs.copy(), np.zeros(c.n, np.int32)))
+    layouts = {"HBM tier alone": (hbm, 0, 0), "HBM + DRAM": (hbm, dram, 0), "one tier of all three's blocks":
+               (hbm + dram + ssd, 0, 0), "the factory's HBM + DRAM + SSD": (hbm, dram, ssd)}
+    blocks = sum(int(c[0][-1]) for c in chunks[1:])
+    out = {}
+    for name, capacity in layouts.items():
+        caches = kv_tiers.RunCaches(np.array(capacity), 1, 1 << 40, longest)
+        seconds = 0.0
+        for i, (ptr, runs, instance) in enumerate(chunks):
+            hits = np.zeros((len(instance), 3), np.int64)
+            start = time.perf_counter()
+            caches.replay(ptr, runs, instance, hits)
+            seconds += (time.perf_counter() - start) if i else 0.0
+        del caches
+        out[name] = {"capacity_blocks": [int(c) for c in capacity], "ns_per_block": 1e9 * seconds / blocks}
+    first = next(iter(out.values()))["ns_per_block"]
+    print(f"{'layout':<32} {'blocks held':>12} {'ns per block':>13} {'ratio':>6}")
+    for name, r in out.items():
+        print(f"{name:<32} {sum(r['capacity_blocks']):>12,} {r['ns_per_block']:>13.1f} "
+              f"{r['ns_per_block'] / first:>5.2f}x")
+    return out
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:2]))
