@@ -31,8 +31,9 @@ def report(requests: int) -> None:
 class InFlight:
     """Requests reported by each running task (the handler of :data:`TOPIC` events), less those of tasks done.
 
-    ``per_task`` caps a task's count (its samples x requests) and ``weight`` divides what is reported (the
-    variants of a sample each stream its requests).
+    ``per_task`` caps a task's count (its samples x requests) and ``weight`` divides what is reported: the
+    variants of a sample, each of which streams its requests once. A variant that does not stream reports nothing,
+    so the count in flight is then low by its share until the task is done (it is a display, not a result).
     """
 
     def __init__(self, per_task: dict, weight: int = 1):

@@ -1,0 +1,65 @@
+"""Where one sample's CPU time goes: cProfile of one factory sample (after a warm-up sample in the same process),
+its stages' cumulative seconds.
+
+    python benchmarks/profile_sample.py [requests] [--set KEY=VALUE ...]
+
+The warm-up sample (300,000 requests, a whole sample) compiles or loads the kernels; the profiled one is
+streamed when it has more requests than ``mc.chunk_requests``.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Functions whose cumulative time is each stage's (file suffix, function name) -> label.
+STAGES = {
+    ("kernels/kv_tiers.py", "_replay_runs_bounded"): "KV-tier replay, bounded rows",
+    ("kernels/kv_tiers.py", "_replay_runs"): "KV-tier replay, dense rows",
+    ("kernels/kv_tiers.py", "_replay"): "KV-tier replay, written-out ids",
+    ("mcsim/stages/workload.py", "next_chunk"): "workload generation (streamed)",
+    ("mcsim/stages/workload.py", "generate"): "workload generation (whole)",
+    ("mcsim/stages/speculative.py", "speculative_passes"): "speculative draws",
+    ("mcsim/execution/sample.py", "expert_stage"): "expert routing",
+    ("mcsim/perf/fleet.py", "performance"): "stage 5 (fleet, latencies; the second pass of a streamed sample)",
+}
+
+
+def main(requests: int = 1_000_000, overrides=()) -> dict:
+    from mcsim.execution import sample
+    from mcsim.scenario import draw_uncertain, load_scenario
+
+    scn = load_scenario(ROOT / "scenarios" / "factory.toml", overrides=list(overrides))
+    draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1, n_samples=1).items()}
+    sample.run_sample(scn, ("factory",), 0, 1, 300_000, draws)
+    profile = cProfile.Profile()
+    start = time.process_time()
+    profile.enable()
+    sample.run_sample(scn, ("factory",), 0, 1, int(requests), draws)
+    profile.disable()
+    total = time.process_time() - start
+    stats = pstats.Stats(profile).stats
+    out = {"requests": int(requests), "cpu_s": total}
+    print(f"one factory sample of {requests:,} requests: {total:.2f} s of CPU")
+    for (path, _, name), (_, _, _, cumulative, _) in stats.items():
+        for (suffix, function), label in STAGES.items():
+            if name == function and path.replace("\\", "/").endswith(suffix):
+                out[label] = out.get(label, 0.0) + cumulative
+    for label in STAGES.values():
+        if label in out:
+            print(f"  {label:<66} {out[label]:6.2f} s")
+    return out
+
+
+if __name__ == "__main__":
+    args, sets = sys.argv[1:], []
+    while "--set" in args:
+        i = args.index("--set")
+        sets.append(args[i + 1])
+        del args[i:i + 2]
+    main(*(int(a) for a in args[:1]), overrides=sets)
