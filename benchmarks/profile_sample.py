@@ -9,6 +9,7 @@ streamed when it has more requests than ``mc.chunk_requests``.
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import pstats
 import sys
@@ -57,9 +58,8 @@ def main(requests: int = 1_000_000, overrides=()) -> dict:
 
 
 if __name__ == "__main__":
-    args, sets = sys.argv[1:], []
-    while "--set" in args:
-        i = args.index("--set")
-        sets.append(args[i + 1])
-        del args[i:i + 2]
-    main(*(int(a) for a in args[:1]), overrides=sets)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("requests", nargs="?", type=int, default=1_000_000)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    main(args.requests, args.overrides)
