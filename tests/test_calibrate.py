@@ -14,6 +14,7 @@ from mcsim.calibration.command import calibrate
 from mcsim.calibration.files import CalibrationError, load, save
 from mcsim.calibration.vidur import MeasurementError, bundled_collectives, bundled_linear
 from mcsim.cli import main
+from mcsim.perf import gemm_surface
 from mcsim.scenario import load_scenario
 from mcsim.scenario.distributions import DistributionError, parse
 from mcsim.scenario.loading import draw_uncertain
@@ -133,16 +134,32 @@ def test_another_regime_is_refused_naming_every_difference(h100, tmp_path):
 
 
 def test_held_out_half_within_its_band(tmp_path):
+    # every other measured token count held out, at every TP: the fit and its surface have seen the GEMM shapes
+    # (N, K), not these rows
     gemm, _ = measurements.linear_observations(MLP, measurements_hw())
-    shapes = np.unique(gemm.shape)
-    train = np.isin(gemm.shape, shapes[::2])
+    tokens = np.unique(gemm.data["rows"])
+    train = np.isin(gemm.data["rows"], tokens[::2])
     fitted = fit.fit_class(gemm.subset(np.flatnonzero(train)), replicates=40, cross_validation=False)
     test = gemm.subset(np.flatnonzero(~train))
-    predicted = fit.predict(test, fitted.estimate)
-    assert np.mean(np.abs(predicted - test.measured_s) / test.measured_s) < 0.08
+    predicted = fit.predict(test, fitted.estimate, fitted.surface)
+    alone = fit.predict(test, fitted.estimate)
+    error = np.mean(np.abs(predicted - test.measured_s) / test.measured_s)
+    assert error < 0.05 < np.mean(np.abs(alone - test.measured_s) / test.measured_s)
+    assert max(fit.band_errors(predicted, test.measured_s, test.data["rows"]).values()) < 0.08
     low, high = fitted.band(test)
     coverage = np.mean((test.measured_s >= low) & (test.measured_s <= high))
     assert coverage > 0.75  # a 90 % band of parameters and model error
+
+
+def test_unmeasured_gemm_shapes_take_the_blend_of_measured_ones():
+    # TP 1 and 4 predict TP 2 and 8: shapes the surface has not measured, between measured ones
+    gemm, _ = measurements.linear_observations(MLP, measurements_hw())
+    train = np.isin(gemm.data["tp"], (1, 4))
+    fitted = fit.fit_class(gemm.subset(np.flatnonzero(train)), replicates=2, cross_validation=False)
+    test = gemm.subset(np.flatnonzero(~train))
+    blended = np.mean(np.abs(fit.predict(test, fitted.estimate, fitted.surface) / test.measured_s - 1))
+    alone = np.mean(np.abs(fit.predict(test, fitted.estimate) / test.measured_s - 1))
+    assert blended < 0.09 and blended < alone - 0.01
 
 
 def measurements_hw():
@@ -241,6 +258,14 @@ def test_catalog_defaults_are_what_calibrate_fits_on_the_bundled_data(gpu):
             continue
         name, unit = catalog_units.get(key, (key.split(".", 1)[1], 1))
         assert hw[name] * unit == pytest.approx(spec["estimate"], rel=0.01, abs=0.05 * unit), key
+    # the catalog's GEMM figures are the bundled calibration's, to the digits written, and its surface is this fit's
+    bundled = load(gemm_surface.bundled_path(hw["gemm_surface"]))
+    for key in ("flops_fraction", "bandwidth_fraction", "gemm_half_tokens", "gemm_floor_s"):
+        name, unit = catalog_units[f"performance.{key}"]
+        assert hw[name] * unit == pytest.approx(bundled.parameters[f"performance.{key}"]["estimate"], rel=5e-4)
+    fresh, table = cal.surfaces["gemm"], bundled.surfaces["gemm"]
+    assert fresh["n"] == table["n"] and fresh["rows"] == table["rows"]
+    assert np.allclose(fresh["log_ratio"], table["log_ratio"], atol=1e-5)
 
 
 def test_a_scenario_names_its_calibration_relative_to_itself(h100, tmp_path):

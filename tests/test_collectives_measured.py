@@ -63,10 +63,12 @@ def test_linear_ops_within_target_of_the_measurements(gpu):
 
     for model in LINEAR_MODELS[gpu]:
         errors, tokens, tp = linear_errors(gpu, model)
-        assert len(errors) == 2 * 1044 and set(tp.tolist()) == {1, 2, 4, 8}
+        assert len(errors) == 4 * 1044 and set(tp.tolist()) == {1, 2, 4, 8}  # four GEMMs a row
         assert errors.mean() <= LINEAR_MAPE_TARGET, model
-        # large GEMMs (compute-bound, what prefill runs) are the best-priced band
-        assert errors[tokens > 1024].mean() < 0.06, model
+        # with the measured surface every row band is priced within a few %, the 129-1024 rows of prefill chunks
+        # and large decode batches included (the one-curve roofline alone: 11 % there on H100)
+        for low, high in ((1, 16), (17, 128), (129, 1024), (1025, 1 << 30)):
+            assert errors[(tokens >= low) & (tokens <= high)].mean() < 0.05, (model, low)
 
 
 def test_the_linear_reader(tmp_path):

@@ -437,3 +437,51 @@ def test_prefill_steps_use_their_own_allreduce_algorithm():
         message = (decode + prefill) * model["hidden_size"] * 2.0  # BF16 activations of the step's tokens
         assert cost.breakdown["tp_allreduce"]["t"] == pytest.approx(2 * model["layers"] * closed[algorithm](message),
                                                                    rel=1e-12)
+
+
+def test_measured_gemm_shapes_are_priced_at_their_measured_times():
+    # Llama-3.1-70B has Llama-2-70B's layer shapes: at a token count Vidur measured on H100, the step model with the
+    # catalog's defaults prices one layer's QKV + O and gate/up + down projections at the measured medians (the
+    # surface's residuals, rows read here from the CSV itself), and between two measured counts within a few %.
+    import csv
+    from importlib import resources
+
+    from mcsim.perf import gemm_surface
+    from mcsim.perf.hardware import as_hardware, gemm_figures
+
+    path = resources.files("mcsim.data") / "measurements/vidur/compute/h100/Llama-2-70b-hf/mlp.csv"
+    with path.open() as handle:
+        rows = list(csv.DictReader(handle))
+    hw = as_hardware(catalog.hardware_preset("h100"))
+    fig = gemm_figures(hw)
+    achievable = Achievable(flops_fraction=fig["performance.flops_fraction"],
+                            bandwidth_fraction=fig["performance.bandwidth_fraction"],
+                            gemm_half_tokens=fig["performance.gemm_half_tokens"],
+                            gemm_floor_s=fig["performance.gemm_floor_s"],
+                            gemm_surface=gemm_surface.for_hardware(hw.gemm_surface))
+    model = dict(catalog.model_preset("llama-3.1-70b"), layers=1, dense_layers=1)
+    measured = {}
+    for row in rows:
+        tokens, tp = int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])
+        times = [float(row[f"time_stats.{name}.median"]) for name in
+                 ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")]
+        if tokens in (1, 8, 64, 512, 2048):
+            measured.setdefault((tokens, tp), []).append((times[0] + times[1], times[2] + times[3]))
+    checked = 0
+    for (tokens, tp), repeats in measured.items():
+        cost = step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=tokens,
+                         parallel=Parallelism(tp=tp), achievable=achievable)
+        for name, j in (("attention_proj", 0), ("dense_ffn", 1)):
+            modelled = cost.breakdown[name]["t"] * 1e3
+            if len(repeats) == 1:
+                assert modelled == pytest.approx(repeats[0][j], rel=2e-3)
+            else:  # a shape measured twice: between the two
+                assert min(r[j] for r in repeats) * 0.999 <= modelled <= max(r[j] for r in repeats) * 1.001
+        checked += 1
+    assert checked >= 16
+    # without the surface the same 512-token FFN at TP 1 is the one-curve roofline's (too slow by ~1.3x)
+    plain = step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=464, parallel=Parallelism(tp=1),
+                      achievable=Achievable(**{**achievable.__dict__, "gemm_surface": None}))
+    measured = next(float(r["time_stats.mlp_up_proj.median"]) + float(r["time_stats.mlp_down_proj.median"])
+                    for r in rows if r["num_tokens"] == "464" and r["num_tensor_parallel_workers"] == "1")
+    assert plain.breakdown["dense_ffn"]["t"] * 1e3 > 1.2 * measured

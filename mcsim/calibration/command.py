@@ -116,6 +116,16 @@ def report(cal: Calibration) -> str:
             for cls, c in cal.classes.items()]
     lines += _table(header, rows)
     lines.append("")
+    banded = {cls: c["cv_bands"] for cls, c in cal.classes.items() if c.get("cv_bands")}
+    for cls, bands in banded.items():
+        lines.append(f"{cls}, cross-validated MAPE by rows: "
+                     + ", ".join(f"{label} {100 * value:.1f} %" for label, value in bands.items()))
+    for cls, table in cal.surfaces.items():
+        lines.append(f"{cls}: the measured surface ({len(table['n'])} points, {len(set(zip(table['n'], table['k'])))} "
+                     "shapes) corrects each GEMM by its rows, columns and depth (mcsim.perf.gemm_surface); a scenario "
+                     "using this file takes it as performance.gemm_surface")
+    if banded or cal.surfaces:
+        lines.append("")
     header = ("parameter", "estimate", "90 % interval", "class")
     rows = [(key, f"{p['estimate']:.4g}", f"{p['low']:.4g} .. {p['high']:.4g}", p["class"])
             for key, p in cal.parameters.items()]

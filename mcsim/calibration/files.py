@@ -30,11 +30,15 @@ __all__ = ["CHECKED", "FORMAT", "REGIME_KEYS", "Calibration", "CalibrationError"
 
 def build(fits, regime: dict, *, source: str, seed: int, notes: dict | None = None) -> Calibration:
     """A calibration from :class:`~mcsim.calibration.fit.ClassFit` objects (all with the same replicate count)."""
-    parameters, classes = {}, {}
+    parameters, classes, surfaces = {}, {}, {}
     for f in fits:
         for key in f.keys:
             scale = scenario_scale(key)
             parameters[key] = parameter(f.cls, np.asarray(f.replicates[key], float) * scale, f.estimate[key] * scale)
         classes[f.cls] = {"rows": f.rows, "shapes": f.shapes, "fit_mape": f.fit_mape, "cv_mape": f.cv_mape,
                           "cv_scheme": f.cv_scheme, "sources": f.sources}
-    return new_calibration(regime, parameters, classes, source=source, seed=seed, notes=notes)
+        if f.cv_bands:
+            classes[f.cls]["cv_bands"] = dict(f.cv_bands)
+        if f.surface is not None:
+            surfaces[f.cls] = f.surface.points()
+    return new_calibration(regime, parameters, classes, source=source, seed=seed, notes=notes, surfaces=surfaces)

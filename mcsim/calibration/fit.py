@@ -6,8 +6,9 @@ prices with) and the parameters it frees:
 ==============  =====================================================  ===============================================
 class           measured                                               parameters
 ==============  =====================================================  ===============================================
-gemm            per-layer QKV+O and gate/up+down GEMMs (Vidur mlp.csv)  performance.flops_fraction, bandwidth_fraction,
-                                                                       gemm_half_tokens, gemm_floor_s
+gemm            each per-layer GEMM: QKV, O, gate/up, down (Vidur       performance.flops_fraction, bandwidth_fraction,
+                mlp.csv)                                               gemm_half_tokens, gemm_floor_s, and the
+                                                                       measured surface (below)
 elementwise     RMSNorms, RoPE, SwiGLU, residual adds (mlp.csv)        performance.kernel_floor_s,
                                                                        elementwise_bandwidth_fraction
 allreduce       NCCL all-reduce inside a node (all_reduce.csv)         hardware.collective_base_us, collective_hop_us,
@@ -27,6 +28,12 @@ The fit minimises the squared log ratio of modelled to measured time (relative e
 replicate's fit has not seen (out of bag), so the spread of the model's *predictions* around the measurements, not
 only the uncertainty of its parameters, reaches the bands of a run.
 
+GEMMs by shape: the four parameters give one curve per GPU; the fit's residual ``log(measured / modelled)`` of every
+measured GEMM, kept per measured ``(N, K)`` as a curve over rows, is the *surface* (:mod:`mcsim.perf.gemm_surface`)
+that corrects each GEMM of the step model by its shape. Its cross-validation rebuilds the surface from the rows each
+fold keeps, and its model error is drawn from those held-out predictions (the surface reproduces the rows it was
+built on, so an out-of-bag draw would understate it). :data:`ROW_BANDS` report the held-out error by rows.
+
 Uncertainty: a cluster bootstrap over *shapes* (all rows of one measured configuration are drawn together, so
 repeated measurements of a shape do not count as independent evidence): ``replicates`` resamples, each refitted,
 each with its error draw. The replicates are the calibration's joint distribution (a run draws one replicate per
@@ -45,6 +52,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from mcsim.perf.collectives import allreduce_auto_seconds
+from mcsim.perf.gemm_surface import GemmSurface
 from mcsim.perf.roofline import elementwise_seconds, gemm_seconds
 
 #: Parameters of each class: (key, SI units per key unit, lower, upper, start) in the key's own units.
@@ -116,8 +124,58 @@ class Observations:
                             {k: v[rows] for k, v in self.data.items()}, self.active, self.fixed, self.sources)
 
 
-def predict(obs: Observations, values: dict) -> np.ndarray:
-    """Modelled seconds of every row of ``obs`` with parameter ``values`` (key units; missing: fixed or start)."""
+#: Row bands (GEMM rows, i.e. tokens) in which the GEMM fit's held-out error is reported: decode batches, small and
+#: large prefill chunks.
+ROW_BANDS = ((1, 16), (17, 128), (129, 1024), (1025, None))
+
+
+def band_label(band) -> str:
+    low, high = band
+    return f"{low}-{high} rows" if high else f"> {low - 1} rows"
+
+
+def has_surface(obs: Observations) -> bool:
+    """Whether the class's fit carries a shape surface (GEMMs whose ``N`` and ``K`` are known)."""
+    return obs.cls == "gemm" and "n" in obs.data and "k" in obs.data
+
+
+def surface_factor(obs: Observations, surface: GemmSurface | None) -> np.ndarray:
+    """The surface's correction of each row of a gemm class (ones without a surface)."""
+    out = np.ones(len(obs))
+    if surface is None or not has_surface(obs):
+        return out
+    d = obs.data
+    for n, k in set(zip(d["n"].tolist(), d["k"].tolist())):
+        at = (d["n"] == n) & (d["k"] == k)
+        out[at] = surface.factor(d["rows"][at], n, k)
+    return out
+
+
+def surface_of(obs: Observations, values: dict) -> GemmSurface | None:
+    """The measured surface of a gemm class: ``log(measured / modelled)`` of every row at ``values``."""
+    if not has_surface(obs):
+        return None
+    ratio = np.log(obs.measured_s / predict(obs, values))
+    d = obs.data
+    return GemmSurface.from_points(d["n"], d["k"], d["rows"], ratio, source=", ".join(obs.sources))
+
+
+def band_errors(predicted, measured, rows) -> dict:
+    """Mean absolute percentage error in each of :data:`ROW_BANDS` (label -> fraction; bands without rows left
+    out)."""
+    out = {}
+    for low, high in ROW_BANDS:
+        at = (rows >= low) & (rows <= (high if high else np.inf))
+        if at.any():
+            out[band_label((low, high))] = _mape(predicted[at], measured[at])
+    return out
+
+
+def predict(obs: Observations, values: dict, surface: GemmSurface | None = None) -> np.ndarray:
+    """Modelled seconds of every row of ``obs`` with parameter ``values`` (key units; missing: fixed or start);
+    a gemm class's ``surface`` corrects each GEMM by its shape."""
+    if surface is not None:
+        return predict(obs, values) * surface_factor(obs, surface)
     spec = {key: (unit, start) for key, unit, _, _, start in PARAMETERS[obs.cls]}
 
     def si(key):
@@ -202,13 +260,17 @@ class ClassFit:
     rows: int
     shapes: int
     sources: list
+    surface: GemmSurface | None = None
+    cv_bands: dict = field(default_factory=dict)
 
     def band(self, obs: Observations, quantiles=(0.05, 0.95)) -> np.ndarray:
         """The bootstrap band of modelled time of every row of ``obs``: one row per quantile (model error
         included)."""
         n = len(next(iter(self.replicates.values())))
         error = self.replicates[ERROR_KEY.format(cls=self.cls)]
-        times = np.array([predict(obs, {k: self.replicates[k][b] for k in self.keys}) * error[b] for b in range(n)])
+        factor = surface_factor(obs, self.surface)
+        times = np.array([predict(obs, {k: self.replicates[k][b] for k in self.keys}) * factor * error[b]
+                          for b in range(n)])
         return np.quantile(times, quantiles, axis=0)
 
 
@@ -216,22 +278,30 @@ def _mape(modelled, measured) -> float:
     return float(np.mean(np.abs(modelled - measured) / measured))
 
 
-def cross_validate(obs: Observations, start: np.ndarray, max_folds: int = 40) -> tuple[float, str]:
-    """Mean absolute percentage error of predicting each shape from a fit without it."""
+def held_out(obs: Observations, start: np.ndarray, max_folds: int = 40) -> tuple[np.ndarray | None, str]:
+    """Each row predicted by a fit that has not seen its shape (a gemm class's surface built, too, from the other
+    shapes' residuals alone), and the scheme; None with one shape."""
     shapes = np.unique(obs.shape)
     if len(shapes) < 2:
-        return float("nan"), "not cross-validated (one shape)"
+        return None, "not cross-validated (one shape)"
     folds = len(shapes) if len(shapes) <= max_folds else max_folds
     group = {s: i % folds for i, s in enumerate(shapes)}
     fold_of = np.array([group[s] for s in obs.shape])
     predicted = np.empty(len(obs))
     for k in range(folds):
         held = fold_of == k
-        x = fit_point(obs.subset(np.flatnonzero(~held)), start)
-        predicted[held] = predict(obs.subset(np.flatnonzero(held)), dict(zip(obs.active, x)))
+        train = obs.subset(np.flatnonzero(~held))
+        values = dict(zip(obs.active, fit_point(train, start)))
+        predicted[held] = predict(obs.subset(np.flatnonzero(held)), values, surface_of(train, values))
     scheme = ("leave one shape out" if folds == len(shapes)
               else f"leave one shape out, {folds} interleaved groups of the {len(shapes)} shapes")
-    return _mape(predicted, obs.measured_s), scheme
+    return predicted, scheme
+
+
+def cross_validate(obs: Observations, start: np.ndarray, max_folds: int = 40) -> tuple[float, str]:
+    """Mean absolute percentage error of predicting each shape from a fit without it."""
+    predicted, scheme = held_out(obs, start, max_folds)
+    return (float("nan") if predicted is None else _mape(predicted, obs.measured_s)), scheme
 
 
 def fit_class(obs: Observations, *, replicates: int = 200, seed: int = 0, max_folds: int = 40,
@@ -241,7 +311,10 @@ def fit_class(obs: Observations, *, replicates: int = 200, seed: int = 0, max_fo
         raise ValueError(f"no measurements of class {obs.cls}")
     x = fit_point(obs)
     estimate = dict(zip(obs.active, x))
-    modelled = predict(obs, estimate)
+    surface = surface_of(obs, estimate)
+    modelled = predict(obs, estimate, surface)
+    # With a surface, the model error is that of held-out rows (the surface reproduces every row it was built on).
+    predicted, scheme = held_out(obs, x, max_folds) if cross_validation or surface is not None else (None, "not run")
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(zlib.crc32(obs.cls.encode()),)))
     shapes = np.unique(obs.shape)
     rows_of = {s: np.flatnonzero(obs.shape == s) for s in shapes}
@@ -251,13 +324,20 @@ def fit_class(obs: Observations, *, replicates: int = 200, seed: int = 0, max_fo
         drawn = rng.choice(shapes, size=len(shapes), replace=True)
         rows = np.concatenate([rows_of[s] for s in drawn])
         boot[b] = fit_point(obs.subset(rows), x)
+        if surface is not None and predicted is not None:  # a held-out row's measured / predicted
+            j = rng.integers(len(obs))
+            error[b] = obs.measured_s[j] / predicted[j]
+            continue
         # the model error: a measurement this replicate's fit has not seen (out of bag), else any of them
         unseen = np.flatnonzero(~np.isin(obs.shape, drawn))
         j = rng.choice(unseen) if len(unseen) else rng.choice(rows)
         error[b] = obs.measured_s[j] / predict(obs.subset([j]), dict(zip(obs.active, boot[b])))[0]
-    cv, scheme = cross_validate(obs, x, max_folds) if cross_validation else (float("nan"), "not run")
+    cv = float("nan") if predicted is None or not cross_validation else _mape(predicted, obs.measured_s)
+    bands = band_errors(predicted, obs.measured_s, obs.data["rows"]) \
+        if cross_validation and predicted is not None and "rows" in obs.data else {}
     error_key = ERROR_KEY.format(cls=obs.cls)
     reps = {key: boot[:, i] for i, key in enumerate(obs.active)}
     reps[error_key] = error
     return ClassFit(obs.cls, (*obs.active, error_key), {**estimate, error_key: 1.0}, reps,
-                    _mape(modelled, obs.measured_s), cv, scheme, len(obs), len(shapes), list(obs.sources))
+                    _mape(modelled, obs.measured_s), cv, scheme if cross_validation else "not run", len(obs),
+                    len(shapes), list(obs.sources), surface, bands)

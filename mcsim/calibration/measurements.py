@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from mcsim.calibration.fit import Observations
-from mcsim.calibration.vidur import MeasurementError, _open, read_collectives, read_linear
+from mcsim.calibration.vidur import LINEAR_GROUPS, MeasurementError, _open, read_collectives, read_linear
 from mcsim.perf import roofline
 from mcsim.perf.factor import _model
 from mcsim.perf.hardware import as_hardware
@@ -80,10 +80,14 @@ def _dense_model(hidden: int, heads: int, kv_heads: int, ffn: int) -> dict:
 
 
 def linear_observations(path, hw, dtype: str = "bf16") -> tuple[Observations, Observations]:
-    """(gemm, elementwise) observations of one ``mlp.csv``, FLOPs and bytes from the roofline's own op shapes.
+    """(gemm, elementwise) observations of one ``mlp.csv``: each measured GEMM a row of its own, shaped as the
+    roofline shapes it (:func:`mcsim.perf.roofline.attention_gemms`, :func:`~mcsim.perf.roofline.ffn_gemms`).
 
-    Each row is priced as a prefill of ``num_tokens`` tokens on one layer at that TP; its ``attention_proj`` and
-    ``dense_ffn`` ops are the measured GEMM groups, its ``elementwise`` op the measured element-wise kernels.
+    A file row of ``num_tokens = M`` at TP ``tp`` gives four GEMMs of ``M`` rows: the QKV and output projections and
+    the FFN's gate/up and down projections, each with its ``N`` and ``K`` (the data's ``n`` and ``k``), ``2 M N K``
+    FLOPs and its BF16 weights and activations as bytes; the row's element-wise kernels are one elementwise row,
+    priced as a prefill of ``M`` tokens on one layer. The four GEMMs of a file row share its shape id (they are left
+    out of a fit together).
     """
     measured = read_linear(path)
     hw = as_hardware(hw)
@@ -92,20 +96,23 @@ def linear_observations(path, hw, dtype: str = "bf16") -> tuple[Observations, Ob
                                launch_overhead_s=0.0, step_overhead_s=0.0)  # floor / 1 s = the kernel count
     precision = roofline.Precision(weight_bytes=2.0, kv_bytes=2.0, compute=dtype, activation_bytes=2.0)
     shape = shape_ids(measured.tokens, measured.tp)
-    gemm = {k: [] for k in ("flops", "bytes", "rows", "kernels", "tp", "measured", "shape")}
+    gemm = {k: [] for k in ("flops", "bytes", "rows", "n", "k", "tp", "measured", "shape")}
     elem = {k: [] for k in ("bytes", "kernels", "measured", "shape")}
+    names = [op for group in LINEAR_GROUPS.values() for op in group]
     for i, (t, tp) in enumerate(zip(measured.tokens.tolist(), measured.tp.tolist())):
+        shapes = (roofline.attention_gemms(model, tp)
+                  + roofline.ffn_gemms(measured.hidden, measured.ffn / tp))
+        for name, (n_cols, depth) in zip(names, shapes):
+            gemm["flops"].append(2.0 * t * n_cols * depth)
+            gemm["bytes"].append(2.0 * (n_cols * depth + t * (n_cols + depth)))
+            gemm["rows"].append(float(t))
+            gemm["n"].append(float(n_cols))
+            gemm["k"].append(float(depth))
+            gemm["tp"].append(float(tp))
+            gemm["measured"].append(measured.gemm_seconds[name][i])
+            gemm["shape"].append(shape[i])
         cost = roofline.step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=t,
                                   parallel=roofline.Parallelism(tp=tp), achievable=unit, precision=precision)
-        for name in ("attention_proj", "dense_ffn"):
-            op = cost.breakdown[name]
-            gemm["flops"].append(op["flops"])
-            gemm["bytes"].append(op["bytes"])
-            gemm["rows"].append(float(t))
-            gemm["kernels"].append(op["floor"])
-            gemm["tp"].append(float(tp))
-            gemm["measured"].append(measured.seconds[name][i])
-            gemm["shape"].append(shape[i])
         op = cost.breakdown["elementwise"]
         elem["bytes"].append(op["bytes"])
         elem["kernels"].append(op["floor"])
@@ -116,7 +123,7 @@ def linear_observations(path, hw, dtype: str = "bf16") -> tuple[Observations, Ob
     e = {k: np.asarray(v, float) for k, v in elem.items()}
     n_g, n_e = len(g["measured"]), len(e["measured"])
     gemm_obs = Observations("gemm", g.pop("measured"), g.pop("shape").astype(np.int64),
-                            {**g, "peak": np.full(n_g, peak), "hbm": np.full(n_g, hbm)},
+                            {**g, "kernels": np.ones(n_g), "peak": np.full(n_g, peak), "hbm": np.full(n_g, hbm)},
                             ("performance.flops_fraction", "performance.bandwidth_fraction",
                              "performance.gemm_half_tokens", "performance.gemm_floor_s"), sources=[str(path)])
     elem_obs = Observations("elementwise", e.pop("measured"), e.pop("shape").astype(np.int64),

@@ -16,7 +16,7 @@ Examples
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -133,6 +133,8 @@ class LinearTimes:
         The model's shape.
     seconds : dict
         :data:`LINEAR_GROUPS` name -> float64[n], the summed median times of that group's GEMMs, s.
+    gemm_seconds : dict
+        Each GEMM of :data:`LINEAR_GROUPS` (``attn_pre_proj``, ...) -> float64[n], its median time, s.
     elementwise_s : float64[n]
         The layer's element-wise kernels (:data:`ELEMENTWISE_OPS`, each as often as a layer runs it), s.
     source : str
@@ -150,6 +152,7 @@ class LinearTimes:
     elementwise_s: np.ndarray
     source: str
     model: str = ""
+    gemm_seconds: dict = field(default_factory=dict)
 
 
 def bundled_linear(gpu: str, model: str) -> Path:
@@ -191,11 +194,13 @@ def read_linear(path) -> LinearTimes:
     if not rows:
         raise MeasurementError(f"{path}: no measurements")
     a = np.array(rows, dtype=float)
-    seconds, column = {}, 2
+    seconds, each, column = {}, {}, 2
     for name, group in LINEAR_GROUPS.items():
         seconds[name] = a[:, column:column + len(group)].sum(axis=1) / 1e3
+        for j, op in enumerate(group):
+            each[op] = a[:, column + j] / 1e3
         column += len(group)
     elementwise = sum(count * a[:, column + i] for i, count in enumerate(ELEMENTWISE_OPS.values())) / 1e3
     hidden, heads, kv_heads, ffn = shape
     return LinearTimes(a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), hidden, heads, kv_heads, ffn, seconds,
-                       elementwise, str(path), path.parent.name)
+                       elementwise, str(path), path.parent.name, each)

@@ -48,6 +48,9 @@ class Hardware:
         Fitted GEMM figures: the largest share of the matmul peak, the share of HBM bandwidth of weight streaming,
         the rows at which half the largest FLOP share is reached, and the fixed time of one GEMM kernel (0 where
         not measured; see :func:`performance_defaults`).
+    gemm_surface : str
+        The bundled calibration whose GEMM surface corrects each GEMM by its shape ("" where none; see
+        :mod:`mcsim.perf.gemm_surface`).
     kernel_floor_us, elementwise_bandwidth_fraction : float
         Fitted element-wise kernel figures: the fixed time of one kernel and the share of HBM bandwidth the
         kernels reach (0 where not measured).
@@ -78,6 +81,7 @@ class Hardware:
     gemm_bandwidth_fraction: float = 0.0
     gemm_half_tokens: float = 0.0
     gemm_floor_us: float = 0.0
+    gemm_surface: str = ""
     kernel_floor_us: float = 0.0
     elementwise_bandwidth_fraction: float = 0.0
     tdp_w: float = 0.0
@@ -116,8 +120,9 @@ def as_hardware(entry) -> Hardware:
     if any(k.startswith("hardware.") for k in entry):  # a sample's parameters: keep the hardware section
         entry = {k.split(".", 1)[1]: v for k, v in entry.items() if k.startswith("hardware.")}
     numbers = {f.name: float(entry.get(f.name, 0.0))  # every other field is a figure, 0 where not given
-               for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node")}
+               for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node", "gemm_surface")}
     return Hardware(name=str(entry.get("name", entry.get("preset", ""))),
+                    gemm_surface=str(entry.get("gemm_surface", "")),
                     tflops={dtype: float(entry.get(f"{dtype}_tflops", 0.0)) for dtype in FORMATS},
                     gpus_per_node=int(entry.get("gpus_per_node", 1)), **numbers)
 

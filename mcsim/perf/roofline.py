@@ -81,7 +81,12 @@ the batch it is given. Serving keeps ``pp`` micro-batches in flight, so :func:`~
 :class:`~mcsim.perf.roofline_model.RooflineStepModel` split a step's sequences into ``pp`` micro-batches and report
 ``pp x t_step(micro-batch)``, the time in which every sequence advances one pass.
 
-What it leaves out: attention kernel efficiency at short context, tile quantization, stage imbalance
+GEMMs by shape. Every GEMM (the QKV and output projections, :func:`attention_gemms`; each FFN's gate/up and down,
+:func:`ffn_gemms`; the router and the output head) is priced on its own, ``M`` rows by ``N`` columns by depth ``K``,
+and a measured surface (``Achievable.gemm_surface``, :mod:`mcsim.perf.gemm_surface`) corrects its time by its shape:
+the tile and wave quantization and the kernel choice that one curve per GPU cannot follow.
+
+What it leaves out: attention kernel efficiency at short context, stage imbalance
 (uneven layer counts), the embedding lookup, quantization scales, and the indexer's key cache in memory.
 """
 
@@ -233,6 +238,8 @@ class Achievable:
         Op class of :data:`ERROR_CLASSES` -> multiplier on the modelled time of its ops (missing: 1).
     step_error : float
         Multiplier on the whole step (a calibration's residual against measured whole steps; 1 = none).
+    gemm_surface : mcsim.perf.gemm_surface.GemmSurface, optional
+        Measured correction of each GEMM's time by its shape (None: the roofline alone).
     """
 
     flops_fraction: float = 0.6
@@ -250,15 +257,19 @@ class Achievable:
     attention_floor_s: float = 0.0
     errors: dict = field(default_factory=dict, hash=False)
     step_error: float = 1.0
+    gemm_surface: object = field(default=None, hash=False, compare=False)
 
 
-def gemm_seconds(flops, nbytes, peak, bandwidth, *, kernels=1, rows=None, half_tokens=0.0, floor_s=0.0):
+def gemm_seconds(flops, nbytes, peak, bandwidth, *, kernels=1, rows=None, half_tokens=0.0, floor_s=0.0,
+                 factor=1.0):
     """Time of ``kernels`` GEMM kernels that together do ``flops`` and move ``nbytes``, s (floats or arrays).
 
-    ``kernels x floor_s + max(flops / (peak x M / (M + half_tokens)), nbytes / bandwidth)`` with ``M = rows``
-    the GEMM's rows (tokens): the kernels' fixed time plus the roofline of their work, where a GEMM of few rows
-    reaches only ``M / (M + half_tokens)`` of the achievable FLOP/s. ``peak`` and ``bandwidth`` are the achievable
-    figures (peak x fraction). The step model and ``mcsim calibrate`` both price GEMMs with this function.
+    ``factor x (kernels x floor_s + max(flops / (peak x M / (M + half_tokens)), nbytes / bandwidth))`` with
+    ``M = rows`` the GEMM's rows (tokens): the kernels' fixed time plus the roofline of their work, where a GEMM of
+    few rows reaches only ``M / (M + half_tokens)`` of the achievable FLOP/s. ``peak`` and ``bandwidth`` are the
+    achievable figures (peak x fraction); ``factor`` is the measured correction of the GEMM's shape
+    (:mod:`mcsim.perf.gemm_surface`; 1 without one). The step model and ``mcsim calibrate`` both price GEMMs with
+    this function.
 
     Examples
     --------
@@ -271,8 +282,34 @@ def gemm_seconds(flops, nbytes, peak, bandwidth, *, kernels=1, rows=None, half_t
     if half_tokens > 0 and rows is not None:
         compute = compute * (rows + half_tokens) / rows
     memory = nbytes / bandwidth
-    return kernels * floor_s + (np.maximum(compute, memory) if isinstance(compute, np.ndarray)
-                                else max(compute, memory))
+    return factor * (kernels * floor_s + (np.maximum(compute, memory) if isinstance(compute, np.ndarray)
+                                          else max(compute, memory)))
+
+
+def attention_gemms(model: dict, tp: int) -> list:
+    """The attention projections of one layer on one GPU as GEMMs ``(N, K)`` (output columns, depth), in order.
+
+    GQA: the fused QKV projection (``q`` over ``tp`` heads, ``k`` and ``v`` over ``ceil(kv_heads / tp)``) and the
+    output projection. MLA: the fused down-projections of ``q`` and the KV latent (replicated, as vLLM and SGLang
+    run them; ``q`` has no down-projection when ``q_lora_rank`` is 0), the up-projections of ``q`` and of the latent
+    (``kv_b``, over ``tp`` heads) and the output projection. Their FLOPs are ``2 N K`` per row.
+    """
+    h, hq = model["hidden_size"], model["attention_heads"] / tp
+    if model["attention"] == "gqa":
+        hd = model["head_dim"]
+        kv = math.ceil(model["kv_heads"] / tp)
+        return [((hq + 2 * kv) * hd, h), (h, hq * hd)]
+    q_lora, kv_lora = model["q_lora_rank"], model["kv_lora_rank"]
+    nope, rope, v = model["qk_nope_head_dim"], model["qk_rope_head_dim"], model["v_head_dim"]
+    q_up = (hq * (nope + rope), q_lora) if q_lora > 0 else None
+    down = [(q_lora + kv_lora + rope, h)] if q_lora > 0 else [(hq * (nope + rope), h), (kv_lora + rope, h)]
+    return [*down, *([q_up] if q_up else []), (hq * (nope + v), kv_lora), (h, hq * v)]
+
+
+def ffn_gemms(hidden: int, width: float) -> list:
+    """A SwiGLU FFN of ``width`` intermediate columns on one GPU as GEMMs ``(N, K)``: the fused gate and up
+    projection, then the down projection."""
+    return [(2 * width, hidden), (hidden, width)]
 
 
 def elementwise_seconds(nbytes, bandwidth, *, kernels, floor_s):
@@ -537,18 +574,35 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     has_prefill = 1.0 if prefill_tokens > 0 else 0.0
     layers, dense_layers, moe_layers = _layer_counts(model, pp)
     half, floor = achievable.gemm_half_tokens, achievable.gemm_floor_s
+    surface = achievable.gemm_surface
 
-    def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear, gemms=0, rows=0.0):
-        """``count`` times an op; ``gemms`` GEMM kernels of ``rows`` rows each pay the size-dependent FLOP share
-        and the kernel floor (:func:`gemm_seconds`)."""
+    def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear):
+        """``count`` times an op that is not a GEMM (its roofline alone)."""
         op = ops[name]
         op["flops"] += count * flops
         op["weight"] += count * weight
         op["kv"] += count * kv
         op["act"] += count * act
-        op["floor"] += count * gemms * floor
-        op["t"] += count * gemm_seconds(flops, weight + kv + act, peak, bandwidth, kernels=gemms,
-                                        rows=rows if gemms and rows > 0 else None, half_tokens=half, floor_s=floor)
+        op["t"] += count * gemm_seconds(flops, weight + kv + act, peak, bandwidth, kernels=0)
+
+    def add_gemms(name, count, rows, shapes, *, groups=1.0, weight_bytes=wb, peak=peak_linear, extra_weight=0.0):
+        """``count`` times the GEMMs ``shapes`` (``(N, K)`` each) over ``rows`` rows; a grouped GEMM spreads its rows
+        over ``groups`` weight matrices (experts), each GEMM of ``rows / groups`` rows. Each kernel pays its floor,
+        its roofline at its rows' FLOP share and its shape's measured correction (:func:`gemm_seconds`);
+        ``extra_weight`` bytes (a layer's norm weights) ride on the first."""
+        op = ops[name]
+        each = rows / max(groups, 1.0)
+        for j, (n_cols, depth) in enumerate(shapes):
+            flops = 2.0 * rows * n_cols * depth
+            weight = groups * n_cols * depth * weight_bytes + (extra_weight if j == 0 else 0.0)
+            act = rows * (n_cols + depth) * a
+            factor = surface.factor(each, n_cols, depth) if surface is not None else 1.0
+            op["flops"] += count * flops
+            op["weight"] += count * weight
+            op["act"] += count * act
+            op["floor"] += count * floor * factor
+            op["t"] += count * gemm_seconds(flops, weight + act, peak, bandwidth, rows=each, half_tokens=half,
+                                            floor_s=floor, factor=factor)
 
     def add_elementwise(count, kernels, act):
         """``count`` times ``kernels`` element-wise kernels moving ``act`` bytes (nothing when fused)."""
@@ -561,8 +615,7 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
 
     # attention projections and core, every layer
     shard = _attention_shard(model, tp)
-    add("attention_proj", layers, 2 * n * shard["matmul"], weight=(shard["matmul"] + shard["norm"]) * wb,
-        act=n * a * shard["io"], gemms=2, rows=n)
+    add_gemms("attention_proj", layers, n, attention_gemms(model, tp), extra_weight=shard["norm"] * wb)
     add_elementwise(layers, 3, n * a * (5 * h + 2 * shard["rope"]))  # RMSNorm, RoPE, residual add
     full_d = min(decode_context, attention_window) if attention_window > 0 else decode_context
     full_p = min(prefill_context, attention_window) if attention_window > 0 else prefill_context
@@ -592,20 +645,18 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     # dense FFN layers
     if dense_layers > 0:
         f = model["dense_ffn"] / tp
-        add("dense_ffn", dense_layers, 2 * n * 3 * h * f, weight=3 * h * f * wb, act=n * a * (2 * h + 3 * f),
-            gemms=2, rows=n)
+        add_gemms("dense_ffn", dense_layers, n, ffn_gemms(h, f))
         add_elementwise(dense_layers, 3, n * a * (5 * h + 3 * f))  # RMSNorm, SwiGLU, residual add
 
     # MoE layers: router, shared experts, routed experts on the slowest EP rank
     if moe_layers > 0:
         experts, top_k = model["experts"], model["active_experts"]
-        add("router", moe_layers, 2 * n * experts * h, weight=experts * h * ROUTER_WEIGHT_BYTES,
-            act=n * a * (h + experts), peak=hw.peak_flops("bf16") * achievable.flops_fraction, gemms=1, rows=n)
+        add_gemms("router", moe_layers, n, [(experts, h)], weight_bytes=ROUTER_WEIGHT_BYTES,
+                  peak=hw.peak_flops("bf16") * achievable.flops_fraction)
         add_elementwise(moe_layers, 2, n * a * 5 * h)  # RMSNorm, residual add
         if model["shared_experts"] > 0:
             fs = model["shared_experts"] * model["expert_ffn"] / tp
-            add("shared_expert", moe_layers, 2 * n * 3 * h * fs, weight=3 * h * fs * wb, act=n * a * (2 * h + 3 * fs),
-                gemms=2, rows=n)
+            add_gemms("shared_expert", moe_layers, n, ffn_gemms(h, fs))
             add_elementwise(moe_layers, 1, n * a * 3 * fs)  # SwiGLU
         etp = stage_gpus // ep
         fe = model["expert_ffn"] / etp
@@ -613,16 +664,13 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         distinct = expected_distinct_experts(experts, top_k, tokens) if distinct_experts is None \
             else float(distinct_experts)
         distinct_on_rank = min(distinct, experts) / ep
-        add("moe_ffn", moe_layers, 2 * pairs * 3 * h * fe, weight=distinct_on_rank * 3 * h * fe * wb,
-            act=pairs * a * (2 * h + 3 * fe), gemms=2,  # grouped GEMMs: rows per expert
-            rows=pairs / max(distinct_on_rank, 1.0))
+        add_gemms("moe_ffn", moe_layers, pairs, ffn_gemms(h, fe), groups=distinct_on_rank)  # grouped GEMMs
         add_elementwise(moe_layers, 1, pairs * a * 3 * fe)  # SwiGLU of the routed experts
 
     # output head, on the last stage: every decode token, one row per prefill chunk
     rows = (decode_tokens + has_prefill) / adp
     vocab_gpu = model["vocab"] / tp
-    add("lm_head", 1, 2 * rows * vocab_gpu * h, weight=vocab_gpu * h * wb, act=rows * a * (h + vocab_gpu), gemms=1,
-        rows=rows)
+    add_gemms("lm_head", 1, rows, [(vocab_gpu, h)])
 
     # communication
     net = {"latency_s": collectives.latency_s, "network_fraction": achievable.network_fraction}

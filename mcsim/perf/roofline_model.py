@@ -13,6 +13,7 @@ are read once, whatever the mix.
 
 from __future__ import annotations
 
+from mcsim.perf import gemm_surface as surfaces
 from mcsim.perf import roofline
 from mcsim.perf.capacity import _instance_step_time
 from mcsim.perf.hardware import Hardware, as_hardware, performance_defaults
@@ -44,12 +45,22 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             elementwise_bandwidth_fraction=p["performance.elementwise_bandwidth_fraction"],
             attention_floor_s=p["performance.attention_floor_s"],
             errors={cls: p[f"performance.{cls}_error"] for cls in roofline.ERROR_CLASSES},
-            step_error=p["performance.step_error"]),
+            step_error=p["performance.step_error"], gemm_surface=gemm_surface(p)),
         "hot_rank_factor": hot_rank_factor,
         "distinct_experts": distinct_experts,
         "attention_window": p["performance.attention_window"],
         "sparse_topk": p["performance.sparse_topk"],
     }
+
+
+def gemm_surface(p: dict):
+    """The GEMM surface a sample prices with (``performance.gemm_surface``; :mod:`mcsim.perf.gemm_surface`)."""
+    choice = str(p.get("performance.gemm_surface", ""))
+    if choice == "none":
+        return None
+    if choice:
+        return surfaces.read(choice)
+    return surfaces.for_hardware(_hardware(p).gemm_surface)
 
 
 class RooflineStepModel(StepModel):

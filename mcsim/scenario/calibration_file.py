@@ -28,12 +28,21 @@ A calibration is a TOML file written by ``mcsim calibrate`` (or ``mcsim trace --
     replicates = [0.741, 0.739, ...]      # one per bootstrap replicate, in replicate order
 
     [classes.gemm]                        # the fit of one op class
-    rows = 2088
-    shapes = 1036
-    fit_mape = 0.061
-    cv_mape = 0.063
-    cv_scheme = "leave one shape out, 40 interleaved groups of the 1036 shapes"
+    rows = 8352
+    shapes = 2072
+    fit_mape = 0.031
+    cv_mape = 0.045
+    cv_scheme = "leave one shape out, 40 interleaved groups of the 2072 shapes"
     sources = ["mlp.csv"]
+
+    [classes.gemm.cv_bands]               # held-out error by GEMM rows
+    "1-16 rows" = 0.032
+
+    [surfaces.gemm]                       # the measured GEMM surface (mcsim.perf.gemm_surface), flat
+    n = [1280.0, ...]                     # each measured GEMM's columns, depth, rows and log(measured / modelled)
+    k = [8192.0, ...]
+    rows = [1.0, ...]
+    log_ratio = [0.013, ...]
 
 Using one
 ---------
@@ -41,8 +50,10 @@ Using one
 replaces the scenario's value with a draw per Monte Carlo sample from its replicates. All the file's parameters
 draw the *same* replicate in a sample (one random stream, named after the file's digest), so the correlations of
 the joint fit are kept; they are recorded in the result as uncertain inputs like any other. A calibrated value
-*replaces* the scenario's (it never multiplies it). A calibration whose regime differs from the scenario's
-(hardware preset, matmul format, fidelity) is refused with every difference named.
+*replaces* the scenario's (it never multiplies it). A file with a ``[surfaces.gemm]`` table also sets
+``performance.gemm_surface`` to itself: its measured surface corrects every GEMM by its shape. A calibration whose
+regime differs from the scenario's (hardware preset, matmul format, fidelity) is refused with every difference
+named.
 """
 
 from __future__ import annotations
@@ -98,6 +109,9 @@ class Calibration:
         Other provenance (``mcsim trace``: the decoder shape that ran, the Ollama measurement).
     path : str
         The file it was read from ("" when built in memory).
+    surfaces : dict
+        Op class -> measured surface as flat lists (``gemm``: ``n``, ``k``, ``rows``, ``log_ratio``; see
+        :mod:`mcsim.perf.gemm_surface`).
     """
 
     regime: dict
@@ -109,6 +123,7 @@ class Calibration:
     seed: int = 0
     notes: dict = field(default_factory=dict)
     path: str = ""
+    surfaces: dict = field(default_factory=dict)
 
     @property
     def replicates(self) -> int:
@@ -128,6 +143,8 @@ class Calibration:
             reps = [float(v) for v in spec["replicates"]]
             # a parameter measured without spread (a machine's peaks) is a plain value
             out[key] = reps[0] if min(reps) == max(reps) else {"dist": "choice", "values": reps, "stream": stream}
+        if "gemm" in self.surfaces and self.path:
+            out["performance.gemm_surface"] = str(Path(self.path).resolve())
         return out
 
     def summary(self) -> dict:
@@ -136,7 +153,8 @@ class Calibration:
                 "replicates": self.replicates, "digest": self.digest,
                 "parameters": {k: {x: v[x] for x in ("class", "estimate", "low", "high")}
                                for k, v in self.parameters.items()},
-                "classes": self.classes, "notes": self.notes}
+                "classes": self.classes, "notes": self.notes,
+                "surfaces": {cls: f"{len(table['n'])} points" for cls, table in self.surfaces.items()}}
 
 
 def _toml_value(value) -> str:
@@ -156,16 +174,21 @@ def _toml_value(value) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
+def _key(key: str) -> str:
+    """A TOML key: bare where TOML allows it, else quoted."""
+    return key if key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key) else json.dumps(key)
+
+
 def _table(lines: list, name: str, body: dict) -> None:
     lines.append(f"[{name}]")
     for key, value in body.items():
         if isinstance(value, dict):
             continue
-        lines.append(f"{json.dumps(key) if '.' in key else key} = {_toml_value(value)}")
+        lines.append(f"{_key(key)} = {_toml_value(value)}")
     lines.append("")
     for key, value in body.items():
         if isinstance(value, dict):
-            _table(lines, f"{name}.{json.dumps(key) if '.' in key else key}", value)
+            _table(lines, f"{name}.{_key(key)}", value)
 
 
 def dumps(cal: Calibration) -> str:
@@ -184,6 +207,8 @@ def dumps(cal: Calibration) -> str:
         _table(lines, f"classes.{cls}", info)
     if cal.notes:
         _table(lines, "notes", cal.notes)
+    for cls, table in cal.surfaces.items():
+        _table(lines, f"surfaces.{cls}", table)
     return "\n".join(lines)
 
 
@@ -264,13 +289,38 @@ def load(path) -> Calibration:
     notes = data.get("notes", {})
     if not isinstance(classes, dict) or not isinstance(notes, dict):
         _fail(where, "classes" if not isinstance(classes, dict) else "notes", "expected a table")
+    surfaces = data.get("surfaces", {})
+    if not isinstance(surfaces, dict) or set(surfaces) - {"gemm"}:
+        _fail(where, "surfaces", "expected a table with at most a gemm table")
+    for cls, table in surfaces.items():
+        _check_surface(where, f"surfaces.{cls}", table)
     return Calibration(regime={k: regime.get(k, "") for k in REGIME_KEYS},
                        parameters={k: {"class": v.get("class", ""), "estimate": float(v["estimate"]),
                                        "low": float(v["low"]), "high": float(v["high"]),
                                        "replicates": [float(x) for x in v["replicates"]]} for k, v in params.items()},
                        classes=classes, source=str(head.get("source", "")), created=str(head.get("created", "")),
                        mcsim_version=str(head.get("mcsim_version", "")), seed=int(head.get("seed", 0)),
-                       notes=notes, path=where)
+                       notes=notes, path=where, surfaces=surfaces)
+
+
+def _check_surface(where: str, name: str, table) -> None:
+    """A measured surface: lists ``n``, ``k``, ``rows`` (positive) and ``log_ratio`` (finite), of one length."""
+    if not isinstance(table, dict):
+        _fail(where, name, "expected a table")
+    length = None
+    for key in ("n", "k", "rows", "log_ratio"):
+        values = table.get(key)
+        if not isinstance(values, list) or not values or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            _fail(where, f"{name}.{key}", "expected a non-empty list of finite numbers")
+        if key != "log_ratio" and min(values) <= 0:
+            _fail(where, f"{name}.{key}", "expected positive numbers")
+        if length is not None and len(values) != length:
+            _fail(where, f"{name}.{key}", f"has {len(values)} values, n has {length}: one per measured GEMM")
+        length = len(values)
+    unknown = sorted(set(table) - {"n", "k", "rows", "log_ratio"})
+    if unknown:
+        _fail(where, f"{name}.{unknown[0]}", "unknown key; a surface has n, k, rows and log_ratio")
 
 
 def regime_of(values: dict) -> dict:
@@ -304,8 +354,8 @@ def parameter(cls: str, replicates, estimate: float) -> dict:
 
 
 def new_calibration(regime: dict, parameters: dict, classes: dict, *, source: str, seed: int,
-                    notes: dict | None = None) -> Calibration:
+                    notes: dict | None = None, surfaces: dict | None = None) -> Calibration:
     """A calibration stamped with this mcsim's version and the time."""
     return Calibration(regime={k: regime.get(k, "") for k in REGIME_KEYS}, parameters=parameters, classes=classes,
                        source=source, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                       mcsim_version=__version__, seed=seed, notes=notes or {})
+                       mcsim_version=__version__, seed=seed, notes=notes or {}, surfaces=surfaces or {})

@@ -99,6 +99,8 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
     "gemm_half_tokens": (float, "tokens (rows) at which a GEMM reaches half its largest FLOP share, fitted like "
                                 "gemm_flops_fraction; 0 where unknown (no size dependence)"),
     "gemm_floor_us": (float, "fixed GPU time of one GEMM kernel, us, fitted like gemm_flops_fraction; 0 where unknown"),
+    "gemm_surface": (str, "the bundled calibration (mcsim/data/calibrations/<name>.toml) whose measured GEMM "
+                          "surface corrects each GEMM by its shape (mcsim.perf.gemm_surface); \"\" where none"),
     "kernel_floor_us": (float, "fixed GPU time of one element-wise kernel (RMSNorm, RoPE, activation, residual add), "
                                "us, fitted to measured per-layer kernel times where the source says so; 0 where "
                                "unknown"),

@@ -436,7 +436,31 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
                 o.split("=", 1)[0].strip() == "performance.calibration" for o in overrides):
             cal_path = path.parent / cal_path  # a file's own key is relative to the file; --set is relative to .
         scn = attach_calibration(scn, cal_path)
+    surface = str(scn.values.get("performance.gemm_surface", ""))
+    if surface not in ("", "none"):
+        surface_path = Path(surface).expanduser()
+        if not surface_path.is_absolute() and path is not None and not any(
+                o.split("=", 1)[0].strip() == "performance.gemm_surface" for o in overrides):
+            surface_path = path.parent / surface_path
+        scn = attach_surface(scn, surface_path)
     return scn
+
+
+def attach_surface(scn: Scenario, path) -> Scenario:
+    """The scenario with ``performance.gemm_surface`` set to a calibration file's measured GEMM surface (absolute
+    path). The file must be a calibration with a ``[surfaces.gemm]`` table, measured on the scenario's hardware;
+    raises :class:`~mcsim.scenario.calibration_file.CalibrationError`."""
+    cal = load_calibration(path)
+    if "gemm" not in cal.surfaces:
+        raise CalibrationError(str(path), "performance.gemm_surface: the calibration has no [surfaces.gemm] table "
+                               "(mcsim calibrate writes one from per-GEMM measurements, e.g. Vidur's mlp.csv)",
+                               key="performance.gemm_surface")
+    hardware = str(scn.values["hardware.preset"])
+    if cal.regime["hardware"].casefold() != hardware.casefold():
+        raise CalibrationError(str(path), f"performance.gemm_surface: measured on {cal.regime['hardware']!r}, the "
+                               f"scenario runs {hardware!r} (hardware.preset); a GEMM surface holds for the GPU it "
+                               "was measured on", key="performance.gemm_surface")
+    return replace(scn, values=dict(scn.values, **{"performance.gemm_surface": str(Path(path).resolve())}))
 
 
 def attach_calibration(scn: Scenario, path) -> Scenario:

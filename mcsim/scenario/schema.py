@@ -292,6 +292,12 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "gemm_floor_s": F(0.0, "Fixed GPU time of one GEMM kernel, s, added to its roofline; 0 = the hardware "
                                "catalog's (hardware.gemm_floor_us), none where it has none.", 0, None,
                                fidelity="roofline"),
+        "gemm_surface": S("", "GEMM efficiency by shape: a calibration file (mcsim calibrate) whose measured surface "
+                              "corrects each GEMM's roofline time by its rows, columns and depth (tile and wave "
+                              "quantization, the kernel the library picks); '' = the hardware catalog's "
+                              "(hardware.gemm_surface: measured on H100 and A100, H100's for H200 and H800, none "
+                              "elsewhere); 'none' = the roofline's one curve per GPU. A calibration file with a "
+                              "surface sets it.", fidelity="roofline"),
         "kernel_floor_s": F(0.0, "Fixed GPU time of one element-wise kernel (RMSNorm, RoPE, activation, residual add), "
                                  "s, which CUDA graphs do not remove; 0 = the hardware catalog's "
                                  "(hardware.kernel_floor_us), none where it has none.", 0, None, fidelity="roofline"),
