@@ -316,6 +316,9 @@ def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool,
             for name, op in step["ops"].items() if op["t_s"] > 0]
     click.echo(_text_table(["op (per GPU)", "ms", "share", "of which kernel floors, ms", "FLOPs", "bytes",
                             "bound by"], rows))
+    ran = {name: op["implementation"] for name, op in step["ops"].items() if op.get("implementation")}
+    for name, implementation in ran.items():
+        click.echo(f"{name} ran as: {implementation}")
     click.echo("")
     mem_rows = [[pool_name, f"{m['weights_gb_per_gpu']:.2f}", f"{m['kv_gb_per_sequence'] * 1e3:.2f}",
                  f"{m['free_kv_gb']:.2f}", f"{m['max_sequences']:,}", m["reason"]]

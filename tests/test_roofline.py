@@ -425,7 +425,7 @@ def test_hardware_is_a_typed_object():
 
 def test_prefill_steps_use_their_own_allreduce_algorithm():
     model, hw = catalog.model_preset("llama-3.1-70b"), catalog.hardware_preset("h100")
-    collectives = Collectives(allreduce="one-shot", prefill_allreduce="ring")
+    collectives = Collectives(allreduce="one-shot", prefill_allreduce="ring", allreduce_impl="nccl")
     base, hop, bus = hw["collective_base_us"] * 1e-6, hw["collective_hop_us"] * 1e-6, hw["allreduce_bus_gb_s"] * 1e9
     p = 8
     # the closed forms inside a node with the measured fixed cost, hop latency and bus bandwidth
@@ -437,6 +437,52 @@ def test_prefill_steps_use_their_own_allreduce_algorithm():
         message = (decode + prefill) * model["hidden_size"] * 2.0  # BF16 activations of the step's tokens
         assert cost.breakdown["tp_allreduce"]["t"] == pytest.approx(2 * model["layers"] * closed[algorithm](message),
                                                                    rel=1e-12)
+
+
+def test_the_engines_own_allreduce_inside_a_node_and_nccl_beyond():
+    from mcsim.perf.collectives import tp_allreduce
+
+    model, hw = catalog.model_preset("llama-3.1-70b"), catalog.hardware_preset("h100")
+    hop, bw = hw["custom_allreduce_hop_us"] * 1e-6, hw["custom_allreduce_gb_s"] * 1e9
+    h = model["hidden_size"]
+    # vLLM's rule at TP 8: one stage below 256 KiB (reading 7 peers' buffers), two stages up to 8 MiB, then NCCL
+    for tokens, ran, closed in ((8, "custom one-shot", lambda s: hop + 7 * s / bw),
+                                (64, "custom two-shot", lambda s: 2 * hop + 2 * 7 / 8 * s / bw),
+                                (1024, "nccl", None)):
+        cost = step_cost(model, hw, decode_seqs=tokens, decode_context=100, parallel=Parallelism(tp=8))
+        op = cost.breakdown["tp_allreduce"]
+        assert op["impl"].startswith(ran)
+        message = tokens * h * 2.0
+        if closed is not None:  # two per layer, none of it hidden in a plain forward pass
+            assert op["t"] == pytest.approx(2 * model["layers"] * closed(message), rel=1e-12)
+        else:
+            assert op["t"] == pytest.approx(2 * model["layers"] * tp_allreduce(message, 8, hw, impl="nccl")[0])
+    # at TP 4 one stage up to 512 KiB; across nodes (TP 16) NCCL; impl="nccl" never the engine's kernels
+    assert tp_allreduce(400 * 1024, 4, hw)[2] == "custom one-shot"
+    assert tp_allreduce(400 * 1024, 8, hw)[2] == "custom two-shot"
+    assert tp_allreduce(4096, 16, hw)[2].startswith("nccl")
+    assert tp_allreduce(4096, 8, hw, impl="nccl")[2].startswith("nccl")
+    assert tp_allreduce(32 << 20, 8, hw, impl="custom")[2] == "custom two-shot"
+    # a fused GEMM + all-reduce hides what allreduce_overlap says, and the all-to-all overlap does not touch it
+    plain = step_cost(model, hw, decode_seqs=8, decode_context=100, parallel=Parallelism(tp=8))
+    fused = step_cost(model, hw, decode_seqs=8, decode_context=100, parallel=Parallelism(tp=8),
+                      collectives=Collectives(allreduce_overlap=0.25, overlap=0.9))
+    assert fused.breakdown["tp_allreduce"]["t"] == pytest.approx(0.75 * plain.breakdown["tp_allreduce"]["t"])
+    with pytest.raises(ValueError, match="implementation"):
+        tp_allreduce(4096, 8, hw, impl="mpi")
+
+
+def test_the_custom_allreduce_against_the_published_h100_times():
+    # SGLang's published custom all-reduce times on H100 (github.com/sgl-project/sglang/pull/2904, TP 2/4/8,
+    # 512 B to 1 MiB, us), what the catalog's figures were fitted to
+    from mcsim.perf.collectives import custom_allreduce
+
+    sizes = (512, 4096, 32768, 262144, 524288, 1048576)
+    measured = {2: (3.7, 3.9, 4.5, 7.9, 12.5, 19.9), 4: (4.8, 3.7, 4.8, 13.9, 20.2, 31.1),
+                8: (5.9, 5.7, 7.8, 16.7, 22.1, 33.8)}
+    hw = catalog.hardware_preset("h100")
+    errors = [custom_allreduce(s, p, hw)[0] * 1e6 / t - 1 for p, times in measured.items() for s, t in zip(sizes, times)]
+    assert np.mean(np.abs(errors)) < 0.10 and max(np.abs(errors)) < 0.30
 
 
 def test_measured_gemm_shapes_are_priced_at_their_measured_times():

@@ -170,7 +170,8 @@ def step_time(scenario, *, decode_seqs: float = 1.0, context: float | None = Non
     dict
         ``step_s``, ``ops`` (name -> ``t_s``, ``share``, ``floor_s`` (the kernel floors inside ``t_s``),
         ``flops``, ``bytes``, ``bound``: "compute", "memory",
-        "network", "overhead", "drafting" or, in factor mode, "factor"), the step's inputs, ``fidelity`` and
+        "network", "overhead", "drafting" or, in factor mode, "factor"; ``tp_allreduce`` also has ``implementation``,
+        what ran: "custom one-shot", "nccl ring", ...), the step's inputs, ``fidelity`` and
         ``memory`` per pool (weights per GPU, KV bytes per sequence, free KV bytes, sequences that fit, reason).
 
     Examples
@@ -211,7 +212,8 @@ def step_time(scenario, *, decode_seqs: float = 1.0, context: float | None = Non
         "prefill_context": model.prefill_context if prefill_context is None else float(prefill_context),
         "verify_tokens": model.verify_tokens, "step_s": total,
         "ops": {name: {"t_s": op["t"], "share": op["t"] / total if total > 0 else float("nan"),
-                       "floor_s": op["floor"], "flops": op["flops"], "bytes": op["bytes"], "bound": op["bound"]}
+                       "floor_s": op["floor"], "flops": op["flops"], "bytes": op["bytes"], "bound": op["bound"],
+                       **({"implementation": op["impl"]} if op.get("impl") else {})}
                 for name, op in step.ops.items()},
         "memory": pools,
         "modelled": "every figure is modelled from the scenario's assumptions, none is measured",

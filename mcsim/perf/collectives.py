@@ -42,6 +42,21 @@ entry, fitted to the measured all-reduces of 16 GPUs on two DGX A100 nodes) pric
 the ring's ``2 (p-1)/p S`` at that bus bandwidth (NCCL's "busbw"); elsewhere the algorithms above run with the
 scale-out bandwidth between nodes.
 
+Who runs the TP all-reduce (``impl``, :func:`tp_allreduce`). Serving engines do not call NCCL for the small and
+medium all-reduces of tensor parallelism inside one NVLink domain: vLLM (``csrc/custom_all_reduce.cuh``), SGLang and
+TensorRT-LLM run their own kernels, in which every GPU reads its peers' buffers over NVLink:
+
+* one-shot (one stage): each GPU reads all ``p - 1`` peers' ``S`` bytes and reduces them, ``(p-1) S`` read;
+* two-shot (two stages): reduce-scatter then all-gather through the peers' buffers, ``2 (p-1)/p S`` read;
+* vLLM's rule: one-shot for two GPUs, or below 512 KiB on up to four, or below 256 KiB on up to eight; two-shot
+  otherwise; groups of 2, 4, 6 or 8 GPUs of one node with a fully connected NVLink only, and messages under
+  ``CUSTOM_MAX_BYTES`` (8 MiB, vLLM's ``CustomAllreduce(max_size=8192 * 1024)``); NCCL for the rest.
+
+A stage costs ``custom_allreduce_hop_us`` and the bytes move at ``custom_allreduce_gb_s`` (the catalog's; fitted on
+H100 to the custom all-reduce times SGLang published in github.com/sgl-project/sglang/pull/2904: 4.3 us a stage,
+70 GB/s, against NCCL's 27 us fixed cost). ``impl = "nccl"``: NCCL always; ``"custom"``: the engine's kernels for any
+message inside a node; ``"auto"``: as the engines do, the kernels under 8 MiB, NCCL above it and across nodes.
+
 All-to-all (MoE dispatch or combine) of ``S = tokens x copies x token_bytes`` per GPU over ``p`` GPUs:
 
 * direct: every GPU sends ``(p-1)/p`` of its data straight to its destination, in one step. Within a node
@@ -62,10 +77,13 @@ import math
 import numpy as np
 
 from mcsim.perf.hardware import as_hardware
-from mcsim.scenario.choices import ALLREDUCE_ALGORITHMS, ALLTOALL_ALGORITHMS
+from mcsim.scenario.choices import ALLREDUCE_ALGORITHMS, ALLREDUCE_IMPLS, ALLTOALL_ALGORITHMS
 
 __all__ = [
     "ALLREDUCE_ALGORITHMS",
+    "ALLREDUCE_IMPLS",
+    "custom_allreduce",
+    "tp_allreduce",
     "ALLTOALL_ALGORITHMS",
     "allreduce_time",
     "alltoall_time",
@@ -77,6 +95,10 @@ __all__ = [
 
 #: Latency per hop where neither the hardware nor the caller gives one, s.
 DEFAULT_HOP_S = 5e-6
+#: Largest message the engines' own all-reduce takes (vLLM's ``CustomAllreduce`` default ``max_size``), bytes.
+CUSTOM_MAX_BYTES = 8192 * 1024
+#: Group sizes the engines' own all-reduce runs on (vLLM's ``_SUPPORTED_WORLD_SIZES``).
+CUSTOM_GROUPS = (2, 4, 6, 8)
 
 
 def group_layout(group: int, hw) -> tuple[int, int]:
@@ -126,11 +148,19 @@ def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "auto", la
     >>> round(t * 1e6, 1)  # 23 us fixed + one hop + 7 x 4 KiB at 349.7 GB/s (one-shot)
     25.6
     """
+    t, sent, _ = allreduce_choice(nbytes, group, hw, algorithm=algorithm, latency_s=latency_s,
+                                  network_fraction=network_fraction)
+    return t, sent
+
+
+def allreduce_choice(nbytes: float, group: int, hw, *, algorithm: str = "auto", latency_s: float | None = None,
+                     network_fraction: float = 1.0) -> tuple[float, float, str]:
+    """:func:`allreduce_time` and the algorithm that ran (``auto`` resolved; "" for a group of one)."""
     if algorithm not in ALLREDUCE_ALGORITHMS:
         raise ValueError(f"all-reduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {algorithm!r}")
     p = int(group)
     if p <= 1 or nbytes <= 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, ""
     hw = as_hardware(hw)
     nodes, per_node = group_layout(p, hw)
     up, out = _bandwidths(hw, network_fraction)
@@ -142,11 +172,54 @@ def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "auto", la
         hop = hw.collective_hop_us * 1e-6 if latency_s is None else latency_s
     if nodes > 1 and hw.remote_allreduce_bus_gb_s > 0 and algorithm == "auto" and latency_s is None:
         ring = 2.0 * (p - 1) / p * nbytes  # measured NCCL figures across whole nodes: its own algorithm choice
-        return hw.remote_allreduce_base_us * 1e-6 + ring / (hw.remote_allreduce_bus_gb_s * 1e9), ring
+        return hw.remote_allreduce_base_us * 1e-6 + ring / (hw.remote_allreduce_bus_gb_s * 1e9), ring, "measured"
     candidates = allreduce_candidates(nbytes, p, nodes, per_node, up, out, base, hop)
     if algorithm == "auto":
-        return min(candidates.values())
-    return candidates[algorithm]
+        algorithm = min(candidates, key=lambda name: candidates[name])
+    return (*candidates[algorithm], algorithm)
+
+
+def custom_allreduce(nbytes: float, group: int, hw, *, max_bytes: float = CUSTOM_MAX_BYTES):
+    """The serving engine's own all-reduce (module docstring): ``(time s, bytes read per GPU, "one-shot" |
+    "two-shot")``, or None where it does not run (another group size, a group across nodes, a message of
+    ``max_bytes`` or more, hardware without figures).
+
+    Examples
+    --------
+    >>> from mcsim.scenario import catalog
+    >>> t, sent, kind = custom_allreduce(64 * 1024, 8, catalog.hardware_preset("h100"))  # a decode message
+    >>> kind, round(t * 1e6, 1)  # one stage of 4.32 us + 7 x 64 KiB at 70.35 GB/s
+    ('one-shot', 10.8)
+    """
+    hw = as_hardware(hw)
+    p = int(group)
+    if hw.custom_allreduce_gb_s <= 0 or p not in CUSTOM_GROUPS or p > hw.gpus_per_node or nbytes >= max_bytes:
+        return None
+    one = p == 2 or (p <= 4 and nbytes < 512 * 1024) or nbytes < 256 * 1024
+    sent = (p - 1) * nbytes if one else 2.0 * (p - 1) / p * nbytes
+    stages = 1 if one else 2
+    return stages * hw.custom_allreduce_hop_us * 1e-6 + sent / (hw.custom_allreduce_gb_s * 1e9), sent, \
+        "one-shot" if one else "two-shot"
+
+
+def tp_allreduce(nbytes: float, group: int, hw, *, impl: str = "auto", algorithm: str = "auto",
+                 latency_s: float | None = None, network_fraction: float = 1.0) -> tuple[float, float, str]:
+    """One TP all-reduce as a serving engine runs it: ``(time s, bytes sent per GPU, what ran)``, what ran being
+    e.g. ``"custom one-shot"`` or ``"nccl ring"`` (module docstring; ``impl`` one of :data:`ALLREDUCE_IMPLS`,
+    ``algorithm`` NCCL's)."""
+    if impl not in ALLREDUCE_IMPLS:
+        raise ValueError(f"all-reduce implementation must be one of {ALLREDUCE_IMPLS}, got {impl!r}")
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"all-reduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {algorithm!r}")
+    if int(group) <= 1 or nbytes <= 0:
+        return 0.0, 0.0, ""
+    if impl != "nccl":
+        custom = custom_allreduce(nbytes, group, hw, max_bytes=CUSTOM_MAX_BYTES if impl == "auto" else math.inf)
+        if custom is not None:
+            return custom[0], custom[1], f"custom {custom[2]}"
+    t, sent, name = allreduce_choice(nbytes, group, hw, algorithm=algorithm, latency_s=latency_s,
+                                     network_fraction=network_fraction)
+    return t, sent, f"nccl {name}"
 
 
 def allreduce_candidates(nbytes, p, nodes, per_node, up, out, base, hop) -> dict:

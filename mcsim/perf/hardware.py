@@ -38,6 +38,9 @@ class Hardware:
     collective_base_us, collective_hop_us, allreduce_bus_gb_s : float
         Fitted NCCL figures inside a node: the fixed cost of one collective, the latency of one hop and the
         achieved all-reduce bandwidth per direction (0 where not measured).
+    custom_allreduce_hop_us, custom_allreduce_gb_s : float
+        The serving engine's own all-reduce inside a node (one-shot / two-shot over NVLink): latency of one stage and
+        the bandwidth its kernels reach (0 where it has none; :mod:`mcsim.perf.collectives`).
     remote_allreduce_base_us, remote_allreduce_bus_gb_s : float
         Fitted NCCL all-reduce figures across nodes (groups of whole nodes): fixed cost and bus bandwidth per GPU
         (0 where not measured).
@@ -71,6 +74,8 @@ class Hardware:
     collective_base_us: float = 0.0
     collective_hop_us: float = 0.0
     allreduce_bus_gb_s: float = 0.0
+    custom_allreduce_hop_us: float = 0.0
+    custom_allreduce_gb_s: float = 0.0
     remote_allreduce_base_us: float = 0.0
     remote_allreduce_bus_gb_s: float = 0.0
     send_base_us: float = 0.0

@@ -61,8 +61,10 @@ divided by ``attention_dp``); ``h`` = hidden size; matmul FLOPs are 2 per weight
 
 Communication: two TP all-reduces of ``n h`` activations per layer (after attention and after the FFN),
 a dispatch and a combine all-to-all per MoE layer (the hot rank receives ``hot_rank_factor`` times the
-mean), and one activation send per pipeline boundary; formulas in :mod:`mcsim.perf.collectives`. A fraction
-``overlap`` of it hides behind compute.
+mean), and one activation send per pipeline boundary; formulas in :mod:`mcsim.perf.collectives`. The TP all-reduce
+runs as a serving engine runs it (``Collectives.allreduce_impl``: its own one-shot / two-shot kernels inside a node,
+NCCL beyond) and is exposed whole unless ``allreduce_overlap`` says a fused kernel hides some of it; a fraction
+``overlap`` of the all-to-all and the sends hides behind compute.
 
 Kernel floors and overheads. Every kernel has a minimum GPU time however small its work (launch latency on the
 GPU, ramp-up and tail of too few thread blocks): ``gemm_floor_s`` per GEMM, ``kernel_floor_s`` per element-wise
@@ -97,7 +99,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mcsim.perf.collectives import allreduce_time, alltoall_time, send_time
+from mcsim.perf.collectives import alltoall_time, send_time, tp_allreduce
 from mcsim.perf.hardware import Hardware, as_hardware
 from mcsim.scenario import catalog
 
@@ -193,7 +195,15 @@ class Collectives:
         tokens, decode messages a few, and engines may pick differently for the two.
     alltoall : {"direct", "hierarchical"}
     overlap : float
-        Fraction of communication time hidden behind compute, in [0, 1].
+        Fraction of the EP all-to-all and PP send time hidden behind compute (two micro-batches, DeepSeek's
+        dual-batch overlap), in [0, 1].
+    allreduce_impl : {"auto", "nccl", "custom"}
+        Who runs the TP all-reduce (:func:`mcsim.perf.collectives.tp_allreduce`): the engine's own kernels inside a
+        node under 8 MiB and NCCL beyond (auto), NCCL always, or the engine's kernels for every message in a node.
+    allreduce_overlap : float
+        Fraction of the TP all-reduce hidden behind compute, in [0, 1]: 0 in a plain forward pass, where each
+        all-reduce waits for the GEMM before it and the next waits for it; a lever (a GEMM fused with its all-reduce,
+        as TensorRT-LLM's and Flux's kernels do).
     latency_s : float, optional
         Latency per collective step (hop), s; default the hardware's fitted hop latency (or 5 us).
     """
@@ -203,6 +213,8 @@ class Collectives:
     overlap: float = 0.0
     latency_s: float | None = None
     prefill_allreduce: str = ""
+    allreduce_impl: str = "auto"
+    allreduce_overlap: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -677,8 +689,8 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     if tp > 1:
         algorithm = collectives.prefill_allreduce if prefill_tokens > 0 and collectives.prefill_allreduce \
             else collectives.allreduce
-        t, sent = allreduce_time(n * h * a, tp, hw, algorithm=algorithm, **net)
-        ops["tp_allreduce"].update(t=2 * layers * t, sent=2 * layers * sent)
+        t, sent, ran = tp_allreduce(n * h * a, tp, hw, impl=collectives.allreduce_impl, algorithm=algorithm, **net)
+        ops["tp_allreduce"].update(t=2 * layers * t, sent=2 * layers * sent, impl=ran)
     if ep > 1 and moe_layers > 0:
         tokens_per_gpu = hot_rank_factor * tokens / stage_gpus
         t, sent = alltoall_time(tokens_per_gpu, model["active_experts"], h * a, ep, hw,
@@ -706,7 +718,7 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         for op in ops.values():
             op["t"] *= achievable.step_error
             op["floor"] *= achievable.step_error
-    return _assemble(ops, peak_linear, peak_attention, bandwidth, collectives.overlap)
+    return _assemble(ops, peak_linear, peak_attention, bandwidth, collectives.overlap, collectives.allreduce_overlap)
 
 
 def _bound(name: str, op: dict, peak_linear: float, peak_attention: float, bandwidth: float) -> str:
@@ -726,13 +738,16 @@ def _bound(name: str, op: dict, peak_linear: float, peak_attention: float, bandw
     return "compute" if compute >= memory else "memory"
 
 
-def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: float, overlap: float) -> StepCost:
-    """Totals and breakdown from the per-op accumulators; communication ``t`` becomes its exposed part."""
-    if not 0.0 <= overlap <= 1.0:
-        raise ValueError(f"collectives.overlap must be in [0, 1], got {overlap}")
+def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: float, overlap: float,
+              allreduce_overlap: float = 0.0) -> StepCost:
+    """Totals and breakdown from the per-op accumulators; communication ``t`` becomes its exposed part (the TP
+    all-reduce's at ``allreduce_overlap``, the others' at ``overlap``)."""
+    for name, value in (("overlap", overlap), ("allreduce_overlap", allreduce_overlap)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"collectives.{name} must be in [0, 1], got {value}")
     t_comm = sum(ops[name]["t"] for name in COMM_OPS)
     for name in COMM_OPS:
-        ops[name]["t"] *= 1.0 - overlap
+        ops[name]["t"] *= 1.0 - (allreduce_overlap if name == "tp_allreduce" else overlap)
     compute_ops = [name for name in OPS if name not in COMM_OPS and name != "overhead"]
     t_compute = t_memory = 0.0
     for name in compute_ops:
@@ -743,7 +758,8 @@ def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: f
     breakdown = {name: {"flops": ops[name]["flops"],
                         "bytes": ops[name]["weight"] + ops[name]["kv"] + ops[name]["act"] + ops[name]["sent"],
                         "t": ops[name]["t"], "floor": ops[name]["floor"],
-                        "bound": _bound(name, ops[name], peak_linear, peak_attention, bandwidth)}
+                        "bound": _bound(name, ops[name], peak_linear, peak_attention, bandwidth),
+                        **({"impl": ops[name]["impl"]} if "impl" in ops[name] else {})}
                  for name in OPS}
     return StepCost(
         flops=sum(op["flops"] for op in ops.values()),
@@ -754,7 +770,7 @@ def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: f
         t_compute=t_compute,
         t_memory=t_memory,
         t_comm=t_comm,
-        t_comm_exposed=t_comm * (1.0 - overlap),
+        t_comm_exposed=sum(ops[name]["t"] for name in COMM_OPS),
         t_overhead=ops["overhead"]["t"],
         t_step=sum(op["t"] for op in ops.values()),
         breakdown=breakdown,

@@ -34,7 +34,9 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             allreduce=p["performance.allreduce"], alltoall=p["performance.alltoall"],
             overlap=p["performance.overlap_fraction"] if p["efficiency.comm_overlap"] else 0.0,
             latency_s=p["performance.collective_latency_s"] or None,
-            prefill_allreduce="" if p["performance.prefill_allreduce"] == "same" else p["performance.prefill_allreduce"]),
+            prefill_allreduce=("" if p["performance.prefill_allreduce"] == "same"
+                               else p["performance.prefill_allreduce"]),
+            allreduce_impl=p["performance.allreduce_impl"], allreduce_overlap=p["performance.allreduce_overlap"]),
         "achievable": roofline.Achievable(
             flops_fraction=p["performance.flops_fraction"], bandwidth_fraction=p["performance.bandwidth_fraction"],
             network_fraction=p["performance.network_fraction"], launch_overhead_s=p["performance.launch_overhead_s"],
@@ -95,7 +97,8 @@ class RooflineStepModel(StepModel):
                                   prefill_context=prefill_context, verify_tokens=self.verify_tokens, **opts)
         # pp micro-batches pass every stage: per GPU, the step is pp times one micro-batch's stage
         ops = {name: {"t": pp * entry["t"], "flops": pp * entry["flops"], "bytes": pp * entry["bytes"],
-                      "floor": pp * entry["floor"], "bound": entry["bound"]} for name, entry in cost.breakdown.items()}
+                      "floor": pp * entry["floor"], "bound": entry["bound"],
+                      **({"impl": entry["impl"]} if "impl" in entry else {})} for name, entry in cost.breakdown.items()}
         if decode_seqs > 0 and self.draft_tokens:
             nan = float("nan")
             ops["drafting"] = {"t": self.draft_tokens * self.draft_cost * self._plain_at(decode_seqs, decode_context),

@@ -106,6 +106,11 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                                "unknown"),
     "elementwise_bandwidth_fraction": (float, "share of HBM bandwidth element-wise kernels reach, fitted like "
                                               "kernel_floor_us; 0 where unknown (then 0.8)"),
+    "custom_allreduce_hop_us": (float, "latency of one stage of the serving engine's own all-reduce (vLLM's, "
+                                       "SGLang's and TensorRT-LLM's one-shot / two-shot kernels over NVLink), us, "
+                                       "fitted to measured times where the source says so; 0 where it has none"),
+    "custom_allreduce_gb_s": (float, "bandwidth per GPU those kernels reach, GB/s (the bytes each GPU reads: (p-1) S "
+                                     "one-shot, 2 (p-1)/p S two-shot); 0 where it has none"),
     "allreduce_bus_gb_s": (float, "achieved all-reduce bandwidth per GPU and direction inside a node, GB/s, fitted "
                                   "like collective_base_us; 0 where unknown (then scale_up_gb_s x network_fraction)"),
     "remote_allreduce_base_us": (float, "fixed cost of one NCCL all-reduce across whole nodes, us, fitted to "

@@ -38,6 +38,8 @@ FLEET_SIMULATIONS = ("representative", "replicas")
 
 #: ``performance.allreduce`` (``performance.prefill_allreduce`` adds ``"same"``).
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "one-shot", "two-shot", "tree", "hierarchical")
+#: ``performance.allreduce_impl``: who runs the TP all-reduce (:mod:`mcsim.perf.collectives`).
+ALLREDUCE_IMPLS = ("auto", "nccl", "custom")
 #: ``performance.alltoall``.
 ALLTOALL_ALGORITHMS = ("direct", "hierarchical")
 

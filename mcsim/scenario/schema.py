@@ -25,8 +25,8 @@ from typing import Any
 
 from mcsim.errors import McsimError
 from mcsim.scenario import catalog
-from mcsim.scenario.choices import (ALLREDUCE_ALGORITHMS, ALLTOALL_ALGORITHMS, FLEET_SIMULATIONS, ROUTING_POLICIES,
-                                    SCHEDULERS)
+from mcsim.scenario.choices import (ALLREDUCE_ALGORITHMS, ALLREDUCE_IMPLS, ALLTOALL_ALGORITHMS, FLEET_SIMULATIONS,
+                                    ROUTING_POLICIES, SCHEDULERS)
 
 
 @dataclass(frozen=True)
@@ -321,8 +321,9 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                              "whole steps).", 0, None, lo_open=True, fidelity="roofline"),
         "network_fraction": F(0.7, "Achievable fraction of scale-up/scale-out bandwidth (roofline).", 0, 1,
                               lo_open=True, fidelity="roofline"),
-        "allreduce": C("auto", "TP all-reduce algorithm; auto: the fastest for each message size and group (as NCCL's "
-                       "tuner and custom all-reduces pick).", *ALLREDUCE_ALGORITHMS, fidelity="roofline"),
+        "allreduce": C("auto", "NCCL's TP all-reduce algorithm where NCCL runs it (performance.allreduce_impl); auto: "
+                       "the fastest for each message size and group (as NCCL's tuner picks).", *ALLREDUCE_ALGORITHMS,
+                       fidelity="roofline"),
         "prefill_allreduce": C("same", "TP all-reduce algorithm of prefill steps (a disaggregated prefill pool, or "
                                "every step with prefill tokens in a colocated one); same: performance.allreduce.",
                                "same", *ALLREDUCE_ALGORITHMS, fidelity="roofline"),
@@ -330,8 +331,19 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "collective_latency_s": F(0.0, "Latency per collective step (hop), s; 0 = the hardware catalog's, fitted to "
                                        "measured NCCL times where it has one (hardware.collective_hop_us), else "
                                        "5 us.", 0, None, fidelity="roofline"),
-        "overlap_fraction": F(0.7, "Share of communication hidden behind compute when the comm_overlap lever is "
-                                   "on (0 when off).", 0, 1, fidelity="roofline"),
+        "overlap_fraction": F(0.7, "Share of the EP all-to-all and PP send time hidden behind compute when the "
+                                   "comm_overlap lever is on (0 when off): two micro-batches, one computing while "
+                                   "the other communicates (DeepSeek's dual-batch overlap).", 0, 1,
+                              fidelity="roofline"),
+        "allreduce_impl": C("auto", "Who runs the TP all-reduce: auto, as vLLM, SGLang and TensorRT-LLM do, their own "
+                            "one-shot/two-shot kernels inside one NVLink node for messages under 8 MiB and NCCL "
+                            "beyond it and across nodes; nccl: NCCL always; custom: the engine's kernels for every "
+                            "message inside a node. mcsim steps shows which ran.", *ALLREDUCE_IMPLS,
+                            fidelity="roofline"),
+        "allreduce_overlap": F(0.0, "Share of the TP all-reduce hidden behind compute: 0 in a plain forward pass "
+                                    "(each all-reduce waits for its GEMM, the next op for it); a lever for a GEMM "
+                                    "fused with its all-reduce (TensorRT-LLM's GEMM + all-reduce plugin, Flux).",
+                               0, 1, fidelity="roofline"),
         "launch_overhead_s": F(1e-5, "Per kernel launch.", 0, None, fidelity="roofline"),
         "kernels_per_layer": I(12, "Kernel launches per layer (halved by fused kernels).", 1, 1000,
                                fidelity="roofline"),
