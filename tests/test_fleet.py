@@ -191,14 +191,14 @@ def test_labels_say_what_ran():
 
 def test_inputs_the_fidelity_does_not_read_are_not_drawn():
     roof = load_scenario(DENSE, overrides=['efficiency.batch_half_saturation={dist="uniform", low=8, high=24}'])
-    assert "performance.flops_fraction" in roof.uncertain()
+    assert "performance.gemm_error" in roof.uncertain()
     assert "efficiency.batch_half_saturation" not in roof.uncertain()
     factor = load_scenario(DENSE, overrides=['performance.fidelity="factor"',
                                              'efficiency.batch_half_saturation={dist="uniform", low=8, high=24}'])
-    assert "performance.flops_fraction" not in factor.uncertain()
+    assert "performance.gemm_error" not in factor.uncertain()
     assert "efficiency.batch_half_saturation" in factor.uncertain()
     ds = mcsim.run(roof, samples=1, requests=400, workers=1)
-    assert "efficiency_batch_half_saturation" not in ds and "performance_flops_fraction" in ds
+    assert "efficiency_batch_half_saturation" not in ds and "performance_gemm_error" in ds
 
 
 def test_closed_loop_think_times_come_from_the_sample_stream():

@@ -91,3 +91,35 @@ def test_step_log_of_one_sample():
     ends = log.start_s.values[:-1] + log.step_s.values[:-1]
     assert np.all(log.start_s.values[1:] >= ends - 1e-9)
     assert np.all(log.step_s.values > 0) and log.decode_seqs.max() > 1
+
+
+@pytest.mark.parametrize("mode", ["representative", "replicas"])
+def test_a_verifying_sequence_takes_k_plus_one_tokens_of_the_budget(mode):
+    # dense-node verifies 3 drafts: each decoding sequence runs 4 tokens a pass, so a step of d decodes has
+    # 96 - 4 d tokens left for prefill chunks (charging 1 a sequence, steps ran up to 126 tokens)
+    extra = ["deployment.fleet_simulation=replicas", "deployment.routing=least-outstanding"] if mode == "replicas" \
+        else []
+    log = mcsim.step_log(DENSE, requests=400, max_steps=3000,
+                         overrides=["deployment.disaggregated=false", "performance.token_budget=96",
+                                    "performance.chunk_tokens=0", *extra])
+    d, prefill = log.decode_seqs.values, log.prefill_tokens.values
+    assert np.all(4 * d + prefill <= 96)
+    assert np.sum((d > 0) & (prefill > 0) & (4 * d + prefill == 96)) > 100  # the budget binds, at k + 1 a sequence
+
+
+def test_host_costs_follow_each_request():
+    # detokenizing is per emitted token, inside TPOT (and the first token's inside TTFT); tokenizing is by each
+    # request's own prompt, so its share of TTFT spreads as the prompts do (a mean prompt would shift every
+    # quantile alike)
+    base = ["performance.simulate_batching=false", "host.request_overhead_s=0", "host.tokenize_s_per_token=0",
+            "host.detokenize_s_per_token=0"]
+
+    def run(*changes):
+        return mcsim.run(DENSE, samples=1, requests=2000, workers=1, overrides=[*base, *changes])
+
+    plain, detok, tokenize = run(), run("host.detokenize_s_per_token=0.002"), run("host.tokenize_s_per_token=0.001")
+    np.testing.assert_allclose((detok.tpot_s - plain.tpot_s).values, 0.002, rtol=1e-9)
+    np.testing.assert_allclose((detok.ttft_s - plain.ttft_s).values, 0.002, rtol=1e-9)
+    shift = (tokenize.ttft_s - plain.ttft_s).sel(sample=0).values  # at the 50, 90 and 99 % quantiles
+    mean_shift = 0.001 * float(plain.mean_input_tokens.values[0])
+    assert shift[0] < mean_shift < shift[-1] and shift[-1] > 2 * shift[0]

@@ -439,6 +439,21 @@ def test_prefill_steps_use_their_own_allreduce_algorithm():
                                                                    rel=1e-12)
 
 
+def test_fused_kernels_keep_the_elementwise_bytes_and_drop_the_floors():
+    floor = 3e-6
+    unfused = dict(HALF.__dict__, kernel_floor_s=floor)
+    cost = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10, achievable=Achievable(**unfused))
+    fused = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10,
+                      achievable=Achievable(**dict(unfused, fused=True)))
+    n, layers = 3, 2
+    moved = layers * n * (512 + 704) * 2  # the bytes of test_tiny_decode_tp1_by_hand
+    kernels = layers * 6  # two RMSNorms, RoPE, SwiGLU and two residual adds per layer
+    assert cost.breakdown["elementwise"]["t"] == pytest.approx(moved / RATE + kernels * floor, rel=1e-12)
+    assert fused.breakdown["elementwise"]["bytes"] == pytest.approx(moved, rel=1e-12)
+    assert fused.breakdown["elementwise"]["t"] == pytest.approx(moved / RATE, rel=1e-12)
+    assert fused.breakdown["elementwise"]["floor"] == 0.0
+
+
 def test_the_engines_own_allreduce_inside_a_node_and_nccl_beyond():
     from mcsim.perf.collectives import tp_allreduce
 

@@ -576,3 +576,26 @@ def test_scenario_errors_cross_to_worker_processes_intact():
                 DistributionError("workload.rate_rps", "low must be below high")):
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err) and back.key == err.key
+
+
+def test_bundled_scenarios_trust_the_fit_or_say_why():
+    # a fitted figure (GEMM shares and floors, kernel floors, collective figures) set by a bundled scenario overrides
+    # a measurement: allowed only with a comment on the line saying why
+    import tomllib
+
+    from mcsim.perf.hardware import FITTED_KEYS
+
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    checked = 0
+    for path in sorted(root.glob("*.toml")):
+        data = tomllib.loads(path.read_text())
+        lines = path.read_text().splitlines()
+        for key in FITTED_KEYS:
+            section, name = key.split(".", 1)
+            if name not in data.get(section, {}):
+                continue
+            start = lines.index(f"[{section}]")
+            line = next(text for text in lines[start + 1:] if text.split("=")[0].strip() == name)
+            assert "#" in line, f"{path.name}: {key} overrides the fitted default without saying why"
+            checked += 1
+    assert checked >= 2  # this-machine.toml's CPU figures, which have no fit

@@ -511,16 +511,19 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
             + inputs.kv_transfer_latency_s if disagg else np.zeros(len(prompt))
         return restore_s, transfer_s
 
-    host_first = inputs.request_overhead_s + inputs.tokenize_s_per_token * (total_in / n)
-    host_last = inputs.detokenize_s_per_token * (total_out / n)
+    detokenize = inputs.detokenize_s_per_token
     stream = inputs.stream_interval_tokens - 1
     slo_q = inputs.slo_quantile
     ttft_target = inputs.ttft_target_s
 
-    def with_host(ttft, tpot, e2e):
-        # Host-side costs: request handling, tokenizing the prompt, detokenizing the output; the first streamed
-        # chunk waits for stream_interval tokens.
-        return ttft + host_first + stream * np.nan_to_num(tpot), e2e + host_first + host_last
+    def with_host(ttft, tpot, e2e, prompt, output):
+        # Host-side costs of each request: handling it and tokenizing its own prompt before the first token,
+        # detokenizing every token it emits (inside its TPOT); the first streamed chunk waits for stream_interval
+        # tokens. (ttft, tpot, e2e) with them; e2e = ttft + tpot x (output - 1) still holds without streaming.
+        first = inputs.request_overhead_s + inputs.tokenize_s_per_token * prompt
+        tpot = tpot + detokenize
+        return (ttft + first + detokenize + stream * np.nan_to_num(tpot), tpot,
+                e2e + first + detokenize * output)
 
     simulate = inputs.simulate_batching or mode in ("fixed", "slo") or replicas
     if simulate and streamed and replicas:
@@ -549,12 +552,12 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     def meets(lat, check_ttft=True, check_tpot=True) -> bool:
         if lat["saturated"]:
             return False
-        ttft, _ = with_host(lat["ttft"], lat["tpot"], lat["e2e"])
+        ttft, tpot, _ = with_host(lat["ttft"], lat["tpot"], lat["e2e"], lat["prompt"], lat["output"])
         ok = True
         if check_ttft and ttft_target > 0:
             ok &= _quantile(ttft, slo_q) <= ttft_target
         if check_tpot:
-            ok &= not (_quantile(lat["tpot"], slo_q) > target)
+            ok &= not (_quantile(tpot, slo_q) > target)
         return bool(ok)
 
     if mode == "utilization":
@@ -617,8 +620,8 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     pass_s = model.pass_s(b_op)
     latencies = Latencies(requests.class_names, slo_q, sketch=streamed and not simulate)
 
-    def add_latencies(ttft, tpot, e2e, queue, class_id):
-        ttft, e2e = with_host(ttft, tpot, e2e)
+    def add_latencies(ttft, tpot, e2e, queue, class_id, prompt, output):
+        ttft, tpot, e2e = with_host(ttft, tpot, e2e, prompt, output)
         within = np.ones(len(ttft), dtype=bool)
         if ttft_target > 0:
             within &= ttft <= ttft_target
@@ -633,10 +636,11 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         tpot = np.where(multi, pass_s * passes_c / out, np.nan)
         ttft = (chunk.prompt_tokens - cached.sum(axis=1)) / (x_prefill * gp) + restore_s + pass_s + transfer_s
         e2e = ttft + np.where(multi, tpot * (out - 1), 0.0)
-        add_latencies(ttft, tpot, e2e, np.zeros(len(out)), chunk.class_id)
+        add_latencies(ttft, tpot, e2e, np.zeros(len(out)), chunk.class_id, chunk.prompt_tokens, out)
 
     if simulate:
-        add_latencies(lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"], lat["class_id"])
+        add_latencies(lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"], lat["class_id"], lat["prompt"],
+                      lat["output"])
         saturated, little = lat["saturated"], lat["little_law_ratio"]
         steps_kept = lat["step_log"]
     else:
@@ -685,5 +689,6 @@ def _prefill_meets(sim, k: int, with_host, ttft_target: float, slo_q: float) -> 
     if ttft_target <= 0:
         return True
     handoff = pre["handoff"][pre["measured"]]
-    ttft, _ = with_host(handoff, np.zeros_like(handoff), handoff)
+    prompt = sim.w.context[pre["measured"]]
+    ttft, _, _ = with_host(handoff, np.zeros_like(handoff), handoff, prompt, np.ones_like(prompt))
     return _quantile(ttft, slo_q) <= ttft_target

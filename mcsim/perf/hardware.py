@@ -137,6 +137,16 @@ def as_hardware(entry) -> Hardware:
 GENERIC = {"performance.flops_fraction": 0.6, "performance.bandwidth_fraction": 0.8,
            "performance.gemm_half_tokens": 0.0, "performance.gemm_floor_s": 0.0,
            "performance.kernel_floor_s": 0.0, "performance.elementwise_bandwidth_fraction": 0.8}
+#: Scenario keys whose defaults are fitted to measurements (the catalog's figures of the hardware): a scenario that
+#: sets one overrides a measurement, and a bundled scenario says why on the same line.
+FITTED_KEYS = (*GENERIC, "performance.attention_floor_s", "performance.gemm_surface",
+               "performance.collective_latency_s", "hardware.collective_base_us", "hardware.collective_hop_us",
+               "hardware.allreduce_bus_gb_s", "hardware.remote_allreduce_base_us", "hardware.remote_allreduce_bus_gb_s",
+               "hardware.send_base_us", "hardware.send_gb_s", "hardware.remote_send_base_us",
+               "hardware.remote_send_gb_s", "hardware.custom_allreduce_hop_us", "hardware.custom_allreduce_gb_s",
+               "hardware.gemm_flops_fraction", "hardware.gemm_bandwidth_fraction", "hardware.gemm_half_tokens",
+               "hardware.gemm_floor_us", "hardware.gemm_surface", "hardware.kernel_floor_us",
+               "hardware.elementwise_bandwidth_fraction")
 #: Kernels of one attention call that pay the element-wise kernel floor (KV-cache write, attention, reshape); the
 #: attention floor defaults to that many kernel floors (no bundled measurement times attention itself).
 ATTENTION_CALL_KERNELS = 3

@@ -172,12 +172,12 @@ def _restore_s(w: Workload, cached_tokens) -> np.ndarray:
 
 def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges, p_edges, seqs, blocks, budget,
          chunk, n_instances: int, policy: str, max_steps: int, kv_slope=None, kv_ref_context: float = 0.0,
-         max_new_per_step: int = 0):
+         max_new_per_step: int = 0, verify_tokens: int = 1):
     scaled = arrive * n_instances
     order = np.argsort(scaled, kind="stable")
     run = dict(
         step_time_table=table, decode_edges=d_edges, prefill_edges=p_edges, kv_slope=kv_slope,
-        kv_ref_context=kv_ref_context, token_budget=budget,
+        kv_ref_context=kv_ref_context, token_budget=budget, verify_tokens=verify_tokens,
         max_seqs=seqs, kv_blocks=blocks, block_tokens=w.block, chunk_tokens=chunk, policy=policy,
         priority=w.priority[order], max_new_per_step=max_new_per_step,
         preempt=bool(p["performance.preempt"]),
@@ -223,6 +223,8 @@ class PoolSimulator:
         decode_layout = model.decode_gpus // max(p["deployment.tp"] * p["deployment.pp"], 1)
         self.budget = int(p["performance.token_budget"]) * max(decode_layout, 1)
         self.chunk = int(p["performance.chunk_tokens"]) * max(decode_layout, 1)
+        # a verifying sequence runs k + 1 tokens a pass: that many of a step's token budget
+        self.verify = int(model.verify_tokens)
         self.d_edges = edges(self.max_seqs, 16)
         self.kv_slope = kv_slopes(model, self.d_edges)
         self._runs: dict = {}  # simulations already run, by pool and instances
@@ -244,7 +246,7 @@ class PoolSimulator:
             return self._replicas(n_instances, table, p_edges, max_steps)
         per, summary = _run(self.p, w, w.arrival, w.miss, w.output, w.decode_passes, table, self.d_edges, p_edges,
                             self.max_seqs, self.kv_blocks, self.budget, self.chunk, n_instances, self.policy.name,
-                            max_steps, self.kv_slope, self.model.decode_context, self.max_new)
+                            max_steps, self.kv_slope, self.model.decode_context, self.max_new, self.verify)
         ttft = per["ttft_s"] + w.restore_s
         e2e = per["e2e_s"] + w.restore_s
         return self._result(ttft, e2e, per["queue_s"], per["measured"], summary, summary["saturated"])
@@ -261,7 +263,7 @@ class PoolSimulator:
             balance_requests=p["deployment.routing_balance_requests"], step_time_table=table,
             decode_edges=self.d_edges, prefill_edges=p_edges, kv_slope=self.kv_slope,
             kv_ref_context=self.model.decode_context, token_budget=self.budget, max_seqs=self.max_seqs,
-            kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk,
+            kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk, verify_tokens=self.verify,
             preempt=bool(p["performance.preempt"]), max_new_per_step=self.max_new, policy=self.policy.name,
             priority=w.priority, closed_users=w.users, think_s=w.think, measured_from=w.measured_from,
             steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
@@ -339,8 +341,9 @@ class PoolSimulator:
             router_uniform=w.router_uniform[order], step_time_table=table, decode_edges=self.d_edges,
             prefill_edges=p_edges, kv_slope=self.kv_slope, kv_ref_context=self.model.decode_context,
             token_budget=self.budget, max_seqs=self.max_seqs, kv_blocks=self.kv_blocks, block_tokens=w.block,
-            chunk_tokens=self.chunk, preempt=bool(p["performance.preempt"]), max_new_per_step=self.max_new,
-            policy=self.policy.name, priority=w.priority[order], measured=prefill["measured"][order],
+            chunk_tokens=self.chunk, verify_tokens=self.verify, preempt=bool(p["performance.preempt"]),
+            max_new_per_step=self.max_new, policy=self.policy.name, priority=w.priority[order],
+            measured=prefill["measured"][order],
             steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
         back = np.empty_like(order)
         back[order] = np.arange(m)
@@ -369,7 +372,7 @@ class PoolSimulator:
         dec, summary = _run(self.p, w, w.arrival + handoff / max(n_instances, 1), np.ones(m, np.int64), w.output,
                             w.decode_passes, table, self.d_edges, p_edges, self.max_seqs, self.kv_blocks,
                             self.budget, self.chunk, n_instances, self.policy.name, max_steps, self.kv_slope,
-                            self.model.decode_context, self.max_new)
+                            self.model.decode_context, self.max_new, self.verify)
         measured = prefill["measured"] & dec["measured"]
         out = self._result(handoff, handoff + dec["e2e_s"], prefill["queue"] + dec["queue_s"], measured, summary,
                            prefill["saturated"] or summary["saturated"])
@@ -395,8 +398,8 @@ class PoolSimulator:
         out = self.w.output
         tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
         return {"ttft": ttft[measured], "tpot": tpot[measured], "e2e": e2e[measured], "queue": queue[measured],
-                "class_id": self.w.class_id[measured],
-                "saturated": int(bool(saturated)), "little_law_ratio": float(summary["little_law_ratio"]),
+                "class_id": self.w.class_id[measured], "prompt": self.w.context[measured],
+                "output": out[measured], "saturated": int(bool(saturated)), "little_law_ratio": float(summary["little_law_ratio"]),
                 "mean_decode_batch": float(summary["mean_decode_batch"]),
                 "busy_fraction": float(summary["busy_fraction"]),
                 "throughput_tok_s": float(summary["throughput_tok_s"]), "step_log": summary["step_log"],

@@ -53,11 +53,11 @@ divided by ``attention_dp``); ``h`` = hidden size; matmul FLOPs are 2 per weight
   ``distinct_experts / ep`` (default: the expected distinct experts under uniform routing,
   ``E (1 - (1 - k/E)^T)``), each sharded over ``etp``.
 * Activations: every matmul reads its input and writes its output once.
-* elementwise: without fused kernels the element-wise ops run as kernels of their own (per layer two RMSNorms,
-  RoPE, the SwiGLU activation of each FFN and two residual adds) with their own round trips (RMSNorm 2h,
-  residual add 3h, RoPE 2 x the rotated widths, SwiGLU 3 x the intermediate width, per token); each kernel
-  costs ``kernel_floor_s`` plus its bytes at ``elementwise_bandwidth_fraction`` of HBM bandwidth. Fused
-  kernels fold them into the matmuls' epilogues (no kernels, no round trips).
+* elementwise: the element-wise ops (per layer two RMSNorms, RoPE, the SwiGLU activation of each FFN and two
+  residual adds) move their bytes (RMSNorm 2h, residual add 3h, RoPE 2 x the rotated widths, SwiGLU 3 x the
+  intermediate width, per token) at ``elementwise_bandwidth_fraction`` of HBM bandwidth; without fused kernels
+  each is a kernel of its own that also costs ``kernel_floor_s``. Fused kernels (fused add + RMSNorm, SwiGLU in
+  the GEMM's epilogue) save those floors and half the launches, not the data: the bytes stay.
 
 Communication: two TP all-reduces of ``n h`` activations per layer (after attention and after the FFN),
 a dispatch and a combine all-to-all per MoE layer (the hot rank receives ``hot_rank_factor`` times the
@@ -617,13 +617,13 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
                                             floor_s=floor, factor=factor)
 
     def add_elementwise(count, kernels, act):
-        """``count`` times ``kernels`` element-wise kernels moving ``act`` bytes (nothing when fused)."""
-        if unfused:
-            op = ops["elementwise"]
-            op["act"] += count * act
-            op["floor"] += count * kernels * achievable.kernel_floor_s
-            op["t"] += count * elementwise_seconds(act, elementwise_bw, kernels=kernels,
-                                                   floor_s=achievable.kernel_floor_s)
+        """``count`` times ``kernels`` element-wise kernels moving ``act`` bytes; fused, the same bytes without the
+        kernels' floors (fusion saves launches, not the data each op reads and writes)."""
+        op = ops["elementwise"]
+        floors = kernels * unfused
+        op["act"] += count * act
+        op["floor"] += count * floors * achievable.kernel_floor_s
+        op["t"] += count * elementwise_seconds(act, elementwise_bw, kernels=floors, floor_s=achievable.kernel_floor_s)
 
     # attention projections and core, every layer
     shard = _attention_shard(model, tp)

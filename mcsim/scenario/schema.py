@@ -363,8 +363,10 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
     },
     "host": {
         "request_overhead_s": F(0.002, "Per-request overhead on the host (HTTP, routing, scheduling).", 0, None),
-        "tokenize_s_per_token": F(2e-7, "Tokenizer time per prompt token.", 0, None),
-        "detokenize_s_per_token": F(1e-6, "Detokenizer time per output token.", 0, None),
+        "tokenize_s_per_token": F(2e-7, "Tokenizer time per prompt token, before each request's first token (by its "
+                                        "own prompt).", 0, None),
+        "detokenize_s_per_token": F(1e-6, "Detokenizer time per output token: inside each token's time (TPOT, and "
+                                          "TTFT for the first).", 0, None),
         "stream_interval_tokens": I(1, "Tokens per streamed chunk (the first chunk waits for this many).", 1, None),
     },
     "efficiency": {
