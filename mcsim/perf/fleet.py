@@ -52,7 +52,8 @@ from mcsim.stages.sketch import QuantileSketch
 
 #: Figures that describe a deployment that ran; NaN when it could not.
 PERFORMANCE_OUTPUTS = (
-    "decode_tok_s_per_gpu", "prefill_tok_s_per_gpu", "batch_efficiency", "operating_batch_per_gpu",
+    "decode_tok_s_per_gpu", "prefill_tok_s_per_gpu", "decode_capacity_tok_s_per_gpu",
+    "prefill_capacity_tok_s_per_gpu", "batch_efficiency", "operating_batch_per_gpu",
     "mean_concurrency_per_gpu", "spec_tokens_per_pass", "ttft_s", "tpot_s", "e2e_s", "queue_wait_s",
     "ttft_at_slo_quantile_s", "tpot_at_slo_quantile_s", "slo_attainment", "little_law_ratio", "gpus",
     "decode_gpus", "prefill_gpus", "instances", "decode_instances", "prefill_instances", "gpu_hours",
@@ -653,6 +654,10 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         **stage,
         "decode_tok_s_per_gpu": x_op,
         "prefill_tok_s_per_gpu": total_in / prefill_gpu_s if prefill_gpu_s > 0 else math.inf,
+        # what one GPU sustains, beside what it does at the deployed load: decode at the largest batch that meets
+        # the TPOT target (and fits memory and the cap), prefill at full prefill steps
+        "decode_capacity_tok_s_per_gpu": throughput(b_cap),
+        "prefill_capacity_tok_s_per_gpu": x_prefill,
         "batch_efficiency": x_op / model.saturated_tok_s_per_gpu(),
         "operating_batch_per_gpu": b_op,
         "mean_concurrency_per_gpu": concurrency,

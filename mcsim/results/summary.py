@@ -182,6 +182,9 @@ def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None)
     foot += steady_state_note(ds)
     if ds.attrs.get("pricing_note"):
         foot.append(f"pricing: {ds.attrs['pricing_note']}.")
+    if "decode_capacity_tok_s_per_gpu" in ds:
+        foot.append("decode_tok_s_per_gpu is what a GPU does at the deployed load; *_capacity_tok_s_per_gpu what "
+                    "one sustains (decode at the largest batch meeting the TPOT target, prefill at full steps).")
     foot.append(f"{n} samples x {simulated_requests(ds)}; cells are median [5 %, 95 %] "
                 "over samples; every figure is modelled.")
     if "ratio" in s or ("grid" in s and s["grid"] and "ratio" in s["grid"][0]):
