@@ -123,3 +123,17 @@ def test_host_costs_follow_each_request():
     shift = (tokenize.ttft_s - plain.ttft_s).sel(sample=0).values  # at the 50, 90 and 99 % quantiles
     mean_shift = 0.001 * float(plain.mean_input_tokens.values[0])
     assert shift[0] < mean_shift < shift[-1] and shift[-1] > 2 * shift[0]
+
+
+def test_capacity_is_what_a_gpu_sustains_and_load_what_it_does():
+    ds = mcsim.sweep(DENSE, ["deployment.instances=1,3", "deployment.tpot_target_s=0.02,0.05"], samples=1,
+                     requests=600, overrides=["performance.simulate_batching=false", "deployment.fleet=fixed"])
+    capacity, load = ds.decode_capacity_tok_s_per_gpu, ds.decode_tok_s_per_gpu
+    # the same requests over three times the GPUs: a third of the load each, the same capacity
+    np.testing.assert_allclose(capacity.isel(deployment_instances=0), capacity.isel(deployment_instances=1),
+                               rtol=1e-12)
+    assert np.all(load.isel(deployment_instances=1) < load.isel(deployment_instances=0))
+    assert np.all(load <= capacity * (1 + 1e-9))
+    # a looser TPOT target admits larger batches: more tokens per GPU-second
+    assert np.all(capacity.isel(deployment_tpot_target_s=1) > capacity.isel(deployment_tpot_target_s=0))
+    assert ds.decode_capacity_tok_s_per_gpu.attrs["long_name"] == "decode capacity per GPU at the TPOT target"
