@@ -305,6 +305,7 @@ def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool,
         return
     click.echo("\n".join(paragraph(
         f"{step['scenario']}, sample {step['sample']}, {step['variant']}, {step['fidelity']} fidelity, "
+        + (f"{step['stack']} stack, " if step.get("stack") else "") +
         f"{step['pool']} pool ({step['gpus_per_instance']} GPUs per instance); every figure is modelled.")))
     click.echo("\n".join(paragraph(
         f"step: {step['decode_seqs']:g} decoding sequences x {step['verify_tokens']} tokens at "

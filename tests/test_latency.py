@@ -136,4 +136,4 @@ def test_capacity_is_what_a_gpu_sustains_and_load_what_it_does():
     assert np.all(load <= capacity * (1 + 1e-9))
     # a looser TPOT target admits larger batches: more tokens per GPU-second
     assert np.all(capacity.isel(deployment_tpot_target_s=1) > capacity.isel(deployment_tpot_target_s=0))
-    assert ds.decode_capacity_tok_s_per_gpu.attrs["long_name"] == "decode capacity per GPU at the TPOT target"
+    assert ds.decode_capacity_tok_s_per_gpu.attrs["long_name"] == "decode capacity per GPU"

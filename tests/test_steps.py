@@ -39,11 +39,12 @@ def test_one_roofline_step_against_the_roofline():
     assert step["ops"]["tp_allreduce"]["bound"] == "network" and step["ops"]["overhead"]["bound"] == "overhead"
     assert step["ops"]["dense_ffn"]["bound"] == "memory"  # one sequence: weight streaming
     # the kernel floors are visible: two GEMMs per layer at the H100's fitted 6.5 us each (without the measured
-    # surface, which scales each GEMM's whole time, floor included)
+    # surface, which scales each GEMM's whole time, floor included, as the sample's gemm_error draw does)
     h100 = catalog.hardware_preset("h100")
     plain_step = mcsim.step_time(DENSE, decode_seqs=1, context=2048, requests=800,
                                  overrides=["performance.gemm_surface=none"])
-    assert plain_step["ops"]["attention_proj"]["floor_s"] == pytest.approx(2 * 80 * h100["gemm_floor_us"] * 1e-6)
+    assert plain_step["ops"]["attention_proj"]["floor_s"] == pytest.approx(
+        2 * 80 * h100["gemm_floor_us"] * 1e-6 * p["performance.gemm_error"])  # the sample's drawn model error
     assert step["ops"]["attention_proj"]["floor_s"] != plain_step["ops"]["attention_proj"]["floor_s"]
     mem = memory_projection(_model(p), _hardware(p), precision=precision(p), parallel=parallelism(p),
                             block_tokens=p["cache.block_tokens"], context=2048,
@@ -75,3 +76,24 @@ def test_the_command():
     for args in (["--set", "deployment.tp=3"], ["--pool", "prefill"], ["--decode-seqs", "0"]):
         bad = runner.invoke(main, ["steps", str(DENSE), *args])
         assert bad.exit_code == 2 and "Traceback" not in bad.output, args
+
+
+def test_the_serving_stack_sets_the_allreduce_and_the_host_overlap():
+    base = ["deployment.disaggregated=false", "speculative.enabled=false"]
+
+    def step(*changes):
+        return mcsim.step_time(DENSE, decode_seqs=8, context=2048, requests=400, overrides=[*base, *changes])
+
+    vllm, sglang, generic = step(), step("performance.stack=sglang"), step("performance.stack=generic")
+    assert vllm["stack"] == "vllm" and vllm["ops"]["tp_allreduce"]["implementation"] == "custom one-shot"
+    assert generic["ops"]["tp_allreduce"]["implementation"].startswith("nccl")
+    # sglang's overlap scheduler hides the host's work per step: the whole difference is step_overhead_s
+    scn = load_scenario(DENSE)
+    assert vllm["ops"]["overhead"]["t_s"] - sglang["ops"]["overhead"]["t_s"] == pytest.approx(
+        scn["performance.step_overhead_s"], rel=1e-9)
+    assert sglang["ops"]["tp_allreduce"]["t_s"] == pytest.approx(vllm["ops"]["tp_allreduce"]["t_s"], rel=1e-12)
+    # a scenario's own implementation wins over its stack's
+    forced = step("performance.stack=generic", "performance.allreduce_impl=custom")
+    assert forced["ops"]["tp_allreduce"]["implementation"] == "custom one-shot"
+    ds = mcsim.run(DENSE, samples=1, requests=300, workers=1, overrides=["performance.stack=trtllm"])
+    assert ds.attrs["serving_stack"] == "trtllm"

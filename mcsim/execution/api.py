@@ -206,6 +206,7 @@ def step_time(scenario, *, decode_seqs: float = 1.0, context: float | None = Non
         pools["prefill"] = memory(model.prefill_memory)
     return {
         "scenario": scn.name, "sample": sample, "variant": variant, "fidelity": model.fidelity, "pool": pool,
+        "stack": str(scn["performance.stack"]) if model.fidelity == "roofline" else "",
         "gpus_per_instance": model.prefill_gpus if pool == "prefill" else model.decode_gpus,
         "decode_seqs": float(decode_seqs), "decode_context": model.decode_context if context is None else float(context),
         "prefill_tokens": float(prefill_tokens),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from mcsim.perf import gemm_surface as surfaces
 from mcsim.perf import roofline
+from mcsim.perf.stacks import stack_entry
 from mcsim.perf.capacity import _instance_step_time
 from mcsim.perf.hardware import Hardware, as_hardware, performance_defaults
 from mcsim.perf.factor import StepModel, StepTime, _model, parallelism, precision
@@ -27,6 +28,8 @@ def _hardware(p: dict) -> Hardware:
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
     """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
     p = performance_defaults(p)
+    stack = stack_entry(p["performance.stack"])
+    impl = stack.allreduce_impl if p["performance.allreduce_impl"] == "stack" else p["performance.allreduce_impl"]
     return {
         "precision": precision(p),
         "parallel": parallelism(p, prefill=prefill),
@@ -36,12 +39,13 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             latency_s=p["performance.collective_latency_s"] or None,
             prefill_allreduce=("" if p["performance.prefill_allreduce"] == "same"
                                else p["performance.prefill_allreduce"]),
-            allreduce_impl=p["performance.allreduce_impl"], allreduce_overlap=p["performance.allreduce_overlap"]),
+            allreduce_impl=impl, allreduce_overlap=p["performance.allreduce_overlap"]),
         "achievable": roofline.Achievable(
             flops_fraction=p["performance.flops_fraction"], bandwidth_fraction=p["performance.bandwidth_fraction"],
             network_fraction=p["performance.network_fraction"], launch_overhead_s=p["performance.launch_overhead_s"],
             kernels_per_layer=p["performance.kernels_per_layer"], cuda_graphs=p["performance.cuda_graphs"],
-            fused=p["efficiency.fused_kernels"], step_overhead_s=p["performance.step_overhead_s"],
+            fused=p["efficiency.fused_kernels"],
+            step_overhead_s=0.0 if stack.overlaps_host else p["performance.step_overhead_s"],
             gemm_half_tokens=p["performance.gemm_half_tokens"], gemm_floor_s=p["performance.gemm_floor_s"],
             kernel_floor_s=p["performance.kernel_floor_s"],
             elementwise_bandwidth_fraction=p["performance.elementwise_bandwidth_fraction"],

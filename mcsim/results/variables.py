@@ -38,13 +38,13 @@ class Variable:
 
 _VARS = [
     # performance
-    Variable("decode_tok_s_per_gpu", (), "tokens/s/GPU", "decode throughput per GPU at the deployed load",
+    Variable("decode_tok_s_per_gpu", (), "tokens/s/GPU", "decode throughput per GPU at load",
              "Output tokens per second per decode GPU at the operating point the deployed load sets (its batch, all "
              "factors applied): what the fleet does, not what a GPU can do (decode_capacity_tok_s_per_gpu).", True),
     Variable("prefill_tok_s_per_gpu", (), "tokens/s/GPU", "prefill throughput per GPU",
              "Input tokens (cached ones included) served per prefill GPU-second; cached tokens cost only their "
              "restore time.", True),
-    Variable("decode_capacity_tok_s_per_gpu", (), "tokens/s/GPU", "decode capacity per GPU at the TPOT target",
+    Variable("decode_capacity_tok_s_per_gpu", (), "tokens/s/GPU", "decode capacity per GPU",
              "Output tokens per second one decode GPU sustains at the largest batch that meets the TPOT target, "
              "fits its KV memory and deployment.max_batch_per_gpu: what a GPU can do, to compare with published "
              "per-node figures (decode_tok_s_per_gpu is the rate at the deployed load).", True),

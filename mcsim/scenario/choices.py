@@ -40,6 +40,8 @@ FLEET_SIMULATIONS = ("representative", "replicas")
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "one-shot", "two-shot", "tree", "hierarchical")
 #: ``performance.allreduce_impl``: who runs the TP all-reduce (:mod:`mcsim.perf.collectives`).
 ALLREDUCE_IMPLS = ("auto", "nccl", "custom")
+#: ``performance.stack``: the serving engine (:mod:`mcsim.perf.stacks`).
+STACKS = ("vllm", "sglang", "trtllm", "generic")
 #: ``performance.alltoall``.
 ALLTOALL_ALGORITHMS = ("direct", "hierarchical")
 

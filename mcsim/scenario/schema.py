@@ -26,7 +26,7 @@ from typing import Any
 from mcsim.errors import McsimError
 from mcsim.scenario import catalog
 from mcsim.scenario.choices import (ALLREDUCE_ALGORITHMS, ALLREDUCE_IMPLS, ALLTOALL_ALGORITHMS, FLEET_SIMULATIONS,
-                                    ROUTING_POLICIES, SCHEDULERS)
+                                    ROUTING_POLICIES, SCHEDULERS, STACKS)
 
 
 @dataclass(frozen=True)
@@ -335,11 +335,16 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                                    "comm_overlap lever is on (0 when off): two micro-batches, one computing while "
                                    "the other communicates (DeepSeek's dual-batch overlap).", 0, 1,
                               fidelity="roofline"),
-        "allreduce_impl": C("auto", "Who runs the TP all-reduce: auto, as vLLM, SGLang and TensorRT-LLM do, their own "
-                            "one-shot/two-shot kernels inside one NVLink node for messages under 8 MiB and NCCL "
-                            "beyond it and across nodes; nccl: NCCL always; custom: the engine's kernels for every "
-                            "message inside a node. mcsim steps shows which ran.", *ALLREDUCE_IMPLS,
-                            fidelity="roofline"),
+        "stack": C("vllm", "The serving engine that runs the steps (mcsim.perf.stacks): its TP all-reduce "
+                           "(vllm, sglang, trtllm: their own kernels inside a node; generic: NCCL) and whether its "
+                           "host work per step overlaps the GPU (sglang's and trtllm's overlap schedulers hide "
+                           "performance.step_overhead_s). Recorded in the result's attributes.", *STACKS,
+                   fidelity="roofline"),
+        "allreduce_impl": C("stack", "Who runs the TP all-reduce: stack = performance.stack's choice; auto, as vLLM, "
+                            "SGLang and TensorRT-LLM do, their own one-shot/two-shot kernels inside one NVLink node "
+                            "for messages under 8 MiB and NCCL beyond it and across nodes; nccl: NCCL always; custom: "
+                            "the engine's kernels for every message inside a node. mcsim steps shows which ran.",
+                            "stack", *ALLREDUCE_IMPLS, fidelity="roofline"),
         "allreduce_overlap": F(0.0, "Share of the TP all-reduce hidden behind compute: 0 in a plain forward pass "
                                     "(each all-reduce waits for its GEMM, the next op for it); a lever for a GEMM "
                                     "fused with its all-reduce (TensorRT-LLM's GEMM + all-reduce plugin, Flux).",
@@ -348,7 +353,9 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "kernels_per_layer": I(12, "Kernel launches per layer (halved by fused kernels).", 1, 1000,
                                fidelity="roofline"),
         "cuda_graphs": B(True, "Replay steps as CUDA graphs (launches ~10x cheaper).", fidelity="roofline"),
-        "step_overhead_s": F(2e-4, "Scheduling and sampling per step.", 0, None, fidelity="roofline"),
+        "step_overhead_s": F(2e-4, "Host work per step (scheduling, sampling, input preparation), s: on the step's "
+                                   "critical path unless performance.stack overlaps it (sglang, trtllm).", 0, None,
+                             fidelity="roofline"),
         "attention_window": I(0, "Sliding-window attention span, tokens (0 = full attention).", 0, None,
                               fidelity="roofline"),
         "sparse_topk": I(0, "Sparse top-k attention: tokens attended per query (0 = dense).", 0, None,
