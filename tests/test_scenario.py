@@ -276,7 +276,7 @@ def test_unreadable_files(tmp_path):
 
 
 def test_expert_slots_must_divide_over_ranks():
-    err = error_of("[moe]\nredundant_experts = 7\n")
+    err = error_of("[deployment]\ngpus_per_instance = 32\n[moe]\nredundant_experts = 7\n")
     assert err.key == "moe.redundant_experts" and "divisible" in str(err)
 
 

@@ -97,3 +97,13 @@ def test_the_serving_stack_sets_the_allreduce_and_the_host_overlap():
     assert forced["ops"]["tp_allreduce"]["implementation"] == "custom one-shot"
     ds = mcsim.run(DENSE, samples=1, requests=300, workers=1, overrides=["performance.stack=trtllm"])
     assert ds.attrs["serving_stack"] == "trtllm"
+
+
+def test_an_instance_is_its_tp_x_pp_gpus_unless_told_otherwise(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[meta]\nname = "m"\n[model]\npreset = "llama-3.1-70b"\n[hardware]\npreset = "h100"\n'
+                    '[deployment]\ntp = 4\npp = 2\nprefill_tp = 2\n[performance]\nfidelity = "roofline"\n')
+    assert mcsim.step_time(path, requests=200)["gpus_per_instance"] == 8
+    assert mcsim.step_time(path, requests=200, pool="prefill")["gpus_per_instance"] == 2
+    wide = mcsim.step_time(path, requests=200, overrides=["deployment.gpus_per_instance=16"])
+    assert wide["gpus_per_instance"] == 16  # the rest is attention data parallelism

@@ -20,6 +20,7 @@ from mcsim.perf import fleet
 from mcsim.perf.hardware import performance_defaults
 from mcsim.perf.roofline_model import RooflineStepModel
 from mcsim.results.variables import WORKLOAD_CLASS
+from mcsim.scenario.choices import instance_gpus
 from mcsim.scenario.policies import policy_for
 from mcsim.scenario import (
     STREAM_BATCHING,
@@ -495,4 +496,4 @@ def steady_outputs(cache, batching, n_requests: int) -> dict:
 
 def _memory_batch(p: dict, requests) -> float:
     """Sequences per decode GPU whose KV fits, by the one memory projection (0 when none fits)."""
-    return perf.batch_limit_by_memory(perf.pool_memory(p, requests), p["deployment.gpus_per_instance"])
+    return perf.batch_limit_by_memory(perf.pool_memory(p, requests), instance_gpus(p))

@@ -37,6 +37,7 @@ from mcsim.perf.hardware import as_hardware
 from mcsim.perf.params import Params
 from mcsim.perf.roofline import Parallelism, Precision
 from mcsim.scenario import catalog
+from mcsim.scenario.choices import instance_gpus
 from mcsim.scenario.schema import TIER_SHORT_FORM
 from mcsim.stages.kvcache import first_tier_gb_per_instance
 from mcsim.stages.speculative import pass_cost
@@ -128,7 +129,7 @@ def mean_contexts(requests) -> tuple[float, float]:
 def parallelism(p: dict, *, prefill: bool = False):
     """Layout of one instance of a pool: tp x pp x attention-DP GPUs, experts over EP ranks."""
     disagg = p["deployment.disaggregated"]
-    gpus = p["deployment.prefill_gpus_per_instance"] if (prefill and disagg) else p["deployment.gpus_per_instance"]
+    gpus = instance_gpus(p, prefill=prefill and disagg)
     tp = p["deployment.prefill_tp"] if (prefill and disagg) else p["deployment.tp"]
     pp = 1 if (prefill and disagg) else p["deployment.pp"]
     if gpus % (tp * pp):
@@ -223,8 +224,8 @@ class StepModel:
     def __init__(self, p: dict, requests, passes):
         self.hardware = as_hardware(p)
         self.disaggregated = bool(p["deployment.disaggregated"])
-        self.decode_gpus = int(p["deployment.gpus_per_instance"])
-        self.prefill_gpus = int(p["deployment.prefill_gpus_per_instance"]) if self.disaggregated \
+        self.decode_gpus = instance_gpus(p)
+        self.prefill_gpus = instance_gpus(p, prefill=True) if self.disaggregated \
             else self.decode_gpus
         self.draft_tokens = int(p["speculative.draft_tokens"]) if passes is not None else 0
         self.verify_tokens = self.draft_tokens + 1

@@ -40,6 +40,14 @@ FLEET_SIMULATIONS = ("representative", "replicas")
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "one-shot", "two-shot", "tree", "hierarchical")
 #: ``performance.allreduce_impl``: who runs the TP all-reduce (:mod:`mcsim.perf.collectives`).
 ALLREDUCE_IMPLS = ("auto", "nccl", "custom")
+def instance_gpus(p: dict, prefill: bool = False) -> int:
+    """GPUs of one decode instance (``deployment.gpus_per_instance``, 0 = ``tp x pp``) or, with ``prefill``, of one
+    prefill instance (``prefill_gpus_per_instance``, 0 = ``prefill_tp``)."""
+    if prefill:
+        return int(p["deployment.prefill_gpus_per_instance"] or p["deployment.prefill_tp"])
+    return int(p["deployment.gpus_per_instance"] or p["deployment.tp"] * p["deployment.pp"])
+
+
 #: ``performance.stack``: the serving engine (:mod:`mcsim.perf.stacks`).
 STACKS = ("vllm", "sglang", "trtllm", "generic")
 #: ``performance.alltoall``.

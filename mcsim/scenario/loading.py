@@ -662,11 +662,11 @@ def _cross_checks(scn: Scenario):
     _check_tiers(scn, v)
     _check_rate_profile(scn, v)
     g, tp, pp = v["deployment.gpus_per_instance"], v["deployment.tp"], v["deployment.pp"]
-    if all(isinstance(x, int) for x in (g, tp, pp)) and g % (tp * pp):
+    if all(isinstance(x, int) for x in (g, tp, pp)) and g and g % (tp * pp):
         raise ScenarioError(scn.source, "deployment.tp", f"tp x pp = {tp} x {pp} must divide gpus_per_instance "
                             f"({g}); the remaining factor is attention data parallelism")
     g, tp = v["deployment.prefill_gpus_per_instance"], v["deployment.prefill_tp"]
-    if all(isinstance(x, int) for x in (g, tp)) and g % tp:
+    if all(isinstance(x, int) for x in (g, tp)) and g and g % tp:
         raise ScenarioError(scn.source, "deployment.prefill_tp", f"must divide prefill_gpus_per_instance ({g})")
 
 
@@ -702,6 +702,8 @@ def _check_expert_layout(scn: Scenario, v: dict):
     """EPLB's layout rules, checked for both variants (the baseline may switch replication off)."""
     experts, redundant = v["model.experts"], v["moe.redundant_experts"]
     ep = v["moe.ep_ranks"] or v["deployment.gpus_per_instance"]
+    if ep == 0 and isinstance(v["deployment.tp"], int) and isinstance(v["deployment.pp"], int):
+        ep = v["deployment.tp"] * v["deployment.pp"]  # gpus_per_instance 0: tp x pp
     if not all(isinstance(x, int) for x in (experts, redundant, ep)) or experts <= 0:
         return
     if redundant > 0 and (experts + redundant) % ep:

@@ -140,8 +140,10 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "slo_quantile": F(0.99, "Quantile of TTFT and TPOT that must meet their targets in fleet = 'slo' (also "
                                 "reported as ttft_at_slo_quantile_s / tpot_at_slo_quantile_s).", 0, 1,
                           lo_open=True),
-        "gpus_per_instance": I(32, "Decode GPUs per instance (the EP/TP group).", 1, 100_000),
-        "prefill_gpus_per_instance": I(16, "Prefill GPUs per instance when disaggregated.", 1, 100_000),
+        "gpus_per_instance": I(0, "Decode GPUs per instance (the EP/TP group); 0 = tp x pp (an instance of TP 8 is 8 "
+                                  "GPUs; more makes the rest attention data parallelism).", 0, 100_000),
+        "prefill_gpus_per_instance": I(0, "Prefill GPUs per instance when disaggregated; 0 = prefill_tp.", 0,
+                                       100_000),
         "disaggregated": B(True, "Prefill and decode on separate pools (lever: prefill/decode split)."),
         "batching": C("continuous", "Batching policy (lever: continuous batching).", "continuous", "static"),
         "scheduler": C("fcfs", "Scheduler policy of continuous batching (mcsim.scenario.policies): fcfs; priority "

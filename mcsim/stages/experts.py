@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mcsim.kernels.experts import build_alias, eplb_placement, rank_loads, route_steps
+from mcsim.scenario.choices import instance_gpus
 from mcsim.scenario.schema import ScenarioError
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Inputs:
     @classmethod
     def from_params(cls, p: dict, classes, batch_per_gpu: float) -> "Inputs":
         """``batch_per_gpu``: decode sequences per GPU that fit in memory (sets the step's tokens by default)."""
-        ep = p["moe.ep_ranks"] or p["deployment.gpus_per_instance"]
+        ep = p["moe.ep_ranks"] or instance_gpus(p)
         tokens = p["moe.tokens_per_step"]
         if tokens <= 0:
             tokens = int(max(1, min(p["deployment.max_batch_per_gpu"], batch_per_gpu))) * ep

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mcsim.kernels.kv_tiers import RunCaches, lookup_tiers, lookup_tiers_runs, run_id_range
+from mcsim.scenario.choices import instance_gpus
 from mcsim.scenario.schema import TIER_SCOPES
 from mcsim.stages import steady_state as steady
 
@@ -99,8 +100,7 @@ def tier_names(p: dict) -> tuple[str, ...]:
 
 def prefix_cache_nodes(p: dict) -> int:
     """Nodes one cache-holding instance spans (the prefill pool's instance when disaggregated)."""
-    gpus = p["deployment.prefill_gpus_per_instance"] if p["deployment.disaggregated"] \
-        else p["deployment.gpus_per_instance"]
+    gpus = instance_gpus(p, prefill=bool(p["deployment.disaggregated"]))
     return max(-(-gpus // p["hardware.gpus_per_node"]), 1)
 
 
