@@ -30,7 +30,8 @@ SIZE_UNIT_BYTES = 1
 CLUSTERS = ("h100_dgx", "a100_dgx")
 COLLECTIVES = ("all_reduce", "send_recv")
 #: Bundled per-layer measurements: GPU -> models (Hugging Face names).
-LINEAR_MODELS = {"h100": ("Llama-2-7b-hf", "Llama-2-70b-hf"), "a100": ("Llama-2-7b-hf", "Llama-2-70b-hf")}
+LINEAR_MODELS = {"h100": ("Llama-2-7b-hf", "Llama-2-70b-hf", "CodeLlama-34b-Instruct-hf"),
+                 "a100": ("Llama-2-7b-hf", "Llama-2-70b-hf", "Meta-Llama-3-8B", "Meta-Llama-3-70B")}
 #: The measured GEMMs, grouped as mcsim's roofline prices them (one op per group and layer).
 LINEAR_GROUPS = {"attention_proj": ("attn_pre_proj", "attn_post_proj"), "dense_ffn": ("mlp_up_proj", "mlp_down_proj")}
 #: The measured element-wise kernels of one layer and how many times a layer runs each: mcsim's ``elementwise`` op
