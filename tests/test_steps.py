@@ -107,3 +107,14 @@ def test_an_instance_is_its_tp_x_pp_gpus_unless_told_otherwise(tmp_path):
     assert mcsim.step_time(path, requests=200, pool="prefill")["gpus_per_instance"] == 2
     wide = mcsim.step_time(path, requests=200, overrides=["deployment.gpus_per_instance=16"])
     assert wide["gpus_per_instance"] == 16  # the rest is attention data parallelism
+
+
+def test_mcsim_steps_says_which_allreduce_ran_and_under_which_stack():
+    from helpers import invoke
+
+    result = invoke("steps", DENSE, "--decode-seqs", "8", "--set", "performance.stack=generic")
+    assert result.exit_code == 0
+    assert "generic stack" in result.output.replace("\n", " ")
+    assert "tp_allreduce ran as: nccl" in result.output
+    result = invoke("steps", DENSE, "--decode-seqs", "8")
+    assert "vllm stack" in result.output.replace("\n", " ") and "tp_allreduce ran as: custom" in result.output
