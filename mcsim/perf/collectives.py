@@ -55,7 +55,9 @@ TensorRT-LLM run their own kernels, in which every GPU reads its peers' buffers 
 A stage costs ``custom_allreduce_hop_us`` and the bytes move at ``custom_allreduce_gb_s`` (the catalog's; fitted on
 H100 to the custom all-reduce times SGLang published in github.com/sgl-project/sglang/pull/2904: 4.3 us a stage,
 70 GB/s, against NCCL's 27 us fixed cost). ``impl = "nccl"``: NCCL always; ``"custom"``: the engine's kernels for any
-message inside a node; ``"auto"``: as the engines do, the kernels under 8 MiB, NCCL above it and across nodes.
+message inside a node; ``"auto"``: as the engines do, their kernels where they are the faster (small and medium
+messages: the engines switch to NCCL at a tuned size; with these figures the kernels win up to about 1 MiB on
+eight H100s), never at 8 MiB or more, NCCL across nodes.
 
 All-to-all (MoE dispatch or combine) of ``S = tokens x copies x token_bytes`` per GPU over ``p`` GPUs:
 
@@ -213,12 +215,13 @@ def tp_allreduce(nbytes: float, group: int, hw, *, impl: str = "auto", algorithm
         raise ValueError(f"all-reduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {algorithm!r}")
     if int(group) <= 1 or nbytes <= 0:
         return 0.0, 0.0, ""
-    if impl != "nccl":
-        custom = custom_allreduce(nbytes, group, hw, max_bytes=CUSTOM_MAX_BYTES if impl == "auto" else math.inf)
-        if custom is not None:
-            return custom[0], custom[1], f"custom {custom[2]}"
     t, sent, name = allreduce_choice(nbytes, group, hw, algorithm=algorithm, latency_s=latency_s,
                                      network_fraction=network_fraction)
+    if impl != "nccl":
+        custom = custom_allreduce(nbytes, group, hw, max_bytes=CUSTOM_MAX_BYTES if impl == "auto" else math.inf)
+        # auto: the engines' size thresholds pick the faster of the two (a few MiB up, NCCL's bandwidth wins)
+        if custom is not None and (impl == "custom" or custom[0] <= t):
+            return custom[0], custom[1], f"custom {custom[2]}"
     return t, sent, f"nccl {name}"
 
 

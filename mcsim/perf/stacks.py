@@ -7,8 +7,8 @@ times, and each of the stacks below documents its choice:
 stack      TP all-reduce                        host work per step                   source
 =========  ===================================  ===================================  ====================================
 vllm       its custom one-shot / two-shot       on the step's critical path          vLLM csrc/custom_all_reduce.cuh and
-           kernels in a node under 8 MiB, NCCL  (``performance.step_overhead_s``;    vllm/distributed/device_communicators/
-           beyond (``allreduce_impl = auto``)   asynchronous scheduling is opt-in)   custom_all_reduce.py (max_size 8 MiB);
+           kernels in a node where faster, not  (``performance.step_overhead_s``;    vllm/distributed/device_communicators/
+           at 8 MiB+ (``allreduce_impl=auto``)  asynchronous scheduling is opt-in)   custom_all_reduce.py (max_size 8 MiB);
                                                                                      the --async-scheduling engine argument
 sglang     the same kernels (adapted from       overlapped with the GPU: the         SGLang v0.4 release notes, "zero-
            vLLM's and TensorRT-LLM's), NCCL     zero-overhead batch scheduler        overhead batch scheduler" (lmsys.org/

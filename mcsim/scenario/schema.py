@@ -344,7 +344,7 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                    fidelity="roofline"),
         "allreduce_impl": C("stack", "Who runs the TP all-reduce: stack = performance.stack's choice; auto, as vLLM, "
                             "SGLang and TensorRT-LLM do, their own one-shot/two-shot kernels inside one NVLink node "
-                            "for messages under 8 MiB and NCCL beyond it and across nodes; nccl: NCCL always; custom: "
+                            "where they are the faster (never at 8 MiB or more) and NCCL beyond and across nodes; nccl: NCCL always; custom: "
                             "the engine's kernels for every message inside a node. mcsim steps shows which ran.",
                             "stack", *ALLREDUCE_IMPLS, fidelity="roofline"),
         "allreduce_overlap": F(0.0, "Share of the TP all-reduce hidden behind compute: 0 in a plain forward pass "
