@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from mcsim.errors import McsimError
-from mcsim.fileio import atomic_write
+from mcsim.fileio import atomic_write, not_a_regular_file
 from mcsim.tables import paragraph, table
 from mcsim.text import one_line, safe_filename, strict_json
 
@@ -73,6 +73,13 @@ class Mcsim(click.Group):
             click.echo("\ninterrupted", err=True)
             raise SystemExit(EXIT_INTERRUPTED) from None
         raise SystemExit(value if isinstance(value, int) else 0)
+
+
+def _refuse_non_regular(output) -> None:
+    """A one-line refusal for an output that exists and is not a regular file (``--force`` does not apply)."""
+    reason = not_a_regular_file(output)
+    if reason:
+        raise UserError(f"{output}: {reason}")
 
 
 class UserError(McsimError, click.ClickException):
@@ -464,6 +471,7 @@ def calibrate(measurements, hardware, dtype, stack, stack_version, replicates, s
     # start-up: the fits import NumPy, SciPy and the roofline; `mcsim --help` imports none of the commands
     from mcsim.calibration import command as fitting, files
 
+    _refuse_non_regular(output)
     if output.exists() and not force:
         raise UserError(f"{output}: exists; pass --force to replace it")
     cal, _ = fitting.calibrate(list(measurements), hardware=hardware, dtype=dtype, stack=stack,
@@ -534,6 +542,7 @@ def schema(as_json, output, force):
     text = json.dumps(scenario_schema(), indent=2) + "\n"
     if output is None:
         return click.echo(text, nl=False)
+    _refuse_non_regular(output)
     if output.exists() and not force:
         raise UserError(f"{output}: exists; pass --force to replace it")
     if not output.parent.is_dir():

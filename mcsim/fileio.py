@@ -9,9 +9,51 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+class NotARegularFile(OSError):
+    """An output path that exists and is not a regular file (a device, a pipe, a socket, a folder, a link):
+    mcsim never replaces one, ``--force`` or not."""
+
+
+def not_a_regular_file(path) -> str | None:
+    """Why ``path`` cannot be an output (None where it is missing or a regular file): what it is instead."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None  # unreadable: writing it reports its own error
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"is {kind}, not a regular file: mcsim writes only regular files or new paths, --force or not"
+
+
+def check_regular(path) -> None:
+    """Raise :class:`NotARegularFile` for an output path that exists and is not a regular file."""
+    reason = not_a_regular_file(path)
+    if reason:
+        raise NotARegularFile(f"{path}: {reason}")
+
+
+def readable_kind(path) -> str | None:
+    """What an input path is when it is not a regular file (None for a regular file, or a path the open will
+    report on itself): reading a named pipe or a device would block or never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return "a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else \
+        "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
 
 
 def _create_temporary(path: Path) -> Path:
@@ -45,6 +87,7 @@ def atomic_path(path, *, mode: int | None = None) -> Iterator[Path]:
     ...     ds.to_netcdf(tmp)
     """
     path = Path(path)
+    check_regular(path)  # a device, pipe or folder is never replaced
     tmp = _create_temporary(path)
     try:
         if mode is not None:

@@ -16,6 +16,8 @@ Examples
 from __future__ import annotations
 
 import csv
+import os
+import stat
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -81,8 +83,11 @@ def bundled_collectives(cluster: str, collective: str) -> Path:
 
 
 def _open(path: Path):
-    """The measurement file opened for ``csv`` (a one-line :class:`MeasurementError` when it cannot be read)."""
+    """The measurement file opened for ``csv`` (a one-line :class:`MeasurementError` when it cannot be read, or is
+    not a regular file: opening a named pipe would wait for a writer forever)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise MeasurementError(f"{path}: not a regular file (a pipe, device or folder); give a CSV file")
         return path.open(newline="", encoding="utf-8")
     except OSError as err:
         raise MeasurementError(f"{path}: cannot read the file ({err.strerror})") from None

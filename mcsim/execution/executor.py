@@ -42,7 +42,7 @@ from mcsim import __version__
 from mcsim.errors import McsimError, OutputError
 from mcsim.execution import progress as progress_events
 from mcsim.execution import sample as one_sample
-from mcsim.fileio import atomic_path
+from mcsim.fileio import atomic_path, not_a_regular_file, readable_kind
 from mcsim.results import dataset as results
 from mcsim.results.attribution import ablation_variants, reduce_row, saved_variants
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
@@ -122,6 +122,8 @@ class Plan:
 def _file_digest(path: Path) -> str:
     """SHA-256 of a file's content ("missing" when it cannot be read: the run then fails on it by name)."""
     digest = hashlib.sha256()
+    if readable_kind(path):  # a pipe or device would block or never end: the run refuses it by name
+        return "not a regular file"
     try:
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -134,6 +136,9 @@ def _file_digest(path: Path) -> str:
 def check_inputs(plan: "Plan") -> None:
     """Read and check every trace the run will replay before any work starts (a bad one is a one-line error)."""
     for path in plan.trace_paths():
+        kind = readable_kind(path)
+        if kind:
+            raise ScenarioError(plan.scn.source, "workload.trace", f"{path} is {kind}, not a trace file")
         if not path.is_file():
             raise ScenarioError(plan.scn.source, "workload.trace", f"no such trace file: {path}")
         one_sample._read_trace(str(path), plan.scn["workload.trace_format"])
@@ -144,6 +149,9 @@ def check_output(output: Path, force: bool) -> None:
     folder, a path under a file, a folder that is missing or not writable."""
     if output.is_dir():
         raise OutputError(f"{output}: is a folder; give a file name for the result")
+    reason = not_a_regular_file(output)
+    if reason:
+        raise OutputError(f"{output}: {reason}")
     if output.exists() and not force:
         raise FileExistsError(f"{output} exists; use --force to overwrite it")
     parent = output.parent if str(output.parent) else Path(".")

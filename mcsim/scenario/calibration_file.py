@@ -70,7 +70,7 @@ import numpy as np
 
 from mcsim import __version__
 from mcsim.errors import McsimError
-from mcsim.fileio import atomic_write
+from mcsim.fileio import atomic_write, not_a_regular_file, readable_kind
 from mcsim.scenario.schema import field_for
 
 FORMAT = 2
@@ -215,6 +215,9 @@ def dumps(cal: Calibration) -> str:
 def save(cal: Calibration, path, *, overwrite: bool = False) -> Path:
     """Write ``cal`` to ``path`` atomically; an existing file is replaced only with ``overwrite``."""
     path = Path(path)
+    reason = not_a_regular_file(path)
+    if reason:
+        raise CalibrationError(str(path), reason)
     if path.exists() and not overwrite:
         raise CalibrationError(str(path), "exists; pass --force to replace it")
     try:
@@ -231,6 +234,9 @@ def _fail(where, key, message):
 def load(path) -> Calibration:
     """Read and check a calibration file; a :class:`CalibrationError` names the file and the key."""
     where = str(path)
+    kind = readable_kind(path)
+    if kind:
+        raise CalibrationError(where, f"is {kind}, not a calibration file (a regular TOML file)")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

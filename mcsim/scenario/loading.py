@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from mcsim.fileio import readable_kind
 from mcsim.scenario import catalog, distributions, grid
 from mcsim.scenario.calibration_file import CalibrationError, check_regime, regime_of
 from mcsim.scenario.calibration_file import load as load_calibration
@@ -404,6 +405,9 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
     path = Path(path) if path is not None else None
     source = str(path) if path is not None else "<scenario>"
     if text is None:
+        kind = readable_kind(path)
+        if kind:
+            raise ScenarioError(source, "", f"is {kind}, not a scenario file (a regular TOML file)")
         try:
             text = path.read_text(encoding="utf-8")  # TOML is UTF-8 whatever the locale
         except OSError as err:

@@ -60,6 +60,7 @@ from typing import NoReturn
 import numpy as np
 
 from mcsim.errors import McsimError
+from mcsim.fileio import readable_kind
 
 MOONCAKE_BLOCK_TOKENS = 512
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -168,6 +169,9 @@ def read_trace(path: str | os.PathLike, format: str | None = None) -> Trace:
     (8819, None)
     """
     path = pathlib.Path(path)
+    kind = readable_kind(path)
+    if kind:
+        raise TraceError(f"{path}: is {kind}, not a trace file (a regular file)")
     try:
         with path.open("rb") as head:
             magic = head.read(4)
