@@ -289,3 +289,21 @@ def test_a_scenario_names_its_calibration_relative_to_itself(h100, tmp_path):
     assert api.calibrate(plain, path).calibration.digest == scn.calibration.digest
     with pytest.raises(CalibrationError, match="another regime"):
         scn.with_values({"hardware.preset": "a100"}, origin="--grid")
+
+
+@pytest.mark.parametrize("value, message", [("inf", "finite"), ("1e400", "finite"), ("nan", "finite"),
+                                            ('"' + "7" * 200_000 + '"', "field larger than field limit")])
+def test_non_finite_or_huge_measurement_fields_are_one_line_errors(tmp_path, value, message):
+    lines = bundled_collectives("h100_dgx", "all_reduce").read_text().splitlines()
+    header, row = lines[0].split(","), lines[1].split(",")
+    row[header.index("time_stats.all_reduce.median")] = value
+    bad = tmp_path / "all_reduce.csv"
+    bad.write_text("\n".join([lines[0], ",".join(row), *lines[2:6]]) + "\n")
+    result = CliRunner().invoke(main, ["calibrate", str(bad), "--hardware", "h100", "-o", str(tmp_path / "c.toml")])
+    assert result.exit_code == 2 and f"{bad}:2:" in result.stderr and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "c.toml").exists()
+    steps = tmp_path / "steps.csv"
+    steps.write_text("hardware,model,tp,decode_seqs,mean_context,prefill_tokens,time_ms\n"
+                     f"h100,llama-3.1-70b,8,64,2048,0,{value}\n")
+    result = CliRunner().invoke(main, ["calibrate", str(steps), "-o", str(tmp_path / "c.toml")])
+    assert result.exit_code == 2 and f"{steps}:2:" in result.stderr and message in result.stderr

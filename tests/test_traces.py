@@ -423,3 +423,15 @@ def test_burstgpt_header_and_empty_files(tmp_path):
     azure = write(tmp_path, "a.csv", [AZURE_HEADER_LINE, "2023-11-16 18:17:04,10,3"])
     assert read_trace(azure).source == "a.csv (azure)"
     assert read_trace(write(tmp_path, "b.txt", [BURSTGPT_HEADER_LINE, "5,a,1,2,3,b"]), format="burstgpt").n_requests == 1
+
+
+def test_a_trace_without_any_input_tokens_is_refused(tmp_path):
+    path = tmp_path / "zero.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    + "".join(f"2023-11-16 18:17:0{i}.0000000,0,10\n" for i in range(5)))
+    with pytest.raises(TraceError, match="every request has 0 input tokens"):
+        read_trace(path)
+    some = tmp_path / "some.csv"
+    some.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:01.0000000,0,10\n"
+                    "2023-11-16 18:17:02.0000000,12,10\n")
+    assert read_trace(some).prompt_tokens.tolist() == [0, 12]

@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from mcsim.calibration.fit import Observations
-from mcsim.calibration.vidur import LINEAR_GROUPS, MeasurementError, _open, read_collectives, read_linear
+from mcsim.calibration.vidur import (LINEAR_GROUPS, MeasurementError, _number, _open, _rows, read_collectives,
+                                     read_linear)
 from mcsim.perf import roofline
 from mcsim.perf.factor import _model
 from mcsim.perf.hardware import as_hardware
@@ -189,17 +190,21 @@ def read_steps(path) -> list[dict]:
         if not lines:
             raise MeasurementError(f"{path}: no measurements")
         reader = csv.DictReader([line for _, line in lines])
+        try:
+            reader.fieldnames
+        except csv.Error as err:
+            raise MeasurementError(f"{path}:{lines[0][0]}: not a step CSV header ({err})") from None
         missing = [c for c in STEP_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise MeasurementError(f"{path}:{lines[0][0]}: missing column(s) {', '.join(missing)}")
-        for (line, _), row in zip(lines[1:], reader):
+        for (line, _), (_, row) in zip(lines[1:], _rows(reader, path)):
             try:
                 hardware, model = row["hardware"].strip(), row["model"].strip()
                 tp, seqs, prefill = int(row["tp"]), int(row["decode_seqs"]), int(row["prefill_tokens"])
-                context, time_ms = float(row["mean_context"]), float(row["time_ms"])
+                context, time_ms = _number(row["mean_context"]), _number(row["time_ms"])
             except (TypeError, ValueError, AttributeError):
                 raise MeasurementError(f"{path}:{line}: expected integers for tp, decode_seqs and prefill_tokens "
-                                       "and numbers for mean_context and time_ms") from None
+                                       "and finite numbers for mean_context and time_ms") from None
             if tp < 1 or seqs < 0 or prefill < 0 or seqs + prefill == 0 or not context >= 0 or not time_ms > 0:
                 raise MeasurementError(f"{path}:{line}: tp >= 1, some decode sequences or prefill tokens, "
                                        "mean_context >= 0 and time_ms > 0 are needed")

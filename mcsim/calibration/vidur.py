@@ -16,6 +16,7 @@ Examples
 from __future__ import annotations
 
 import csv
+import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -82,6 +83,27 @@ def bundled_collectives(cluster: str, collective: str) -> Path:
     return Path(str(root))
 
 
+def _number(text) -> float:
+    """A finite number from a CSV field (ValueError for text, NaN and infinities: ``inf`` or ``1e400`` would get
+    past every range check and fail inside the fit)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
+
+
+def _rows(reader, path: Path, start: int = 2):
+    """``(line, row)`` of a CSV reader; the csv module's own errors (a field over its 128 KiB limit, a stray NUL)
+    become one-line :class:`MeasurementError` naming the line."""
+    line = start
+    try:
+        for row in reader:
+            yield line, row
+            line += 1
+    except csv.Error as err:
+        raise MeasurementError(f"{path}:{line}: not a measurement row ({err})") from None
+
+
 def _open(path: Path):
     """The measurement file opened for ``csv`` (a one-line :class:`MeasurementError` when it cannot be read, or is
     not a regular file: opening a named pipe would wait for a writer forever)."""
@@ -110,13 +132,13 @@ def read_collectives(path) -> CollectiveTimes:
         if missing:
             raise MeasurementError(f"{path}:1: missing column(s) {', '.join(missing)}")
         rows = []
-        for line, row in enumerate(reader, start=2):
+        for line, row in _rows(reader, path):
             try:
                 size, workers, per_node = int(row["size"]), int(row["num_workers"]), int(row["devices_per_node"])
-                median, mean, std = (float(row[f"time_stats.{kind}.{s}"]) for s in ("median", "mean", "std"))
+                median, mean, std = (_number(row[f"time_stats.{kind}.{s}"]) for s in ("median", "mean", "std"))
             except (TypeError, ValueError):
                 raise MeasurementError(f"{path}:{line}: expected integers for size, num_workers, devices_per_node "
-                                       f"and numbers for the times") from None
+                                       f"and finite numbers for the times") from None
             if size <= 0 or workers < 1 or per_node < 1 or not median > 0 or not mean > 0:
                 raise MeasurementError(f"{path}:{line}: sizes, GPUs and times must be positive")
             rows.append((size, workers, per_node, median, mean, std))
@@ -183,14 +205,14 @@ def read_linear(path) -> LinearTimes:
         if missing:
             raise MeasurementError(f"{path}:1: missing column(s) {', '.join(missing)}")
         rows, shape = [], None
-        for line, row in enumerate(reader, start=2):
+        for line, row in _rows(reader, path):
             try:
                 this = tuple(int(row[c]) for c in shape_columns)
                 values = [int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])] + [
-                    float(row[f"time_stats.{op}.median"]) for op in ops]
+                    _number(row[f"time_stats.{op}.median"]) for op in ops]
             except (TypeError, ValueError):
                 raise MeasurementError(f"{path}:{line}: expected integers for the shape, tokens and TP and "
-                                       "numbers for the times") from None
+                                       "finite numbers for the times") from None
             if shape is not None and this != shape:
                 raise MeasurementError(f"{path}:{line}: the model shape changes within the file")
             if values[0] < 1 or values[1] < 1 or not all(v > 0 for v in values[2:]):

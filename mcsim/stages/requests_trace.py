@@ -194,13 +194,17 @@ def read_trace(path: str | os.PathLike, format: str | None = None) -> Trace:
     if format not in readers:
         raise TraceError(f"unknown trace format {format!r}; expected one of {', '.join(FORMATS)}")
     try:
-        return readers[format](path)
+        trace = readers[format](path)
     except UnicodeDecodeError as err:
         raise TraceError(f"{path}: not UTF-8 text (byte {err.start}); traces are UTF-8 JSON lines or CSV") from None
     except RecursionError:
         raise TraceError(f"{path}: a JSON value nested too deeply; expected one flat JSON object per line") from None
     except OSError as err:
         raise TraceError(f"{path}: cannot read the trace ({err.strerror or err})") from None
+    if len(trace) and not np.any(trace.prompt_tokens > 0):
+        raise TraceError(f"{path}: every request has 0 input tokens; a replay needs prompts (is the input-length "
+                         "column the right one?)")
+    return trace
 
 
 def _looks_like_burstgpt(path: pathlib.Path) -> bool:
