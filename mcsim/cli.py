@@ -75,6 +75,27 @@ class Mcsim(click.Group):
         raise SystemExit(value if isinstance(value, int) else 0)
 
 
+class _Finite(click.ParamType):
+    """A finite number >= 0 (``nan``, ``inf`` and ``1e400`` are refused: FloatRange lets NaN through)."""
+
+    name = "FLOAT"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{value!r}: expected a finite number >= 0", param, ctx)
+        return number
+
+
+FINITE = _Finite()
+
+
 def _refuse_non_regular(output) -> None:
     """A one-line refusal for an output that exists and is not a regular file (``--force`` does not apply)."""
     reason = not_a_regular_file(output)
@@ -277,13 +298,13 @@ def search(**kw):
 
 @main.command()
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--decode-seqs", type=click.FloatRange(min=0), default=1.0, show_default=True,
-              help="Decoding sequences in the step, per instance.")
-@click.option("--context", type=click.FloatRange(min=0), help="KV length of each decoding sequence, tokens "
+@click.option("--decode-seqs", type=FINITE, default=1.0, show_default=True,
+              help="Decoding sequences in the step, per instance (at most what the pool's memory holds).")
+@click.option("--context", type=FINITE, help="KV length of each decoding sequence, tokens "
               "(default: the sample's mean decode context).")
-@click.option("--prefill-tokens", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--prefill-tokens", type=FINITE, default=0.0, show_default=True,
               help="Prompt tokens computed in the same step.")
-@click.option("--prefill-context", type=click.FloatRange(min=0),
+@click.option("--prefill-context", type=FINITE,
               help="Mean earlier tokens a prefill token attends to (default: the sample's mean).")
 @click.option("--pool", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True,
               help="The pool whose instance runs the step (prefill: a disaggregated prefill instance).")
@@ -307,6 +328,10 @@ def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool,
     step = api.step_time(scenario, decode_seqs=decode_seqs, context=context, prefill_tokens=prefill_tokens,
                          prefill_context=prefill_context, pool=pool, sample=sample,
                          variant="baseline" if baseline else "factory", overrides=overrides)
+    fits = step["memory"].get(pool, {}).get("max_sequences")
+    if fits is not None and decode_seqs > fits:
+        raise UserError(f"--decode-seqs {decode_seqs:g}: only {fits:,} sequences of this context fit in a {pool} "
+                        "instance's KV memory; price at most that many (or a shorter --context)")
     if as_json:
         click.echo(json.dumps(strict_json(step), indent=2, allow_nan=False))
         return

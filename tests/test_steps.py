@@ -118,3 +118,14 @@ def test_mcsim_steps_says_which_allreduce_ran_and_under_which_stack():
     assert "tp_allreduce ran as: nccl" in result.output
     result = invoke("steps", DENSE, "--decode-seqs", "8")
     assert "vllm stack" in result.output.replace("\n", " ") and "tp_allreduce ran as: custom" in result.output
+
+
+@pytest.mark.parametrize("args, message", [(("--decode-seqs", "nan"), "finite"), (("--context", "inf"), "finite"),
+                                           (("--prefill-tokens", "1e400"), "finite"),
+                                           (("--decode-seqs", "100000"), "sequences of this context fit")])
+def test_mcsim_steps_refuses_nonsense_in_one_line(args, message):
+    from helpers import invoke
+
+    result = invoke("steps", DENSE, *args)
+    assert result.exit_code == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
