@@ -43,5 +43,11 @@ def test_purchase_cost_is_depreciation_plus_electricity():
 def test_unprofitable_gpu_never_pays_back():
     e = economics.daily(10.0, 1.0, hit_tokens_per_day=0, miss_tokens_per_day=0, output_tokens_per_day=1.0,
                         prices=(0, 0, 0), price_usd=1000, tdp_w=100, idle_w=10, electricity_usd_per_kwh=1.0)
-    assert math.isinf(e.payback_months)
-    assert e.gross_margin == -math.inf
+    # no revenue: a margin over zero and a payback that never comes are NaN, never +-inf
+    assert math.isnan(e.payback_months) and math.isnan(e.gross_margin)
+    assert e.cost_profit_margin == pytest.approx(-1.0)
+    free = economics.daily(10.0, 1.0, hit_tokens_per_day=0, miss_tokens_per_day=0, output_tokens_per_day=0.0,
+                           prices=(1, 1, 1), pricing="rental", rental_usd_per_gpu_hour=0.0, tdp_w=0, idle_w=0,
+                           electricity_usd_per_kwh=0.0)
+    assert math.isnan(free.cost_profit_margin) and math.isnan(free.cost_usd_per_mtok)
+    assert math.isnan(free.energy_j_per_token)

@@ -149,20 +149,22 @@ _VARS = [
     Variable("gpu_hours", (), "GPU-hours", "busy GPU-hours for the trace",
              "GPU time the fleet spends computing the simulated trace: busy_fraction x gpus x trace duration."),
     Variable("energy_j_per_token", (), "J/token", "energy per output token",
-             "Fleet energy incl. PUE (idle + busy power) / output tokens."),
+             "Fleet energy incl. PUE (idle + busy power) / output tokens (NaN with no output tokens)."),
     Variable("cost_usd_per_mtok", (), "USD/Mtok", "cost per million output tokens",
-             "Daily cost / daily output tokens x 1e6.", True),
+             "Daily cost / daily output tokens x 1e6 (NaN with no output tokens).", True),
     Variable("revenue_usd_per_day", (), "USD/day", "revenue per day",
              "Cache-hit input, cache-miss input and output tokens at their prices, scaled to a day.", True),
     Variable("cost_usd_per_day", (), "USD/day", "cost per day",
              "Accelerator depreciation + electricity (or rental) for the fleet, per day.", True),
     Variable("gross_margin", (), "1", "gross margin",
-             "1 - cost/revenue, counting accelerators and electricity only.", True, percent=True),
+             "1 - cost/revenue, counting accelerators and electricity only (NaN with no revenue: zero prices or "
+             "economics.billed_fraction = 0 leave no margin to take).", True, percent=True),
     Variable("cost_profit_margin", (), "1", "cost-profit margin",
-             "(revenue - cost) / cost, the form DeepSeek published.", True, percent=True),
+             "(revenue - cost) / cost, the form DeepSeek published (NaN at zero cost).", True, percent=True),
     Variable("payback_months", (), "months", "payback of one GPU",
              "GPU price / (monthly revenue - electricity per GPU); an inference-unit indicator, not an "
-             "accounting forecast (inf when it never pays back; NaN under rental pricing: nothing was bought).", True),
+             "accounting forecast (NaN when it never pays back, revenue not covering electricity; NaN under rental "
+             "pricing: nothing was bought).", True),
     Variable("feasible", (), "1", "recipe feasible",
              "1 when weights and KV fit in both pools, the TPOT target is met at a batch of at least one and (fleet "
              "= 'slo') a fleet meets the SLOs; every performance and money figure of an infeasible sample is NaN.",

@@ -80,13 +80,15 @@ def daily(gpus: float, busy_fraction: float, *, hit_tokens_per_day: float, miss_
     cost = gpus * cost_per_gpu_day
     revenue = revenue_usd(hit_tokens_per_day, miss_tokens_per_day, output_tokens_per_day, *prices,
                           billed_fraction=billed_fraction)
-    margin = 1.0 - cost / revenue if revenue > 0 else -math.inf
-    cost_profit = (revenue - cost) / cost if cost > 0 else math.inf
-    per_mtok = cost / output_tokens_per_day * 1e6 if output_tokens_per_day > 0 else math.inf
-    energy_per_token = energy_j_per_day / output_tokens_per_day if output_tokens_per_day > 0 else math.inf
+    # A ratio over a zero is not a figure: NaN, never +-inf (no revenue to take a margin of, no cost to profit on,
+    # no output tokens to spread the cost over; each variable's description says so).
+    margin = 1.0 - cost / revenue if revenue > 0 else math.nan
+    cost_profit = (revenue - cost) / cost if cost > 0 else math.nan
+    per_mtok = cost / output_tokens_per_day * 1e6 if output_tokens_per_day > 0 else math.nan
+    energy_per_token = energy_j_per_day / output_tokens_per_day if output_tokens_per_day > 0 else math.nan
     monthly_net_per_gpu = (revenue / gpus - electricity_per_gpu_day_paid) * DAYS_PER_MONTH if gpus > 0 else 0.0
     if pricing == "rental":
         payback = math.nan  # nothing was bought; a rental's "payback" would mix two cost bases
     else:
-        payback = price_usd / monthly_net_per_gpu if monthly_net_per_gpu > 0 else math.inf
+        payback = price_usd / monthly_net_per_gpu if monthly_net_per_gpu > 0 else math.nan  # never pays back
     return Economics(cost, revenue, margin, cost_profit, per_mtok, energy_per_token, payback)
