@@ -247,3 +247,21 @@ def test_interrupted_search_resumes_to_the_uninterrupted_result(searched, tmp_pa
         for name in ("cost_usd_per_mtok", "slo_attainment", "samples_run", "survived_round", "regret_p90",
                      "objective_at_quantile", "constraints_met_probability"):
             np.testing.assert_array_equal(got[name].values, searched[name].values, err_msg=name)
+
+
+@pytest.mark.parametrize("space, message", [
+    (["deployment.tp=2,,4"], "an empty value"),
+    (["deployment.tp=2,4", "deployment.tp=8"], "given twice"),
+    (["meta.name=a,b"], "[meta] keys"),
+    (["workload.rate_rps=1:100:3000"], "3,000 candidates"),
+    (["deployment.tp=2,2"], "grid values repeat"),
+    (["deployment.nonsense=1,2"], "nonsense"),
+    (["deployment.tp=two,four"], "deployment.tp"),
+])
+def test_a_search_space_is_validated_like_a_grid(space, message):
+    from helpers import invoke
+
+    args = [a for text in space for a in ("--space", text)]
+    result = invoke("search", ROOT / "scenarios" / "dense-node.toml", *args, "--samples", "2", "--requests", "200")
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

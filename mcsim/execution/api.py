@@ -106,7 +106,7 @@ def sweep(scenario, grid_axes=(), *, variants=("factory",), samples=None, reques
         seed=seed, overrides=overrides, output=None if output is None else str(output), force=force, resume=resume,
         ablate=ablate)
     scn = _as_scenario(scenario, overrides)
-    axes = list(scn.sweep) + [a if isinstance(a, grid.Axis) else grid.parse_grid_option(a) for a in grid_axes]
+    axes = list(scn.sweep) + grid.command_line_axes(grid_axes)
     axes = grid.validate_axes(scn, axes)
     if ablate:
         variants = ("baseline", "factory")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from mcsim.execution.api import _as_scenario, _call
 from mcsim.optimize import criteria, racing
 from mcsim.scenario import grid
+
+#: Most candidates a search races (each runs at least a first round of samples): more is a sweep's job.
+MAX_CANDIDATES = 1024
 
 
 def search(scenario, space=(), *, objective: str = "cost_usd_per_mtok", maximize: bool = False,
@@ -63,10 +68,14 @@ def search(scenario, space=(), *, objective: str = "cost_usd_per_mtok", maximize
                                  tuple(criteria.parse_constraint(c) for c in constraints), float(confidence))
     settings = racing.Settings(question, int(first_round), float(alpha))
     scn = _as_scenario(scenario, overrides)
-    axes = list(scn.sweep) + [a if isinstance(a, grid.Axis) else grid.parse_grid_option(a, "--space") for a in space]
+    axes = list(scn.sweep) + grid.command_line_axes(space, "--space")
     if not axes:
         raise criteria.SearchError("--space: a search needs at least one axis, e.g. --space deployment.tp=2,4,8")
     axes = grid.validate_axes(scn, axes, "--space")
+    candidates = math.prod(len(a.values) for a in axes)
+    if candidates > MAX_CANDIDATES:
+        raise criteria.SearchError(f"--space: {candidates:,} candidates; a search races at most {MAX_CANDIDATES:,} "
+                                   "(narrow an axis, or sweep the space with mcsim sweep)")
     plan = racing.search_plan(scn, axes, settings, samples=samples, requests=requests, seed=seed, workers=workers)
     return racing.race(plan, settings, output=output, resume=resume, force=force, workers=workers,
                        progress=progress, command=command, **dask_options)

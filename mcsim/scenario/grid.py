@@ -87,7 +87,24 @@ def parse_grid_option(text: str, option: str = "--grid") -> Axis:
         if len(parts) == 4 and parts[3] not in ("log", "lin"):
             raise ScenarioError(option, path, f"the fourth part of a range is 'log' or 'lin', got {parts[3]!r}")
         return Axis(path, _range(path, *parts[:3], log=len(parts) == 4 and parts[3] == "log", source=option))
-    return Axis(path, tuple(_number_or_string(v.strip()) for v in spec.split(",") if v.strip()))
+    values = [v.strip() for v in spec.split(",")]
+    if "" in values:
+        raise ScenarioError(option, path, f"an empty value in {spec!r}; expected V1,V2,... with a value between "
+                            "every pair of commas")
+    return Axis(path, tuple(_number_or_string(v) for v in values))
+
+
+def command_line_axes(texts, option: str = "--grid") -> list[Axis]:
+    """The axes of repeated ``--grid`` (or ``--space``) options; a path given twice is refused (one would silently
+    replace the other)."""
+    axes = [text if isinstance(text, Axis) else parse_grid_option(text, option) for text in texts]
+    seen = set()
+    for axis in axes:
+        if axis.path in seen:
+            raise ScenarioError(option, axis.path, f"given twice; give each axis once, with all its values "
+                                f"({option} {axis.path}=V1,V2,...)")
+        seen.add(axis.path)
+    return axes
 
 
 def axes_from_table(table: dict, source: str) -> list[Axis]:
@@ -128,6 +145,8 @@ def validate_axes(scn: Scenario, axes: list[Axis], option: str = "--grid") -> li
         if axis.path.startswith("mc."):
             raise ScenarioError(scn.source, axis.path, "[mc] keys cannot be grid axes: every grid point shares the "
                                 "samples, requests and seed (set them in [mc] or with --samples, --requests, --seed)")
+        if axis.path.startswith("meta."):
+            raise ScenarioError(scn.source, axis.path, "[meta] keys name the study, they cannot be grid axes")
         if len(axis.values) > MAX_AXIS_VALUES:
             raise ScenarioError(scn.source, axis.path, f"{len(axis.values):,} values; a grid axis takes at most "
                                 f"{MAX_AXIS_VALUES:,}")
