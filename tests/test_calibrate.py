@@ -307,3 +307,28 @@ def test_non_finite_or_huge_measurement_fields_are_one_line_errors(tmp_path, val
                      f"h100,llama-3.1-70b,8,64,2048,0,{value}\n")
     result = CliRunner().invoke(main, ["calibrate", str(steps), "-o", str(tmp_path / "c.toml")])
     assert result.exit_code == 2 and f"{steps}:2:" in result.stderr and message in result.stderr
+
+
+def test_a_calibration_sets_only_what_its_classes_measure(h100, tmp_path):
+    from mcsim.calibration.fit import ERROR_KEY, PARAMETERS
+    from mcsim.scenario.calibration_file import CLASS_KEYS
+
+    # every fitted parameter and model error is allowed for its class
+    for cls, specs in PARAMETERS.items():
+        assert {key for key, *_ in specs} | {ERROR_KEY.format(cls=cls)} == set(CLASS_KEYS[cls]), cls
+    path, _ = h100
+    text = Path(path).read_text()
+    replicates = ", ".join(["3.0"] * load(path).replicates)
+    forgeries = []
+    for key in ("deployment.instances", "economics.price_output_usd_per_mtok", "mc.requests"):
+        table = (f'[parameters."{key}"]\nclass = "gemm"\nestimate = 3.0\nlow = 3.0\nhigh = 3.0\n'
+                 f"replicates = [{replicates}]\n\n")
+        forgeries.append(text.replace("[classes.", table + "[classes.", 1))
+    moved = '[parameters."performance.gemm_floor_s"]\nclass = "gemm"'  # a GEMM figure claimed by another class
+    assert moved in text
+    forgeries.append(text.replace(moved, moved.replace('"gemm"', '"send"')))
+    for forged_text in forgeries:
+        forged = tmp_path / "forged.toml"
+        forged.write_text(forged_text)
+        with pytest.raises(CalibrationError, match="sets only what its op class measures"):
+            load(forged)

@@ -74,6 +74,24 @@ from mcsim.fileio import atomic_write, not_a_regular_file, readable_kind
 from mcsim.scenario.schema import field_for
 
 FORMAT = 2
+#: The scenario keys each op class of a calibration may set (what ``mcsim calibrate`` fits, and what
+#: ``mcsim trace --save-calibration`` measures: this machine's peaks and its decoder's shares of them). A file that
+#: sets anything else (``deployment.instances``, prices, ``mc.requests``) is refused.
+CLASS_KEYS = {
+    "gemm": ("performance.flops_fraction", "performance.bandwidth_fraction", "performance.gemm_half_tokens",
+             "performance.gemm_floor_s", "performance.gemm_error"),
+    "elementwise": ("performance.kernel_floor_s", "performance.elementwise_bandwidth_fraction",
+                    "performance.elementwise_error"),
+    "allreduce": ("hardware.collective_base_us", "hardware.collective_hop_us", "hardware.allreduce_bus_gb_s",
+                  "performance.allreduce_error"),
+    "allreduce_nodes": ("hardware.remote_allreduce_base_us", "hardware.remote_allreduce_bus_gb_s",
+                        "performance.allreduce_nodes_error"),
+    "send": ("hardware.send_base_us", "hardware.send_gb_s", "hardware.remote_send_base_us", "hardware.remote_send_gb_s",
+             "performance.send_error"),
+    "step": ("performance.step_overhead_s", "performance.attention_floor_s", "performance.step_error"),
+    "peaks": ("hardware.fp32_tflops", "hardware.bf16_tflops", "hardware.hbm_tb_s"),
+    "decoder": ("performance.bandwidth_fraction", "performance.flops_fraction"),
+}
 REGIME_KEYS = ("hardware", "dtype", "fidelity", "stack", "stack_version")
 #: The regime keys a scenario is checked against (the stack is provenance: a scenario does not name one).
 CHECKED = ("hardware", "dtype", "fidelity")
@@ -276,6 +294,10 @@ def load(path) -> Calibration:
             _fail(where, name, "expected a table")
         if field_for(key) is None or field_for(key).kind not in ("float", "int"):
             _fail(where, name, "not a numeric scenario key")
+        cls = spec.get("class", "")
+        if cls not in CLASS_KEYS or key not in CLASS_KEYS[cls]:
+            allowed = ", ".join(CLASS_KEYS.get(cls, ())) or f"a class of {', '.join(CLASS_KEYS)}"
+            _fail(where, name, f"a calibration sets only what its op class measures (class {cls!r}: {allowed})")
         reps = spec.get("replicates")
         if not isinstance(reps, list) or not reps or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in reps):
