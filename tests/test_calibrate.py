@@ -332,3 +332,16 @@ def test_a_calibration_sets_only_what_its_classes_measure(h100, tmp_path):
         forged.write_text(forged_text)
         with pytest.raises(CalibrationError, match="sets only what its op class measures"):
             load(forged)
+
+
+def test_files_measured_on_one_gpu_are_not_calibrated_as_another(tmp_path):
+    result = CliRunner().invoke(main, ["calibrate", str(bundled_collectives("h100_dgx", "send_recv")),
+                                       "--hardware", "h200", "-o", str(tmp_path / "c.toml")])
+    assert result.exit_code == 2 and "measured on 'h100'" in result.stderr and "--hardware h100" in result.stderr
+    assert not (tmp_path / "c.toml").exists()
+    # files whose folders name no GPU are taken at the user's word
+    plain = tmp_path / "send_recv.csv"
+    plain.write_text(bundled_collectives("h100_dgx", "send_recv").read_text())
+    result = CliRunner().invoke(main, ["calibrate", str(plain), "--hardware", "h200", "-o", str(tmp_path / "c.toml"),
+                                       "--replicates", "2"])
+    assert result.exit_code == 0, result.stderr

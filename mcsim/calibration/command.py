@@ -66,6 +66,11 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
     if hardware not in catalog.hardware():
         raise CalibrationError("--hardware", f"unknown hardware preset {hardware!r}; known: "
                                + ", ".join(sorted(catalog.hardware())))
+    named = infer_hardware([p for p, k in kinds.items() if k != "steps"])
+    if named is not None and named != hardware:
+        raise CalibrationError("--hardware", f"{hardware!r}, but the files' folders say they were measured on "
+                               f"{named!r}: a calibration holds for the GPU measured (give --hardware {named}, or "
+                               "files measured on this one)")
     if step_hw - {hardware}:
         raise CalibrationError("mcsim calibrate", f"the step CSV measures {', '.join(sorted(step_hw))}, the "
                                f"calibration is for {hardware}: one calibration holds for one hardware")
