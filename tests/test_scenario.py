@@ -599,3 +599,12 @@ def test_bundled_scenarios_trust_the_fit_or_say_why():
             assert "#" in line, f"{path.name}: {key} overrides the fitted default without saying why"
             checked += 1
     assert checked >= 2  # this-machine.toml's CPU figures, which have no fit
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[performance]\nmixed_step_penalty = 0.1\n", "removed: a step that mixes"),
+    ('[deployment]\nrouter = "random"\n', "renamed: set deployment.routing"),
+])
+def test_a_removed_key_says_what_became_of_it(text, message):
+    err = error_of(text)
+    assert message in str(err) and "unknown key" not in str(err)

@@ -36,6 +36,7 @@ from mcsim.scenario.schema import (
     CLASS_FIELDS,
     DEFAULT_CLASSES,
     MAX_TIERS,
+    REMOVED_KEYS,
     SECTIONS,
     TIER_FIELDS,
     TIER_KINDS,
@@ -513,6 +514,8 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
             catalog_overrides += [f"{section}.{key}" for key in body]
             body = {}
         for key in body:
+            if f"{section}.{key}" in REMOVED_KEYS:
+                raise ScenarioError(source, f"{section}.{key}", REMOVED_KEYS[f"{section}.{key}"])
             raise ScenarioError(source, f"{section}.{key}", f"unknown key{_nearest(key, fields)}")
         if section == "workload":
             classes = _validate_classes(classes_raw, source, values)

@@ -61,6 +61,15 @@ class Field:
         return noun + rng
 
 
+#: Keys earlier versions read, and what to do instead (a scenario that sets one gets this, not "unknown key").
+REMOVED_KEYS = {
+    "deployment.router": "renamed: set deployment.routing (mcsim schema --describe lists its choices)",
+    "performance.mixed_step_penalty": "removed: a step that mixes decode sequences and prefill tokens is priced as one "
+                                      "step over all its tokens (the weights are read once; the roofline prices every "
+                                      "op of the mix); drop the key",
+}
+
+
 def F(default, doc, lo=None, hi=None, lo_open=False, fidelity=""):
     return Field("float", default, doc, lo, hi, lo_open=lo_open, fidelity=fidelity)
 
