@@ -67,7 +67,9 @@ class Mcsim(click.Group):
             where = ""
             if isinstance(err, click.UsageError) and err.ctx is not None:
                 where = f" (see {err.ctx.command_path} --help)"
-            click.echo(f"error: {one_line(err.format_message())}{where}", err=True)
+            # click's layout (a newline and a tab before each choice) becomes spaces; other control characters of a
+            # user's value stay escaped
+            click.echo(f"error: {one_line(' '.join(err.format_message().split()))}{where}", err=True)
             raise SystemExit(err.exit_code) from None
         except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
             click.echo("\ninterrupted", err=True)

@@ -294,3 +294,11 @@ def test_search_space_and_schema_output_errors_name_what_the_user_typed(tmp_path
     result = invoke("schema", "-o", tmp_path / "missing" / "x.json")
     assert_usage_error(result, str(tmp_path / "missing" / "x.json"), "no such folder")
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_missing_choice_is_listed_on_one_line_without_escapes():
+    from helpers import invoke
+
+    result = invoke("list")
+    assert result.exit_code == 2 and "\\n" not in result.stderr and "\\t" not in result.stderr
+    assert "presets, models, hardware, keys" in result.stderr and len(result.stderr.strip().splitlines()) == 1
