@@ -203,3 +203,18 @@ def test_summary_of_a_file_with_the_old_quantile_dim():
     np.testing.assert_allclose(got["ttft_s p99"]["median"],
                                float(np.median(new.ttft_s.sel(request_quantile=0.99).values)))
     assert got["ttft_s p99"] == expected["ttft_s p99"]
+
+
+def test_steady_state_advice_never_asks_a_trace_for_more_than_it_holds():
+    from pathlib import Path
+
+    import mcsim
+    from mcsim.results.summary import steady_state_note
+
+    root = Path(__file__).resolve().parents[1]
+    ds = mcsim.run(root / "scenarios" / "factory.toml", samples=1, requests=1_000_000, workers=1,
+                   overrides=['workload.trace="bundled:azure-code"'])  # 8,819 records
+    ds["steady_state"][:] = 0  # as if the run had not settled, and needed far more requests
+    ds["requests_for_steady_state"][:] = 1_200_000
+    note = " ".join(steady_state_note(ds))
+    assert "more than the replayed trace holds (about 8820)" in note and "mc.requests=" not in note

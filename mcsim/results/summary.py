@@ -268,6 +268,22 @@ def steady_state_facts(ds: xr.Dataset) -> dict | None:
             "requests": int(finite.max()) if finite.size else None, "saturated": int(np.isinf(needed).sum())}
 
 
+def _trace_supply(ds: xr.Dataset) -> int | None:
+    """Requests a replayed trace holds, warm-up included, when the run asked for more than it held (None when the
+    workload is generated or the trace did not run short, so its size is not known from the result)."""
+    if not str(ds.attrs.get("workload", "")).startswith("replayed trace") or "requests" not in ds:
+        return None
+    asked, warmup = ds.attrs.get("requests_per_sample"), ds.attrs.get("warmup_fraction")
+    counts = np.asarray(ds["requests"].values, dtype=float).ravel()
+    counts = counts[np.isfinite(counts)]
+    if asked is None or warmup is None or counts.size == 0:
+        return None
+    measured = int(counts.max())
+    if measured >= int(asked) - warmup_requests(int(asked), float(warmup)):
+        return None
+    return int(round(measured / (1.0 - float(warmup)))) if float(warmup) < 1 else measured
+
+
 def steady_state_note(ds: xr.Dataset, max_points: int = 5) -> list[str]:
     """Lines of the summary that say which samples have not reached steady state and the requests per sample
     they would need (none when every sample is steady)."""
@@ -281,8 +297,16 @@ def steady_state_note(ds: xr.Dataset, max_points: int = 5) -> list[str]:
              f"simulator's queue wait, still drifting between the last two quarters of the requests){where}; their "
              "figures still depend on mc.requests (see steady_state, cache_hit_rate_drift, queue_wait_drift)."]
     if facts["requests"] is not None:
-        lines.append(f"  estimated requests per sample for steady state: --set mc.requests={facts['requests']} "
-                     "(requests_for_steady_state, an extrapolation: re-run to check).")
+        held = _trace_supply(ds)
+        if held is not None and facts["requests"] > held:
+            lines.append(f"  steady state would need about {facts['requests']} requests per sample "
+                         f"(requests_for_steady_state, an extrapolation), more than the replayed trace holds "
+                         f"(about {held}): replay a longer trace; more mc.requests cannot help.")
+        else:
+            trace_note = " (a replayed trace supplies at most its own records)" \
+                if str(ds.attrs.get("workload", "")).startswith("replayed trace") else ""
+            lines.append(f"  estimated requests per sample for steady state: --set mc.requests={facts['requests']} "
+                         f"(requests_for_steady_state, an extrapolation: re-run to check){trace_note}.")
     if facts["saturated"]:
         lines.append(f"  {facts['saturated']} of them saturate the simulated queue: no request count settles it.")
     return lines
