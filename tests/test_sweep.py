@@ -297,3 +297,21 @@ def test_a_killed_worker_loses_nothing(scn, tmp_path, cluster):
     killer.join()
     assert not workers[0].is_running()
     assert_same_results(got, reference)
+
+
+def test_a_grid_point_refused_at_run_time_is_one_line_and_leaves_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "sweep.nc"
+    # 100,000 replicas' own caches cannot be held; one instance can: the second point is refused while running
+    args = [sys.executable, "-m", "mcsim", "sweep", str(ROOT / "scenarios" / "factory.toml"),
+            "--grid", "deployment.instances=1,100000", "--set", "deployment.fleet=fixed",
+            "--set", "deployment.fleet_simulation=replicas", "--set", "deployment.routing=least-outstanding",
+            "--set", "deployment.disaggregated=false", "--samples", "1", "--requests", "2000", "-o", str(out)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: at grid point deployment.instances=100000: "), lines
+    assert "Compute Failed" not in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists() and not (tmp_path / "sweep.nc.parts").exists()

@@ -54,6 +54,16 @@ from mcsim.text import si
 PART_FORMAT = 2  # 2: parts carry a checksum of their values
 
 
+class GridPointFailed(McsimError):
+    """A refusal at run time at one grid point (its values, then the refusal, on one line); the run stops."""
+
+    def __init__(self, plan: "Plan", point: int, err: Exception):
+        values = plan.grid[point] if plan.grid and plan.grid[point] else {}
+        where = ", ".join(f"{k}={v}" for k, v in values.items())
+        super().__init__(f"at grid point {where}: {err}" if where else str(err))
+        self.point = point
+
+
 class SweepInterrupted(McsimError):
     """The run stopped before every task finished; its finished parts are kept."""
 
@@ -374,10 +384,10 @@ def _client(workers: int, processes: bool, scheduler: str | None):
         # Compiled kernels are loaded from the on-disk cache the parent has just written (see _warm_up), so the
         # workers do not race to compile.
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
-                               silence_logs=logging.ERROR)
+                               silence_logs=logging.CRITICAL)
     else:
         cluster = LocalCluster(n_workers=1, threads_per_worker=workers, processes=False, dashboard_address=":0",
-                               silence_logs=logging.ERROR)
+                               silence_logs=logging.CRITICAL)
     return Client(cluster, set_as_default=False), cluster
 
 
@@ -625,7 +635,13 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                     continue
                 for future in batch:
                     p, c = (int(x) for x in future.key.rsplit("-", 2)[1:])
-                    table = results.rows_to_table(future.result(), plan.saved_variants)
+                    try:
+                        rows = future.result()
+                    except McsimError as err:  # a refusal at one grid point: one line naming it, nothing kept
+                        for f in futures:
+                            f.cancel()
+                        raise GridPointFailed(plan, p, err) from None
+                    table = results.rows_to_table(rows, plan.saved_variants)
                     if parts_dir is not None:
                         _write_part(_part_path(parts_dir, p, c), table, plan, p, c, fingerprint)
                     parts[(p, c)] = table
@@ -639,6 +655,12 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
         for f in futures:
             f.cancel()
         raise SweepInterrupted(total - len(todo) + sum(1 for t in todo if t in parts), total, parts_dir) from None
+    except GridPointFailed:
+        # the same command would fail at the same point, and a changed one has another fingerprint: no part it
+        # kept could be resumed, so none is kept
+        if parts_dir is not None:
+            shutil.rmtree(parts_dir, ignore_errors=True)
+        raise
     finally:
         if bar is not None:
             bar.close()
