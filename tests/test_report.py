@@ -218,3 +218,13 @@ def test_steady_state_advice_never_asks_a_trace_for_more_than_it_holds():
     ds["requests_for_steady_state"][:] = 1_200_000
     note = " ".join(steady_state_note(ds))
     assert "more than the replayed trace holds (about 8820)" in note and "mc.requests=" not in note
+
+
+def test_fleet_counts_are_whole_in_the_summary():
+    from mcsim.results.summary import WHOLE_COUNTS, band
+
+    # two samples of 6 and 7 prefill instances: the median is a fleet that exists, the lower middle sample's
+    assert band([6, 7], whole=True) == {"median": 6.0, "p5": 6.0, "p95": 7.0}
+    assert band([8, 8, 16, 24], whole=True)["median"] == 8.0  # GPUs of 8-GPU instances: never 12
+    assert band([6, 7])["median"] == 6.5  # a rate stays interpolated
+    assert {"gpus", "prefill_instances", "decode_instances"} <= WHOLE_COUNTS

@@ -35,12 +35,20 @@ def _values(ds: xr.Dataset, name: str, q) -> xr.DataArray:
     return da.astype(float)
 
 
-def band(values: np.ndarray) -> dict:
+#: Counts of whole things (GPUs of whole instances, instances): their median and band are samples' own values,
+#: never a fleet that cannot exist ("prefill_instances 6.5", "GPUs 20" of 8-GPU instances).
+WHOLE_COUNTS = frozenset({"gpus", "decode_gpus", "prefill_gpus", "instances", "decode_instances",
+                          "prefill_instances"})
+
+
+def band(values: np.ndarray, whole: bool = False) -> dict:
+    """Median and 5-95 % band of ``values`` over samples (NaN left out); ``whole``: each the value of a sample (the
+    inverted empirical CDF: of an even count, the lower middle sample is the median)."""
     v = np.asarray(values, dtype=float)
     v = v[~np.isnan(v)]
     if v.size == 0:
         return {"median": math.nan, "p5": math.nan, "p95": math.nan}
-    p5, med, p95 = np.quantile(v, [0.05, 0.5, 0.95])
+    p5, med, p95 = np.quantile(v, [0.05, 0.5, 0.95], method="inverted_cdf" if whole else "linear")
     return {"median": float(med), "p5": float(p5), "p95": float(p95)}
 
 
@@ -63,7 +71,8 @@ def _point_summary(ds: xr.Dataset) -> dict:
     for v in variants:
         sub = ds.sel(variant=v) if "variant" in ds.dims else ds
         out["variants"][v] = {
-            label: {**band(_values(sub, name, q).values), "units": REGISTRY[name].units} for label, name, q in ROWS
+            label: {**band(_values(sub, name, q).values, whole=name in WHOLE_COUNTS), "units": REGISTRY[name].units}
+            for label, name, q in ROWS
         }
         out["feasible_fraction"][v] = float(sub["feasible"].mean())
         out.setdefault("infeasible_samples", {})[v] = int((sub["feasible"] == 0).sum())
@@ -186,7 +195,8 @@ def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None)
         foot.append("decode_tok_s_per_gpu is what a GPU does at the deployed load; *_capacity_tok_s_per_gpu what "
                     "one sustains (decode at the largest batch meeting the TPOT target, prefill at full steps).")
     foot.append(f"{n} samples x {simulated_requests(ds)}; cells are median [5 %, 95 %] "
-                "over samples; every figure is modelled.")
+                "over samples (of GPUs and instances, samples' own whole counts: of two middle samples, the "
+                "lower); every figure is modelled.")
     if "ratio" in s or ("grid" in s and s["grid"] and "ratio" in s["grid"][0]):
         foot.append("factory vs baseline: 'x' is the per-sample ratio factory/baseline, '+' the difference "
                     "factory - baseline, both on identical requests and draws.")
