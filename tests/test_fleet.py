@@ -237,3 +237,26 @@ def test_a_fast_closed_loop_is_measured_over_its_own_arrivals():
                               "performance.closed_loop_users=64", "workload.think_time_s=2.0"])
     assert np.isfinite(ds.ttft_s.values).all() and np.isfinite(ds.busy_fraction.values).all()
     assert np.all((ds.busy_fraction.values > 0) & (ds.busy_fraction.values <= 1))
+
+
+@pytest.mark.parametrize("mode", ["slo", "utilization"])
+def test_max_instances_holds_per_pool(mode):
+    # deepseek-disaggregated needs 15-23 instances at this load; a cap of 3 per pool cannot serve it in either mode
+    path = ROOT / "scenarios" / "deepseek-disaggregated.toml"
+    ds = mcsim.sweep(path, ["deployment.max_instances=3,64"], samples=2, requests=300,
+                     overrides=[f"deployment.fleet={mode}"])
+    capped, wide = ds.sel({"deployment_max_instances": 3}), ds.sel({"deployment_max_instances": 64})
+    meanings = ds.infeasible_reason.attrs["flag_meanings"].split()
+    expected = "SLO_not_met" if mode == "slo" else "fleet_over_max_instances"
+    assert [meanings[int(r)] for r in capped.infeasible_reason.values.ravel()] == [expected] * 2
+    assert np.all(np.isnan(capped.instances.values))
+    assert np.all(wide.feasible.values == 1)
+    for pool in ("decode_instances", "prefill_instances"):
+        assert np.all(wide[pool].values <= 64) and np.all(wide[pool].values == np.round(wide[pool].values))
+
+
+def test_a_fixed_fleet_deploys_what_it_is_given():
+    ds = mcsim.run(ROOT / "scenarios" / "dense-node.toml", samples=1, requests=300, workers=1,
+                   overrides=["deployment.fleet=fixed", "deployment.instances=3", "deployment.max_instances=1",
+                              "performance.simulate_batching=false"])
+    assert ds.instances.values.tolist() == [3.0]

@@ -212,6 +212,8 @@ def smallest_fleet(meets, known_short: int, cap: int):
     """Smallest whole ``n`` in ``[known_short + 1, cap]`` with ``meets(n)``, for ``meets`` false below a
     threshold and true from it on (doubling, then bisection); None when even ``cap`` does not meet it."""
     good = max(known_short + 1, 1)
+    if good > cap:  # fewer than known_short + 1 cannot keep up, and more are not allowed
+        return None
     short = known_short
     while not meets(good):
         short = good
@@ -565,6 +567,8 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         u = inputs.target_utilization
         n_d = max(_whole(needed_d / u), inputs.instances)
         n_p = max(_whole(needed_p / u), prefill_min) if disagg else 0
+        if max(n_d, n_p) > inputs.max_instances:  # the load needs more instances per pool than allowed
+            return cannot_run("fleet over max_instances")
     elif mode == "fixed":
         n_d = inputs.instances
         n_p = prefill_min

@@ -184,7 +184,7 @@ FLAGS = ("infeasible_reason",)
 HEADLINE = [v.name for v in _VARS if v.headline]
 FEASIBLE_REASONS = ("ok", "weights do not fit in HBM", "KV for one sequence does not fit",
                     "TPOT target not met at batch 1", "prefill pool: weights do not fit in HBM",
-                    "prefill pool: KV for one sequence does not fit", "SLO not met")
+                    "prefill pool: KV for one sequence does not fit", "SLO not met", "fleet over max_instances")
 
 
 class UnknownVariable(KeyError):

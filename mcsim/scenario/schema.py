@@ -144,8 +144,9 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                           "instances when disaggregated) unless routing = 'pooled'.", 1, 100_000),
         "prefill_instances": I(0, "Prefill instances when disaggregated: the prefill fleet in fleet = 'fixed', its "
                                   "smallest size in 'utilization' (0 = as many as instances).", 0, 100_000),
-        "max_instances": I(1024, "fleet = 'slo': the most instances per pool tried; a sample that needs more is "
-                                 "infeasible.", 1, 1_000_000),
+        "max_instances": I(1024, "The most instances per pool: fleet = 'slo' tries no more, fleet = 'utilization' "
+                                 "deploys no more (a sample whose load needs more is infeasible, with its reason); "
+                                 "fleet = 'fixed' deploys deployment.instances as given.", 1, 1_000_000),
         "slo_quantile": F(0.99, "Quantile of TTFT and TPOT that must meet their targets in fleet = 'slo' (also "
                                 "reported as ttft_at_slo_quantile_s / tpot_at_slo_quantile_s).", 0, 1,
                           lo_open=True),
