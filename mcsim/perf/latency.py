@@ -399,7 +399,8 @@ class PoolSimulator:
         tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
         return {"ttft": ttft[measured], "tpot": tpot[measured], "e2e": e2e[measured], "queue": queue[measured],
                 "class_id": self.w.class_id[measured], "prompt": self.w.context[measured],
-                "output": out[measured], "saturated": int(bool(saturated)), "little_law_ratio": float(summary["little_law_ratio"]),
+                "output": out[measured], "saturated": int(bool(saturated)),
+                "little_law_ratio": float(summary["little_law_ratio"]),
                 "mean_decode_batch": float(summary["mean_decode_batch"]),
                 "busy_fraction": float(summary["busy_fraction"]),
                 "throughput_tok_s": float(summary["throughput_tok_s"]), "step_log": summary["step_log"],

@@ -1,23 +1,20 @@
 """Serving stacks: what the engine that runs the steps does by default (``performance.stack``).
 
-The roofline prices a step's kernels; the serving engine around them decides three things that move whole-step
+The roofline prices a step's kernels; the serving engine around them decides two things that move whole-step
 times, and each of the stacks below documents its choice:
 
-=========  ===================================  ===================================  ====================================
-stack      TP all-reduce                        host work per step                   source
-=========  ===================================  ===================================  ====================================
-vllm       its custom one-shot / two-shot       on the step's critical path          vLLM csrc/custom_all_reduce.cuh and
-           kernels in a node where faster, not  (``performance.step_overhead_s``;    vllm/distributed/device_communicators/
-           at 8 MiB+ (``allreduce_impl=auto``)  asynchronous scheduling is opt-in)   custom_all_reduce.py (max_size 8 MiB);
-                                                                                     the --async-scheduling engine argument
-sglang     the same kernels (adapted from       overlapped with the GPU: the         SGLang v0.4 release notes, "zero-
-           vLLM's and TensorRT-LLM's), NCCL     zero-overhead batch scheduler        overhead batch scheduler" (lmsys.org/
-           beyond                               prepares step n + 1 while n runs     blog/2024-12-04-sglang-v0-4)
-trtllm     its custom all-reduce in a node,     overlapped: the overlap scheduler,   TensorRT-LLM docs, features/overlap-
-           NCCL beyond                          on by default                        scheduler; kernels/
-                                                                                     customAllReduceKernels.cu
-generic    NCCL for every all-reduce            on the critical path                 a plain framework: torch.distributed
-=========  ===================================  ===================================  ====================================
+* ``vllm``: its custom one-shot / two-shot all-reduce kernels inside a node where they are the faster, never at
+  8 MiB or more (``allreduce_impl = auto``), NCCL beyond; the host's work per step on the step's critical path
+  (``performance.step_overhead_s``: asynchronous scheduling is opt-in). Sources: vLLM ``csrc/custom_all_reduce.cuh``
+  and ``vllm/distributed/device_communicators/custom_all_reduce.py`` (``max_size`` 8 MiB), the
+  ``--async-scheduling`` engine argument.
+* ``sglang``: the same kernels (adapted from vLLM's and TensorRT-LLM's), NCCL beyond; the host's work overlapped
+  with the GPU, the zero-overhead batch scheduler preparing step n + 1 while step n runs. Source: SGLang v0.4
+  release notes, "zero-overhead batch scheduler" (lmsys.org/blog/2024-12-04-sglang-v0-4).
+* ``trtllm``: its custom all-reduce inside a node, NCCL beyond; the host's work overlapped (the overlap scheduler,
+  on by default). Sources: TensorRT-LLM docs, features/overlap-scheduler; ``kernels/customAllReduceKernels.cu``.
+* ``generic``: NCCL for every all-reduce, the host's work on the critical path: a plain framework
+  (torch.distributed).
 
 All four replay decode steps as CUDA graphs (``performance.cuda_graphs``); which element-wise ops a stack fuses is the
 ``efficiency.fused_kernels`` lever, not the stack. A scenario's own ``performance.allreduce_impl`` (anything but
