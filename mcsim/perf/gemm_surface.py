@@ -20,9 +20,8 @@ measured ``(N, K)`` as a curve over ``log2 M``. The correction of a GEMM is ``ex
   ``d_N`` and ``d_K`` the distances in octaves between the GEMM's ``N`` and ``K`` and the shape's, so that a shape far
   from every measured one (``W0`` outweighs them) keeps the roofline.
 
-``SIGMA`` and ``W0`` were chosen on the bundled data by fitting on TP 1 and 4 and predicting TP 2 and 8 (shapes the
-fit has not seen): 0.6 octaves gave 7.6 % on H100 against 8.9 % at 0.3 and 9.1 % for the roofline alone
-(Llama-2 files only; ``mcsim validate`` reports this split, rows left out, and each model left out).
+``SIGMA`` and ``W0`` were chosen on the bundled data by fitting on TP 1 and 4 and predicting TP 2 and 8, shapes the
+fit has not seen; ``mcsim validate`` reports that split, each measured row left out, and each model left out.
 
 Measured in BF16; a low-precision GEMM takes the same correction (an assumption: its tiles and waves differ). A GPU
 without measurements of its own uses the surface of one with the same SMs (the catalog's ``gemm_surface`` names
