@@ -117,6 +117,7 @@ DEFAULT_OUTPUT = {
     "compare": "outputs/<name>-compare.nc; outputs/<name>-compare-ablate.nc with --ablate",
     "sweep": "outputs/<name>-sweep.nc; outputs/<name>-sweep-ablate.nc with --ablate",
     "search": "outputs/<name>-search.nc",
+    "capacity": "outputs/<name>-capacity.nc",
 }
 
 
@@ -296,6 +297,26 @@ def search(**kw):
     from mcsim.optimize.command import search_command
 
     search_command(command=_command_line(), **kw)
+
+
+@main.command()
+@_common("capacity", skip=("resume", "chunk_size"))
+@click.option("--rtol", type=click.FloatRange(0, 1, min_open=True), default=0.02, show_default=True,
+              help="Relative width of each sample's final bracket: the rate that met the SLOs and the rate that "
+                   "broke them differ by at most this.")
+@click.option("--low", type=click.FloatRange(0, min_open=True), metavar="RPS",
+              help="Start the bracket here, requests/s (default: the scenario's rate).")
+@click.option("--high", type=click.FloatRange(0, min_open=True), metavar="RPS",
+              help="Never try a rate above this, requests/s (the capacity is then at most this).")
+def capacity(**kw):
+    """The highest arrival rate at which SCENARIO's deployment (its fleet held fixed) meets its SLOs: its
+    slo_quantile TTFT and TPOT within their targets, unsaturated. Each sample is bisected on the rate on its own
+    common random numbers; prints the median and 5-95 % band over samples and what the deployment does there, and
+    writes every sample's runs as NetCDF."""
+    # start-up: the search imports NumPy, xarray and Dask; `mcsim --help` imports none of the commands
+    from mcsim.optimize.capacity_command import capacity_command
+
+    capacity_command(command=_command_line(), **kw)
 
 
 @main.command()

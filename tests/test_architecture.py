@@ -52,7 +52,7 @@ TODO_UPWARD: set = set()
 #: Modules whose imports inside functions are not yet each justified (their owners are rewriting them).
 TODO_DEFERRED: tuple = ()
 #: The most imports inside functions the other modules may keep.
-MAX_DEFERRED = 20
+MAX_DEFERRED = 21  # one per command of the command line (capacity the latest), and the few in the executor
 
 #: Choice lists a performance module still defines as a copy of mcsim.scenario.choices' (it should import them).
 TODO_CHOICE_COPIES: dict = {}
