@@ -98,6 +98,23 @@ class _Finite(click.ParamType):
 FINITE = _Finite()
 
 
+class _Requests(click.ParamType):
+    """Requests per sample: a count >= 1, or ``auto`` / ``auto:N`` (grow until steady, at most N)."""
+
+    name = "N|auto[:N]"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip().lower()
+        if text.isdigit() and int(text) >= 1:
+            return int(text)
+        if text == "auto" or (text.startswith("auto:") and text[5:].isdigit() and int(text[5:]) >= 1):
+            return text
+        self.fail(f"{value!r}: expected a count of requests >= 1, 'auto' or 'auto:N'", param, ctx)
+
+
+REQUESTS = _Requests()
+
+
 def _refuse_non_regular(output) -> None:
     """A one-line refusal for an output that exists and is not a regular file (``--force`` does not apply)."""
     reason = not_a_regular_file(output)
@@ -131,7 +148,9 @@ def _common_options(f, default_output: str, skip=()):
     options = [
         click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path)),
         click.option("--samples", type=click.IntRange(min=1), help="Monte Carlo samples (default: [mc] samples)."),
-        click.option("--requests", type=click.IntRange(min=1), help="Requests per sample (default: [mc] requests)."),
+        click.option("--requests", type=REQUESTS,
+                     help="Requests per sample (default: [mc] requests); run, compare and sweep take 'auto' (grow from "
+                          "mc.requests until every sample is at steady state, at most 16 x) or 'auto:N' (at most N)."),
         click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), help="Root seed (default: [mc] seed)."),
         click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
                      help="Override a scenario value, e.g. --set speculative.draft_tokens=2 (repeatable)."),
@@ -230,11 +249,15 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
     if as_json:
         report = summary.summarize(ds)
         report["output"] = str(output)
+        if ds.attrs.get("requests_auto"):
+            report["requests_auto"] = ds.attrs["requests_auto"]
         if ds.attrs.get("pricing_note"):
             report["pricing_note"] = ds.attrs["pricing_note"]
         click.echo(json.dumps(strict_json(report), indent=2, allow_nan=False))
     else:
         click.echo(summary.format_table(ds))
+        if ds.attrs.get("requests_auto"):
+            click.echo("\n".join(paragraph(f"--requests auto: {ds.attrs['requests_auto']}.")))
         click.echo(f"wrote {output}")
 
 

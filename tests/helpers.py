@@ -232,3 +232,46 @@ def make_result(grid=None, variants=None, n=80, seed=0, shapley_levers=None, wit
     for path in paths:
         ds[dataset_name(path)].attrs.update(grid_axis_attrs(path))
     return ds
+
+
+#: One instance that serves one request at a time, every request alike (100 prompt tokens, 50 output tokens, no
+#: cache, no speculation, no host costs, single-turn sessions): Poisson arrivals make it an M/D/1 queue, and every
+#: rate replays the same requests with their arrival gaps scaled (exact common random numbers).
+MD1 = """
+[meta]
+name = "md1"
+[mc]
+samples = 3
+requests = 4000
+seed = 5
+[model]
+preset = "llama-3.1-8b"
+[hardware]
+preset = "h100"
+[deployment]
+fleet = "utilization"
+instances = 1
+disaggregated = false
+gpus_per_instance = 1
+max_batch_per_gpu = 1
+tpot_target_s = 10.0
+ttft_target_s = 1.0
+slo_quantile = 0.9
+[workload]
+rate_rps = 1.0
+arrivals = "poisson"
+[workload.classes.chat]
+share = 1.0
+prompt_tokens = 100
+output_tokens = 50
+turns = 1.0
+system_prompt_share = 0.0
+[cache]
+enabled = false
+[speculative]
+enabled = false
+[host]
+request_overhead_s = 0.0
+tokenize_s_per_token = 0.0
+detokenize_s_per_token = 0.0
+"""

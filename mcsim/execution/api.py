@@ -7,12 +7,15 @@ tasks out over Dask. Results are bit-identical whatever the chunk size, number o
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
+from mcsim.execution import auto_requests
 from mcsim.execution import executor as _sweep
 from mcsim.execution.sample import sample_variants, variant_specs, variant_stages
+from mcsim.results.dataset import write_netcdf
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain, grid, load_scenario
 
 
@@ -45,11 +48,45 @@ def _as_scenario(scenario, overrides) -> Scenario:
 def run_variants(scn: Scenario, variants=("factory",), samples=None, requests=None, seed=None, workers=None,
                  chunk_size=None, progress=False, command=None, axes=(), ablate=False, output=None, resume=False,
                  force=False, processes=False, scheduler=None):
-    """Run ``samples`` Monte Carlo samples of every variant (and grid point) and return the result Dataset."""
+    """Run ``samples`` Monte Carlo samples of every variant (and grid point) and return the result Dataset.
+
+    ``requests`` may be ``"auto"`` or ``"auto:N"``: the run grows them until every sample run is at steady state
+    (:mod:`mcsim.execution.auto_requests`)."""
+    auto = auto_requests.parse(requests, int(scn["mc.requests"]))
+    if auto is not None:
+        return _grow(scn, variants, auto, samples=samples, seed=seed, workers=workers, chunk_size=chunk_size,
+                     progress=progress, command=command, axes=axes, ablate=ablate, output=output, resume=resume,
+                     force=force, processes=processes, scheduler=scheduler)
     plan = _sweep.make_plan(scn, variants, axes=axes, samples=samples, requests=requests, seed=seed,
                             chunk_size=chunk_size, workers=workers, ablate=ablate)
     return _sweep.execute(plan, output=output, resume=resume, force=force, workers=workers, processes=processes,
                           scheduler=scheduler, progress=progress, command=command)
+
+
+def _grow(scn, variants, auto, *, samples, seed, workers, chunk_size, progress, command, axes, ablate, output,
+          resume, force, processes, scheduler):
+    """Runs at growing requests per sample until steady (see :mod:`mcsim.execution.auto_requests`); only the last
+    is written."""
+    if resume:
+        raise auto_requests.RequestsError("--requests auto and --resume exclude each other: each run of the growth "
+                                          "has its own requests; resume a run with --requests N")
+    if output is not None:
+        _sweep.check_output(Path(output), force)
+    requests, cap = auto
+    tried = []
+    while True:
+        plan = _sweep.make_plan(scn, variants, axes=axes, samples=samples, requests=requests, seed=seed,
+                                chunk_size=chunk_size, workers=workers, ablate=ablate)
+        ds = _sweep.execute(plan, workers=workers, processes=processes, scheduler=scheduler, progress=progress,
+                            command=command)
+        tried.append(requests)
+        requests = auto_requests.next_requests(ds, requests, cap)
+        if requests is None:
+            break
+    ds.attrs["requests_auto"] = auto_requests.describe(tried, cap, ds)
+    if output is not None:
+        write_netcdf(ds, output, force=force)
+    return ds
 
 
 def run(scenario, *, samples=None, requests=None, seed=None, overrides=(), workers=None, progress=False,

@@ -711,6 +711,9 @@ def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, 
     """A :class:`Plan` with the scenario's ``[mc]`` defaults; ``chunk_size`` defaults to about four tasks per
     worker per grid point (at most 64 samples a task)."""
     samples = int(samples or scn["mc.samples"])
+    if isinstance(requests, str) and not requests.strip().isdigit():
+        raise McsimError(f"--requests {requests}: only run, compare and sweep grow the requests until steady; give "
+                         "a count of requests per sample")
     requests = int(requests or scn["mc.requests"])
     seed = int(scn["mc.seed"] if seed is None else seed)
     workers = int(workers or os.cpu_count() or 1)
