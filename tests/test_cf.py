@@ -23,7 +23,8 @@ SMALL_SET = ["--set", "mc.samples=3", "--set", "mc.requests=400", "--no-progress
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """One file of every kind of result: run, compare, sweep (a number and a string axis), ablate and search."""
+    """One file of every kind of result: run, compare, sweep (a number and a string axis), ablate, search and
+    capacity."""
     from click.testing import CliRunner
 
     out = tmp_path_factory.mktemp("cf")
@@ -36,6 +37,7 @@ def results(tmp_path_factory):
         "ablate": ["compare", "scenarios/dense-model.toml", "--ablate"],
         "search": ["search", "scenarios/dense-model.toml", "--space", "hardware.preset=h100,h200", "--space",
                    "deployment.max_batch_per_gpu=32,64", "--constraint", "slo_attainment>=0.9", "--first-round", "2"],
+        "capacity": ["capacity", "scenarios/dense-model.toml", "--rtol", "0.2"],
     }
     paths = {}
     for kind, words in commands.items():
@@ -56,7 +58,7 @@ def _cf_checker():
                      cfRegionNamesXML=str(CF_TABLES / "standardized-region-list.xml"), silent=True)
 
 
-@pytest.mark.parametrize("kind", ["run", "compare", "sweep", "ablate", "search"])
+@pytest.mark.parametrize("kind", ["run", "compare", "sweep", "ablate", "search", "capacity"])
 def test_cfchecks_finds_no_error(results, kind):
     checker = _cf_checker()
     checker.checker(str(results[kind]))
