@@ -150,7 +150,7 @@ def test_every_readme_python_idiom_runs(tmp_path, monkeypatch):
         assert text.count(wide) == 1, wide
         text = text.replace(wide, narrow)
     (tmp_path / "scenarios" / "sweep.toml").write_text(text)
-    for name in ("run", "compare", "sweep"):  # the calls as written, with few samples and requests
+    for name in ("run", "compare", "sweep", "capacity"):  # the calls as written, with few samples and requests
         monkeypatch.setattr(mcsim, name, _smaller(getattr(mcsim, name)))
     namespace: dict = {}
     lines_run = 0
