@@ -120,6 +120,144 @@ def test_pareto_front_against_pairs():
         assert front[i] == (not beaten)
 
 
+# -- ties on the objective ---------------------------------------------------------------------------------------
+
+COST = criteria.Question(criteria.Metric("cost_usd_per_mtok"))
+
+
+def _tied_costs():
+    """Five candidates over three samples. #0, #1 and #2 have median cost 3 (from different samples), #3 is cheaper
+    but fails the constraints, #4 costs more. #0 needs 16 GPUs, #1 and #2 need 8; of those, #2 has the higher median
+    decode throughput per GPU (70 against 50)."""
+    cost = np.array([[2.0, 3, 5], [3, 3, 4], [1, 3, 9], [1, 1, 1], [4, 4, 4]])
+    met = np.ones((5, 3), dtype=bool)
+    met[3] = False
+    gpus = np.array([[16.0] * 3, [8] * 3, [8] * 3, [8] * 3, [8] * 3])
+    throughput = np.array([[100.0] * 3, [50] * 3, [60, 70, 80], [90] * 3, [90] * 3])
+    return cost, met, gpus, throughput
+
+
+def _pick(cost, met, gpus, throughput, question=COST, runs=None):
+    runs = np.full(cost.shape[0], cost.shape[1]) if runs is None else runs
+    pick = criteria.pick_optimum(question, cost, met, runs, gpus=gpus, throughput=throughput)
+    return pick.optimum, np.flatnonzero(pick.tied).tolist(), pick.decided_by
+
+
+def test_ties_go_to_fewer_gpus_then_higher_throughput_then_space_order():
+    cost, met, gpus, throughput = _tied_costs()
+    assert _pick(cost, met, gpus, throughput) == (2, [0, 1, 2], "decode_tok_s_per_gpu")
+    # the same question maximized over the negated objective ties the same candidates
+    maximized = criteria.Question(criteria.Metric("cost_usd_per_mtok"), maximize=True)
+    assert _pick(-cost, met, gpus, throughput, maximized) == (2, [0, 1, 2], "decode_tok_s_per_gpu")
+    # #0 with the fewest GPUs wins on GPUs whatever its throughput
+    fewer = gpus.copy()
+    fewer[0] = 4
+    assert _pick(cost, met, fewer, throughput) == (0, [0, 1, 2], "gpus")
+    # #1 and #2 equal on throughput as well: the first in the space's order
+    same = throughput.copy()
+    same[2] = 50
+    assert _pick(cost, met, gpus, same) == (1, [0, 1, 2], "candidate order")
+    # a candidate without a GPU figure ranks last on GPUs
+    unknown = gpus.copy()
+    unknown[1] = np.nan
+    assert _pick(cost, met, unknown, throughput) == (2, [0, 1, 2], "gpus")
+    unknown[2] = np.nan
+    assert _pick(cost, met, unknown, throughput) == (0, [0, 1, 2], "gpus")
+    # no tie: the objective decides alone, and the racing rule's leader is the same pick
+    cheaper = cost.copy()
+    cheaper[1] = 2.5
+    assert _pick(cheaper, met, gpus, throughput) == (1, [1], "objective")
+    assert criteria.robust_optimum(COST, cost, met, np.full(5, 3), gpus=gpus, throughput=throughput) == 2
+    # nobody qualifies: no optimum, nothing tied
+    assert _pick(cost, np.zeros_like(met), gpus, throughput) == (None, [], "none")
+
+
+@pytest.mark.parametrize("relative, tied", [(0.0, True), (4e-13, True), (-4e-13, True), (1e-11, False),
+                                            (-1e-11, False)])
+def test_a_tie_is_equality_within_a_relative_1e_12(relative, tied):
+    assert criteria.TIE_RTOL == 1e-12
+    cost = np.array([[3.0], [3.0 * (1 + relative)]])
+    gpus = np.array([[16.0], [8.0]])  # the second wins a tie on GPUs
+    best = 1 if relative < 0 or tied else 0
+    expected = (1, [0, 1], "gpus") if tied else (best, [best], "objective")
+    assert _pick(cost, np.ones((2, 1), dtype=bool), gpus, None) == expected
+
+
+def test_a_tie_at_zero_is_exact_equality():
+    cost = np.array([[0.0], [1e-300], [0.0]])
+    gpus = np.array([[16.0], [8.0], [8.0]])
+    assert _pick(cost, np.ones((3, 1), dtype=bool), gpus, None) == (2, [0, 2], "gpus")
+
+
+def test_the_racing_leader_is_the_tie_breaks_pick():
+    cost, met, gpus, throughput = _tied_costs()
+    decision = criteria.decide(COST, cost, met, np.full(5, 3), 3, 0.1, gpus=gpus, throughput=throughput)
+    assert decision.leader == 2 and np.flatnonzero(decision.tied).tolist() == [0, 1, 2]
+    assert decision.decided_by == "decode_tok_s_per_gpu"
+    # a candidate that ran fewer samples is not one the optimum is chosen from: it ties with nobody
+    cost[0, 2], met[0, 2] = np.nan, False
+    cost[0, :2] = 3.0  # median 3 over its two samples
+    decision = criteria.decide(COST, cost, met, np.array([2, 3, 3, 3, 3]), 3, 0.1, gpus=gpus,
+                               throughput=throughput)
+    assert decision.leader == 2 and np.flatnonzero(decision.tied).tolist() == [1, 2]
+
+
+TIE_SPACE = ["deployment.instances=1,2", "deployment.tp=4,8"]
+
+
+def test_search_prints_and_records_exact_ties(tmp_path):
+    """A fixed fleet at dense-node's own light load meets every SLO whatever the recipe, so maximizing SLO
+    attainment ties all four candidates exactly (1 in every sample). One 8-GPU instance beats two; of the two
+    one-instance recipes the one with the higher median decode throughput per GPU wins."""
+    from helpers import invoke
+
+    out = tmp_path / "ties.nc"
+    result = invoke("search", SCENARIO, *[x for s in TIE_SPACE for x in ("--space", s)], "--objective",
+                    "slo_attainment", "--maximize", "--set", "deployment.fleet=fixed", "--samples", "2",
+                    "--requests", "200", "--first-round", "2", "--workers", "1", "--no-progress", "-o", out)
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        # the premise, from the samples: an exact tie, every sample feasible, 8 GPUs per instance
+        assert (ds.slo_attainment.values == 1).all() and (ds.feasible.values == 1).all()
+        instances = np.array([1, 1, 2, 2])  # C order: tp fastest
+        np.testing.assert_array_equal(ds.deployment_instances.values, instances)
+        np.testing.assert_array_equal(ds.gpus.values, 8.0 * instances[:, None] * np.ones((1, 2)))
+        # the pick by plain NumPy over the samples: fewest median GPUs, then highest median throughput
+        throughput = np.median(ds.decode_tok_s_per_gpu.values, axis=1)
+        assert throughput[0] != throughput[1]
+        expected = int(np.argmax(throughput[:2]))
+        assert ds.attrs["robust_optimum_candidate"] == expected
+        assert ds.tied_with_best.values.tolist() == [1, 1, 1, 1]
+        assert ds.attrs["robust_optimum_tied"] == "0 1 2 3"
+        assert ds.attrs["robust_optimum_decided_by"] == "decode_tok_s_per_gpu"
+        assert "fewer GPUs (gpus)" in ds.attrs["search_tie_rule"] and ds.attrs["search_tie_rtol"] == 1e-12
+        np.testing.assert_array_equal(ds.gpus_at_quantile.values, [8, 8, 16, 16])
+        np.testing.assert_allclose(ds.decode_tok_s_per_gpu_at_quantile.values, throughput, rtol=1e-15)
+    text = " ".join(result.output.split())
+    assert "4 candidates tie on slo_attainment at quantile 0.5 (within a relative 1e-12): #0, #1, #2, #3" in text
+    assert (f"#{expected} was picked because it has the highest decode throughput per GPU among those with the "
+            "fewest GPUs") in text
+    assert "tie-break rule: Best objective at the search quantile" in text and "then to the first candidate" in text
+    # each tied candidate's row: its index, axes, objective, GPUs and throughput; the pick marked
+    for c, (tp, gpus) in enumerate(((4, 8), (8, 8), (4, 16), (8, 16))):
+        row = next(line for line in result.output.splitlines()
+                   if line.startswith(f"{c}  ") and f"{throughput[c]:.6g}" in line)
+        assert row.split()[:5] == [str(c), f"instances={instances[c]}", f"tp={tp}", "1", str(gpus)], row
+        assert row.endswith("picked") == (c == expected), row
+
+
+def test_a_parameter_of_a_switched_off_lever_ties_and_the_first_candidate_wins():
+    """With speculative decoding off its draft length changes nothing: both candidates are equal in every sample and
+    on every key, and the first in the space's order is the optimum (mcsim.search returns the tie as well)."""
+    ds = mcsim.search(SCENARIO, ["speculative.draft_tokens=2,4"], samples=1, requests=150, first_round=1,
+                      workers=1, overrides=["speculative.enabled=false"])
+    for name in ("cost_usd_per_mtok", "gpus", "decode_tok_s_per_gpu", "slo_attainment"):
+        np.testing.assert_array_equal(ds[name].values[0], ds[name].values[1], err_msg=name)
+    assert ds.tied_with_best.values.tolist() == [1, 1]
+    assert ds.attrs["robust_optimum_candidate"] == 0 and ds.attrs["robust_optimum"] == "speculative.draft_tokens=2"
+    assert ds.attrs["robust_optimum_decided_by"] == "candidate order"
+
+
 # -- the search against the exhaustive sweep ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -134,20 +272,26 @@ def searched():
 
 def _sweep_optimum(sw: xr.Dataset, confidence=0.9, quantile=0.5) -> dict:
     """The robust optimum of an exhaustive sweep, plain NumPy: feasible and SLO met in >= confidence of the samples,
-    then the lowest median cost over feasible samples (ties: the first grid point)."""
+    then the lowest median cost over feasible samples; among costs within a relative 1e-12 of the lowest, the fewest
+    median GPUs, then the highest median decode throughput per GPU, then the first grid point."""
     dims = ["deployment_tp", "deployment_max_batch_per_gpu", "hardware_preset"]
-    cost = sw.cost_usd_per_mtok.transpose(*dims, "sample").values.reshape(-1, sw.sizes["sample"])
-    feasible = sw.feasible.transpose(*dims, "sample").values.reshape(cost.shape) == 1
-    slo = sw.slo_attainment.transpose(*dims, "sample").values.reshape(cost.shape)
-    met = feasible & (slo >= 0.95)
-    best, best_value = None, np.inf
+
+    def per_point(name):
+        return sw[name].transpose(*dims, "sample").values.reshape(-1, sw.sizes["sample"])
+
+    cost, gpus, throughput = per_point("cost_usd_per_mtok"), per_point("gpus"), per_point("decode_tok_s_per_gpu")
+    feasible = per_point("feasible") == 1
+    met = feasible & (per_point("slo_attainment") >= 0.95)
+    ranked = []
     for i in range(cost.shape[0]):
         if met[i].mean() >= confidence:
-            value = np.quantile(cost[i][feasible[i]], quantile)
-            if value < best_value:
-                best, best_value = i, value
+            f = feasible[i]
+            ranked.append((np.quantile(cost[i][f], quantile), np.quantile(gpus[i][f], quantile),
+                           -np.quantile(throughput[i][f], quantile), i))
+    lowest = min(r[0] for r in ranked)
+    value, _, _, best = min((r for r in ranked if abs(r[0] - lowest) <= 1e-12 * abs(lowest)), key=lambda r: r[1:])
     combos = list(itertools.product(*(sw[d].values for d in dims)))
-    return {"point": dict(zip(dims, combos[best])), "value": best_value}
+    return {"point": dict(zip(dims, combos[best])), "value": value}
 
 
 def test_search_finds_the_sweeps_optimum_with_fewer_sample_runs(sweep, searched):

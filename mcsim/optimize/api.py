@@ -47,7 +47,10 @@ def search(scenario, space=(), *, objective: str = "cost_usd_per_mtok", maximize
     -------
     xarray.Dataset
         Dims ``(candidate, sample)``; ``attrs["robust_optimum"]`` names the optimum (see
-        :mod:`mcsim.results.search_dataset`).
+        :mod:`mcsim.results.search_dataset`). Candidates whose objective at the quantile ties with the optimum's
+        (within a relative 1e-12) have ``tied_with_best == 1``; the optimum is the one of them with the fewest GPUs,
+        then the highest ``decode_tok_s_per_gpu``, then the first in the space's order
+        (``attrs["robust_optimum_decided_by"]`` says which key chose, ``attrs["search_tie_rule"]`` states the rule).
 
     Examples
     --------

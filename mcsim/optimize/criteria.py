@@ -13,7 +13,14 @@ Definitions (the README and :mod:`mcsim.search` say the same):
 - its *objective at the quantile*: the ``quantile`` of the objective over its feasible samples (NumPy's default,
   linear, ``nanquantile``);
 - the *robust optimum*: among candidates with ``P(constraints met) >= confidence``, the one whose objective at the
-  quantile is best; a tie goes to the first candidate in grid order.
+  quantile is best;
+- a *tie*: candidates whose objectives at the quantile lie within a relative :data:`TIE_RTOL` (1e-12) of the best
+  one's (exact equality when the best is 0). The tolerance only absorbs floating-point rounding: two
+  configurations that compute the same figure along different paths can differ in the last bits, never by
+  anything a model could mean. Ties are broken by fewer GPUs (``gpus`` at the same quantile over the candidate's
+  feasible samples), then higher decode throughput per GPU (``decode_tok_s_per_gpu``, the first headline
+  variable, at that quantile), then the first candidate in the space's order, so the pick never needs more GPUs
+  than a tied candidate and is always the same (:func:`pick_optimum`, :data:`TIE_RULE`).
 """
 
 from __future__ import annotations
@@ -182,10 +189,80 @@ def objective_at_quantile(objective: np.ndarray, quantile: float) -> np.ndarray:
     return out
 
 
-def robust_optimum(question: Question, objective: np.ndarray, met: np.ndarray, samples_run: np.ndarray,
-                   among=None) -> int | None:
-    """Index of the robust optimum among ``among`` (default: every candidate), None when no candidate meets the
-    constraints with the confidence asked."""
+#: Relative tolerance of a tie: values within ``TIE_RTOL * |best|`` of the best are equal. Far above the rounding
+#: of a figure computed along two paths (~1e-15), far below any difference a model means.
+TIE_RTOL = 1e-12
+#: The tie-break keys after the objective: fewer GPUs, then more decode throughput per GPU (result variables, each
+#: at the search quantile over the candidate's feasible samples).
+TIE_GPUS = Metric("gpus")
+TIE_THROUGHPUT = Metric("decode_tok_s_per_gpu")
+#: What :attr:`Pick.decided_by` says when no key separated the tied candidates.
+BY_ORDER = "candidate order"
+#: The tie-break rule, as the search result's ``search_tie_rule`` attribute states it.
+TIE_RULE = (
+    f"Best objective at the search quantile; values within a relative {TIE_RTOL:g} of the best tie. Ties go to "
+    f"fewer GPUs ({TIE_GPUS.name}), then to higher decode throughput per GPU ({TIE_THROUGHPUT.name}), each at the "
+    f"search quantile over the candidate's feasible samples and equal within the same tolerance, then to the first "
+    f"candidate in the space's order. Only candidates that ran every sample and meet the constraints with the "
+    f"confidence asked can tie."
+)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The robust optimum, the candidates tied with it on the objective, and which key chose among them.
+
+    ``tied`` holds, per candidate, whether its objective at the quantile ties with the best (the optimum included;
+    all False when there is no optimum). ``decided_by`` names the key that left the optimum alone: ``"objective"``
+    (no tie), :data:`TIE_GPUS`'s or :data:`TIE_THROUGHPUT`'s name, :data:`BY_ORDER`; ``"none"`` without an
+    optimum.
+    """
+
+    optimum: int | None
+    tied: np.ndarray
+    decided_by: str
+
+
+def _within(values: np.ndarray, best: float) -> np.ndarray:
+    """Whether each value ties with ``best`` (within :data:`TIE_RTOL`, relative; infinities equal themselves)."""
+    with np.errstate(invalid="ignore"):
+        return (values == best) | (np.abs(values - best) <= TIE_RTOL * abs(best))
+
+
+def pick_optimum(question: Question, objective: np.ndarray, met: np.ndarray, samples_run: np.ndarray, among=None,
+                 gpus=None, throughput=None) -> Pick:
+    """The robust optimum among ``among`` (default: every candidate) and the candidates tied with it.
+
+    Parameters
+    ----------
+    question : Question
+    objective, met : numpy.ndarray
+        ``(candidate, sample)``: the objective (NaN where infeasible or not run), whether the sample meets the
+        constraints.
+    samples_run : numpy.ndarray
+        Samples each candidate ran.
+    among : numpy.ndarray of bool, optional
+        The candidates to choose from.
+    gpus, throughput : numpy.ndarray, optional
+        ``(candidate, sample)`` values of :data:`TIE_GPUS` and :data:`TIE_THROUGHPUT`, NaN where infeasible; a key
+        not given separates no candidates. A candidate without a finite value ranks last on that key.
+
+    Returns
+    -------
+    Pick
+        ``optimum`` None when no candidate meets the constraints with the confidence asked.
+
+    Examples
+    --------
+    Two candidates tie on the median cost; the second needs fewer GPUs:
+
+    >>> q = Question(Metric("cost_usd_per_mtok"))
+    >>> cost = np.array([[2.0, 4.0], [2.0, 4.0], [5.0, 5.0]])
+    >>> met = np.ones((3, 2), dtype=bool)
+    >>> pick = pick_optimum(q, cost, met, np.array([2, 2, 2]), gpus=np.array([[16.0, 16], [8, 8], [8, 8]]))
+    >>> pick.optimum, pick.tied.tolist(), pick.decided_by
+    (1, [True, True, False], 'gpus')
+    """
     p = met_probability(met, samples_run)
     value = objective_at_quantile(objective, question.quantile)
     loss = -value if question.maximize else value
@@ -193,9 +270,30 @@ def robust_optimum(question: Question, objective: np.ndarray, met: np.ndarray, s
     if among is not None:
         eligible &= np.asarray(among, dtype=bool)
     if not eligible.any():
-        return None
-    candidates = np.flatnonzero(eligible)
-    return int(candidates[np.argmin(loss[candidates])])  # argmin: the first of equal ones
+        return Pick(None, np.zeros(loss.size, dtype=bool), "none")
+    tied = eligible & _within(loss, float(loss[eligible].min()))
+    remaining = np.flatnonzero(tied)
+    decided_by = "objective" if remaining.size == 1 else BY_ORDER
+    for name, values, sign in ((TIE_GPUS.name, gpus, 1.0), (TIE_THROUGHPUT.name, throughput, -1.0)):
+        if remaining.size == 1 or values is None:
+            continue
+        # lower is better on every key: fewer GPUs, more throughput (negated); no value ranks last
+        key = sign * objective_at_quantile(np.asarray(values, dtype=float)[remaining], question.quantile)
+        key = np.where(np.isnan(key), np.inf, key)
+        keep = _within(key, float(key.min()))
+        if not keep.all():
+            remaining = remaining[keep]
+            decided_by = name
+    if remaining.size > 1:
+        decided_by = BY_ORDER
+    return Pick(int(remaining[0]), tied, decided_by)  # remaining is in candidate order: the first of equal ones
+
+
+def robust_optimum(question: Question, objective: np.ndarray, met: np.ndarray, samples_run: np.ndarray,
+                   among=None, gpus=None, throughput=None) -> int | None:
+    """Index of the robust optimum among ``among`` (default: every candidate), ties broken as :func:`pick_optimum`
+    does; None when no candidate meets the constraints with the confidence asked."""
+    return pick_optimum(question, objective, met, samples_run, among, gpus, throughput).optimum
 
 
 # -- the racing rule ---------------------------------------------------------------------------------------------
@@ -226,14 +324,26 @@ class Decision:
     dominated: np.ndarray  # dropped: loses to the leader in too many of its samples
     leader_wins: np.ndarray  # samples in which the leader beat the candidate
     differ: np.ndarray  # samples in which the leader and the candidate differ (the sign test's count)
+    tied: np.ndarray | None = None  # candidates tied with the leader on the objective (Pick.tied)
+    decided_by: str = "none"  # the key that chose the leader among them (Pick.decided_by)
 
     @property
     def dropped(self) -> np.ndarray:
         return self.infeasible | self.dominated
 
+    @property
+    def tie_rule(self) -> str:
+        """How the leader was chosen among candidates tied on the objective (:data:`TIE_RULE`)."""
+        return TIE_RULE
+
+    @property
+    def tie_rtol(self) -> float:
+        """The relative tolerance of a tie (:data:`TIE_RTOL`)."""
+        return TIE_RTOL
+
 
 def decide(question: Question, objective: np.ndarray, met: np.ndarray, samples_run: np.ndarray,
-           total_samples: int, alpha: float) -> Decision:
+           total_samples: int, alpha: float, gpus=None, throughput=None) -> Decision:
     """The racing rule after a round (see :mod:`mcsim.search`): which candidates can no longer be the robust optimum.
 
     A candidate is dropped when
@@ -245,6 +355,9 @@ def decide(question: Question, objective: np.ndarray, met: np.ndarray, samples_r
        better in so many of the candidate's samples that a paired sign test rejects "the candidate is better in at
        least half the samples where they differ" at level ``alpha`` (samples where they tie are left out, so a
        candidate equal to the leader so far stays in the race).
+
+    The leader among candidates tied on the objective is chosen by :func:`pick_optimum`'s rule (``gpus`` and
+    ``throughput``: its tie-break keys per candidate and sample).
     """
     runs = np.asarray(samples_run, dtype=np.int64)
     k = met.sum(axis=1)
@@ -252,7 +365,8 @@ def decide(question: Question, objective: np.ndarray, met: np.ndarray, samples_r
     infeasible = (runs > 0) & ((reach < question.confidence)
                                | (clopper_pearson_upper(k, runs, alpha) < question.confidence))
     most = runs.max() if runs.size else 0
-    leader = robust_optimum(question, objective, met, runs, among=(runs == most) & (most > 0))
+    pick = pick_optimum(question, objective, met, runs, (runs == most) & (most > 0), gpus, throughput)
+    leader = pick.optimum
     wins = np.zeros(runs.size, dtype=np.int64)
     differ = np.zeros(runs.size, dtype=np.int64)
     dominated = np.zeros(runs.size, dtype=bool)
@@ -267,7 +381,7 @@ def decide(question: Question, objective: np.ndarray, met: np.ndarray, samples_r
             wins[c] = int(np.sum(theirs < mine))
             differ[c] = wins[c] + int(np.sum(theirs > mine))
         dominated = (differ > 0) & (np.arange(runs.size) != leader) & (sign_test_p(wins, differ) <= alpha)
-    return Decision(leader, infeasible, dominated & ~infeasible, wins, differ)
+    return Decision(leader, infeasible, dominated & ~infeasible, wins, differ, pick.tied, pick.decided_by)
 
 
 def round_schedule(total_samples: int, first: int) -> list[int]:
@@ -315,10 +429,13 @@ def regret(question: Question, objective: np.ndarray, met: np.ndarray, samples_r
 
 
 def candidate_figures(question: Question, objective: np.ndarray, met: np.ndarray, samples_run: np.ndarray,
-                      decision: Decision, schedule: list[int], total_samples: int) -> dict:
+                      decision: Decision, schedule: list[int], total_samples: int, gpus=None,
+                      throughput=None) -> dict:
     """The search's own variables of every candidate (:data:`mcsim.results.search_dataset.SEARCH_REGISTRY`), by
     name: samples run, the last round run, the racing rule's outcome and counts, P(constraints met), the objective
-    at the quantile, regret; ``constraints_met`` per sample (-1 where the candidate did not run it)."""
+    and the tie-break keys (``gpus``, ``throughput``: per candidate and sample, NaN where infeasible) at the
+    quantile, whether it ties with the optimum, regret; ``constraints_met`` per sample (-1 where the candidate did
+    not run it)."""
     runs = samples_run
     outcome = np.where(decision.infeasible, 1, np.where(decision.dominated, 2, 0)).astype(np.int8)
     p_sign = np.where(decision.differ > 0, sign_test_p(decision.leader_wins, decision.differ), 1.0)
@@ -326,12 +443,19 @@ def candidate_figures(question: Question, objective: np.ndarray, met: np.ndarray
         p_sign[decision.leader] = np.nan
     met_flag = np.where(np.arange(total_samples)[None, :] < runs[:, None], met, -1).astype(np.int8)
     regrets = regret(question, objective, met, runs)
+    shape = np.shape(objective)
+    tied = np.zeros(len(runs), dtype=bool) if decision.tied is None else decision.tied
     return {
         "samples_run": runs, "survived_round": np.searchsorted(schedule, runs, side="right").astype(np.int64),
         "racing_outcome": outcome, "leader_wins": decision.leader_wins, "leader_differs": decision.differ,
         "sign_test_p": p_sign,
         "constraints_met": met_flag, "constraints_met_probability": met_probability(met, runs),
         "objective_at_quantile": objective_at_quantile(objective, question.quantile),
+        "tied_with_best": tied.astype(np.int8),
+        "gpus_at_quantile": objective_at_quantile(np.full(shape, np.nan) if gpus is None else gpus,
+                                                  question.quantile),
+        "decode_tok_s_per_gpu_at_quantile": objective_at_quantile(
+            np.full(shape, np.nan) if throughput is None else throughput, question.quantile),
         "best_in_sample_share": regrets["best_share"], "regret_p50": regrets["regret_p50"],
         "regret_p90": regrets["regret_p90"],
     }

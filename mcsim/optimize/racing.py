@@ -72,6 +72,9 @@ class Race:
         self.objective = np.full(shape, np.nan)
         self.feasible = np.full(shape, np.nan)
         self.values = {c.metric.label: np.full(shape, np.nan) for c in q.constraints}
+        # the tie-break keys of the robust optimum (criteria.pick_optimum), whatever the objective
+        self.gpus = np.full(shape, np.nan)
+        self.throughput = np.full(shape, np.nan)
         self.runs = np.zeros(self.candidates, dtype=np.int64)
 
     def add(self, point: int, samples: np.ndarray, table: dict) -> None:
@@ -80,14 +83,23 @@ class Race:
         self.feasible[point, samples] = np.asarray(table["feasible"], dtype=float)[:, 0]
         for c in q.constraints:
             self.values[c.metric.label][point, samples] = c.metric.from_table(table)
+        self.gpus[point, samples] = criteria.TIE_GPUS.from_table(table)
+        self.throughput[point, samples] = criteria.TIE_THROUGHPUT.from_table(table)
 
     @property
     def met(self) -> np.ndarray:
         return self.settings.question.met(self.feasible, self.values)
 
+    @property
+    def tie_keys(self) -> dict:
+        """GPUs and throughput over feasible samples only, as the objective's quantile is."""
+        feasible = self.feasible == 1
+        return {"gpus": np.where(feasible, self.gpus, np.nan),
+                "throughput": np.where(feasible, self.throughput, np.nan)}
+
     def decide(self) -> criteria.Decision:
         return criteria.decide(self.settings.question, self.objective, self.met, self.runs, self.samples,
-                               self.settings.alpha)
+                               self.settings.alpha, **self.tie_keys)
 
 
 def _chunks_between(plan: executor.Plan, start: int, stop: int) -> range:
@@ -166,7 +178,7 @@ def race(plan: executor.Plan, settings: Settings, *, output=None, resume: bool =
     attrs = executor.run_attrs(plan, command, fingerprint, reused, recomputed)
     try:
         values = criteria.candidate_figures(settings.question, state.objective, state.met, state.runs, decision,
-                                            schedule, plan.samples)
+                                            schedule, plan.samples, **state.tie_keys)
         ds = search_dataset(plan, settings, state, decision, schedule, history, parts, attrs, values)
         if output is not None:
             results.write_netcdf(ds, output, force=force)

@@ -4,8 +4,10 @@ Every per-sample variable of a sweep is there (same names, units and attributes,
 for the samples each candidate ran: a sample a candidate did not run is NaN (integer flags: their ``_FillValue``,
 -1, which ``xarray.open_dataset`` reads back as NaN). Each search axis is a coordinate along ``candidate`` named by
 its path without dots (``deployment.tp`` -> ``deployment_tp``, the path in ``attrs["path"]``). The search's own
-variables are registered in :data:`SEARCH_REGISTRY`; the robust optimum, the racing rule and the settings are
-Dataset attributes (``search_*``).
+variables are registered in :data:`SEARCH_REGISTRY` (``tied_with_best`` marks the candidates tied with the robust
+optimum on the objective); the robust optimum (``robust_optimum*``: the candidate, its objective, the candidates
+tied with it and the key that chose among them), the racing and tie-break rules and the settings are Dataset
+attributes (``search_*``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ SEARCH_MARK = "search_result"
 #: Outcomes of the racing rule, as ``racing_outcome`` flags.
 OUTCOMES = ("ran every sample", "dropped: cannot meet the constraints with the confidence asked",
             "dropped: the leader beats it in too many samples")
+
+#: Values of ``tied_with_best``.
+TIE_FLAGS = ("not tied with the best", "tied with the best")
 
 #: Units "objective": the objective's own units.
 _VARS = [
@@ -56,6 +61,15 @@ _VARS = [
              percent=True),
     Variable("objective_at_quantile", (), "objective", "objective at the search quantile",
              "The objective's search_quantile quantile over the candidate's feasible samples."),
+    Variable("tied_with_best", (), "1", "tied with the robust optimum on the objective",
+             "1 when the candidate is one the robust optimum was chosen from and its objective at the quantile "
+             "ties with the best (within a relative search_tie_rtol; the optimum included): search_tie_rule says "
+             "which of them was picked.", dtype="int8"),
+    Variable("gpus_at_quantile", (), "GPUs", "GPUs deployed at the search quantile",
+             "gpus at search_quantile over the candidate's feasible samples: the first tie-break key (fewer wins)."),
+    Variable("decode_tok_s_per_gpu_at_quantile", (), "tokens/s/GPU", "decode throughput per GPU at the search quantile",
+             "decode_tok_s_per_gpu at search_quantile over the candidate's feasible samples: the second tie-break "
+             "key (more wins)."),
     Variable("best_in_sample_share", (), "1", "share of samples it is the best in",
              "Share of its samples in which the candidate has the best objective among the candidates that ran the "
              "sample and met the constraints in it (ties count for each).", percent=True),
@@ -75,9 +89,10 @@ def search_attrs(name: str, objective: str) -> dict:
     attrs = {**units, "long_name": long_name, "description": v.description, "source": "modelled"}
     if v.dims:  # a per-candidate summary over samples has no sample dim for a CF cell method to name
         attrs["cell_methods"] = "sample: point"
-    if name == "racing_outcome":
-        attrs.update(flag_values=np.arange(len(OUTCOMES), dtype=np.int8),
-                     flag_meanings=" ".join(results.flag_meaning(o) for o in OUTCOMES))
+    flags = {"racing_outcome": OUTCOMES, "tied_with_best": TIE_FLAGS}.get(name)
+    if flags:
+        attrs.update(flag_values=np.arange(len(flags), dtype=np.int8),
+                     flag_meanings=" ".join(results.flag_meaning(o) for o in flags))
     if v.dtype.startswith("int") and v.dims:
         attrs["_FillValue"] = np.array(-1, dtype=v.dtype)
     return attrs
@@ -155,7 +170,12 @@ def search_dataset(plan, settings, state, decision, schedule, history, parts, at
         "search_sample_runs": int(runs.sum()),
         "search_exhaustive_sample_runs": int(total),
         "search_rule": RULE_TEXT.format(first=schedule[0], alpha=settings.alpha),
+        "search_tie_rule": decision.tie_rule,
+        "search_tie_rtol": float(decision.tie_rtol),
         "robust_optimum_candidate": -1 if optimum is None else int(optimum),
+        # the candidates tied on the objective, the optimum included, as space-separated indices ("none": no optimum)
+        "robust_optimum_tied": " ".join(str(c) for c in np.flatnonzero(values["tied_with_best"])) or "none",
+        "robust_optimum_decided_by": decision.decided_by,
     })
     stacked.attrs = attrs
     if optimum is None:

@@ -7,9 +7,11 @@ Files written:
   5-95 % bands over each candidate's feasible samples, the front of candidates no other beats on both medians;
 - ``pareto_cost.png`` -- the objective (median, 5-95 % band) against P(constraints met), with the confidence
   asked and the front of candidates no other beats on both;
-- ``regret.csv`` -- per candidate: its axis values, samples run, last round, P(constraints met), objective at the
-  quantile, share of samples it is the best in, median and 90 % regret;
-- ``summary.md`` -- the question, the robust optimum, the rule and its risk, the rounds, the tables, the figures.
+- ``regret.csv`` -- per candidate: its axis values, samples run, last round, P(constraints met), objective, GPUs
+  and decode throughput per GPU at the quantile, whether it ties with the optimum, share of samples it is the best
+  in, median and 90 % regret;
+- ``summary.md`` -- the question, the robust optimum and the candidates tied with it, the rules and the racing
+  rule's risk, the rounds, the tables, the figures.
 """
 
 from __future__ import annotations
@@ -84,10 +86,37 @@ def _short(ds, index: int) -> str:
     return " ".join(words)
 
 
+def _per_candidate(ds, name: str) -> np.ndarray:
+    """A search variable per candidate, NaN throughout in a file written before the variable existed."""
+    if name in ds:
+        return np.asarray(ds[name].values, dtype=float)
+    return np.full(ds.sizes["candidate"], np.nan)
+
+
+def tied_candidates(ds) -> list[int]:
+    """The candidates tied with the robust optimum on the objective, in the order the tie-break rule ranks them
+    (the optimum first); empty when there is no optimum (or the file predates ties)."""
+    tied = np.flatnonzero(_per_candidate(ds, "tied_with_best") == 1)
+    gpus, throughput = _per_candidate(ds, "gpus_at_quantile"), _per_candidate(ds, "decode_tok_s_per_gpu_at_quantile")
+    optimum = int(ds.attrs["robust_optimum_candidate"])
+
+    def key(c):
+        return (c != optimum, _nan_last(gpus[c]), _nan_last(-throughput[c]), c)
+
+    return [int(c) for c in sorted(tied, key=key)]
+
+
+def _nan_last(x: float) -> float:
+    return math.inf if math.isnan(x) else x
+
+
 def candidate_rows(ds) -> list[dict]:
-    """One row per candidate, best first: qualified candidates by objective, then the others."""
+    """One row per candidate, best first: the robust optimum and the candidates tied with it in the tie-break
+    rule's order, then qualified candidates by objective, then the others."""
     q = float(ds.attrs["search_confidence"])
     maximize = ds.attrs["search_direction"] == "maximize"
+    tied = tied_candidates(ds)
+    gpus, throughput = _per_candidate(ds, "gpus_at_quantile"), _per_candidate(ds, "decode_tok_s_per_gpu_at_quantile")
     rows = []
     for c in range(ds.sizes["candidate"]):
         row = {"candidate": c}
@@ -99,12 +128,16 @@ def candidate_rows(ds) -> list[dict]:
             "outcome": OUTCOMES[int(ds.racing_outcome.values[c])],
             "p_constraints_met": float(ds.constraints_met_probability.values[c]),
             "objective_at_quantile": float(ds.objective_at_quantile.values[c]),
+            "gpus_at_quantile": float(gpus[c]), "decode_tok_s_per_gpu_at_quantile": float(throughput[c]),
+            "tied_with_best": int(c in tied),
             "best_in_sample_share": float(ds.best_in_sample_share.values[c]),
             "regret_p50": float(ds.regret_p50.values[c]), "regret_p90": float(ds.regret_p90.values[c]),
         })
         rows.append(row)
 
     def key(row):
+        if row["candidate"] in tied:
+            return (False, -math.inf, tied.index(row["candidate"]))
         value = row["objective_at_quantile"]
         value = math.inf if not math.isfinite(value) else (-value if maximize else value)
         return (not row["p_constraints_met"] >= q, -row["samples_run"], value, row["candidate"])
@@ -118,8 +151,9 @@ def search_summary(ds) -> dict:
     keys = ("robust_optimum", "robust_optimum_candidate", "robust_optimum_objective", "search_objective",
             "search_direction", "search_quantile", "search_constraints", "search_confidence", "search_alpha",
             "search_rounds", "search_candidates_per_round", "search_sample_runs", "search_exhaustive_sample_runs",
-            "search_rule")
+            "search_rule", "search_tie_rule", "search_tie_rtol", "robust_optimum_decided_by")
     out = {k: (a[k].item() if hasattr(a[k], "item") else a[k]) for k in keys if k in a}
+    out["robust_optimum_tied"] = tied_candidates(ds)
     out["candidates"] = candidate_rows(ds)
     return strict_json(out)
 
@@ -141,6 +175,7 @@ def format_search(ds) -> str:
     lines += paragraph(f"rounds: {a['search_rounds']} samples per candidate, {a['search_candidates_per_round']} "
                        f"candidates in the race; {a['search_sample_runs']} sample runs of the "
                        f"{a['search_exhaustive_sample_runs']} an exhaustive sweep needs")
+    lines += _tie_lines(ds)
     rows = candidate_rows(ds)
     header = ["#", "candidate", "samples", "P(met)", f"objective ({units})", "best in", "regret p50/p90"]
     body = [[r["candidate"], _short(ds, r["candidate"]), r["samples_run"], _pct(r["p_constraints_met"]),
@@ -155,6 +190,45 @@ def format_search(ds) -> str:
 
 def _pct(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{100 * x:.0f} %"
+
+
+#: What ``robust_optimum_decided_by`` says, as the printed sentence ends.
+_DECIDED = {"gpus": "it needs the fewest GPUs", "decode_tok_s_per_gpu": "it has the highest decode throughput "
+            "per GPU among those with the fewest GPUs", "candidate order": "it comes first in the space's order "
+            "(GPUs and throughput tie too)"}
+
+
+def tie_sentence(ds) -> str:
+    """``#1 of the tied #0, #1, #3 was picked because ...``; empty when nothing tied with the optimum."""
+    tied = tied_candidates(ds)
+    if len(tied) < 2:
+        return ""
+    decided = str(ds.attrs.get("robust_optimum_decided_by", ""))
+    return (f"{len(tied)} candidates tie on {ds.attrs['search_objective']} at quantile "
+            f"{ds.attrs['search_quantile']:g} (within a relative {ds.attrs['search_tie_rtol']:g}): "
+            f"{', '.join(f'#{c}' for c in sorted(tied))}; #{tied[0]} was picked because "
+            f"{_DECIDED.get(decided, decided)}")
+
+
+def _tie_rows(ds, units: str) -> list[list]:
+    """The tied candidates' table: objective, GPUs and throughput at the quantile, the optimum first."""
+    objective = ds.objective_at_quantile.values
+    gpus, throughput = _per_candidate(ds, "gpus_at_quantile"), _per_candidate(ds, "decode_tok_s_per_gpu_at_quantile")
+    optimum = int(ds.attrs["robust_optimum_candidate"])
+    header = ["#", "candidate", f"{ds.attrs['search_objective']} ({units})", "GPUs", "decode tokens/s/GPU", ""]
+    # six significant digits: enough to see the throughput that decided, which the three of _fmt can hide
+    body = [[c, _short(ds, c), f"{objective[c]:.6g}", f"{gpus[c]:.6g}", f"{throughput[c]:.6g}",
+             "picked" if c == optimum else ""] for c in tied_candidates(ds)]
+    return [header, *body]
+
+
+def _tie_lines(ds) -> list[str]:
+    """The printed tie block: the sentence, the tied candidates' table and the rule (nothing when no tie)."""
+    sentence = tie_sentence(ds)
+    if not sentence:
+        return []
+    return (paragraph(sentence) + [""] + table(_tie_rows(ds, _units(ds))) + [""]
+            + paragraph(f"tie-break rule: {ds.attrs['search_tie_rule']}"))
 
 
 # -- figures -----------------------------------------------------------------------------------------------------
@@ -279,6 +353,15 @@ def _markdown(ds, rows, figures, fronts) -> str:
                   f"P(constraints met) {_pct(float(ds.constraints_met_probability.values[optimum]))}.", ""]
     else:
         lines += [f"**{markdown_text(a['robust_optimum'])}.**", ""]
+    sentence = tie_sentence(ds)
+    if sentence:
+        header, *body = _tie_rows(ds, units)
+        lines += [markdown_text(sentence) + ".", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(markdown_text(str(c)) for c in row) + " |" for row in body]
+        lines += ["", f"Tie-break rule: {markdown_text(a['search_tie_rule'])}", ""]
+    elif optimum >= 0 and "search_tie_rtol" in a:
+        lines += [f"No other candidate ties with it on the objective (within a relative {a['search_tie_rtol']:g}).",
+                  ""]
     lines += ["## The race", "",
               f"Samples per candidate after each round: {a['search_rounds']}; candidates kept after each: "
               f"{a['search_candidates_per_round']}. {a['search_sample_runs']} sample runs, of the "
