@@ -106,6 +106,25 @@ def memory_projection(model: dict, hw, *, precision: Precision = Precision(),
                   free_kv_bytes=float(free), max_sequences=int(max_sequences), fits=reason == "ok", reason=reason)
 
 
+def tp_degrees(model: dict, gpus: int = 0, pp: int = 1) -> list[int]:
+    """Tensor-parallel degrees an instance of ``model`` can take, ascending: divisors of its attention heads (whole
+    heads per GPU) that, when the instance has a set number of ``gpus``, also divide its GPUs per pipeline stage
+    (the rest is attention data parallelism); with ``gpus`` 0 the instance is ``tp x pp`` GPUs, whatever ``tp``.
+
+    Examples
+    --------
+    >>> tp_degrees({"attention_heads": 64}, gpus=8)
+    [1, 2, 4, 8]
+    >>> tp_degrees({"attention_heads": 12})
+    [1, 2, 3, 4, 6, 12]
+    """
+    heads = int(model["attention_heads"])
+    if gpus and gpus % pp:
+        return []
+    per_stage = gpus // pp if gpus else 0
+    return [tp for tp in range(1, heads + 1) if heads % tp == 0 and (not per_stage or per_stage % tp == 0)]
+
+
 # -- operating point -------------------------------------------------------------------------------------------
 
 def _instance_step_time(model: dict, hw: dict, decode_seqs: float, prefill_tokens: float, step_kwargs: dict) -> float:

@@ -28,11 +28,12 @@ both pools.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from mcsim.perf.capacity import memory_projection
+from mcsim.perf.capacity import memory_projection, tp_degrees
 from mcsim.perf.hardware import as_hardware
 from mcsim.perf.params import Params
 from mcsim.perf.roofline import Parallelism, Precision
@@ -170,6 +171,88 @@ def pool_memory(p: dict, requests, *, prefill: bool = False):
         include_mtp=bool(p["speculative.enabled"] and p.get("model.mtp_layers", 0)) and not (prefill and disagg))
 
 
+#: Bytes per weight or KV element a sample could drop to in order to fit (FP8, FP4), besides its own.
+LOWER_PRECISION_BYTES = (1.0, 0.5)
+
+
+def _fits_every_pool(p, requests) -> bool:
+    disagg = bool(p["deployment.disaggregated"])
+    try:
+        return pool_memory(p, requests).fits and (not disagg or pool_memory(p, requests, prefill=True).fits)
+    except ValueError:  # a layout the experts' ranks cannot take (mcsim.perf.roofline._check_parallel)
+        return False
+
+
+def smallest_fitting_tp(p, requests, *, prefill: bool = False) -> float:
+    """The smallest tensor-parallel degree of a pool at which its weights and one sequence's KV fit, asked of the
+    memory projection (:func:`pool_memory`) at every degree the instance can take
+    (:func:`mcsim.perf.capacity.tp_degrees`) with the sample's other settings; NaN when none fits.
+
+    ``prefill``: the prefill pool's ``deployment.prefill_tp`` (disaggregated only), else ``deployment.tp``.
+    """
+    prefill = prefill and bool(p["deployment.disaggregated"])
+    key = "deployment.prefill_tp" if prefill else "deployment.tp"
+    gpus = p["deployment.prefill_gpus_per_instance"] if prefill else p["deployment.gpus_per_instance"]
+    pp = 1 if prefill else p["deployment.pp"]
+    for tp in tp_degrees(_model(p), gpus, pp):
+        try:
+            if pool_memory({**p, key: tp}, requests, prefill=prefill).fits:
+                return float(tp)
+        except ValueError:  # a layout the experts' ranks cannot take
+            continue
+    return math.nan
+
+
+def most_bytes_that_fit(p, requests, *, kv: bool = False) -> float:
+    """The most bytes per weight (``kv``: per KV element), of the sample's own and
+    :data:`LOWER_PRECISION_BYTES` below it, at which every pool's weights and one sequence's KV fit at the sample's
+    layout and its other format; NaN when none does."""
+    own = precision(p)
+    mine = own.kv_bytes if kv else own.weight_bytes
+    for candidate in (mine, *(b for b in LOWER_PRECISION_BYTES if b < mine)):
+        formats = {"precision.enabled": True, "precision.weight_bytes": own.weight_bytes,
+                   "precision.kv_bytes": own.kv_bytes}
+        formats["precision.kv_bytes" if kv else "precision.weight_bytes"] = candidate
+        if _fits_every_pool({**p, **formats}, requests):
+            return float(candidate)
+    return math.nan
+
+
+def longest_context(memory, block_tokens: int) -> float:
+    """Tokens of the longest context (whole blocks) whose one sequence's KV fits the HBM a projection leaves
+    after weights; 0 when the weights do not fit."""
+    per_block = memory.kv_bytes_per_token_per_gpu * block_tokens
+    if memory.free_kv_bytes <= 0:
+        return 0.0
+    return math.inf if per_block <= 0 else float(math.floor(memory.free_kv_bytes / per_block) * block_tokens)
+
+
+def memory_figures(p, requests) -> dict:
+    """The memory projection of each pool as registered outputs (:mod:`mcsim.results.variables`, GB per GPU), and
+    what would make it fit: the smallest tensor-parallel degree of each pool, the most bytes per weight and per
+    KV element, the longest context. The prefill pool's figures are NaN when colocated (one pool)."""
+    decode = pool_memory(p, requests)
+    disagg = bool(p["deployment.disaggregated"])
+    prefill = pool_memory(p, requests, prefill=True) if disagg else None
+    gb = 1e9
+    nan = math.nan
+    return {
+        "hbm_gb_per_gpu": as_hardware(p).hbm_bytes / gb,
+        "weights_gb_per_gpu": decode.weights_per_gpu / gb,
+        "hbm_usable_gb_per_gpu": (decode.weights_per_gpu + decode.free_kv_bytes) / gb,
+        "kv_gb_per_sequence": decode.kv_bytes_per_sequence / gb,
+        "smallest_fitting_tp": smallest_fitting_tp(p, requests),
+        "prefill_weights_gb_per_gpu": prefill.weights_per_gpu / gb if disagg else nan,
+        "prefill_hbm_usable_gb_per_gpu": (prefill.weights_per_gpu + prefill.free_kv_bytes) / gb if disagg else nan,
+        "prefill_kv_gb_per_sequence": prefill.kv_bytes_per_sequence / gb if disagg else nan,
+        "smallest_fitting_prefill_tp": smallest_fitting_tp(p, requests, prefill=True) if disagg else nan,
+        "longest_context_by_memory": min(longest_context(m, requests.block_tokens)
+                                         for m in (decode, prefill) if m is not None),
+        "weight_bytes_that_fit": most_bytes_that_fit(p, requests),
+        "kv_bytes_that_fit": most_bytes_that_fit(p, requests, kv=True),
+    }
+
+
 # -- the interface -------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -212,6 +295,8 @@ class StepModel:
         The sample's accelerator.
     decode_memory, prefill_memory : mcsim.perf.roofline.Memory
         HBM projections of one instance of each pool.
+    memory_figures : dict
+        Those projections and what would make them fit, as registered outputs (:func:`memory_figures`).
     prefill_budget : float
         Prefill tokens of one full prefill step of one prefill instance (every attention-DP group fills its own
         token budget).
@@ -233,6 +318,7 @@ class StepModel:
         self.decode_context, self.prefill_context = mean_contexts(requests)
         self.decode_memory = pool_memory(p, requests)
         self.prefill_memory = pool_memory(p, requests, prefill=True) if self.disaggregated else self.decode_memory
+        self.memory_figures = memory_figures(p, requests)
         layout = parallelism(p, prefill=True)
         self.prefill_budget = float(p["performance.token_budget"]) * layout.attention_dp
         self._memo: dict = {}

@@ -43,12 +43,12 @@ from mcsim.errors import RunLimitError
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
 from mcsim.perf.batching import QUANTILES
 from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
+from mcsim.perf.latency_quantiles import Latencies, finite_quantile
 from mcsim.scenario.policies import policy_for
 from mcsim.perf.params import Params
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
 from mcsim.stages.kvcache import restore_rates, steady_state, tiers_of, warmup_requests
-from mcsim.stages.sketch import QuantileSketch
 
 #: Figures that describe a deployment that ran; NaN when it could not.
 PERFORMANCE_OUTPUTS = (
@@ -196,18 +196,6 @@ class Performance:
     cache_steady_state: object = None
 
 
-def _quantiles(values) -> np.ndarray:
-    values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values)]
-    return np.quantile(values, QUANTILES) if values.size else np.full(len(QUANTILES), np.nan)
-
-
-def _quantile(values, q: float) -> float:
-    values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values)]
-    return float(np.quantile(values, q)) if values.size else math.nan
-
-
 def smallest_fleet(meets, known_short: int, cap: int):
     """Smallest whole ``n`` in ``[known_short + 1, cap]`` with ``meets(n)``, for ``meets`` false below a
     threshold and true from it on (doubling, then bisection); None when even ``cap`` does not meet it."""
@@ -284,77 +272,6 @@ def cache_figures(sums: RequestSums, kv_bytes_per_token: float) -> dict:
     return {"cache_hit_rate": float(sums.hit) / total_in,
             "cache_hit_rate_by_tier": cached / total_in,
             "restore_gb_per_request_by_tier": np.concatenate([[0.0], cached[1:] * kv_bytes_per_token / sums.n / 1e9])}
-
-
-class Latencies:
-    """Per-request latencies of the measured requests, chunk by chunk, into the figures stage 5 reports.
-
-    Exact (``sketch=False``): the chunks are kept and the quantiles are NumPy's. Sketched: each figure goes into a
-    :class:`~mcsim.stages.sketch.QuantileSketch` (overall and per class) and the chunks are dropped, so memory does
-    not grow with the requests; every quantile is then within the sketch's ``alpha`` (0.5 %) of the exact one of
-    the same requests by the rank rule of ``np.quantile(..., method="inverted_cdf")``. Counts (SLO attainment) are
-    exact either way.
-    """
-
-    NAMES = ("ttft", "tpot", "e2e", "queue")
-
-    def __init__(self, classes: tuple, slo_quantile: float, sketch: bool):
-        self.classes, self.slo_quantile, self.sketch = tuple(classes), float(slo_quantile), bool(sketch)
-        self.parts: list = []
-        k = len(self.classes)
-        self.within = np.zeros(k, np.int64)
-        self.count = np.zeros(k, np.int64)
-        if sketch:
-            self.all = {name: QuantileSketch() for name in self.NAMES}
-            self.per_class = {name: [QuantileSketch() for _ in range(k)] for name in ("ttft", "tpot")}
-
-    def add(self, ttft, tpot, e2e, queue, within, class_id) -> None:
-        class_id = np.asarray(class_id)
-        k = len(self.classes)
-        self.within += np.bincount(class_id[within], minlength=k)[:k]
-        self.count += np.bincount(class_id, minlength=k)[:k]
-        if not self.sketch:
-            self.parts.append((ttft, tpot, e2e, queue, class_id))
-            return
-        for name, values in zip(self.NAMES, (ttft, tpot, e2e, queue)):
-            self.all[name].add(_finite(values))
-        for c in range(k):
-            mine = class_id == c
-            self.per_class["ttft"][c].add(_finite(ttft), mask=mine)
-            self.per_class["tpot"][c].add(_finite(tpot), mask=mine)
-
-    def figures(self) -> dict:
-        k = len(self.classes)
-        attained = np.where(self.count > 0, self.within / np.maximum(self.count, 1), np.nan)
-        total = int(self.count.sum())
-        out = {"slo_attainment": float(self.within.sum()) / total if total else math.nan,
-               "slo_attainment_by_class": attained}
-        slo_q = self.slo_quantile
-        if self.sketch:
-            for name, key in zip(self.NAMES, ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s")):
-                out[key] = self.all[name].quantiles(list(QUANTILES))
-            out["ttft_at_slo_quantile_s"] = float(self.all["ttft"].quantiles(slo_q))
-            out["tpot_at_slo_quantile_s"] = float(self.all["tpot"].quantiles(slo_q))
-            for name in ("ttft", "tpot"):
-                out[f"{name}_s_by_class"] = np.array([s.quantiles(list(QUANTILES)) for s in self.per_class[name]])
-            return out
-        ttft, tpot, e2e, queue, class_id = (np.concatenate(a) for a in zip(*self.parts))
-        out.update({"ttft_s": _quantiles(ttft), "tpot_s": _quantiles(tpot), "e2e_s": _quantiles(e2e),
-                    "queue_wait_s": _quantiles(queue), "ttft_at_slo_quantile_s": _quantile(ttft, slo_q),
-                    "tpot_at_slo_quantile_s": _quantile(tpot, slo_q)})
-        ttft_q, tpot_q = np.full((k, len(QUANTILES)), np.nan), np.full((k, len(QUANTILES)), np.nan)
-        for c in range(k):
-            mine = class_id == c
-            if mine.any():
-                ttft_q[c], tpot_q[c] = _quantiles(ttft[mine]), _quantiles(tpot[mine])
-        out.update(ttft_s_by_class=ttft_q, tpot_s_by_class=tpot_q)
-        return out
-
-
-def _finite(values) -> np.ndarray:
-    """The values with every non-finite one as NaN (what a sketch skips; the exact quantiles drop them too)."""
-    values = np.asarray(values, dtype=float)
-    return np.where(np.isfinite(values), values, np.nan)
 
 
 @dataclass
@@ -449,6 +366,10 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         **cache_figures(sums, kvb),
         "kv_bytes_per_token": kvb, "requests": n, "mean_input_tokens": total_in / n,
         "mean_output_tokens": total_out / n, "trace_duration_s": duration,
+        # what a sample is held to, and the figures that say why it cannot run (NaN until known)
+        **model.memory_figures, "tpot_target_s": inputs.tpot_target_s, "ttft_target_s": inputs.ttft_target_s,
+        "max_instances": inputs.max_instances, "tpot_at_batch_1_s": math.nan, "instances_needed": math.nan,
+        "ttft_at_max_instances_s": math.nan, "tpot_at_max_instances_s": math.nan,
     }
     hit_tokens, miss_tokens = float(sums.hit), float(sums.miss)
 
@@ -461,8 +382,10 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     # -- can it run at all: memory of both pools, the TPOT target at a batch of one --------------------------
     b_mem = batch_limit_by_memory(model.decode_memory, model.decode_gpus)
     reason = infeasible_reason(model)
-    if reason == "ok" and model.pass_s(1.0) / tpp > inputs.tpot_target_s:
-        reason = "TPOT target not met at batch 1"
+    if reason == "ok":
+        stage["tpot_at_batch_1_s"] = model.pass_s(1.0) / tpp
+        if stage["tpot_at_batch_1_s"] > inputs.tpot_target_s:
+            reason = "TPOT target not met at batch 1"
     if reason != "ok":
         return cannot_run(reason)
 
@@ -558,13 +481,14 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         ttft, tpot, _ = with_host(lat["ttft"], lat["tpot"], lat["e2e"], lat["prompt"], lat["output"])
         ok = True
         if check_ttft and ttft_target > 0:
-            ok &= _quantile(ttft, slo_q) <= ttft_target
+            ok &= finite_quantile(ttft, slo_q) <= ttft_target
         if check_tpot:
-            ok &= not (_quantile(tpot, slo_q) > target)
+            ok &= not (finite_quantile(tpot, slo_q) > target)
         return bool(ok)
 
+    u = inputs.target_utilization
+    stage["instances_needed"] = max(_whole(needed_d / u), _whole(needed_p / u) if disagg else 0)
     if mode == "utilization":
-        u = inputs.target_utilization
         n_d = max(_whole(needed_d / u), inputs.instances)
         n_p = max(_whole(needed_p / u), prefill_min) if disagg else 0
         if max(n_d, n_p) > inputs.max_instances:  # the load needs more instances per pool than allowed
@@ -575,15 +499,19 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     else:  # slo: bisection on whole instances, each candidate simulated
         cap = inputs.max_instances
         if disagg:
-            n_p = smallest_fleet(lambda k: _prefill_meets(sim, k, with_host, ttft_target, slo_q),
-                                 0 if replicas else _whole(needed_p) - 1, cap)
-            n_d = None if n_p is None else smallest_fleet(
-                lambda k: meets(sim.disaggregated(k, n_p), check_ttft=False), _whole(needed_d) - 1, cap)
+            short = 0 if replicas else _whole(needed_p) - 1
+            n_p = smallest_fleet(lambda k: _prefill_meets(sim, k, with_host, ttft_target, slo_q), short, cap)
+            n_d = None
+            if n_p is not None:  # the decode pool is sized behind the prefill pool that meets the TTFT target
+                short = _whole(needed_d) - 1
+                n_d = smallest_fleet(lambda k: meets(sim.disaggregated(k, n_p), check_ttft=False), short, cap)
         else:
             n_p = 0
             # The replicas' own cache hits may need fewer instances than the cache stage's estimate says.
-            n_d = smallest_fleet(lambda k: meets(sim.colocated(k)), 0 if replicas else _whole(needed_d) - 1, cap)
-        if n_d is None or n_p is None:
+            short = 0 if replicas else _whole(needed_d) - 1
+            n_d = smallest_fleet(lambda k: meets(sim.colocated(k)), short, cap)
+        if n_p is None or n_d is None:
+            stage.update(_slo_at_max_instances(sim, cap, n_p, short, with_host, slo_q, disagg))
             return cannot_run("SLO not met")
 
     # -- the fleet's latencies: simulated (the charged fleet) or service times ---------------------------------
@@ -690,14 +618,44 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
                        cache_steady_state=cache_steady)
 
 
-def _prefill_meets(sim, k: int, with_host, ttft_target: float, slo_q: float) -> bool:
-    """The prefill pool of ``k`` instances meets the TTFT target (TTFT ends when the KV reaches decode)."""
+def _prefill_ttft(sim, k: int, with_host):
+    """TTFT of the measured requests when ``k`` prefill instances serve them (it ends when the KV reaches decode),
+    host costs included; None when that pool's queue saturates."""
     pre = sim.prefill(k)
     if pre["saturated"]:
-        return False
-    if ttft_target <= 0:
-        return True
+        return None
     handoff = pre["handoff"][pre["measured"]]
     prompt = sim.w.context[pre["measured"]]
     ttft, _, _ = with_host(handoff, np.zeros_like(handoff), handoff, prompt, np.ones_like(prompt))
-    return _quantile(ttft, slo_q) <= ttft_target
+    return ttft
+
+
+def _prefill_meets(sim, k: int, with_host, ttft_target: float, slo_q: float) -> bool:
+    """The prefill pool of ``k`` instances meets the TTFT target (TTFT ends when the KV reaches decode)."""
+    ttft = _prefill_ttft(sim, k, with_host)
+    return ttft is not None and (ttft_target <= 0 or finite_quantile(ttft, slo_q) <= ttft_target)
+
+
+def _slo_at_max_instances(sim, cap: int, n_p, short: int, with_host, slo_q: float, disagg: bool) -> dict:
+    """``ttft_at_max_instances_s`` and ``tpot_at_max_instances_s`` of a sample no fleet = 'slo' fleet serves: the
+    ``slo_quantile`` figures of ``cap`` instances of the pool that missed. Colocated: both; disaggregated: the
+    prefill pool's TTFT when ``n_p`` is None, else the decode pool's TPOT behind ``n_p`` prefill instances (the
+    other NaN). Inf when that fleet cannot keep up: its queue saturates, or the load alone needs more than ``cap``
+    (``short`` + 1 instances at full busy), so it was never simulated."""
+    ttft_missed = not disagg or n_p is None
+    tpot_missed = not disagg or n_p is not None
+    ttft = tpot = math.nan
+    if short + 1 > cap:
+        ttft, tpot = (math.inf if ttft_missed else math.nan), (math.inf if tpot_missed else math.nan)
+    elif disagg and n_p is None:
+        times = _prefill_ttft(sim, cap, with_host)
+        ttft = math.inf if times is None else finite_quantile(times, slo_q)
+    else:
+        lat = sim.disaggregated(cap, n_p) if disagg else sim.colocated(cap)
+        if lat["saturated"]:
+            ttft, tpot = (math.inf if ttft_missed else math.nan), math.inf
+        else:
+            times, per_token, _ = with_host(lat["ttft"], lat["tpot"], lat["e2e"], lat["prompt"], lat["output"])
+            ttft = finite_quantile(times, slo_q) if ttft_missed else math.nan
+            tpot = finite_quantile(per_token, slo_q)
+    return {"ttft_at_max_instances_s": ttft, "tpot_at_max_instances_s": tpot}

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import xarray as xr
 
+from mcsim.results.infeasible import grid_notes, point_notes, reasons
 from mcsim.results.layout import FIXED_DIMS, request_quantile_dim
 from mcsim.results.names import path_of
 from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
@@ -76,6 +77,7 @@ def _point_summary(ds: xr.Dataset) -> dict:
         }
         out["feasible_fraction"][v] = float(sub["feasible"].mean())
         out.setdefault("infeasible_samples", {})[v] = int((sub["feasible"] == 0).sum())
+        out.setdefault("infeasible_reasons", {})[v] = reasons(sub)
         out.setdefault("saturated_samples", {})[v] = int((sub["saturated"] == 1).sum())
     if "baseline" in variants and "factory" in variants:
         base, fact = ds.sel(variant="baseline"), ds.sel(variant="factory")
@@ -101,9 +103,11 @@ def _point_summary(ds: xr.Dataset) -> dict:
 def summarize(ds: xr.Dataset) -> dict:
     """Medians and 5-95 % bands over samples.
 
-    ``{variants: {variant: {label: {median, p5, p95, units}}}, feasible_fraction, ratio, shapley_share}``, where
-    ``ratio`` is factory/baseline per sample (paired, on the same draws), or factory - baseline for the metrics in
-    :data:`DIFFERENCE` (marked ``"difference": true``). A sweep gives ``{"grid_axes": [path, ...], "grid":
+    ``{variants: {variant: {label: {median, p5, p95, units}}}, feasible_fraction, infeasible_samples,
+    infeasible_reasons, ratio, shapley_share}``, where ``ratio`` is factory/baseline per sample (paired, on the same
+    draws), or factory - baseline for the metrics in :data:`DIFFERENCE` (marked ``"difference": true``), and
+    ``infeasible_reasons`` is, per variant, each reason that stopped samples with their count and a fix in their
+    own figures (:func:`mcsim.results.infeasible.reasons`). A sweep gives ``{"grid_axes": [path, ...], "grid":
     [{"point": {path: value}, ...}, ...]}``, grid axes named by their dotted scenario paths.
     """
     dims = grid_dims(ds)
@@ -176,6 +180,8 @@ def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None)
     foot = [""]
     if "grid" in s:
         text = _grid_table(ds, s, max_points, width)
+        foot += grid_notes([(", ".join(f"{d}={_fmt_coord(v)}" for d, v in entry["point"].items()),
+                             entry["infeasible_reasons"]) for entry in s["grid"]])
     else:
         text = _point_table(s, width)
         if "shapley_share" in s:
@@ -188,6 +194,7 @@ def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None)
         feas = ", ".join(f"{v}: {k} of {n}" for v, k in s["infeasible_samples"].items()
                          if v in ("baseline", "factory"))
         foot.append(f"infeasible samples (NaN, left out of every band): {feas}.")
+        foot += point_notes(s["infeasible_reasons"])
     foot += steady_state_note(ds)
     if ds.attrs.get("pricing_note"):
         foot.append(f"pricing: {ds.attrs['pricing_note']}.")

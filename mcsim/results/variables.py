@@ -169,6 +169,66 @@ _VARS = [
              "1 when weights and KV fit in both pools, the TPOT target is met at a batch of at least one and (fleet "
              "= 'slo') a fleet meets the SLOs; every performance and money figure of an infeasible sample is NaN.",
              True, "int8"),
+    # memory, the limits a sample is held to, and the figures that say why one cannot run (the summary's fixes)
+    Variable("hbm_gb_per_gpu", (), "GB", "HBM per GPU", "HBM capacity of one GPU (hardware.hbm_gb)."),
+    Variable("hbm_usable_gb_per_gpu", (), "GB", "HBM per GPU for weights and KV (decode pool)",
+             "hbm_gb_per_gpu x deployment.memory_fraction - deployment.activation_gb_per_gpu - the prefix cache's "
+             "first tier per GPU when the pool holds it: what weights and KV may fill on a GPU of a decode (or "
+             "colocated) instance."),
+    Variable("weights_gb_per_gpu", (), "GB", "weights per GPU (decode pool)",
+             "Weight bytes on the fullest GPU of a decode (or colocated) instance by the memory projection: split "
+             "over deployment.tp, layers over deployment.pp, routed experts over the EP ranks, at the sample's "
+             "weight precision."),
+    Variable("kv_gb_per_sequence", (), "GB", "KV of one sequence per GPU (decode pool)",
+             "KV bytes one sequence of the mean decode context (prompt + half the output, whole blocks) occupies on "
+             "a GPU of a decode (or colocated) instance that holds it."),
+    Variable("smallest_fitting_tp", (), "GPUs", "smallest tp whose memory fits (decode pool)",
+             "The smallest deployment.tp (a divisor of the attention heads, and of gpus_per_instance / pp when that "
+             "is set) at which a decode (or colocated) instance's weights and one sequence's KV fit, by the memory "
+             "projection at the sample's other settings; NaN when none does."),
+    Variable("prefill_hbm_usable_gb_per_gpu", (), "GB", "HBM per GPU for weights and KV (prefill pool)",
+             "hbm_usable_gb_per_gpu of a GPU of a prefill instance when disaggregated (NaN otherwise)."),
+    Variable("prefill_weights_gb_per_gpu", (), "GB", "weights per GPU (prefill pool)",
+             "Weight bytes on the fullest GPU of a prefill instance (split over deployment.prefill_tp) when "
+             "disaggregated (NaN otherwise)."),
+    Variable("prefill_kv_gb_per_sequence", (), "GB", "KV of one sequence per GPU (prefill pool)",
+             "KV bytes one prompt of the mean length occupies on a GPU of a prefill instance when disaggregated "
+             "(NaN otherwise)."),
+    Variable("smallest_fitting_prefill_tp", (), "GPUs", "smallest prefill_tp whose memory fits (prefill pool)",
+             "smallest_fitting_tp of the prefill pool, over deployment.prefill_tp (a divisor of the attention heads, "
+             "and of prefill_gpus_per_instance when that is set), when disaggregated (NaN otherwise)."),
+    Variable("longest_context_by_memory", (), "tokens", "longest context whose KV fits",
+             "Tokens of the longest context (whole blocks) whose one sequence's KV fits in the HBM left after "
+             "weights, the least over the pools; 0 when the weights do not fit."),
+    Variable("weight_bytes_that_fit", (), "bytes", "bytes per weight at which memory fits",
+             "The most bytes per weight, of the sample's own, 1 (FP8) and 0.5 (FP4), at which every pool's weights "
+             "and one sequence's KV fit at the sample's layout and KV precision; NaN when none does."),
+    Variable("kv_bytes_that_fit", (), "bytes", "bytes per KV element at which memory fits",
+             "The most bytes per KV element, of the sample's own, 1 and 0.5, at which every pool's weights and one "
+             "sequence's KV fit at the sample's layout and weight precision; NaN when none does."),
+    Variable("tpot_target_s", (), "s", "TPOT target",
+             "deployment.tpot_target_s of the sample: the TPOT the operating batch and the SLOs are held to."),
+    Variable("ttft_target_s", (), "s", "TTFT target",
+             "deployment.ttft_target_s of the sample (0: none): the TTFT the SLOs are held to."),
+    Variable("max_instances", (), "instances", "most instances per pool",
+             "deployment.max_instances of the sample: the most instances fleet = 'slo' tries and fleet = "
+             "'utilization' deploys per pool.", dtype="int64"),
+    Variable("tpot_at_batch_1_s", (), "s", "TPOT at one sequence per GPU",
+             "Seconds per output token of a decode instance holding one sequence per GPU: its pass over the tokens "
+             "a pass gains, a service time without queueing or host costs, the least TPOT the deployment reaches "
+             "(a sample above deployment.tpot_target_s cannot run); NaN when memory does not fit."),
+    Variable("instances_needed", (), "instances", "instances the load needs in its largest pool",
+             "Whole instances of the pool that needs the most (decode or colocated, or prefill when "
+             "disaggregated) for the load at economics.target_utilization and the batch cap, in every fleet mode: "
+             "what fleet = 'utilization' deploys before its floor (deployment.instances) and its cap "
+             "(deployment.max_instances); NaN when the sample cannot run at a batch of one."),
+    Variable("ttft_at_max_instances_s", (), "s", "TTFT at max_instances when no fleet meets the SLOs",
+             "fleet = 'slo' with no fleet up to deployment.max_instances meeting the SLOs: the "
+             "deployment.slo_quantile TTFT, host costs included, of max_instances instances of the pool that "
+             "missed (colocated, or the prefill pool); inf when they cannot keep up with the load (the queue "
+             "saturates); NaN otherwise."),
+    Variable("tpot_at_max_instances_s", (), "s", "TPOT at max_instances when no fleet meets the SLOs",
+             "As ttft_at_max_instances_s for the deployment.slo_quantile TPOT (colocated, or the decode pool)."),
     # trace facts
     Variable("requests", (), "requests", "requests simulated", "Measured requests of the sample: its trace less the leading mc.warmup_fraction that only warms "
              "the caches.", dtype="int64"),
