@@ -6,21 +6,24 @@ References are plain Python (loops, sorted lists), never the figure code's own h
 import itertools
 import math
 
+import matplotlib
 import numpy as np
 import pytest
 import xarray as xr
 from click.testing import CliRunner
+from matplotlib.colors import same_color
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 
 from mcsim.cli import main
 from mcsim.results.figures import build_figures
+from mcsim.results.figures.common import log_tick_text
 from mcsim.results.figures.paired import paired
-from mcsim.results.figures.tornado import s1_text
+from mcsim.results.figures.tornado import s1_text, tornado
 from mcsim.results.figures.waterfalls import bars, waterfall_figure
 from mcsim.results.layout import ReportError, Series, _Layout
 from mcsim.results.report import write_report
-from mcsim.results.variables import attrs_for
+from mcsim.results.variables import FEASIBLE_REASONS, attrs_for
 from mcsim.results.waterfall import waterfall
 
 from helpers import make_result
@@ -138,7 +141,7 @@ def test_load_curves_medians_over_samples(tmp_path):
     (name, fig), = figures["load"]
     assert name == "load_workload.rate_rps.png"
     ax = fig.axes[0]
-    lines = [line for line in ax.get_lines() if len(line.get_xdata()) == 3]
+    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
     assert [line.get_label() for line in lines] == ["baseline", "factory"]
     for v, line in enumerate(lines):
         np.testing.assert_array_equal(line.get_xdata(), rates)
@@ -164,7 +167,7 @@ def test_infeasible_samples_left_out_and_constants_noted():
     figures = dict(build_figures(ds, layout, [Series("ttft_s p99", "ttft_s", (("request_quantile", 0.99),)),
                                               Series("expert_efficiency", "expert_efficiency")], [], {})["distributions"])
     fig = figures["dist_ttft_s_p99.png"]
-    assert "4 of 20 infeasible samples left out" in " ".join(fig.get_suptitle().split())
+    assert "4 of 20 samples infeasible, left out" in " ".join(fig.get_suptitle().split())
     assert fig.axes[0].get_ylim()[1] < 1e3
     fig = figures["dist_expert_efficiency.png"]
     assert "constant: 100 %" in " ".join(fig.get_suptitle().split())
@@ -299,7 +302,7 @@ def test_heatmap_of_a_narrow_range_is_relative_and_every_panel_drawn():
     label = " ".join(colourbar.get_ylabel().split())
     assert "% relative to 2.02 USD/Mtok" in label  # the median of the 12 cells: 2 x (1 + 0.002 x 5.5)
     # the cells still print the medians themselves, in the metric's units
-    texts = sorted(float(t.get_text()) for ax in panels for t in ax.texts)
+    texts = sorted(float(t.get_text()) for ax in panels for t in ax.texts if "unsteady" not in t.get_text())
     np.testing.assert_allclose(texts, sorted(2.0 * (1 + 0.002 * k) for k in range(12)), rtol=1e-3)
     assert "(GB" not in panels[0].get_xlabel() and panels[0].get_xlabel() == "b.y"
 
@@ -313,3 +316,112 @@ def test_labels_use_display_units_when_units_are_cf():
                                  {})["distributions"]
     assert fig.axes[0].get_ylabel() == "cost per million output tokens (USD/Mtok)"
     assert fig.axes[0].get_xlabel() == "cache.dram_gb_per_node (GB)"
+
+
+def marked_result(n=10):
+    """baseline/factory runs with known flags: factory samples 0-2 and baseline 5 and 9 not at steady state;
+    factory sample 9 infeasible (SLO not met). Drawn: 19 runs, 5 unsteady; pairs: 9 compared, 4 unsteady."""
+    ds = make_result(variants=["baseline", "factory"], n=n, seed=8)
+    ds["feasible"][:] = 1
+    ds["feasible"][1, 9] = 0
+    ds["steady_state"][:] = 1
+    ds["steady_state"][1, [0, 1, 2]] = 0
+    ds["steady_state"][0, [5, 9]] = 0
+    reason = np.zeros((2, n), dtype=np.int8)
+    reason[1, 9] = FEASIBLE_REASONS.index("SLO not met")
+    ds["infeasible_reason"] = (("variant", "sample"), reason)
+    for name in ("cost_usd_per_mtok", "decode_tok_s_per_gpu"):  # infeasible samples carry NaN, as results do
+        ds[name][1, 9] = np.nan
+    return ds
+
+
+def _hollow_points(ax):
+    return sum(len(line.get_xdata()) for line in ax.get_lines() if line.get_markerfacecolor() == "none")
+
+
+def _words(fig):
+    return " ".join(fig.get_suptitle().split())
+
+
+def test_log_axes_are_labelled_in_plain_numbers():
+    # the factory costs 0.001-1 x the baseline: both the distribution and the paired ratios are drawn on log axes
+    ds = make_result(variants=["baseline", "factory"], n=12, seed=2, with_inputs=False)
+    cost = ds["cost_usd_per_mtok"].values.copy()
+    cost[1] = cost[0] * np.geomspace(1e-3, 1, 12)
+    ds["cost_usd_per_mtok"] = (("variant", "sample"), cost, attrs_for("cost_usd_per_mtok"))
+    ds["feasible"][:] = 1
+    figures = build_figures(ds, _Layout(ds), [Series("cost_usd_per_mtok", "cost_usd_per_mtok")], [], {})
+    logs = 0
+    for name, fig in figures["distributions"] + figures["paired"]:
+        with matplotlib.rc_context({"text.parse_math": False}):  # as the report draws and saves them
+            fig.canvas.draw()
+        for axis in (a for ax in fig.axes for a in (ax.xaxis, ax.yaxis) if a.get_scale() == "log"):
+            logs += 1
+            lo, hi = sorted(axis.get_view_interval())
+            shown = [(t.get_loc(), t.label1.get_text()) for t in axis.get_major_ticks() + axis.get_minor_ticks()
+                     if lo <= t.get_loc() <= hi and t.label1.get_text()]
+            assert len(shown) >= 2, (name, shown)
+            for loc, text in shown:  # plain numbers, each the value at its tick: no mathtext left unparsed
+                assert "$" not in text and "mathdefault" not in text, (name, text)
+                assert float(text.replace(",", "")) == pytest.approx(loc, rel=1e-9), (name, text)
+    assert logs == 2
+    assert [log_tick_text(x) for x in (0.002, 0.5, 1.0, 20.0, 3000.0, 1e-6, 2e7)] == [
+        "0.002", "0.5", "1", "20", "3,000", "10\u207b\u2076", "2\u00d710\u2077"]
+
+
+def test_unsteady_and_infeasible_samples_marked_on_distributions_and_pairs():
+    ds = marked_result()
+    layout = _Layout(ds)
+    cost = Series("cost_usd_per_mtok", "cost_usd_per_mtok")
+    figures = build_figures(ds, layout, [cost, Series("decode_tok_s_per_gpu", "decode_tok_s_per_gpu")], [], {})
+    fig = dict(figures["distributions"])["dist_cost_usd_per_mtok.png"]
+    (legend,) = fig.legends  # below the plots
+    assert [t.get_text() for t in legend.get_texts()] == ["sample", "not at steady state (5 of 19)"]
+    assert _hollow_points(fig.axes[0]) == 5
+    assert "1 of 20 samples infeasible, left out (SLO not met: 1)" in _words(fig)
+    (name, fig), = figures["paired"]
+    (legend,) = fig.legends  # both panels count the same pairs: one legend, below them
+    assert [t.get_text() for t in legend.get_texts()] == ["sample", "not at steady state (4 of 9)"]
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    assert [_hollow_points(ax) for ax in fig.axes] == [4, 4]
+    assert "1 of 10 pairs with an infeasible side, left out (SLO not met: 1 runs)" in _words(fig)
+    rows, hidden = paired(ds, layout, cost, "variant")
+    assert hidden == 1 and rows[0]["unsteady"].tolist() == [True, True, True, False, False, True, False, False, False]
+    # the waterfall and the tornado aggregate: their subtitles count (a sample infeasible anywhere counts as that)
+    _, fig, _ = waterfall_figure(ds, layout, "cost_usd_per_mtok")
+    assert "1 of 10 samples infeasible in some variant" in _words(fig)
+    assert "4 of 10 samples not at steady state in some variant (kept" in _words(fig)
+    result = {"inputs": ["efficiency.fused_kernel_gain"], "prcc": np.array([0.5]), "low": np.array([0.2]),
+              "high": np.array([0.7]), "spearman": np.array([0.4]), "sobol": np.array([np.nan]), "samples": 9}
+    _, fig = tornado(ds, layout, cost, result)  # at the factory variant: samples 0-2 unsteady, 9 infeasible
+    assert "1 of 10 samples infeasible, left out (SLO not met: 1)" in _words(fig)
+    assert "3 of 9 samples not at steady state (kept" in _words(fig)
+
+
+def test_unsteady_and_infeasible_samples_counted_on_heatmaps_and_load_curves():
+    rates, dram = [1.0, 2.0, 4.0], [0.0, 512.0]
+    ds = make_result(grid={"workload.rate_rps": rates, "cache.dram_gb_per_node": dram}, n=6, seed=9,
+                     with_inputs=False)
+    ds["feasible"][:] = 1
+    ds["feasible"][2, 1, :2] = 0  # rate 4, 512 GB: two infeasible samples
+    ds["steady_state"][:] = 1
+    ds["steady_state"][2, :, 3:] = 0  # rate 4: samples 3-5 unsteady at both DRAM sizes
+    ds["steady_state"][0, 0, 0] = 0
+    for name in ("cost_usd_per_mtok", "slo_attainment"):
+        ds[name][2, 1, :2] = np.nan
+    layout = _Layout(ds)
+    series = [Series("cost_usd_per_mtok", "cost_usd_per_mtok"), Series("slo_attainment", "slo_attainment")]
+    figures = build_figures(ds, layout, series, [], {})
+    fig = dict(figures["heatmap"])["heatmap_cost_usd_per_mtok.png"]
+    marks = sorted((round(t.get_position()[0]), round(t.get_position()[1]), t.get_text())
+                   for t in fig.axes[0].texts if "unsteady" in t.get_text() or "infeasible" in t.get_text())
+    assert marks == [(0, 0, "1 unsteady"), (0, 2, "3 unsteady"), (1, 2, "3 unsteady\n2 infeasible")]
+    assert "2 of 36 samples infeasible, left out" in _words(fig)
+    assert "7 of 34 samples not at steady state (kept" in _words(fig)
+    (_, fig), = figures["load"]
+    ax = fig.axes[0]
+    hollow = {(colour, x) for line in ax.get_lines() if line.get_markerfacecolor() == "white"
+              for colour in ("C0", "C1") if same_color(line.get_markeredgecolor(), colour) for x in line.get_xdata()}
+    assert hollow == {("C0", 1.0), ("C0", 4.0), ("C1", 4.0)}  # C0: 0 GB, C1: 512 GB
+    assert "some samples not at steady state (7 of 34 in all)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "2 of 36 samples infeasible, left out" in _words(fig)

@@ -9,7 +9,10 @@ reads without the code:
 - :mod:`~.paired` — per-sample comparisons with a reference grid value or variant;
 - :mod:`~.waterfalls` — baseline -> factory steps per lever.
 
-Every figure is drawn at the report's focus point (``--at``) for the dims it does not show.
+Every figure is drawn at the report's focus point (``--at``) for the dims it does not show. Every figure of
+samples marks the runs that had not reached steady state (hollow points, or a count where it aggregates) and says
+how many were infeasible and left out (:class:`~.common.Tally`). Text is drawn with mathtext off, so log axes are
+labelled in plain numbers (:func:`~.common.log_scale`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ def build_figures(ds, layout, quantities, outputs, focus_sens, series_of=None) -
     ``series_of(labels)`` gives the series of extra metric labels the load curves need (``slo_attainment``,
     ``queue_wait_s p99``) when they are not among ``quantities``.
     """
-    # labels carry scenario text (grid values, names): a "$" in them is text, never mathtext
+    # labels carry scenario text (grid values, names): a "$" in them is text, never mathtext (hence
+    # common.log_scale: matplotlib's log tick labels are mathtext)
     with matplotlib.rc_context({"text.parse_math": False}):
         figures = {key: [] for key in SECTIONS}
         for s in quantities:

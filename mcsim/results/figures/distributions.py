@@ -1,4 +1,8 @@
-"""Distributions over Monte Carlo samples: box plots per grid value and variant, small multiples over a third dim."""
+"""Distributions over Monte Carlo samples: box plots per grid value and variant, small multiples over a third dim.
+
+The samples of a box are drawn over it as points when they are few (:data:`~.common.STRIP_MAX`), hollow where the
+run did not reach steady state; with more, only those hollow points are drawn. The legend counts them.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,16 @@ import numpy as np
 from matplotlib.patches import Patch
 
 from mcsim.results.figures.common import (
+    Tally,
     boxplot,
     constant_value,
     dim_label,
     fixed_note,
     fmt,
-    infeasible_note,
+    log_scale,
     new_figure,
+    point_handles,
+    sample_points,
     suptitle,
     tick_text,
     values,
@@ -54,9 +61,10 @@ def _index(layout: _Layout, fixed: dict) -> tuple:
 
 def distribution(ds, layout: _Layout, s: Series):
     """The box-plot figure of one series: ``(file name, Figure)``."""
-    data, bad = values(ds, layout, s)
-    hidden = drawn = 0
+    data, _ = values(ds, layout, s)
     flag = s.name == "feasible"
+    tally = Tally(ds, layout, left_out=not flag)
+    steady_drawn = False
     r = roles(layout)
     units = display_scale(ds, s.name)[1]
     n = lambda d: len(layout.coords[d]) if d else 1  # noqa: E731
@@ -86,8 +94,7 @@ def distribution(ds, layout: _Layout, s: Series):
             for g in range(x_count):
                 fixed = {d: i for d, i in ((r["x"], g), (r["hue"], h), (r["panel"], p)) if d}
                 v = data[_index(layout, fixed)]
-                hidden += int(bad[_index(layout, fixed)].sum())
-                drawn += v.size
+                slow = tally.add(_index(layout, fixed), drawn_values=v)[1]
                 finite = v[np.isfinite(v)]
                 if not finite.size:
                     continue
@@ -106,12 +113,13 @@ def distribution(ds, layout: _Layout, s: Series):
                     line = ([c, c], [pos - 0.35 * box_width, pos + 0.35 * box_width])
                     ax.plot(*(line if r["horizontal"] else line[::-1]), color=f"C{h}", lw=2.5,
                             solid_capstyle="butt")
-                    continue
-                parts = boxplot(ax, [finite], r["horizontal"], positions=[pos], widths=box_width * 0.8,
-                                whis=(5, 95), showfliers=False, patch_artist=True, manage_ticks=False)
-                parts["boxes"][0].set_facecolor(f"C{h}")
-                parts["boxes"][0].set_alpha(0.55)
-                parts["medians"][0].set_color("black")
+                else:
+                    parts = boxplot(ax, [finite], r["horizontal"], positions=[pos], widths=box_width * 0.8,
+                                    whis=(5, 95), showfliers=False, patch_artist=True, manage_ticks=False)
+                    parts["boxes"][0].set_facecolor(f"C{h}")
+                    parts["boxes"][0].set_alpha(0.55)
+                    parts["medians"][0].set_color("black")
+                steady_drawn |= sample_points(ax, pos, v, slow, 0.5 * box_width, r["horizontal"])
         ticks = ([tick_text(layout.coords[r["x"]][g], 24 if r["horizontal"] else 16) for g in range(x_count)]
                  if r["x"] else [""])
         if r["horizontal"]:
@@ -121,7 +129,7 @@ def distribution(ds, layout: _Layout, s: Series):
             if flag:
                 ax.set_xlim(0, 118)
             if log:
-                ax.set_xscale("log")
+                log_scale(ax, "x")
             ax.grid(axis="x", alpha=0.3)
         else:
             rotate = x_count > 5 or max((len(t) for t in ticks), default=0) > 8
@@ -135,23 +143,28 @@ def distribution(ds, layout: _Layout, s: Series):
             if flag:
                 ax.set_ylim(0, 112)
             if log:
-                ax.set_yscale("log")
+                log_scale(ax, "y")
             ax.grid(axis="y", alpha=0.3)
         if r["panel"]:
             ax.set_title(f"{layout.label(r['panel'])} = {tick_text(layout.coords[r['panel']][p], 30)}",
                          fontsize=9)
         if not everything.size:
             ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center")
+    handles = [] if flag else point_handles(tally, steady_drawn)
     if r["hue"]:
         labels = [tick_text(v, 24) for v in layout.coords[r["hue"]]]
-        axes[0].legend(handles=[Patch(facecolor=f"C{h}", alpha=0.55, label=lab) for h, lab in enumerate(labels)],
-                       title=layout.label(r["hue"]), fontsize=7, title_fontsize=7, loc="best")
+        handles = [Patch(facecolor=f"C{h}", alpha=0.55, label=lab) for h, lab in enumerate(labels)] + handles
+    if handles:  # below the plots, where it hides no box or point
+        fig.legend(handles=handles, title=layout.label(r["hue"]) if r["hue"] else None, fontsize=7,
+                   title_fontsize=7, loc="outside lower center", ncols=min(len(handles), 6))
     single = not flag and everything.size and np.all(everything == everything[0])
     notes = [f"{layout.samples} Monte Carlo samples" + ("" if flag else "; box 25-75 %, line median, whiskers 5-95 %"),
              f"constant: {fmt(everything[0])} {units} in every sample" if single else
              "a flat line is a value without spread" if constants else "",
              "bars: share of samples, with their count" if flag else "",
-             infeasible_note(hidden, drawn),
+             "a point per sample, hollow where it had not reached steady state" if steady_drawn else
+             "hollow points: samples not at steady state" if tally.unsteady and not flag else "",
+             tally.infeasible_note(),
              f"first {MAX_GROUPS} of {n(r['x'])} values" if n(r["x"]) > MAX_GROUPS else "",
              fixed_note(layout, [d for d in (r["x"], r["hue"], r["panel"]) if d])]
     suptitle(fig, f"{_meta(ds, s.name)[0]} [{s.label}] (modelled)", notes)

@@ -1,16 +1,22 @@
-"""Figures over grid axes: heatmaps of medians over two axes (small multiples over a third) and load curves."""
+"""Figures over grid axes: heatmaps of medians over two axes (small multiples over a third) and load curves.
+
+Both aggregate over samples, so they mark where the runs behind a number had not all reached steady state: a
+heatmap cell names how many of its samples had not, a load curve draws such a point hollow. Their subtitles count
+those runs and the infeasible ones, which are left out.
+"""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+from matplotlib.lines import Line2D
 
 from mcsim.results.figures.common import (
+    Tally,
     dim_label,
     fixed_note,
     fmt,
-    infeasible_note,
     new_figure,
     suptitle,
     tick_text,
@@ -38,8 +44,9 @@ def heatmap(ds, layout: _Layout, s: Series):
     varying = [d for d in layout.axes if len(layout.coords[d]) > 1]
     a, b = varying[0], varying[1]
     panel = next((d for d in varying[2:] if len(layout.coords[d]) <= MAX_PANELS), None)
-    data, bad = values(ds, layout, s)
-    blocks, hidden, drawn = [], 0, 0
+    data, _ = values(ds, layout, s)
+    tally = Tally(ds, layout)
+    blocks, counts = [], []  # counts: per cell, (samples not at steady state, infeasible samples)
     for p in range(len(layout.coords[panel]) if panel else 1):
         index = list(layout.focus)
         index[layout.dims.index(a)] = slice(None)
@@ -47,8 +54,8 @@ def heatmap(ds, layout: _Layout, s: Series):
         if panel:
             index[layout.dims.index(panel)] = p
         blocks.append(_medians(data[tuple(index)]))  # (a, b)
-        hidden += int(bad[tuple(index)].sum())
-        drawn += bad[tuple(index)].size
+        bad, slow = tally.add(tuple(index), drawn_values=data[tuple(index)])
+        counts.append((slow.sum(axis=-1), bad.sum(axis=-1)))
     stack = np.array(blocks)
     finite = stack[np.isfinite(stack)]
     span = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -71,9 +78,18 @@ def heatmap(ds, layout: _Layout, s: Series):
     for k, (ax, block) in enumerate(zip(axes, shown)):
         image = ax.imshow(block, aspect="auto", cmap="viridis", origin="lower", vmin=vmin, vmax=vmax)
         for i, j in np.ndindex(block.shape):
+            defined = np.isfinite(stack[k][i, j])
             light = np.isfinite(block[i, j]) and (block[i, j] - vmin) / (vmax - vmin) > 0.6
-            text = "n/a" if not np.isfinite(stack[k][i, j]) else f"{stack[k][i, j]:.{digits}g}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if light else "white")
+            text = f"{stack[k][i, j]:.{digits}g}" if defined else "n/a"
+            colour = "black" if light else "white" if defined else "0.3"  # an undefined cell is not painted
+            slow, bad = (int(c[i, j]) for c in counts[k])
+            marks = [f"{slow} unsteady" if slow else "", f"{bad} infeasible" if bad else ""]
+            marks = "\n".join(m for m in marks if m)
+            lift = 0.0 if not marks else 0.22 if "\n" in marks else 0.12
+            ax.text(j, i + lift, text, ha="center", va="center", fontsize=7, color=colour)
+            if marks:
+                ax.text(j, i + lift - 0.34 - 0.03 * marks.count("\n"), marks, ha="center", va="center",
+                        fontsize=6, color=colour, linespacing=1.0)
         rotate = nb > 4 or max(len(tick_text(v)) for v in layout.coords[b]) > 6
         ax.set_xticks(range(nb), [tick_text(v) for v in layout.coords[b]], rotation=30 if rotate else 0,
                       ha="right" if rotate else "center", fontsize=8)
@@ -90,7 +106,11 @@ def heatmap(ds, layout: _Layout, s: Series):
     notes = [f"cells: median over {layout.samples} samples ({units})",
              f"colours span {fmt(span[0])} to {fmt(span[1])} {units}, "
              f"{100 * (span[1] - span[0]) / abs(level):.2g} % of the median" if relative else "",
-             infeasible_note(hidden, drawn), fixed_note(layout, [a, b] + ([panel] if panel else []))]
+             tally.infeasible_note(),
+             tally.unsteady_note() if tally.unsteady else "",
+             "a cell's 'k unsteady' and 'k infeasible' count its own samples" if tally.unsteady or tally.infeasible
+             else "",
+             fixed_note(layout, [a, b] + ([panel] if panel else []))]
     suptitle(fig, f"{_meta(ds, s.name)[0]} [{s.label}] (modelled)", notes)
     return f"heatmap_{_slug(s.label)}.png", fig
 
@@ -113,7 +133,7 @@ def load_curves(ds, layout: _Layout, series: list[Series]):
     lines = ("variant" if 1 < len(layout.variants) <= 4 else
              next((d for d in layout.axes if d != axis and 1 < len(layout.coords[d]) <= 4), None))
     fig = new_figure(max(6.0, 3.6 * len(series) + 0.6), 4.4)
-    hidden = drawn = 0
+    tally = Tally(ds, layout)
     for k, s in enumerate(series):
         ax = fig.add_subplot(1, len(series), k + 1)
         data, bad = values(ds, layout, s)
@@ -123,22 +143,33 @@ def load_curves(ds, layout: _Layout, series: list[Series]):
             if lines:
                 index[layout.dims.index(lines)] = c
             block = data[tuple(index)]  # (load, sample)
-            if k == 0:
-                hidden += int(bad[tuple(index)].sum())
-                drawn += block.size
+            if k == 0:  # every panel draws the same runs: count them once
+                tally.add(tuple(index))
+            slow = np.any(tally.slow[tuple(index)] & ~bad[tuple(index)], axis=-1)  # (load,)
             q = np.array([quantiles(block[i], [0.05, 0.25, 0.5, 0.75, 0.95]) for i in range(len(x))])
             label = f"{tick_text(layout.coords[lines][c], 24)}" if lines else "median"
             ax.fill_between(x, q[:, 0], q[:, 4], color=f"C{c}", alpha=0.12, lw=0)
             ax.fill_between(x, q[:, 1], q[:, 3], color=f"C{c}", alpha=0.25, lw=0)
             ax.plot(x, q[:, 2], color=f"C{c}", marker="o", ms=3, label=label)
+            if slow.any():
+                ax.plot(x[slow], q[slow, 2], linestyle="none", marker="o", ms=6.5, mfc="white", mec=f"C{c}",
+                        mew=1.2)
         ax.set_xlabel(dim_label(ds, layout, axis), fontsize=9)
         ax.set_ylabel(wrap(f"{_meta(ds, s.name)[0]} [{s.label}] ({display_scale(ds, s.name)[1]})", 40), fontsize=9)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=8)
         if k == 0:
-            ax.legend(fontsize=7, title=layout.label(lines) if lines else None, title_fontsize=7, loc="best")
+            handles = ax.get_legend_handles_labels()[0]
+            if tally.unsteady:
+                handles.append(Line2D([], [], linestyle="none", marker="o", ms=6.5, mfc="white", mec="black",
+                                      label=f"some samples not at steady state ({tally.unsteady} of "
+                                            f"{tally.drawn} in all)"))
+            ax.legend(handles=handles, fontsize=7, title=layout.label(lines) if lines else None, title_fontsize=7,
+                      loc="best")
     notes = [f"line: median over {layout.samples} samples; bands 25-75 % and 5-95 %",
-             infeasible_note(hidden, drawn),
+             tally.infeasible_note(),
+             tally.unsteady_note() + "; a hollow point is a median over some of them"
+             if tally.unsteady else "",
              fixed_note(layout, [axis] + ([lines] if lines else []))]
     suptitle(fig, f"Service level against load ({layout.label(axis)}) (modelled)", notes)
     return f"load_{_slug(layout.label(axis))}.png", fig

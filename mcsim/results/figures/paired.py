@@ -3,14 +3,26 @@
 Grid points and variants share the samples' random streams (common random numbers), so two boxes that overlap can
 still differ in the same direction in almost every sample. These figures show the per-sample ratio to the
 reference (or, for fractions shown in percent, the difference in percentage points) and the share of samples on
-each side of it.
+each side of it. The pairs are drawn over the boxes as points when they are few, hollow where either run had not
+reached steady state (with many, only those); pairs with an infeasible side are left out, and counted.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mcsim.results.figures.common import boxplot, fixed_note, infeasible_note, new_figure, suptitle, tick_text, values
+from mcsim.results.figures.common import (
+    Tally,
+    boxplot,
+    fixed_note,
+    log_scale,
+    new_figure,
+    point_handles,
+    sample_points,
+    suptitle,
+    tick_text,
+    values,
+)
 from mcsim.results.layout import Series, _Layout, _meta, _slug, is_percent
 from mcsim.results.summary import DIFFERENCE
 
@@ -25,19 +37,23 @@ def reference_index(layout: _Layout, d: str) -> int:
     return layout.focus[layout.dims.index(d)]
 
 
-def paired(ds, layout: _Layout, s: Series, d: str) -> tuple[list[dict], int]:
+def paired(ds, layout: _Layout, s: Series, d: str, tally: Tally | None = None) -> tuple[list[dict], int]:
     """Per-sample comparison of every value of dim ``d`` with its reference, other dims at the focus.
+
+    ``tally`` (a :class:`~.common.Tally` of pairs), when given, counts the pairs compared.
 
     Returns
     -------
     rows : list of dict
         One per compared value: ``value``, ``kind`` (``"ratio"`` or ``"difference"``), ``paired`` (per-sample
-        ratios or differences, pairs with a missing side left out), ``higher`` and ``lower`` (shares of those
-        pairs where the value is above or below the reference).
+        ratios or differences, pairs with a missing side left out), ``unsteady`` (for each of those, whether
+        either run had not reached steady state), ``higher`` and ``lower`` (shares of those pairs where the value
+        is above or below the reference).
     hidden : int
         Pairs left out because a side is infeasible.
     """
-    data, bad = values(ds, layout, s)
+    data, _ = values(ds, layout, s)
+    tally = tally or Tally(ds, layout, unit="pairs")
     hidden = 0
     axis = layout.dims.index(d)
     ref = reference_index(layout, d)
@@ -50,15 +66,16 @@ def paired(ds, layout: _Layout, s: Series, d: str) -> tuple[list[dict], int]:
             break
         at = list(layout.focus)
         at[axis] = i
-        here, here_bad = data[tuple(at)], bad[tuple(at)]
+        here, here_at = data[tuple(at)], tuple(at)
         at[axis] = ref
         there = data[tuple(at)]
-        hidden += int(np.sum(here_bad | bad[tuple(at)]))
         with np.errstate(divide="ignore", invalid="ignore"):
             diff = here / there if kind == "ratio" else here - there
+        bad, slow = tally.add(here_at, tuple(at), drawn_values=diff)
+        hidden += int(bad.sum())
         ok = np.isfinite(diff)
         n = int(ok.sum())
-        rows.append({"value": value, "kind": kind, "paired": diff[ok],
+        rows.append({"value": value, "kind": kind, "paired": diff[ok], "unsteady": slow[ok],
                      "higher": float(np.mean(here[ok] > there[ok])) if n else np.nan,
                      "lower": float(np.mean(here[ok] < there[ok])) if n else np.nan})
     return rows, hidden
@@ -71,13 +88,14 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
     ref_name = tick_text(ref, 24) if d == "variant" else f"{layout.label(d)}={tick_text(ref, 24)}"
     count = min(len(layout.coords[d]) - 1, MAX_ROWS)
     fig = new_figure(max(7.0, 2.0 + 3.3 * len(series)), max(3.4, 2.3 + 0.42 * count))
-    hidden = 0
+    tallies, panels = [], []
     first = None
     for k, s in enumerate(series):
         ax = fig.add_subplot(1, len(series), k + 1, sharey=first)
         first = first or ax
-        rows, h = paired(ds, layout, s, d)
-        hidden = max(hidden, h)
+        tallies.append(Tally(ds, layout, unit="pairs"))
+        rows, _ = paired(ds, layout, s, d, tallies[-1])
+        steady_drawn = False
         kind = rows[0]["kind"] if rows else "ratio"
         centre = 1.0 if kind == "ratio" else 0.0
         for y, r in enumerate(rows):
@@ -92,6 +110,7 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
                 parts["boxes"][0].set_facecolor("C0")
                 parts["boxes"][0].set_alpha(0.5)
                 parts["medians"][0].set_color("black")
+            steady_drawn |= sample_points(ax, y, v, r["unsteady"], 0.45, True)
             equal = 1.0 - r["higher"] - r["lower"]
             share = f"higher {100 * r['higher']:.0f} %, lower {100 * r['lower']:.0f} %" + (
                 f", equal {100 * equal:.0f} %" if equal > 0.005 else "")
@@ -100,7 +119,7 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
         ax.axvline(centre, color="C3", lw=1)
         everything = np.concatenate([r["paired"] for r in rows]) if rows else np.array([])
         if kind == "ratio" and everything.size and everything.min() > 0 and everything.max() / everything.min() > 20:
-            ax.set_xscale("log")
+            log_scale(ax, "x")
         units = "percentage points" if is_percent(ds, s.name) else _meta(ds, s.name)[1]
         what = f"ratio to {ref_name}" if kind == "ratio" else f"minus {ref_name} ({units})"
         ax.set_xlabel(f"{s.label}\n{what}", fontsize=8)
@@ -111,9 +130,22 @@ def paired_figure(ds, layout: _Layout, series: list[Series], d: str):
             ax.set_yticks(range(count), [tick_text(r["value"], 20) for r in rows], fontsize=8)
         else:
             ax.tick_params(labelleft=False)
+        panels.append((ax, point_handles(tallies[-1], steady_drawn)))
+    # one legend below the plots says it all when every panel counts the same runs; else each panel has its own
+    labels = {tuple(h.get_label() for h in handles) for _, handles in panels}
+    if len(labels) == 1 and panels[0][1]:
+        fig.legend(handles=panels[0][1], fontsize=7, loc="outside lower center", ncols=len(panels[0][1]))
+    elif len(labels) > 1:
+        for ax, handles in panels:
+            if handles:
+                ax.legend(handles=handles, fontsize=7, loc="best")
+    steady_drawn = any(h.get_label() == "sample" for _, handles in panels for h in handles)
     notes = [f"each box: the {layout.samples} samples compared one by one (same random streams); box 25-75 %, "
              "whiskers 5-95 %; 'higher' and 'lower' are shares of samples",
-             infeasible_note(hidden, layout.samples * count).replace("samples", "pairs"),
+             "a point per sample, hollow where either run had not reached steady state" if steady_drawn else
+             "hollow points: samples where either run had not reached steady state"
+             if any(t.unsteady for t in tallies) else "",
+             tallies[0].infeasible_note() if tallies else "",  # the same runs are infeasible in every panel
              fixed_note(layout, [d])]
     suptitle(fig, f"Paired comparison over {layout.label(d)}, against {ref_name} (modelled)", notes)
     return f"paired_{_slug(layout.label(d))}.png", fig

@@ -1,10 +1,14 @@
-"""Tornado charts: the rank correlation of an output with each uncertain input, strongest first."""
+"""Tornado charts: the rank correlation of an output with each uncertain input, strongest first.
+
+The correlations are over the samples at the focus point; the subtitle says how many of them were infeasible (left
+out) and how many had not reached steady state (kept).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mcsim.results.figures.common import new_figure, suptitle
+from mcsim.results.figures.common import Tally, new_figure, suptitle, values
 from mcsim.results.layout import Series, _Layout, _meta, _slug, path_of
 
 MAX_TORNADO_BARS = 12
@@ -27,23 +31,23 @@ def s1_text(value: float) -> str:
 
 def tornado(ds, layout: _Layout, s: Series, result: dict):
     """The tornado figure of one output at the focus point: ``(file name, Figure)``, or None when nothing is defined."""
-    values, kind = result["prcc"], "PRCC (partial rank correlation)"
+    correlations, kind = result["prcc"], "PRCC (partial rank correlation)"
     low, high = result["low"], result["high"]
-    if not np.any(np.isfinite(values)):
-        values, kind = result["spearman"], "Spearman rank correlation"
-        low = high = np.full(values.shape, np.nan)
-    defined = np.flatnonzero(np.isfinite(values))
+    if not np.any(np.isfinite(correlations)):
+        correlations, kind = result["spearman"], "Spearman rank correlation"
+        low = high = np.full(correlations.shape, np.nan)
+    defined = np.flatnonzero(np.isfinite(correlations))
     if defined.size == 0:
         return None
-    order = defined[np.argsort(-np.abs(values[defined]), kind="stable")][:MAX_TORNADO_BARS][::-1]
+    order = defined[np.argsort(-np.abs(correlations[defined]), kind="stable")][:MAX_TORNADO_BARS][::-1]
     names = [path_of(ds, result["inputs"][j]) for j in order]
     fig = new_figure(8.0, max(3.6, 2.2 + 0.36 * len(order)))
     ax = fig.add_subplot()
     y = np.arange(len(order))
-    ax.barh(y, values[order], color=["C3" if values[j] < 0 else "C0" for j in order], alpha=0.8)
+    ax.barh(y, correlations[order], color=["C3" if correlations[j] < 0 else "C0" for j in order], alpha=0.8)
     has_ci = np.isfinite(low[order]) & np.isfinite(high[order])
     if np.any(has_ci):
-        lo, hi, mid = low[order][has_ci], high[order][has_ci], values[order][has_ci]
+        lo, hi, mid = low[order][has_ci], high[order][has_ci], correlations[order][has_ci]
         ax.errorbar(mid, y[has_ci], xerr=[np.maximum(mid - lo, 0), np.maximum(hi - mid, 0)], fmt="none",
                     ecolor="black", capsize=3, lw=1, label="90 % bootstrap interval")
         ax.legend(fontsize=8, loc="lower right")
@@ -60,7 +64,10 @@ def tornado(ds, layout: _Layout, s: Series, result: dict):
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel(f"{kind} with {s.label} (dimensionless, -1 to 1)", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    notes = [f"{result['samples']} samples", layout.focus_note(), "blue raises it, red lowers it",
+    tally = Tally(ds, layout)
+    tally.add(layout.focus, drawn_values=values(ds, layout, s)[0][layout.focus])
+    notes = [f"correlations over {result['samples']} samples", *tally.notes(), layout.focus_note(),
+             "blue raises it, red lowers it",
              "S1 = first-order Sobol index; a negative estimate is shown as 0" if np.any(np.isfinite(sobol)) else ""]
     suptitle(fig, f"What drives {_meta(ds, s.name)[0]} [{s.label}] (modelled)", notes,
              warning=few_samples_warning(result["samples"], len(result["inputs"])))

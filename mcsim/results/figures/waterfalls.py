@@ -1,12 +1,16 @@
-"""Baseline -> factory waterfalls, every bar in the metric's units (see :mod:`mcsim.results.waterfall`)."""
+"""Baseline -> factory waterfalls, every bar in the metric's units (see :mod:`mcsim.results.waterfall`).
+
+A waterfall aggregates over samples and over the variants behind its bars; its subtitle says how many samples were
+infeasible in some variant (their undefined values left out) or had not reached steady state in some (kept).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 from matplotlib.patches import Patch
 
-from mcsim.results.figures.common import fixed_note, fmt, new_figure, suptitle, tick_text
-from mcsim.results.layout import _Layout, _meta, _slug, display_scale
+from mcsim.results.figures.common import fixed_note, fmt, new_figure, suptitle, tick_text, unsteady
+from mcsim.results.layout import _Layout, _meta, _slug, display_scale, infeasible
 from mcsim.results.waterfall import Waterfall, waterfall
 
 #: Metrics of the baseline -> factory waterfall when the run has no Shapley variables.
@@ -37,6 +41,20 @@ def bars(w: Waterfall, factor: float = 1.0) -> list[tuple]:
         out.append(("interactions /\nmedians not additive", level, rest, "rest"))
     out.append(("factory", 0.0, w.end * factor, "end"))
     return out
+
+
+def sample_notes(ds, layout: _Layout) -> list[str]:
+    """How many samples at the focus grid point are infeasible, or not at steady state, in some variant."""
+    grid = layout.focus[:len(layout.axes)]
+    bad = infeasible(ds, layout)[grid]  # (variant, sample)
+    slow = unsteady(ds, layout)[grid]
+    # a sample infeasible in some variant is counted as such only, so the two counts never overlap
+    bad, slow = bad.any(axis=0), slow.any(axis=0) & ~bad.any(axis=0)
+    n = layout.samples
+    k_bad, k_slow = int(bad.sum()), int(slow.sum())
+    return [f"{k_bad} of {n} samples infeasible in some variant (their undefined values left out)" if k_bad else "",
+            f"{k_slow} of {n} samples not at steady state in some variant (kept: their values still depend on "
+            "mc.requests)" if k_slow else ""]
 
 
 def waterfall_figure(ds, layout: _Layout, metric: str):
@@ -78,6 +96,6 @@ def waterfall_figure(ds, layout: _Layout, metric: str):
     counted = (f"{w.samples} samples" + (f" ({w.left_out} with an undefined value left out)" if w.left_out else "")
                if w.exact else f"medians over {layout.samples} samples")
     suptitle(fig, f"Baseline -> factory: {_meta(ds, metric)[0]} ({units}, modelled)",
-             [counted, w.how, "x: the lever's factor" if w.factors else "",
+             [counted, w.how, "x: the lever's factor" if w.factors else "", *sample_notes(ds, layout),
               fixed_note(layout, ["variant"])])
     return f"waterfall_{_slug(metric)}.png", fig, w
