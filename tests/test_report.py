@@ -217,7 +217,18 @@ def test_steady_state_advice_never_asks_a_trace_for_more_than_it_holds():
     ds["steady_state"][:] = 0  # as if the run had not settled, and needed far more requests
     ds["requests_for_steady_state"][:] = 1_200_000
     note = " ".join(steady_state_note(ds))
-    assert "more than the replayed trace holds (about 8820)" in note and "mc.requests=" not in note
+    assert "more than the replayed trace holds (about 8819)" in note and "mc.requests=" not in note
+    # a run that did not exhaust the trace knows its size too (the trace_records attribute)
+    short = mcsim.run(root / "scenarios" / "factory.toml", samples=1, requests=3000, workers=1,
+                      overrides=['workload.trace="bundled:azure-code"'])
+    assert short.attrs["trace_records"] == 8819
+    short["steady_state"][:] = 0
+    short["requests_for_steady_state"][:] = 20_000
+    note = " ".join(steady_state_note(short))
+    assert "more than the replayed trace holds (about 8819)" in note and "mc.requests=" not in note
+    short["requests_for_steady_state"][:] = 6_000
+    note = " ".join(steady_state_note(short))
+    assert "--set mc.requests=6000" in note and "(the replayed trace holds 8819)" in note
 
 
 def test_fleet_counts_are_whole_in_the_summary():

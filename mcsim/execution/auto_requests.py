@@ -5,7 +5,7 @@ sample checks that (``steady_state``, with ``requests_for_steady_state`` an extr
 :mod:`mcsim.stages.steady_state`). With ``requests="auto"`` the run starts at the scenario's ``mc.requests`` and,
 while some sample run is not steady, runs again with the larger of twice as many and the largest extrapolation,
 never more than the cap (``"auto:N"``; by default :data:`GROWTH` times the start). It stops early where more requests
-cannot help: every unsteady run saturates its simulated queue, or a replayed trace ran short of requests. Every run
+cannot help: every unsteady run saturates its simulated queue, or a replayed trace has no more requests to give. Every run
 uses the same seed, so the last one is exactly what ``--requests N`` gives for its N; the result records the
 requests tried in ``requests_auto``.
 """
@@ -46,8 +46,11 @@ def next_requests(ds, requests: int, cap: int) -> int | None:
         return None
     if facts["saturated"] >= facts["count"]:  # every unsteady run saturates its queue: no count settles it
         return None
-    if _trace_supply(ds) is not None:  # the replayed trace ran out before the requests asked
-        return None
+    supply = _trace_supply(ds)
+    if supply is not None:  # a replayed trace gives at most its own records
+        if requests >= supply:
+            return None
+        cap = min(cap, supply)
     return min(cap, max(2 * requests, int(facts["requests"] or 0)))
 
 
@@ -62,5 +65,5 @@ def describe(tried: list[int], cap: int, ds) -> str:
     elif facts["saturated"] >= facts["count"]:
         end = f"stopped: the {facts['count']} unsteady sample runs saturate their simulated queue"
     else:
-        end = "stopped: the replayed trace holds fewer requests than asked"
+        end = f"stopped: the replayed trace holds no more requests ({_trace_supply(ds):,})"
     return f"requests per sample {runs} (cap {cap:,}): {end}"

@@ -522,7 +522,24 @@ def run_attrs(plan: Plan, command: str | None, fingerprint: str, reused: int, re
     note = pricing_note(plan.scn, list(plan.axes))
     if note:
         attrs["pricing_note"] = note
+    records = trace_records(plan)
+    if records is not None:
+        attrs["trace_records"] = records
     return attrs
+
+
+def trace_records(plan: Plan) -> int | None:
+    """Requests the run's one replayed trace holds from ``workload.trace_start_s`` on (what any request count can
+    replay of it); None for a generated workload, or when a grid varies the trace or where it starts."""
+    swept = {a.path for a in plan.axes}
+    paths = plan.trace_paths()
+    if len(paths) != 1 or "workload.trace_start_s" in swept:
+        return None
+    start = plan.scn["workload.trace_start_s"]
+    if not isinstance(start, (int, float)):  # an uncertain start: each sample replays from its own
+        return None
+    trace = one_sample._read_trace(str(paths[0]), plan.scn["workload.trace_format"])
+    return int(len(trace.arrival_s) - np.searchsorted(trace.arrival_s, float(start), side="left"))
 
 
 def check_workers(plan: Plan, workers: int | None, processes: bool, scheduler: str | None) -> int:

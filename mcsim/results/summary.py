@@ -286,9 +286,14 @@ def steady_state_facts(ds: xr.Dataset) -> dict | None:
 
 
 def _trace_supply(ds: xr.Dataset) -> int | None:
-    """Requests a replayed trace holds, warm-up included, when the run asked for more than it held (None when the
-    workload is generated or the trace did not run short, so its size is not known from the result)."""
-    if not str(ds.attrs.get("workload", "")).startswith("replayed trace") or "requests" not in ds:
+    """Requests a replayed trace holds, warm-up included: the ``trace_records`` attribute the run recorded, or, for
+    a result without it, what the run replayed when it asked for more than the trace held (None when the workload
+    is generated, or the size is not known from the result)."""
+    if not str(ds.attrs.get("workload", "")).startswith("replayed trace"):
+        return None
+    if ds.attrs.get("trace_records") is not None:
+        return int(ds.attrs["trace_records"])
+    if "requests" not in ds:
         return None
     asked, warmup = ds.attrs.get("requests_per_sample"), ds.attrs.get("warmup_fraction")
     counts = np.asarray(ds["requests"].values, dtype=float).ravel()
@@ -320,8 +325,7 @@ def steady_state_note(ds: xr.Dataset, max_points: int = 5) -> list[str]:
                          f"(requests_for_steady_state, an extrapolation), more than the replayed trace holds "
                          f"(about {held}): replay a longer trace; more mc.requests cannot help.")
         else:
-            trace_note = " (a replayed trace supplies at most its own records)" \
-                if str(ds.attrs.get("workload", "")).startswith("replayed trace") else ""
+            trace_note = f" (the replayed trace holds {held})" if held is not None else ""
             lines.append(f"  estimated requests per sample for steady state: --set mc.requests={facts['requests']} "
                          f"(requests_for_steady_state, an extrapolation: re-run to check){trace_note}.")
     if facts["saturated"]:
