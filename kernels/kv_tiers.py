@@ -73,9 +73,35 @@ _local = threading.local()
 def _workspace(n_keys: int) -> np.ndarray:
     buffer = getattr(_local, "state", None)
     if buffer is None or buffer.shape[0] < n_keys:
-        buffer = np.empty((int(n_keys * 1.25) + 1024, _ROW), np.int32)
+        buffer = np.empty((_workspace_rows(n_keys), _ROW), np.int32)
         _local.state = buffer
     return buffer[:n_keys]
+
+
+def _workspace_rows(n_keys: int) -> int:
+    """Rows of a new workspace for ``n_keys`` keys: a quarter more, and 1024, so that slightly larger calls after it
+    reuse it."""
+    return int(n_keys * 1.25) + 1024
+
+
+def workspace_bytes(n_keys: int) -> int:
+    """Bytes of the per-thread workspace of ``n_keys`` rows where a call allocates it (a thread keeps the largest
+    one it has needed, and a call that fits in it allocates nothing)."""
+    return _workspace_rows(n_keys) * _ROW * 4
+
+
+def lookup_tiers_bytes(n_instances: int, n_keys: int, n_tiers: int, pool_rows: int = 0) -> int:
+    """The most memory :func:`lookup_tiers` allocates: its workspace of ``n_keys`` rows (plus ``pool_rows``, its
+    ``key_stride`` with pooled tiers), a head, tail (int32) and count (int64) per list (``n_tiers`` per instance,
+    and the pool's), and two int64 counters per instance (blocks admitted, cached prefix length).
+
+    Examples
+    --------
+    >>> lookup_tiers_bytes(2, 1000, 3)  # (1250 + 1024) rows x 16 B, 6 lists x 16 B, 2 x 2 counters x 8 B
+    36512
+    """
+    lists = int(n_tiers) * (int(n_instances) + (1 if pool_rows else 0))
+    return workspace_bytes(int(n_keys) + int(pool_rows)) + 16 * lists + 16 * max(int(n_instances), 1)
 
 
 def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_blocks, out_hits, key_stride=0,
@@ -125,11 +151,11 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
 
     Notes
     -----
-    Requests are processed in index order. Memory: 16 bytes per key. Time: O(nnz + n_keys), each block
-    costs O(1) list operations plus at most one demotion per tier. This wrapper only checks dtypes and
-    allocates the workspace; the loop runs in a compiled kernel that releases the GIL. A key shared by two
-    instances is detected only when it is looked up while cached in the other one, which is exactly when
-    it would make the result differ from per-instance caches.
+    Requests are processed in index order. Memory: 16 bytes per key, and 16 per list and per instance
+    (:func:`lookup_tiers_bytes`). Time: O(nnz + n_keys), each block costs O(1) list operations plus at most one
+    demotion per tier. This wrapper only checks dtypes and allocates every array; the loop runs in a compiled
+    kernel that releases the GIL. A key shared by two instances is detected only when it is looked up while cached
+    in the other one, which is exactly when it would make the result differ from per-instance caches.
 
     Examples
     --------
@@ -182,8 +208,9 @@ def lookup_tiers(block_ptr, block_keys, instance, n_instances, n_keys, capacity_
     head = np.empty(lists, np.int32)
     tail = np.empty(lists, np.int32)
     count = np.empty(lists, np.int64)
+    counters = np.zeros((2, max(n_instances, 1)), np.int64)  # blocks admitted, cached prefix lengths
     _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count,
-            key_stride, float(balance), n_private)
+            key_stride, float(balance), n_private, counters[0], counters[1])
 
 
 def run_id_range(block_ptr, block_runs) -> tuple[int, int]:
@@ -257,14 +284,31 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
         return
     longest = int(counts.max()) if n else 0
     lists = capacity_blocks.shape[0] * n_instances
-    if bounded is None:  # the bounded rows cost a hash probe per block: taken when they save half the memory
-        bounded = 2 * RunCaches.most_bytes(capacity_blocks, n_instances, longest) < n_instances * span * 16
+    if bounded is None:
+        bounded = lookup_tiers_runs_bytes(capacity_blocks, n_instances, span, longest)[0]
     if not bounded:
         _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, _workspace(n_instances * span),
                      np.empty(lists, np.int32), np.empty(lists, np.int32), np.empty(lists, np.int64), span, longest)
         return
     caches = RunCaches(capacity_blocks, n_instances, span, longest)
     caches.replay(block_ptr, block_runs, instance, out_hits)
+
+
+def lookup_tiers_runs_bytes(capacity_blocks, n_instances: int, span: int, longest: int) -> tuple[bool, int]:
+    """Whether :func:`lookup_tiers_runs` takes bounded rows by default, and the most memory it then allocates: the
+    bounded caches' (:meth:`RunCaches.most_bytes`), or a workspace row per key of the key space and a head, tail and
+    count per list. The bounded rows cost a hash probe per block: they are taken when they save half the memory.
+
+    Examples
+    --------
+    >>> lookup_tiers_runs_bytes(np.array([8, 0, 0]), 2, 1000, 4)  # 2,000 keys: a dense workspace is smaller
+    (False, 56480)
+    """
+    n_instances, span = int(n_instances), int(span)
+    bounded_bytes = RunCaches.most_bytes(capacity_blocks, n_instances, longest)
+    if 2 * bounded_bytes < n_instances * span * 16:
+        return True, bounded_bytes
+    return False, workspace_bytes(n_instances * span) + 16 * len(capacity_blocks) * n_instances
 
 
 class RunCaches:
@@ -310,7 +354,9 @@ class RunCaches:
         self._arrays = _take_run_arrays(rows, lists)
         self.state, self.head, self.tail, self.count, self.row_key, self.table, self.free = self._arrays
         self.n_free = np.full(1, -1, np.int64)  # -1: not yet reset
-        self.load = np.zeros(max(self.n_instances, 1), np.int64)  # blocks admitted per instance (cache-aware)
+        # blocks admitted per instance, and scratch for each one's cached prefix (cache-aware routing)
+        self.load = np.zeros(max(self.n_instances, 1), np.int64)
+        self.lengths = np.zeros(max(self.n_instances, 1), np.int64)
         self.rows_used = np.zeros(1, np.int64)  # rows ever given a key: those beyond are untouched
 
     def __del__(self):
@@ -326,10 +372,11 @@ class RunCaches:
 
     @staticmethod
     def most_bytes(capacity_blocks, n_instances: int, longest: int) -> int:
-        """Bytes of the caches' arrays (what they take once every row is used)."""
+        """Bytes of the caches' arrays (what they take once every row is used): rows, hash table, lists, and the
+        two counters per instance of cache-aware routing."""
         rows = RunCaches.rows_for(capacity_blocks, n_instances, longest)
         lists = len(capacity_blocks) * int(n_instances)
-        return rows * (4 * _ROW + 8 + 4) + 4 * _slots(rows) + lists * (4 + 4 + 8)
+        return rows * (4 * _ROW + 8 + 4) + 4 * _slots(rows) + lists * (4 + 4 + 8) + 16 * max(int(n_instances), 1)
 
     def replay(self, block_ptr, block_runs, instance, out_hits, balance: float = 0.25) -> None:
         """Replay requests (arguments as :func:`lookup_tiers_runs`, each at most ``longest`` blocks) after those of
@@ -344,7 +391,7 @@ class RunCaches:
         _replay_runs_bounded(block_ptr, np.ascontiguousarray(block_runs, dtype=np.int64), instance,
                              self.capacity_blocks, out_hits, self.state, self.head, self.tail, self.count, self.span,
                              self.longest, self.row_key, self.table, self.free, self.n_free, self.rows_used, self.load,
-                             float(balance))
+                             self.lengths, float(balance))
 
 
 def _take_run_arrays(rows: int, lists: int) -> tuple:
@@ -401,7 +448,7 @@ def _slot_of(key, shift):
 
 @kernel
 def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_hits, state, head, tail, count, span,
-                         longest, row_key, table, free, n_free_io, used_io, load, balance):
+                         longest, row_key, table, free, n_free_io, used_io, load, lengths, balance):
     """:func:`_replay_runs` with a row per key only while its block is cached: ``table`` (linear probing, -1 =
     empty) maps a key to its row, ``row_key`` a row to its key (-1: free); rows ``used_io[0]`` on have never been
     used (nor written), ``free[:n_free_io[0]]`` is a stack of rows given back. When a request has more blocks than
@@ -412,10 +459,10 @@ def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_h
     A request of ``instance`` -1 is routed cache-aware, as :func:`lookup_tiers` routes it: to the instance holding
     the longest prefix of its blocks in some tier (fewer blocks admitted so far, ``load``, breaks ties), unless
     that instance's load exceeds ``1 + balance`` times the least loaded one's; ``instance`` is then written and
-    ``load`` (blocks admitted per instance, carried from call to call) counts every request."""
+    ``load`` (blocks admitted per instance, carried from call to call) counts every request; ``lengths`` (one per
+    instance) is the scratch of each instance's cached prefix."""
     next_tier = next_tiers(capacity_blocks)
     n_instances = load.shape[0]
-    lengths = np.zeros(n_instances, np.int64)
     mask = table.shape[0] - 1
     shift = 64
     while (1 << (64 - shift)) < table.shape[0]:
@@ -774,13 +821,13 @@ def reset_caches(state, head, tail, count):
 
 @kernel
 def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail, count,
-            key_stride, balance, n_private):
+            key_stride, balance, n_private, load, lengths):
     """Loop of :func:`lookup_tiers`: validate indices, reset the workspace, replay the requests.
 
     ``state`` (n_keys, 4) int32 holds one row per key (prev, next, tier, owner), then, with pooled tiers,
     ``key_stride`` rows of the pool's keys; ``head``, ``tail`` (int32) and ``count`` (int64) hold one entry per
-    list, list ``tiers * instance + tier``, then the pooled tiers' ``tiers * n_instances + tier``. All are
-    overwritten.
+    list, list ``tiers * instance + tier``, then the pooled tiers' ``tiers * n_instances + tier``; ``load`` and
+    ``lengths`` (int64, one per instance, zeros) are cache-aware routing's. All are overwritten.
     """
     n_tiers = capacity_blocks.shape[0]
     pooled = n_private < n_tiers
@@ -814,19 +861,17 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
     reset_caches(state, head, tail, count)
     if pooled:
         _replay_pooled(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
-                       count, next_tier, key_stride, balance, n_private, n_keys)
+                       count, next_tier, key_stride, balance, n_private, n_keys, load, lengths)
     else:
         _replay_private(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
-                        count, next_tier, key_stride, balance)
+                        count, next_tier, key_stride, balance, load, lengths)
 
 
 @kernel
 def _replay_private(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
-                    count, next_tier, key_stride, balance):
+                    count, next_tier, key_stride, balance, load, lengths):
     """The requests through every instance's own tiers (the validated inputs of :func:`_replay`)."""
     n = instance.shape[0]
-    load = np.zeros(max(n_instances, 1), np.int64)
-    lengths = np.zeros(max(n_instances, 1), np.int64)
     for r in range(n):
         start = block_ptr[r]
         stop = block_ptr[r + 1]
@@ -843,13 +888,11 @@ def _replay_private(block_ptr, block_keys, instance, n_instances, capacity_block
 
 @kernel
 def _replay_pooled(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
-                   count, next_tier, key_stride, balance, n_private, n_keys):
+                   count, next_tier, key_stride, balance, n_private, n_keys, load, lengths):
     """:func:`_replay_private` with pooled tiers behind the first ``n_private`` (the pool's keys from ``n_keys``,
     its lists after every instance's)."""
     n = instance.shape[0]
     pool_list = capacity_blocks.shape[0] * n_instances
-    load = np.zeros(max(n_instances, 1), np.int64)
-    lengths = np.zeros(max(n_instances, 1), np.int64)
     for r in range(n):
         start = block_ptr[r]
         stop = block_ptr[r + 1]

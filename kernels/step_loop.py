@@ -139,6 +139,63 @@ WHEEL_SLOTS = 1 << 22
 
 
 @kernel
+def wheel_length(k, max_passes, pf_cap):
+    """Slots of each instance's timing wheels: the power of two that holds the longest decode stretch (``max_passes``
+    + 2), halved while the fleet's wheels together exceed :data:`WHEEL_SLOTS` and it stays above twice the
+    prefilling ring (``pf_cap``)."""
+    wheel = 1
+    while wheel < max_passes + 2:
+        wheel <<= 1
+    while k * wheel > WHEEL_SLOTS and wheel > 2 * pf_cap:
+        wheel >>= 1
+    return wheel
+
+
+@kernel
+def instance_arrays(k, pf_cap, static, wheel, preempt, n_lists, kv_blocks):
+    """Every array of :func:`simulate` whose size grows with the ``k`` instances, as the loop starts:
+
+    waiting queues (head, tail, length), the prefilling ring ``(k, pf_cap)``, a static batch and its members by
+    passes (``(k, pf_cap)`` each under static batching, else one slot), the timing wheels' heads (finishing
+    sequences; block growth with preemption, else one slot), seventeen scalars per instance (clock, free KV blocks,
+    running, decoding, KV sum and rate, decode clock, ring head and length, running tail, the static batch's decode
+    steps left, step time, KV slope, steps done and stopped members, finishing requests and their blocks), the
+    prefix caches' LRU lists (head, tail as int32, count; ``n_lists`` of them), each instance's feed (pointers,
+    fill), the router's view (load, free KV) and the busy instances' heap (time, index).
+
+    :func:`instance_bytes` is their size; a test holds the two equal. Two tuples (queues, ring, batch, wheels and
+    scalars; then lists, feed, router and heap): Numba cannot build a tuple of more than 30 items in one literal.
+    """
+    rows = k if static else 1
+    n_batch = pf_cap if static else 1
+    steps = (np.full(k, -1, np.int64), np.full(k, -1, np.int64), np.zeros(k, np.int64),
+             np.empty((k, pf_cap), np.int64), np.empty((rows, n_batch), np.int64),
+             np.empty((rows, n_batch), np.int64), np.full(k * wheel, -1, np.int64),
+             np.full(k * wheel if preempt else 1, -1, np.int64), np.full(k, -np.inf), np.full(k, kv_blocks, np.int64),
+             np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k), np.zeros(k), np.zeros(k, np.int64),
+             np.zeros(k, np.int64), np.zeros(k, np.int64), np.full(k, -1, np.int64), np.full(k, -1, np.int64),
+             np.zeros(k), np.zeros(k), np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64),
+             np.zeros(k, np.int64))
+    routing = (np.empty(n_lists, np.int32), np.empty(n_lists, np.int32), np.empty(n_lists, np.int64),
+               np.zeros(k + 1, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64),
+               np.empty(k), np.empty(k, np.int64))
+    return steps, routing
+
+
+def instance_bytes(k: int, pf_cap: int, static: bool, wheel: int, preempt: bool, n_lists: int) -> int:
+    """Bytes of :func:`instance_arrays` (without allocating them).
+
+    Examples
+    --------
+    >>> instance_bytes(1, 1, False, 2, True, 3)  # 26 scalars, feed pointers, ring, batch rows, wheels, lists
+    320
+    """
+    k, pf_cap, wheel, n_lists = int(k), int(pf_cap), int(wheel), int(n_lists)
+    batch = (k if static else 1) * (pf_cap if static else 1)
+    return 8 * (26 * k + 1 + k * pf_cap + 2 * batch + k * wheel + (k * wheel if preempt else 1)) + 16 * n_lists
+
+
+@kernel
 def _first_admission(s, owner, caching, cache_state, head, tail, count, capacity_blocks, next_tier, n_private,
                      pool_key, pool_list, block_keys, block_ptr, key_stride, hits, block_tokens, prompt_tokens,
                      out_cached):
@@ -453,41 +510,30 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     stamp = np.zeros(n_cont, np.int64)  # admission rank: block growth goes oldest first
     run_prev = np.full(n_pre, -1, np.int64)  # running sequences in admission order (victims from the tail)
     run_next = np.full(n_pre, -1, np.int64)
-    # Waiting queues: FCFS as singly linked lists, keyed as skew heaps on (key, rank of release).
-    q_head = np.full(k, -1, np.int64)
-    q_tail = np.full(k, -1, np.int64)
-    q_len = np.zeros(k, np.int64)
+    # Waiting queues: FCFS as singly linked lists (heads, tails and lengths per instance, below), keyed as skew
+    # heaps on (key, rank of release).
     q_next = np.full(n, -1, np.int64)
     key = np.zeros(n_key, np.int64)
     tie = np.zeros(n_key, np.int64)
     q_left = np.full(n_key, -1, np.int64)
     q_right = np.full(n_key, -1, np.int64)
-    # Per instance: sequences admitted with prefill left, in admission order (a ring), and a static batch.
+    # Per instance (instance_arrays): sequences admitted with prefill left, in admission order (a ring), a static
+    # batch, and the timing wheels: per decode-clock step, the sequences finishing at its end and those needing a
+    # block at its start.
     pf_cap = max(1, min(max_seqs, n))
-    pf = np.empty((k, pf_cap), np.int64)
     survivors = np.empty(pf_cap, np.int64)
     growing = np.empty(pf_cap, np.int64)
     n_batch = pf_cap if static else 1
-    batch = np.empty((k if static else 1, n_batch), np.int64)
-    by_passes = np.empty((k if static else 1, n_batch), np.int64)
     member_passes = np.empty(n_batch, np.int64)
-    # Timing wheels: per instance and decode-clock step, the sequences finishing at its end and those needing a
-    # block at its start.
     max_passes = 0
     for r in range(n):
         max_passes = max(max_passes, passes[r])
-    wheel = 1
-    while wheel < max_passes + 2:
-        wheel <<= 1
-    while k * wheel > WHEEL_SLOTS and wheel > 2 * pf_cap:
-        wheel >>= 1
+    wheel = wheel_length(k, max_passes, pf_cap)
     mask = wheel - 1
     full_wheel = wheel >= max_passes + 2  # a slot then holds the sequences of one step only
-    finish_head = np.full(k * wheel, -1, np.int64)
     f_next = np.full(n_cont, -1, np.int64)
     f_prev = np.full(n_cont, -1, np.int64)
     f_step = np.full(n_cont, -1, np.int64)
-    block_head = np.full(k * wheel if preempt else 1, -1, np.int64)
     b_next = np.full(n_pre, -1, np.int64)
     b_prev = np.full(n_pre, -1, np.int64)
     b_step = np.full(n_pre, -1, np.int64)
@@ -501,26 +547,14 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
         decode_only_s[d] = step_time(step_time_table, decode_edges, prefill_edges, d, 0)
         slope_of[d] = kv_slope_at(kv_slope, decode_edges, d)
 
-    # The instances' scalar state, loaded into locals while one of them runs its steps.
-    clock = np.full(k, -np.inf)  # start of each instance's next step
-    free_blocks = np.full(k, params_int[P_KV_BLOCKS], np.int64)
-    running = np.zeros(k, np.int64)
-    decoding = np.zeros(k, np.int64)
-    kv_sum = np.zeros(k)  # summed KV length of the decoding sequences at the next step's pass
-    kv_rate = np.zeros(k)  # KV tokens one pass of every decoding sequence adds
-    dclock = np.zeros(k, np.int64)  # decode steps run: the timing wheels' clock
-    pf_head = np.zeros(k, np.int64)
-    pf_len = np.zeros(k, np.int64)
-    run_tail = np.full(k, -1, np.int64)
-    decode_left = np.full(k, -1, np.int64)  # decode steps left in the static batch; -1 while it prefills
-    static_step_s = np.zeros(k)  # the static batch's decode step time before its KV term, and its KV slope
-    static_slope = np.zeros(k)
-    static_done = np.zeros(k, np.int64)  # decode steps the static batch has run
-    static_stop = np.zeros(k, np.int64)  # its members (by passes) whose KV no longer grows
-    # The requests that finish at the end of each instance's last step, and the KV blocks they free: while that
-    # step runs (its end is after an arrival) they are still in flight, and their blocks still held.
-    ending = np.zeros(k, np.int64)
-    freeing = np.zeros(k, np.int64)
+    # The instances' state (what each array holds: instance_arrays), loaded into locals while one of them runs its
+    # steps.
+    n_lists = n_tiers * (k + 1 if shared_tiers else k)  # the pool's lists after every instance's
+    steps_state, routing_state = instance_arrays(k, pf_cap, static, wheel, preempt, n_lists, params_int[P_KV_BLOCKS])
+    (q_head, q_tail, q_len, pf, batch, by_passes, finish_head, block_head, clock, free_blocks, running, decoding,
+     kv_sum, kv_rate, dclock, pf_head, pf_len, run_tail, decode_left, static_step_s, static_slope, static_done,
+     static_stop, ending, freeing) = steps_state
+    head, tail, count, feed_ptr, fill, load, free_now, busy_t, busy_i = routing_state
     out_instance_steps[:] = 0
     out_cached[:, :] = 0
     out_stats[:] = 0.0
@@ -532,17 +566,14 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     else:
         out_arrival_s[:] = arrival_s
 
-    n_lists = n_tiers * (k + 1 if shared_tiers else k)  # the pool's lists after every instance's
-    head = np.empty(n_lists, np.int32)
-    tail = np.empty(n_lists, np.int32)
-    count = np.empty(n_lists, np.int64)
     next_tier = next_tiers(capacity_blocks)
     if caching:
         reset_caches(cache_state, head, tail, count)
     hits = np.zeros((1, n_tiers), np.int64)
-    # A closed loop's pending arrivals by (time, index): at most one per user.
-    arrive_t = np.empty(max(users, 1))
-    arrive_r = np.empty(max(users, 1), np.int64)
+    # A closed loop's pending arrivals by (time, index): at most one per user, and one per request (users beyond the
+    # requests stay idle).
+    arrive_t = np.empty(max(min(users, n), 1))
+    arrive_r = np.empty(max(min(users, n), 1), np.int64)
     pending = np.zeros(5, np.int64)
     status = STATUS_OK
     token_budget = params_int[P_TOKEN_BUDGET]
@@ -574,21 +605,15 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     if fed_alone:
         window_end = arrival_s[n - 1]
     feed = np.empty(n if fed_alone else 0, np.int64)  # each instance's requests, in order of arrival
-    feed_ptr = np.zeros(k + 1, np.int64)
     if fed_alone:
         for r in range(n):
             feed_ptr[given_instance[r] + 1] += 1
         for i in range(k):
             feed_ptr[i + 1] += feed_ptr[i]
-        fill = feed_ptr[:k].copy()
+        fill[:] = feed_ptr[:k]
         for r in range(n):
             feed[fill[given_instance[r]]] = r
             fill[given_instance[r]] += 1
-    load = np.zeros(k, np.int64)  # the router's view at an arrival
-    free_now = np.zeros(k, np.int64)
-    # With a shared cache or a closed loop, the busy instances by (next step start, index).
-    busy_t = np.empty(k)
-    busy_i = np.empty(k, np.int64)
     busy_size = np.zeros(5, np.int64)
     if closed:
         for r in range(min(users, n)):

@@ -343,16 +343,21 @@ def test_the_fleet_step_log_accounts_for_every_prompt_token():
 
 
 def test_caches_too_large_are_refused_in_one_line_naming_the_key():
+    """Refused before the cache stage or the step loop allocates anything per instance (so at once)."""
     import pickle
 
     from mcsim.errors import McsimError, RunLimitError
 
-    with pytest.raises(RunLimitError, match=r"deployment.fleet_simulation: .*3000 instances x \d+ distinct blocks"):
+    with pytest.raises(RunLimitError, match=r"^deployment.instances = 3,000 with deployment.routing = 'cache-aware' "
+                       r"\(fleet_simulation = 'replicas'\): the replicas' step loop would need about [\d.]+ GiB .*"
+                       r"prefix cache of [\d,]+ distinct blocks .* more than the 2.0 GiB the replicas' prefix caches"):
         _dense_node(["deployment.instances=3000", "deployment.fleet_simulation=replicas",
                      "deployment.routing=cache-aware"], requests=2000, samples=1)
-    with pytest.raises(RunLimitError, match=r"running sets would need .* \(20000 instances x 8192 sequences\)"):
-        simulate_fleet_batching([0.0], [1], [1], [1], n_instances=20000, router="round-robin", max_seqs=8192,
-                                **TABLE)
+    n = 8192  # each of 40,000 instances keeps a ring of min(max_seqs, n) slots: 2.4 GiB
+    with pytest.raises(RunLimitError, match=r"deployment.instances = 40,000 .* running sets and wheels of 8,192 "
+                       r"and 2 slots .* more than the 2.0 GiB the replicas' running sets and queues may take"):
+        simulate_fleet_batching(np.zeros(n), np.ones(n), np.ones(n), np.ones(n), n_instances=40000,
+                                router="round-robin", max_seqs=8192, **TABLE)
     err = RunLimitError("deployment.fleet_simulation: too large")
     assert isinstance(err, McsimError) and str(pickle.loads(pickle.dumps(err))) == str(err)  # crosses processes
 

@@ -139,7 +139,8 @@ def test_bounded_rows_fill_then_reclaim_and_reuse_what_dense_rows_reuse():
         caches.replay(req.block_ptr[part[0]:part[-1] + 2] - req.block_ptr[part[0]], req.block_runs[part],
                       instance[part], bounded[part[0]:part[-1] + 1])
     assert caches.rows_used[0] > caches.state.shape[0] - caches.longest  # (nearly) every row used, then reclaimed
-    arrays = (caches.state, caches.head, caches.tail, caches.count, caches.row_key, caches.table, caches.free)
+    arrays = (caches.state, caches.head, caches.tail, caches.count, caches.row_key, caches.table, caches.free,
+              caches.load, caches.lengths)
     assert kv_tiers.RunCaches.most_bytes(capacity, 2, caches.longest) == sum(a.nbytes for a in arrays)
     assert int(np.diff(req.block_ptr).sum()) > 2 * caches.state.shape[0] and dense[:, 2].sum() > 0
     np.testing.assert_array_equal(bounded, dense)

@@ -17,6 +17,7 @@ import numpy as np
 from mcsim.execution import progress
 from mcsim.perf import factor as perf
 from mcsim.perf import fleet
+from mcsim.perf import fleet_memory
 from mcsim.perf.hardware import performance_defaults
 from mcsim.perf.roofline_model import RooflineStepModel
 from mcsim.results.variables import WORKLOAD_CLASS
@@ -346,6 +347,8 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
     measured = requests.tail(warm)
     cache_in = kvcache.Inputs.from_params(p, requests.block_tokens, perf.kv_bytes(p))
     shared["cache_inputs"] = cache_in
+    # Before the cache stage allocates anything per instance: a fleet that cannot fit is refused in one line.
+    fleet_memory.check_sample(p, cache_in, requests)
     every = once(cache_in, lambda: cache_stage(cache_in, requests, rng_for(seed, sample, STREAM_ROUTING)))
     cached = every[warm:]
     shared["cache_steady_state"] = once(
@@ -392,6 +395,7 @@ def streamed_variant(scn: Scenario, variant: str, p: dict, sample: int, seed: in
         key = shared["workload_inputs"].first_difference(inputs)
         raise ScenarioError(scn.source, key, f"variant {variant} changes the workload; the variants of a "
                             "sample share their requests, so sweep it with --grid instead")
+    fleet_memory.check_streamed(p)
     stages = StreamedSample(scn, p, sample, seed, n_requests, chunk_requests(p))
     expert_in = None
     if p["model.experts"] > 0:

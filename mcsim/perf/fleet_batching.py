@@ -28,18 +28,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mcsim.errors import RunLimitError
 from mcsim.kernels import batching_helpers as slots
 from mcsim.kernels import step_loop as kernel
 from mcsim.kernels.kv_tiers import MAX_TIERS, _workspace
 from mcsim.scenario import policies
 from mcsim.perf.batching import (_as_int, _per_request, _summary, base_params, check_arrivals, check_requests,
                                  check_step_model, queue_steady_state)
+from mcsim.perf.fleet_memory import MAX_CACHE_ROWS, MAX_RUNNING_BYTES, refuse_over, replica_bytes  # noqa: F401
 from mcsim.scenario.choices import (  # noqa: F401  (the names, read here by the pool simulator and its tests)
     DECODE_ROUTERS, FLEET_SIMULATIONS, REPLICA_KEYS, REPLICA_NEEDS, REPLICA_SCHEDULERS, REPRESENTATIVE_ROUTERS,
     ROUTERS, ROUTING_POLICIES, replica_mismatch,
 )
 from mcsim.stages.kvcache import first_block_instances
+from mcsim.stages.kvcache_plan import dense_block_ids
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,6 @@ ROUTER_TABLE = {router.name: router for router in (
     Router("cache-aware", "least", prefix=True),
     Router("pooled", "least", pooled=True),
 )}
-#: The replicas' prefix caches hold one row of 16 bytes per (instance, distinct block): more rows than this
-#: (2 GiB) is refused rather than swapped.
-MAX_CACHE_ROWS = 1 << 27
-#: Each replica keeps up to three int64 rows of ``max_seqs`` slots (its prefilling ring, and a static batch's members
-#: in two orders; its timing wheels hold at most 4 M slots in all the fleet): more than this in all (2 GiB) is
-#: refused rather than swapped.
-MAX_RUNNING_BYTES = 1 << 31
-
 #: The summary's per-instance figures, which the one-instance simulator leaves out.
 FLEET_SUMMARY_KEYS = ("requests_per_instance", "instance_steps", "instance_load_imbalance")
 
@@ -122,19 +115,6 @@ def affinity_instances(block_ptr, block_ids, uniform, n_instances: int) -> np.nd
     spread = np.minimum((np.asarray(uniform) * n_instances).astype(np.int64), n_instances - 1)
     has_block, by_prefix = first_block_instances(block_ptr, block_ids, n_instances)
     return np.where(has_block, by_prefix, spread)
-
-
-def dense_blocks(block_ids) -> tuple[np.ndarray, int]:
-    """Block ids as keys in ``0 .. U - 1`` (the caches' key space per instance), and ``U``: as given when they are
-    already small non-negative integers (the generator's, Mooncake's), else renumbered by ``np.unique``."""
-    block_ids = np.asarray(block_ids, dtype=np.int64)
-    if block_ids.size == 0:
-        return block_ids, 1
-    lo, hi = int(block_ids.min()), int(block_ids.max())
-    if lo >= 0 and hi < 2 * block_ids.size + (1 << 20):
-        return block_ids, hi + 1
-    unique, dense = np.unique(block_ids, return_inverse=True)
-    return dense.astype(np.int64).reshape(-1), len(unique)
 
 
 def simulate_batching(
@@ -309,6 +289,7 @@ def simulate_fleet_batching(
     measured=None,
     steady_tolerance: float = 0.1,
     max_steps: int = 0,
+    instances_key: str = "deployment.instances",
 ) -> dict:
     """Simulate ``n_instances`` replicas behind a router and summarise the fleet's latency.
 
@@ -368,6 +349,10 @@ def simulate_fleet_batching(
     max_steps : int
         Keep the fleet's first steps in ``step_log`` (0: none): every instance's steps in order of (start,
         instance), up to the time by which some instance had run ``max_steps`` steps, at most ``max_steps``.
+    instances_key : str
+        The scenario key that gave ``n_instances``, named by the refusal of a fleet whose memory
+        (:func:`mcsim.perf.fleet_memory.replica_bytes`) exceeds its limits or the memory available
+        (:class:`~mcsim.errors.RunLimitError`), raised before anything that grows with the instances is allocated.
 
     Returns
     -------
@@ -433,7 +418,7 @@ def simulate_fleet_batching(
     # Without blocks no request has a whole block: prefix-affinity then spreads them by router_uniform.
     ptr = np.zeros(n + 1, np.int64) if block_ptr is None else np.ascontiguousarray(block_ptr, dtype=np.int64)
     ids = np.zeros(0, np.int64) if block_ids is None else np.ascontiguousarray(block_ids, dtype=np.int64)
-    keys, stride = dense_blocks(ids) if caching else (ids, 1)
+    keys, stride = dense_block_ids(ids) if caching else (ids, 1)
 
     users = int(closed_users)
     think = np.zeros(n) if think_s is None else np.ascontiguousarray(think_s, dtype=np.float64)
@@ -482,17 +467,12 @@ def simulate_fleet_batching(
         own = capacity.size - int(pooled_tiers)
         capacity = np.concatenate([capacity[:own] * k, capacity[own:]])
     rows = (stride if pooled else (k + (1 if shared else 0)) * stride) if caching else 0
-    if rows > MAX_CACHE_ROWS:
-        raise RunLimitError(f"deployment.fleet_simulation: the replicas' prefix caches would need "
-                            f"{rows * 16 / 2**30:.1f} GiB ({k} instances x {stride} distinct blocks), more than "
-                            f"{MAX_CACHE_ROWS * 16 / 2**30:.0f} GiB; use fewer requests or instances, or "
-                            "fleet_simulation = 'representative'")
-    running_bytes = 3 * 8 * k * int(max_seqs)
-    if running_bytes > MAX_RUNNING_BYTES:
-        raise RunLimitError(f"deployment.fleet_simulation: the replicas' running sets would need "
-                            f"{running_bytes / 2**30:.1f} GiB ({k} instances x {int(max_seqs)} sequences), more "
-                            f"than {MAX_RUNNING_BYTES / 2**30:.0f} GiB; use fewer instances or a lower "
-                            "max_batch_per_gpu, or fleet_simulation = 'representative'")
+    cap = max(int(max_steps), 0)
+    # Everything below that grows with the instances, counted before any of it is allocated.
+    refuse_over([replica_bytes(n, k, stride=stride, capacity_blocks=capacity, pooled=entry.pooled,
+                               pooled_tiers=int(pooled_tiers), max_seqs=int(max_seqs),
+                               max_passes=int(passes.max()), static=scheduler.admission == "static",
+                               preempt=bool(preempt), max_steps=cap, key=instances_key)], router, "replicas")
     # The tier stage's per-thread workspace: reused, so its pages are not faulted in again for every run.
     cache_state = _workspace(rows) if rows else np.empty((0, 4), np.int32)
     instance = np.empty(n, np.int64)
@@ -500,7 +480,6 @@ def simulate_fleet_batching(
     cached = np.zeros((n, capacity.size), np.int64)
     instance_steps = np.zeros(k, np.int64)
     stats = np.zeros(slots.N_STATS)
-    cap = max(int(max_steps), 0)
     log = {"start_s": np.empty((k, cap)), "decode_seqs": np.empty((k, cap), np.int64),
            "prefill_tokens": np.empty((k, cap), np.int64), "step_s": np.empty((k, cap)),
            "waiting": np.empty((k, cap), np.int64)}

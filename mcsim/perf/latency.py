@@ -317,7 +317,8 @@ class PoolSimulator:
             balance_requests=p["deployment.routing_balance_requests"], step_time_table=table, decode_edges=d_edges,
             prefill_edges=p_edges, token_budget=budget, max_seqs=max(min(m, budget), 1), block_tokens=w.block,
             chunk_tokens=chunk, max_new_per_step=self.max_new, policy=self._prefill_policy(), priority=w.priority,
-            measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"])
+            measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"],
+            instances_key="deployment.prefill_instances")
         fp, summary = fleet["per_request"], fleet["summary"]
         restore = _restore_s(w, fp["cached_tokens"])
         return {"handoff": fp["ttft_s"] + restore + w.transfer_s, "queue": fp["queue_s"], "measured": fp["measured"],

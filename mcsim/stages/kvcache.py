@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mcsim.kernels.kv_tiers import RunCaches, lookup_tiers, lookup_tiers_runs, run_id_range
+from mcsim.kernels.kv_tiers import RunCaches, lookup_tiers, lookup_tiers_runs
 from mcsim.scenario.choices import instance_gpus
 from mcsim.scenario.schema import TIER_SCOPES
 from mcsim.stages import steady_state as steady
+from mcsim.stages.kvcache_plan import DENSE_SLACK, dense_block_ids, replay_plan
 
 ROUTING = ("random", "round-robin", "prefix-affinity", "cache-aware", "pooled")
 #: Routers of the instances' current load, which only the replicas' simulation has (:mod:`mcsim.perf.fleet_batching`).
@@ -291,16 +292,6 @@ def capacity_blocks(tier_bytes, kv_bytes_per_token: float, block_tokens: int) ->
     return np.floor(np.array(tier_bytes, dtype=float) / per_block).astype(np.int64)
 
 
-def _run_span(requests) -> int:
-    """One more than the largest block id of requests whose ids are runs (``Requests.block_runs``); 0 without runs
-    (or with a negative id)."""
-    runs = getattr(requests, "block_runs", None)  # (a trace's requests, or any with block_ids only, have none)
-    if runs is None or requests.n == 0:
-        return 0
-    lowest, end = run_id_range(requests.block_ptr, runs)
-    return end if lowest >= 0 else 0
-
-
 def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray, caches: int):
     """One dense key per (instance, block) pair, as the kernel wants.
 
@@ -309,7 +300,7 @@ def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray,
     renumbered with ``np.unique``.
     """
     lo, span = int(block_ids.min()), int(block_ids.max()) + 1
-    if lo >= 0 and caches * span <= 2 * len(block_ids) + (1 << 20):
+    if lo >= 0 and caches * span <= 2 * len(block_ids) + DENSE_SLACK:
         if caches == 1:
             return block_ids, span
         return np.repeat(instance.astype(np.int64), counts) * span + block_ids, caches * span
@@ -341,39 +332,27 @@ def cache_hits(requests, policy: str, n_instances: int, capacity_per_instance: n
         pooled tiers are one cache that every request uses, whatever the routing.
     """
     n = requests.n
-    nnz = int(requests.block_ptr[-1] - requests.block_ptr[0])
     # Only prefix affinity reads the ids to route (the generator's are then written out).
     instance = route(policy, requests.block_ptr, requests.block_ids if policy == "prefix-affinity" else
                      np.zeros(0, np.int64), n_instances, rng)
-    capacity = np.asarray(capacity_per_instance, dtype=np.int64).copy()
-    private = len(capacity) if private_tiers < 0 else int(private_tiers)
-    caches = n_instances
-    if private == 0:  # only pooled tiers: one cache, as the kernel's own tiers of one instance
-        caches, private = 1, len(capacity)
-    elif policy == "pooled":
-        capacity[:private] = capacity[:private] * n_instances
-        caches = 1
+    plan = replay_plan(requests, policy, n_instances, capacity_per_instance, private_tiers)
+    capacity, caches, private = np.array(plan.capacity, dtype=np.int64), plan.caches, plan.private
     hits = np.zeros((n, len(capacity)), dtype=np.int64)
     counts = np.diff(requests.block_ptr)
-    pooled = private < len(capacity)
-    if ((policy == "cache-aware" and caches > 1) or pooled) and nnz and capacity[0] > 0:
+    if plan.kind == "routed":
         # Block ids in the key_stride layout: instance i's key of block b is i * stride + b (and the pool's is
         # caches * stride + b).
-        ids = requests.block_ids
-        if ids.min() < 0 or ids.max() >= 2 * len(ids) + (1 << 20):
-            ids = np.unique(ids, return_inverse=True)[1].astype(np.int64)
-        stride = int(ids.max()) + 1
+        ids, stride = dense_block_ids(requests.block_ids)
         if not (policy == "cache-aware" and caches > 1):
             instance = (np.where(instance < 0, np.arange(n) % caches, instance) if caches > 1
                         else np.zeros(n)).astype(np.int32)
         lookup_tiers(requests.block_ptr, ids, instance, caches, caches * stride, capacity, hits, key_stride=stride,
                      balance=balance, n_private=private)
-    elif nnz and capacity[0] > 0:
+    elif plan.kind != "none":
         instance = np.where(instance < 0, np.arange(n) % max(caches, 1), instance).astype(np.int32)
         serving = instance if caches > 1 else np.zeros(n, np.int32)
-        span = _run_span(requests)
-        if span and caches * span <= 2 * nnz + (1 << 20):  # the generator's runs, in a key space as dense
-            lookup_tiers_runs(requests.block_ptr, requests.block_runs, serving, caches, span, capacity, hits)
+        if plan.kind == "runs":
+            lookup_tiers_runs(requests.block_ptr, requests.block_runs, serving, caches, plan.span, capacity, hits)
         else:
             keys, n_keys = _dense_keys(requests.block_ids, instance, counts, caches)
             lookup_tiers(requests.block_ptr, keys, serving, caches, n_keys, capacity, hits)
