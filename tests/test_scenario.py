@@ -183,7 +183,7 @@ def test_wrong_types(text, key, fragment):
     ("[deployment]\nmemory_fraction = 0\n", "deployment.memory_fraction", "in (0, 1]"),
     ("[deployment]\nmemory_fraction = 1.01\n", "deployment.memory_fraction", "in (0, 1]"),
     ("[economics]\npue = 0.9\n", "economics.pue", "in [1, inf]"),
-    ("[hardware]\nhbm_gb = -1\n", "hardware.hbm_gb", "in (0, inf]"),
+    ("[hardware]\nhbm_gb = -1\n", "hardware.hbm_gb", "in (0, 100000]"),
     ("[workload.classes.chat]\nacceptance = 1.2\n", "workload.classes.chat.acceptance", "in [0, 1]"),
     ('[mc]\nwarmup_fraction = { dist = "uniform", low = 0.1, high = 0.95 }\n', "mc.warmup_fraction",
      "uniform distribution's support [0.1, 0.95]"),

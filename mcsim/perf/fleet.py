@@ -580,7 +580,10 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         for chunk, cached, passes_c in (requests.chunks() if streamed else [(requests, cached_tokens, passes)]):
             service_times(chunk, cached, passes_c)
         saturated, little = 0, math.nan
-    concurrency = (n / duration) * (pass_s * sums.passes / n) / max(available, 1e-9)
+    # Little's law: arrival rate x decode time per request, over the GPU time left for decode; none is left when a
+    # colocated fleet's prefill alone exceeds it (a fixed fleet far past its capacity): no figure, NaN, not a
+    # division by almost nothing
+    concurrency = (n / duration) * (pass_s * sums.passes / n) / available if available > 0 else math.nan
 
     metrics = {
         **stage,

@@ -713,6 +713,10 @@ def _check_expert_layout(scn: Scenario, v: dict):
         ep = v["deployment.tp"] * v["deployment.pp"]  # gpus_per_instance 0: tp x pp
     if not all(isinstance(x, int) for x in (experts, redundant, ep)) or experts <= 0:
         return
+    active = v["model.active_experts"]
+    if isinstance(active, int) and not 1 <= active <= experts:
+        raise ScenarioError(scn.source, "model.active_experts", f"expected an integer in [1, {experts}] (a token's "
+                            f"routed experts among the model's experts = {experts}), got {active}")
     if redundant > 0 and (experts + redundant) % ep:
         raise ScenarioError(scn.source, "moe.redundant_experts",
                             f"experts + redundant_experts = {experts + redundant} must be divisible by the EP ranks "

@@ -25,6 +25,7 @@ from typing import Any
 
 from mcsim.errors import McsimError
 from mcsim.scenario import catalog
+from mcsim.scenario.bounds import CATALOG_LOWER, CATALOG_UPPER, ELEMENT_BYTES, MAX_BURSTINESS, MAX_GPU_MEMORY_GB
 from mcsim.scenario.choices import (ALLREDUCE_ALGORITHMS, ALLREDUCE_IMPLS, ALLTOALL_ALGORITHMS, FLEET_SIMULATIONS,
                                     ROUTING_POLICIES, SCHEDULERS, STACKS)
 
@@ -201,7 +202,8 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                    "the rest of gpus_per_instance / (tp x pp).", 1, 4096),
         "pp": I(1, "Pipeline-parallel stages of a decode instance (roofline).", 1, 1024),
         "prefill_tp": I(1, "Tensor-parallel degree of a prefill instance (roofline).", 1, 4096),
-        "activation_gb_per_gpu": F(4.0, "HBM reserved per GPU for activations and workspace.", 0, None),
+        "activation_gb_per_gpu": F(4.0, "HBM reserved per GPU for activations and workspace, GB (at most "
+                                        "100,000, more than any GPU holds).", 0, MAX_GPU_MEMORY_GB),
     },
     "workload": {
         "trace": S("", "Replay a real trace instead of the generator: a path, or 'bundled:mooncake', "
@@ -216,8 +218,10 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "rate_rps": F(50.0, "Mean arrival rate of the simulated traffic, requests/s (generator only; traces "
                             "keep their own timestamps).", 0, None, lo_open=True),
         "arrivals": C("poisson", "Arrival process.", "poisson", "gamma"),
-        "burstiness": F(1.0, "Gamma arrivals: 1/shape of the inter-arrival gamma (1 = Poisson, >1 = bursty).",
-                        0, None, lo_open=True),
+        "burstiness": F(1.0, "Gamma arrivals: 1/shape of the inter-arrival gamma, the squared coefficient of "
+                              "variation of the gaps (1 = Poisson, >1 = bursty). At most 100, gaps whose standard "
+                              "deviation is ten times their mean (beyond it nearly every gamma gap is 0 and a "
+                              "sample's requests arrive at one instant).", 0, MAX_BURSTINESS, lo_open=True),
         "rate_profile": W("Arrival rate over a period (a diurnal profile): relative rates, one per equal slice of "
                           "rate_profile_period_s (e.g. 24 hourly values), normalised to mean 1 so that rate_rps "
                           "stays the mean rate over a whole period; a slice of rate 0 gets no arrival. The "
@@ -272,15 +276,16 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
     },
     "precision": {
         "enabled": B(True, "Low-precision weights and KV (lever)."),
-        "weight_bytes": F(1.0, "Bytes per weight when enabled (baseline: 2, BF16).", 0, None, lo_open=True),
-        "kv_bytes": F(1.0, "Bytes per KV element when enabled (baseline: 2, BF16). MLA latent caches are "
-                           "commonly kept at 2.", 0, None, lo_open=True),
+        "weight_bytes": F(1.0, "Bytes per weight when enabled (baseline: 2, BF16), from one bit (0.125) to FP64 "
+                               "(8).", *ELEMENT_BYTES),
+        "kv_bytes": F(1.0, "Bytes per KV element when enabled (baseline: 2, BF16), from one bit (0.125) to FP64 "
+                           "(8). MLA latent caches are commonly kept at 2.", *ELEMENT_BYTES),
         "decode_gain": F(1.3, "Decode throughput gain from low precision.", 0, None, lo_open=True, fidelity="factor"),
         "prefill_gain": F(1.5, "Prefill throughput gain from low precision.", 0, None, lo_open=True, fidelity="factor"),
         "compute": C("fp8", "Matmul precision when enabled (roofline; falls back to a wider format the hardware "
                             "has).", "fp32", "bf16", "fp8", "fp4", fidelity="roofline"),
-        "activation_bytes": F(2.0, "Bytes per activation element (roofline).", 0, None, lo_open=True,
-                              fidelity="roofline"),
+        "activation_bytes": F(2.0, "Bytes per activation element (roofline), from one bit (0.125) to FP64 (8).",
+                              *ELEMENT_BYTES, fidelity="roofline"),
     },
     "performance": {
         "fidelity": C("factor", "factor: throughput as base x lever factors; roofline: step times from the model "
@@ -588,15 +593,6 @@ def field_for(path: str) -> Field | None:
         if t is str:
             return Field("str", None, "catalog field")
         lo, lo_open = CATALOG_LOWER.get(path, (0, False))
-        return Field({int: "int", float: "float"}[t], None, "catalog field", lo, None, lo_open=lo_open)
+        return Field({int: "int", float: "float"}[t], None, "catalog field", lo, CATALOG_UPPER.get(path),
+                     lo_open=lo_open)
     return None
-
-
-#: Catalog fields that must be above 0 (or at least 1) for a model or accelerator to make sense; every other
-#: numeric catalog field is >= 0 (0: absent or not measured).
-CATALOG_LOWER = {
-    **{f"hardware.{k}": (0, True) for k in ("hbm_gb", "hbm_tb_s", "bf16_tflops", "fp32_tflops")},
-    "hardware.gpus_per_node": (1, False),
-    **{f"model.{k}": (1, False) for k in ("layers", "hidden_size", "attention_heads", "vocab", "max_context")},
-}
-

@@ -39,8 +39,10 @@ def gpu_power_w(tdp_w: float, idle_w: float, busy_fraction: float) -> float:
 
 def revenue_usd(hit_tokens: float, miss_tokens: float, output_tokens: float, price_hit: float, price_miss: float,
                 price_output: float, billed_fraction: float = 1.0) -> float:
-    """Revenue of token counts at prices in USD per million tokens."""
-    return billed_fraction * (hit_tokens * price_hit + miss_tokens * price_miss + output_tokens * price_output) / 1e6
+    """Revenue of token counts at prices in USD per million tokens (each price taken per token first, so that a
+    price near the largest float does not overflow with the count)."""
+    return billed_fraction * (hit_tokens * (price_hit / 1e6) + miss_tokens * (price_miss / 1e6)
+                              + output_tokens * (price_output / 1e6))
 
 
 def daily(gpus: float, busy_fraction: float, *, hit_tokens_per_day: float, miss_tokens_per_day: float,
@@ -69,7 +71,6 @@ def daily(gpus: float, busy_fraction: float, *, hit_tokens_per_day: float, miss_
         under rental pricing there is no purchase to pay back and it is NaN.
     """
     watts = gpu_power_w(tdp_w, idle_w, busy_fraction) * pue
-    energy_j_per_day = gpus * watts * 86400.0
     electricity_per_gpu_day = watts / 1000.0 * 24.0 * electricity_usd_per_kwh
     if pricing == "rental":
         cost_per_gpu_day = rental_usd_per_gpu_hour * 24.0
@@ -85,7 +86,8 @@ def daily(gpus: float, busy_fraction: float, *, hit_tokens_per_day: float, miss_
     margin = 1.0 - cost / revenue if revenue > 0 else math.nan
     cost_profit = (revenue - cost) / cost if cost > 0 else math.nan
     per_mtok = cost / output_tokens_per_day * 1e6 if output_tokens_per_day > 0 else math.nan
-    energy_per_token = energy_j_per_day / output_tokens_per_day if output_tokens_per_day > 0 else math.nan
+    # the fleet's joules per day over the tokens, the small factor first (a day's joules may exceed the float range)
+    energy_per_token = watts * (gpus * 86400.0 / output_tokens_per_day) if output_tokens_per_day > 0 else math.nan
     monthly_net_per_gpu = (revenue / gpus - electricity_per_gpu_day_paid) * DAYS_PER_MONTH if gpus > 0 else 0.0
     if pricing == "rental":
         payback = math.nan  # nothing was bought; a rental's "payback" would mix two cost bases

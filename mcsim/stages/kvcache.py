@@ -286,10 +286,24 @@ def route(policy: str, block_ptr: np.ndarray, block_ids: np.ndarray, n_instances
     raise ValueError(f"unknown routing policy {policy!r}; expected one of {', '.join(ROUTING)}")
 
 
+#: Blocks one tier holds at most: 2**40 is already more than any sample replays (10^8 requests of a hundred blocks
+#: are 10^10 blocks), so a larger capacity caches as much, and the tiers' sums stay far within int64.
+MAX_CAPACITY_BLOCKS = 1 << 40
+
+
 def capacity_blocks(tier_bytes, kv_bytes_per_token: float, block_tokens: int) -> np.ndarray:
-    """Blocks per tier = bytes / (KV bytes per token x block tokens), for each tier's bytes."""
+    """Blocks per tier = bytes / (KV bytes per token x block tokens), for each tier's bytes, at most
+    :data:`MAX_CAPACITY_BLOCKS` (also where a block takes no bytes).
+
+    Examples
+    --------
+    >>> capacity_blocks([1e9, 0.0, 1e300], 1e5, 16).tolist()
+    [625, 0, 1099511627776]
+    """
     per_block = kv_bytes_per_token * block_tokens
-    return np.floor(np.array(tier_bytes, dtype=float) / per_block).astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        blocks = np.floor(np.array(tier_bytes, dtype=float) / per_block)
+    return np.where(np.isnan(blocks), 0, np.minimum(blocks, MAX_CAPACITY_BLOCKS)).astype(np.int64)
 
 
 def _dense_keys(block_ids: np.ndarray, instance: np.ndarray, counts: np.ndarray, caches: int):
