@@ -60,7 +60,8 @@ _VARS = [
              "batch throughput and cost are charged at), else what Little's law gives on the deployed fleet, at "
              "most the largest batch that fits KV memory, meets the TPOT target and the batch cap."),
     Variable("mean_concurrency_per_gpu", (), "sequences/GPU", "mean decode concurrency per GPU",
-             "Little's law: arrival rate x mean decode time per request / decode GPUs."),
+             "Little's law: arrival rate x mean decode time per request / decode GPUs (NaN when a fixed colocated "
+             "fleet's prefill alone takes all its GPUs)."),
     Variable("max_batch_by_memory", (), "sequences/GPU", "KV-memory batch limit per GPU",
              "Sequences of mean length whose KV fits in the HBM left after weights, activations and prefix cache."),
     Variable("spec_tokens_per_pass", (), "1", "realized speculative gain",
@@ -123,7 +124,7 @@ _VARS = [
     Variable("queue_wait_drift", (), "1", "queue wait drift of the batching simulator",
              "Mean queue wait of the requests arriving in the last quarter of the simulator's measured window minus "
              "the third quarter's, / the mean time in system; ~0 for a settled queue, large for a growing one (NaN "
-             "without the simulator)."),
+             "without the simulator, or when its measured window holds too few requests to compare)."),
     Variable("requests_for_steady_state", (), "requests", "requests per sample for steady state (estimate)",
              "Requests per sample at which the drifts would fall to their tolerances (mc.requests when steady): the "
              "drift of the run and of its first half (as a run of its own) fitted by a power law in the run length, "
