@@ -206,8 +206,8 @@ def test_numpy_speculative_agrees_with_reference_in_distribution():
 
 
 def test_the_frontier_day_runs_only_when_asked_and_reports_its_rate(tmp_path):
-    """Asked for, the frontier day's sample runs in a process of its own and the table quotes its time, rate and
-    memory; its 15-minute target is judged at 10^8 requests only."""
+    """Asked for, the frontier day's sample runs (in a process of its own, but for the tiny suite) and the table
+    quotes its time, rate and memory; its 15-minute target is judged at 10^8 requests only."""
     asked = run_suite(False, tmp_path, size="tiny", parts=["frontier"], progress=None)
     day = asked["scaling"]["frontier"]
     assert day["requests"] == 3_000 and day["seconds"] > 0 and day["peak_rss_mib"] > 50

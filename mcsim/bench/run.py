@@ -64,6 +64,7 @@ class SuiteSettings:
     compile: bool = False
     end_to_end_requests: int = 1_000_000
     frontier_requests: int = 100_000_000  # the frontier day's sample, run only when asked for (parts)
+    fresh_processes: bool = True  # each measurement in a process of its own (False: in this one, for ``tiny``)
 
 
 SETTINGS = {
@@ -78,7 +79,7 @@ SETTINGS = {
                            overhead_tasks=16, frontier_requests=1_000_000),
     "tiny": SuiteSettings(kernel_cases.TINY, 1, 1, (3_000, 6_000), 0, grid_points=(1, 2), grid_samples=1,
                           grid_requests=2_000, workers_requests=2_000, workers_samples=2, workers_points=1,
-                          overhead_tasks=4, frontier_requests=3_000),
+                          overhead_tasks=4, frontier_requests=3_000, fresh_processes=False),
 }
 
 
@@ -174,21 +175,24 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
         more = f" (and {settings.request_largest:,} if memory allows)" if settings.request_largest else ""
         progress(f"one sample at {', '.join(f'{n:,}' for n in settings.request_sizes)} requests{more}")
         sc["requests"] = scaling.requests_curve(settings.request_sizes, repeats=settings.request_repeats,
-                                                largest_if_memory_allows=settings.request_largest)
+                                                largest_if_memory_allows=settings.request_largest,
+                                                fresh=settings.fresh_processes)
         if settings.light_sizes:
             progress(f"one sample with 512-token blocks at {', '.join(f'{n:,}' for n in settings.light_sizes)} "
                      f"requests (and {settings.light_largest:,} if memory allows)")
             sc["requests_light"] = scaling.requests_curve(settings.light_sizes, scaling.LIGHT,
                                                           repeats=min(settings.request_repeats, 1),
-                                                          largest_if_memory_allows=settings.light_largest)
+                                                          largest_if_memory_allows=settings.light_largest,
+                                                          fresh=settings.fresh_processes)
     if "grid" in chosen:
         progress(f"sweeps of {', '.join(map(str, settings.grid_points))} grid points")
-        sc["grid"] = scaling.grid_curve(settings.grid_points, settings.grid_samples, settings.grid_requests)
+        sc["grid"] = scaling.grid_curve(settings.grid_points, settings.grid_samples, settings.grid_requests,
+                                        fresh=settings.fresh_processes)
     if "workers" in chosen:
         progress(f"sweep on 1 .. {os.cpu_count()} workers")
         sc["workers"] = scaling.workers_curve(settings.workers_requests, settings.workers_samples,
                                               settings.workers_points, settings.workers_repeats,
-                                              processes=settings.workers_processes)
+                                              processes=settings.workers_processes, fresh=settings.fresh_processes)
     if "overhead" in chosen:
         progress("Dask per-task overhead")
         sc["overhead"] = scaling.task_overhead(200, settings.overhead_tasks, max(1, settings.workers_repeats))
@@ -196,8 +200,10 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
         progress("Numba compile time (fresh processes, cache off and on)")
         sc["compile"] = compile_time.compile_times()
     if "frontier" in chosen and parts is not None:  # minutes: only when asked for
-        progress(f"the frontier day: one sample of {settings.frontier_requests:,} requests in a fresh process")
-        sc["frontier"] = scaling.in_subprocess("measure_frontier", requests=settings.frontier_requests)
+        progress(f"the frontier day: one sample of {settings.frontier_requests:,} requests"
+                 + (" in a fresh process" if settings.fresh_processes else ""))
+        sc["frontier"] = scaling.in_subprocess("measure_frontier", fresh=settings.fresh_processes,
+                                               requests=settings.frontier_requests)
     result["scaling"] = sc
     result["targets"] = design_targets(result, settings)
     result["seconds"] = time.perf_counter() - start

@@ -121,8 +121,15 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def in_subprocess(function: str, env: dict | None = None, module: str = "scaling", **kwargs):
-    """Run ``mcsim.bench.<module>.<function>(**kwargs)`` in a fresh Python process; return its JSON result."""
+def in_subprocess(function: str, env: dict | None = None, module: str = "scaling", fresh: bool = True, **kwargs):
+    """Run ``mcsim.bench.<module>.<function>(**kwargs)`` in a fresh Python process; return its JSON result.
+
+    ``fresh=False`` calls it in this process instead (the ``tiny`` suite of the tests, which checks structure, not
+    speed or memory: its memory figures then include what this process already held)."""
+    if not fresh:
+        import importlib
+
+        return json.loads(json.dumps(getattr(importlib.import_module(f"mcsim.bench.{module}"), function)(**kwargs)))
     code = (f"import json, sys\nfrom mcsim.bench import {module} as bench\n"
             f"print('\\n' + json.dumps(bench.{function}(**json.loads(sys.argv[1]))))\n")
     completed = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True, text=True,
@@ -178,14 +185,15 @@ def measure_frontier(requests: int) -> dict:
             "peak_rss_mib": peak_rss_bytes() / 2**20}
 
 
-def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allows: int | None = None) -> list[dict]:
-    """:func:`measure_sample` at each size, each in a fresh process.
+def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allows: int | None = None,
+                   fresh: bool = True) -> list[dict]:
+    """:func:`measure_sample` at each size, each in a fresh process (``fresh``, see :func:`in_subprocess`).
 
     ``largest_if_memory_allows``: one more size, run only if its memory fits in half the memory available now:
     a streamed sample's estimate (:func:`mcsim.execution.executor.sample_bytes`), or else the memory of the
     largest measured size scaled to it (with a 30 % margin); otherwise recorded as skipped.
     """
-    out = [in_subprocess("measure_sample", requests=int(n), overrides=list(overrides), repeats=repeats)
+    out = [in_subprocess("measure_sample", fresh=fresh, requests=int(n), overrides=list(overrides), repeats=repeats)
            for n in sizes]
     if largest_if_memory_allows:
         last = out[-1]
@@ -197,7 +205,7 @@ def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allo
             need = streamed
         available = available_memory_bytes()
         if available is not None and need < 0.5 * available:
-            out.append(in_subprocess("measure_sample", requests=int(largest_if_memory_allows),
+            out.append(in_subprocess("measure_sample", fresh=fresh, requests=int(largest_if_memory_allows),
                                      overrides=list(overrides), repeats=min(repeats, 1)))
         else:
             out.append({"requests": int(largest_if_memory_allows), "skipped": (
@@ -237,8 +245,8 @@ def measure_sweep(points: int, samples: int, requests: int, repeats: int = 1) ->
             "peak_memory_mib": max(0, peak_rss_bytes() - before) / 2**20}
 
 
-def grid_curve(point_counts, samples: int, requests: int, repeats: int = 1) -> dict:
-    """:func:`measure_sweep` at each grid size, each in a fresh process, and a straight-line fit.
+def grid_curve(point_counts, samples: int, requests: int, repeats: int = 1, fresh: bool = True) -> dict:
+    """:func:`measure_sweep` at each grid size, each in a fresh process (``fresh``), and a straight-line fit.
 
     Returns
     -------
@@ -246,8 +254,8 @@ def grid_curve(point_counts, samples: int, requests: int, repeats: int = 1) -> d
         ``points``: the measurements; ``seconds_per_point`` and ``fixed_seconds``: slope and intercept of the
         least-squares line through (points, seconds).
     """
-    rows = [in_subprocess("measure_sweep", points=int(p), samples=samples, requests=requests, repeats=repeats)
-            for p in point_counts]
+    rows = [in_subprocess("measure_sweep", fresh=fresh, points=int(p), samples=samples, requests=requests,
+                          repeats=repeats) for p in point_counts]
     x = np.array([r["points"] for r in rows], float)
     y = np.array([r["seconds"] for r in rows], float)
     slope, intercept = np.polyfit(x, y, 1) if len(rows) > 1 else (y[0] / x[0], 0.0)
@@ -266,8 +274,11 @@ def solo_sweep(requests: int, samples: int, points: int, part: int, parts: int) 
     return time.perf_counter() - start
 
 
-def independent_processes(n: int, requests: int, samples: int, points: int) -> float:
-    """Wall time of the sweep split over ``n`` independent processes started together (the slowest one)."""
+def independent_processes(n: int, requests: int, samples: int, points: int, fresh: bool = True) -> float:
+    """Wall time of the sweep split over ``n`` independent processes started together (the slowest one);
+    ``fresh=False``: the ``n`` parts one after another in this process, the slowest part's time."""
+    if not fresh:
+        return max(solo_sweep(requests, samples, points, i, n) for i in range(n))
     code = ("import sys\nfrom mcsim.bench import scaling\n"
             "print(scaling.solo_sweep(*map(int, sys.argv[1:])))\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(requests), str(samples), str(points), str(i), str(n)],
@@ -293,7 +304,7 @@ def worker_counts(cores: int | None = None) -> list[int]:
 
 
 def workers_curve(requests: int, samples: int, points: int, repeats: int = 2, processes: bool = True,
-                  counts=None) -> dict:
+                  counts=None, fresh: bool = True) -> dict:
     """Sweep time and parallel efficiency on 1 .. N workers (threads, processes) and the machine ceiling.
 
     Returns
@@ -320,7 +331,8 @@ def workers_curve(requests: int, samples: int, points: int, repeats: int = 2, pr
                 executor.execute(plan, scheduler=cluster.scheduler_address)  # start-up and imports on the workers
                 seconds.append(best_of(lambda: executor.execute(plan, scheduler=cluster.scheduler_address), repeats))
         out[kind] = _efficiency(counts, seconds)
-    out["independent"] = _efficiency(counts, [independent_processes(n, requests, samples, points) for n in counts])
+    out["independent"] = _efficiency(counts, [independent_processes(n, requests, samples, points, fresh)
+                                              for n in counts])
     return out
 
 
