@@ -260,8 +260,11 @@ def test_no_text_is_clipped_and_tick_labels_do_not_overlap(tmp_path, kind):
     from mcsim.results import report
 
     layout = _Layout(ds)
-    quantities = report._series(ds, ["gross_margin", "cost_usd_per_mtok", "decode_tok_s_per_gpu", "ttft_s",
-                                     "expert_efficiency", "cache_hit_rate_by_tier", "slo_attainment", "queue_wait_s"])
+    # every quantity's distribution (each its own range of values and ticks) for one point; on grids, where each
+    # distribution figure shows every point, the three of the sensitivity figures and the two of the load curves
+    names = ["gross_margin", "cost_usd_per_mtok", "decode_tok_s_per_gpu", "ttft_s", "expert_efficiency",
+             "cache_hit_rate_by_tier", "slo_attainment", "queue_wait_s"]
+    quantities = report._series(ds, names if kind == "point" else [*names[:4], "slo_attainment"])
     _, focus = report._sensitivity_rows(ds, layout, quantities[:3])
     figures = build_figures(ds, layout, quantities, quantities[:3], focus,
                             lambda labels: [s for s in quantities if s.label in labels])
@@ -285,7 +288,7 @@ def test_no_text_is_clipped_and_tick_labels_do_not_overlap(tmp_path, kind):
                 extents = [t.get_window_extent(renderer) for t in labels]
                 for (a, ea), (b, eb) in itertools.combinations(zip(labels, extents), 2):
                     assert not ea.overlaps(eb), (name, a.get_text(), b.get_text())
-    assert len(drawn) >= 8
+    assert len(drawn) >= 8 if kind == "point" else len(drawn) >= 6
 
 
 def test_heatmap_of_a_narrow_range_is_relative_and_every_panel_drawn():
