@@ -33,6 +33,7 @@ the bundled calibrations in ``mcsim/data/calibrations/``.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import tomllib
@@ -125,15 +126,35 @@ class GemmSurface:
         total = sum(w[s] * np.interp(grid, self.log2_rows[s], self.log_ratio[s]) for s in near)
         return grid, total / (W0 + w[near].sum())
 
+    @functools.lru_cache(maxsize=4096)
+    def _blend_lists(self, n: float, k: float) -> tuple:
+        """:meth:`_blend` as Python lists, for one GEMM at a time (NumPy's per-call cost exceeds the work)."""
+        grid, curve = self._blend(n, k)
+        return [float(v) for v in grid], [float(v) for v in curve]
+
     def log_factor(self, rows, n: float, k: float):
         """``r_hat``: the log correction of a GEMM of ``rows`` rows (float or array), ``n`` columns, depth ``k``."""
+        if not isinstance(rows, np.ndarray):
+            return _interp(math.log2(max(float(rows), 1.0)), *self._blend_lists(float(n), float(k)))
         grid, curve = self._blend(float(n), float(k))
         return np.interp(np.log2(np.maximum(rows, 1.0)), grid, curve)
 
     def factor(self, rows, n: float, k: float):
         """``exp(r_hat)``: the multiplier on the roofline's time of that GEMM."""
         return np.exp(self.log_factor(rows, n, k)) if isinstance(rows, np.ndarray) else \
-            math.exp(float(self.log_factor(rows, n, k)))
+            math.exp(self.log_factor(rows, n, k))
+
+
+def _interp(x: float, grid: list, curve: list) -> float:
+    """``np.interp(x, grid, curve)`` for one point, in its arithmetic (slope x offset from the left knot): linear
+    between the bracketing knots, constant beyond the ends."""
+    if x <= grid[0]:
+        return curve[0]
+    if x >= grid[-1]:
+        return curve[-1]
+    j = bisect.bisect_right(grid, x)
+    x0, x1 = grid[j - 1], grid[j]
+    return (curve[j] - curve[j - 1]) / (x1 - x0) * (x - x0) + curve[j - 1]
 
 
 def read(path) -> GemmSurface | None:

@@ -85,6 +85,7 @@ class RooflineStepModel(StepModel):
         self.prefill_options = options(p, prefill=True, hot_rank_factor=hot) if self.disaggregated \
             else self.decode_options
         self.draft_cost = float(p["speculative.draft_cost"])
+        self._plain_memo: dict = {}
 
     def _cost(self, decode_seqs, decode_context, prefill_tokens, prefill_context, verify, prefill_pool):
         opts = self.prefill_options if prefill_pool else self.decode_options
@@ -110,7 +111,11 @@ class RooflineStepModel(StepModel):
         return StepTime(sum(op["t"] for op in ops.values()), ops)
 
     def _plain_at(self, decode_seqs, context) -> float:
-        return self._cost(decode_seqs, context, 0.0, 0.0, 1, False)
+        # A plain decode step prices every drafting row of the step table: once per (sequences, context).
+        key = (decode_seqs, context)
+        if key not in self._plain_memo:
+            self._plain_memo[key] = self._cost(decode_seqs, context, 0.0, 0.0, 1, False)
+        return self._plain_memo[key]
 
     def _plain(self, decode_seqs) -> float:
         return self._plain_at(decode_seqs, self.decode_context)
