@@ -13,6 +13,7 @@ process exit code (0 when every check passes).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -359,12 +360,19 @@ def collective_checks() -> list[Check]:
     return checks
 
 
+@functools.lru_cache(maxsize=None)
+def _linear_observations(gpu: str, model_name: str):
+    """:func:`mcsim.calibration.measurements.linear_observations` of a bundled file, read once for every check that
+    uses it (each prices every row on the roofline; the checks only read the observations)."""
+    return measurements.linear_observations(bundled_linear(gpu, model_name), catalog.hardware_preset(gpu))
+
+
 def linear_errors(gpu: str, model_name: str):
     """Per-GEMM relative error of mcsim's per-layer GEMMs (QKV, output, gate/up and down projections, as the roofline
     shapes them, with the hardware's default GEMM figures and surface, BF16) against their measured times:
     ``(relative error, rows, tp)``."""
     hw = catalog.hardware_preset(gpu)
-    gemm, _ = measurements.linear_observations(bundled_linear(gpu, model_name), hw)
+    gemm, _ = _linear_observations(gpu, model_name)
     modelled = fit.predict(gemm, _fitted_units(gemm_figures(as_hardware(hw))),
                            gemm_surface.for_hardware(as_hardware(hw).gemm_surface))
     return np.abs(modelled - gemm.measured_s) / gemm.measured_s, gemm.data["rows"], gemm.data["tp"]
@@ -396,7 +404,7 @@ def held_out_errors(gpu: str, replicates: int = 200):
     """Calibrate each op class on half the measured shapes (every other one), predict the other half: op class ->
     (held-out MAPE, share of held-out shapes whose measured time lies in the 90 % bootstrap band)."""
     hw = catalog.hardware_preset(gpu)
-    linear = [measurements.linear_observations(bundled_linear(gpu, m), hw) for m in LINEAR_MODELS[gpu]]
+    linear = [_linear_observations(gpu, m) for m in LINEAR_MODELS[gpu]]
     classes = {"gemm": measurements.concat([g for g, _ in linear]),
                "elementwise": measurements.concat([e for _, e in linear]),
                "allreduce": measurements.allreduce_observations(bundled_collectives(f"{gpu}_dgx", "all_reduce")),
@@ -425,7 +433,7 @@ def gemm_model_held_out(gpu: str) -> dict:
     (MAPE with the surface, MAPE of the fit's roofline alone). Shapes a model shares with another are measured;
     the others take the blend of the surface, or the roofline far from every measured shape."""
     hw = catalog.hardware_preset(gpu)
-    per = {m: measurements.linear_observations(bundled_linear(gpu, m), hw)[0] for m in LINEAR_MODELS[gpu]}
+    per = {m: _linear_observations(gpu, m)[0] for m in LINEAR_MODELS[gpu]}
     out = {}
     for held, test in per.items():
         train = measurements.concat([obs for m, obs in per.items() if m != held])
@@ -439,7 +447,7 @@ def gemm_cross_validation(gpu: str) -> tuple[float, dict]:
     """The GEMM fit's cross-validated error on the bundled measurements of ``gpu``, all and by row band: each
     measured (tokens, TP) row predicted by a fit and surface built without it (40 interleaved groups)."""
     hw = catalog.hardware_preset(gpu)
-    obs = measurements.concat([measurements.linear_observations(bundled_linear(gpu, m), hw)[0]
+    obs = measurements.concat([_linear_observations(gpu, m)[0]
                                for m in LINEAR_MODELS[gpu]])
     predicted, _ = fit.held_out(obs, fit.fit_point(obs))
     return fit._mape(predicted, obs.measured_s), fit.band_errors(predicted, obs.measured_s, obs.data["rows"])
@@ -449,7 +457,7 @@ def elementwise_errors(gpu: str) -> np.ndarray:
     """Per-row relative error of the roofline's element-wise kernels (catalog defaults) against the measured ones."""
     hw = catalog.hardware_preset(gpu)
     figures = gemm_figures(as_hardware(hw))
-    obs = measurements.concat([measurements.linear_observations(bundled_linear(gpu, m), hw)[1]
+    obs = measurements.concat([_linear_observations(gpu, m)[1]
                                for m in LINEAR_MODELS[gpu]])
     modelled = fit.predict(obs, _fitted_units(figures))
     return np.abs(modelled - obs.measured_s) / obs.measured_s
