@@ -30,6 +30,7 @@ xarray, Numba or Dask), with a comment on the line above saying why.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 from pathlib import Path
 
@@ -111,10 +112,15 @@ def _is_package(name: str, modules) -> bool:
     return modules.get(name, Path()).name == "__init__.py"
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.AST:
+    """A module's syntax tree, parsed once for the tests that read it (none changes it)."""
+    return ast.parse(path.read_text())
+
+
 def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
     modules = _modules()
-    return {name: _imports(ast.parse(path.read_text()), modules, name, type_checking) - {name}
-            for name, path in modules.items()}
+    return {name: _imports(_tree(path), modules, name, type_checking) - {name} for name, path in modules.items()}
 
 
 def layer_of(module: str) -> int | None:
