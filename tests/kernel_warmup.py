@@ -4,12 +4,14 @@ replicas' step loop).
 
 tests/conftest.py runs this in a process of its own while the first tests (those that call no kernel) run, so that
 on a cold cache (a fresh clone) the compile time is spent on the other core; the test process then loads the
-kernels from the cache. ``python tests/kernel_warmup.py`` runs it by hand.
+kernels from the cache (under ``pytest -n``, the controller runs it and the workers wait for the file it creates at
+its end). ``python tests/kernel_warmup.py`` runs it by hand.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import mcsim
 
@@ -27,16 +29,21 @@ RUNS = (
 )
 
 
-def main() -> int:
+def main(done: str | None = None) -> int:
+    """Run the warm-up; ``done``, a path, is created when it ends (the test workers of ``pytest -n`` wait for it)."""
     failed = 0
-    for path, overrides in RUNS:
-        try:
-            mcsim.run(path, samples=1, requests=200, overrides=overrides, workers=1)
-        except Exception as err:  # the tests report what is wrong; the warm-up only saves them compile time
-            failed += 1
-            print(f"kernel warm-up: {path} {' '.join(overrides)}: {type(err).__name__}: {err}", file=sys.stderr)
+    try:
+        for path, overrides in RUNS:
+            try:
+                mcsim.run(path, samples=1, requests=200, overrides=overrides, workers=1)
+            except Exception as err:  # the tests report what is wrong; the warm-up only saves them compile time
+                failed += 1
+                print(f"kernel warm-up: {path} {' '.join(overrides)}: {type(err).__name__}: {err}", file=sys.stderr)
+    finally:
+        if done:
+            Path(done).touch()
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(*sys.argv[1:2]))
