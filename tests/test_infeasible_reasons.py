@@ -51,6 +51,13 @@ def test_weights_that_do_not_fit_name_the_smallest_tp_that_does(tmp_path):
     [entry] = json.loads(json.dumps(summary.summarize(ds)))["infeasible_reasons"]["factory"]
     assert (entry["reason"], entry["samples"], entry["of"]) == ("weights do not fit in HBM", 3, 3)
     assert f"deployment.tp = {tp}," in entry["fix"]
+    # the report's summary.md says the same
+    from mcsim.results.report import write_report
+
+    report = " ".join(write_report(out, tmp_path / "report", metrics=["gross_margin"]).read_text().split())
+    section = report.split("## Infeasible samples")[1].split("##")[0]
+    assert "- weights do not fit in HBM: 3 of 3 samples \\(weights " in section
+    assert f"try deployment.tp = {tp}, the smallest that fits" in section
 
 
 def test_each_grid_point_gets_its_own_smallest_tp():

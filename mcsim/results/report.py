@@ -59,7 +59,7 @@ from mcsim.results.layout import (  # quantiles, waterfall_steps, ReportError an
     quantiles,
     request_quantile_dim,
 )
-from mcsim.results.summary import simulated_requests, steady_state_facts
+from mcsim.results.summary import infeasible_lines, simulated_requests, steady_state_facts, summarize
 from mcsim.results.variables import HEADLINE, WORKLOAD_CLASS
 from mcsim.results.waterfall import waterfall_steps
 
@@ -298,6 +298,18 @@ def _table(header: list, rows: list) -> list[str]:
     return lines
 
 
+def _infeasible_section(ds) -> list[str]:
+    """Why samples are infeasible, with a fix for each reason, as the command line's summary prints it."""
+    with np.errstate(invalid="ignore"):  # the summary's quantiles of infinite values are NaN, as in its tables
+        lines = [line.strip() for line in infeasible_lines(summarize(ds))]
+    lines = [line for line in lines if not line.startswith("infeasible samples (")]  # the grid's heading line
+    if not lines:
+        return []
+    return ["## Infeasible samples", "",
+            "Samples that could not run are NaN and left out of every band. By reason, how many and a fix in their own "
+            "figures:", "", *(f"- {markdown_text(line.rstrip('.'))}." for line in lines), ""]
+
+
 def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens, figures) -> str:
     attrs = ds.attrs
     name = markdown_text(attrs.get("scenario_name", "unnamed scenario"))
@@ -329,6 +341,7 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
               ("Cells are median [5 %, 95 %] over Monte Carlo samples. All five quantiles (5/25/50/75/95 %) for "
                "every grid point and variant: [quantiles.csv](quantiles.csv), [quantiles.json](quantiles.json)."), ""]
     lines += _headline_table(ds, layout, quantities, quantile_rows) + [""]
+    lines += _infeasible_section(ds)
     lines += _steady_state_section(ds)
 
     lines += ["## Sensitivity to the uncertain inputs", ""]

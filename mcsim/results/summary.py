@@ -168,6 +168,15 @@ def _table(header: list, rows: list, width: int, keep: int = 1) -> list[str]:
     return table([header, *rows], width=width, keep=keep)
 
 
+def infeasible_lines(s: dict) -> list[str]:
+    """Why samples are infeasible, from a :func:`summarize` result: per variant and reason, how many samples and a
+    fix (over a grid, at each grid point where it stopped some, after a heading line); empty when all ran."""
+    if "grid" in s:
+        return grid_notes([(", ".join(f"{d}={_fmt_coord(v)}" for d, v in entry["point"].items()),
+                            entry["infeasible_reasons"]) for entry in s["grid"]])
+    return point_notes(s.get("infeasible_reasons", {}))
+
+
 def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None) -> str:
     """A plain-text table; every cell is 'median [5 %, 95 %]' over Monte Carlo samples.
 
@@ -180,8 +189,7 @@ def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None)
     foot = [""]
     if "grid" in s:
         text = _grid_table(ds, s, max_points, width)
-        foot += grid_notes([(", ".join(f"{d}={_fmt_coord(v)}" for d, v in entry["point"].items()),
-                             entry["infeasible_reasons"]) for entry in s["grid"]])
+        foot += infeasible_lines(s)
     else:
         text = _point_table(s, width)
         if "shapley_share" in s:
@@ -194,7 +202,7 @@ def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None)
         feas = ", ".join(f"{v}: {k} of {n}" for v, k in s["infeasible_samples"].items()
                          if v in ("baseline", "factory"))
         foot.append(f"infeasible samples (NaN, left out of every band): {feas}.")
-        foot += point_notes(s["infeasible_reasons"])
+        foot += infeasible_lines(s)
     foot += steady_state_note(ds)
     if ds.attrs.get("pricing_note"):
         foot.append(f"pricing: {ds.attrs['pricing_note']}.")
