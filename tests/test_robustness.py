@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import xarray as xr
 from click.testing import CliRunner
 
 from mcsim.cli import main
+from mcsim.errors import McsimError
 from mcsim.execution import executor
 from mcsim.scenario import load_scenario
 from mcsim.scenario.schema import CLASS_FIELDS, SECTIONS
@@ -376,10 +378,6 @@ def _model_run(path: str, value) -> str | None:
     """One sample of 150 requests of dense-node with ``path = value``, in this process: None where it ran, else the
     refusal's message. Every model stage runs (the command line's Dask, assembly and file writing are the same for
     every value and are exercised by the tests of the commands)."""
-    import time
-
-    from mcsim.errors import McsimError
-
     start = time.perf_counter()
     try:
         scn = load_scenario(DENSE, overrides=[f"{path}={value}"])
@@ -399,7 +397,7 @@ def test_every_accepted_value_runs_or_is_refused_in_one_line(path, values):
         refusal = _model_run(path, value)
         if refusal is not None:
             assert "\n" not in refusal.strip(), refusal
-            assert re.search(r"\b(deployment|model|hardware|performance|workload|cache|moe|economics)\.\w", refusal)
+            assert re.search(r"\b[a-z_]+\.[a-z_]+\b", refusal), refusal  # names a dotted key
 
 
 def test_an_accepted_edge_runs_from_the_command_line_as_a_grid(tmp_path):
@@ -421,8 +419,6 @@ def _closed_loopback_port() -> int:
 
 
 def test_a_closed_scheduler_port_fails_within_seconds_in_one_line(tmp_path):
-    import time
-
     address = f"tcp://127.0.0.1:{_closed_loopback_port()}"
     started = time.monotonic()
     result = invoke("run", FACTORY, *SMALL, "--scheduler", address, "-o", tmp_path / "x.nc")
