@@ -118,6 +118,8 @@ COMPUTE_DTYPES = ("fp32", "bf16", "fp8", "fp4")
 OPS = ("attention_proj", "attention_core", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head",
        "elementwise", "tp_allreduce", "ep_alltoall", "pp_send", "overhead")
 COMM_OPS = ("tp_allreduce", "ep_alltoall", "pp_send")
+#: The ops that compute (neither communication nor the per-step overhead), in OPS order.
+_COMPUTE_OPS = tuple(name for name in OPS if name not in COMM_OPS and name != "overhead")
 #: Routers stay in BF16 in low-precision deployments (DeepSeek-V3 keeps gating in high precision).
 ROUTER_WEIGHT_BYTES = 2.0
 #: DeepSeek-V3.2-Exp lightning indexer: heads, head width and bytes per cached key element (FP8).
@@ -748,19 +750,20 @@ def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: f
     t_comm = sum(ops[name]["t"] for name in COMM_OPS)
     for name in COMM_OPS:
         ops[name]["t"] *= 1.0 - (allreduce_overlap if name == "tp_allreduce" else overlap)
-    compute_ops = [name for name in OPS if name not in COMM_OPS and name != "overhead"]
     t_compute = t_memory = 0.0
-    for name in compute_ops:
+    for name in _COMPUTE_OPS:
         op = ops[name]
         peak = peak_attention if name in ("attention_core", "router") else peak_linear
         t_compute += op["flops"] / peak if peak else 0.0
         t_memory += (op["weight"] + op["kv"] + op["act"]) / bandwidth if bandwidth else 0.0
-    breakdown = {name: {"flops": ops[name]["flops"],
-                        "bytes": ops[name]["weight"] + ops[name]["kv"] + ops[name]["act"] + ops[name]["sent"],
-                        "t": ops[name]["t"], "floor": ops[name]["floor"],
-                        "bound": _bound(name, ops[name], peak_linear, peak_attention, bandwidth),
-                        **({"impl": ops[name]["impl"]} if "impl" in ops[name] else {})}
-                 for name in OPS}
+    breakdown = {}
+    for name in OPS:
+        op = ops[name]
+        entry = {"flops": op["flops"], "bytes": op["weight"] + op["kv"] + op["act"] + op["sent"], "t": op["t"],
+                 "floor": op["floor"], "bound": _bound(name, op, peak_linear, peak_attention, bandwidth)}
+        if "impl" in op:
+            entry["impl"] = op["impl"]
+        breakdown[name] = entry
     return StepCost(
         flops=sum(op["flops"] for op in ops.values()),
         weight_bytes=sum(op["weight"] for op in ops.values()),

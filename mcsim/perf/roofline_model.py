@@ -100,10 +100,12 @@ class RooflineStepModel(StepModel):
         cost = roofline.step_cost(self.model_entry, self.hardware_entry, decode_seqs=decode_seqs / pp,
                                   decode_context=decode_context, prefill_tokens=prefill_tokens / pp,
                                   prefill_context=prefill_context, verify_tokens=self.verify_tokens, **opts)
-        # pp micro-batches pass every stage: per GPU, the step is pp times one micro-batch's stage
-        ops = {name: {"t": pp * entry["t"], "flops": pp * entry["flops"], "bytes": pp * entry["bytes"],
-                      "floor": pp * entry["floor"], "bound": entry["bound"],
-                      **({"impl": entry["impl"]} if "impl" in entry else {})} for name, entry in cost.breakdown.items()}
+        # pp micro-batches pass every stage: per GPU, the step is pp times one micro-batch's stage (the breakdown
+        # itself, a fresh dict per step, at pp = 1)
+        ops = dict(cost.breakdown) if pp == 1 else {
+            name: {"t": pp * entry["t"], "flops": pp * entry["flops"], "bytes": pp * entry["bytes"],
+                   "floor": pp * entry["floor"], "bound": entry["bound"],
+                   **({"impl": entry["impl"]} if "impl" in entry else {})} for name, entry in cost.breakdown.items()}
         if decode_seqs > 0 and self.draft_tokens:
             nan = float("nan")
             ops["drafting"] = {"t": self.draft_tokens * self.draft_cost * self._plain_at(decode_seqs, decode_context),
