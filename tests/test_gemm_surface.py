@@ -17,6 +17,23 @@ ROWS = [16.0, 64.0, 16.0, 64.0]
 RATIO = [0.2, -0.1, -0.3, 0.1]
 
 
+def test_one_gemm_at_a_time_is_numpys_interpolation_to_the_bit():
+    """The scalar path (what the step model calls per GEMM) against np.interp on the same blended curve, at random
+    shapes near and far from the bundled H100 surface's, rows inside, beyond and at its knots."""
+    surface = gemm_surface.for_hardware("h100")
+    rng = np.random.default_rng(11)
+    for _ in range(3000):
+        if rng.random() < 0.3:
+            i = rng.integers(len(surface.n))
+            n, k = float(surface.n[i]), float(surface.k[i])
+        else:
+            n, k = float(2 ** rng.uniform(7, 15)), float(2 ** rng.uniform(7, 15))
+        grid, curve = surface._blend(n, k)
+        rows = float(2 ** rng.choice(grid)) if rng.random() < 0.2 else float(2 ** rng.uniform(-1, 16))
+        expected = float(np.interp(np.log2(np.maximum(rows, 1.0)), grid, curve))
+        assert surface.log_factor(rows, n, k) == expected, (rows, n, k)
+
+
 def test_a_measured_shape_takes_its_own_curve_linear_in_log_rows():
     surface = GemmSurface.from_points(N, K, ROWS, RATIO)
     assert surface.factor(16.0, 1024, 4096) == pytest.approx(math.exp(0.2), rel=1e-12)
