@@ -221,7 +221,7 @@ def point_notes(by_variant: dict[str, list[dict]]) -> list[str]:
 
 
 def grid_notes(points: list[tuple[str, dict[str, list[dict]]]], max_points: int = 5) -> list[str]:
-    """Lines of the summary of a sweep: per variant and reason, the samples it stopped over the grid and, at each
+    """Lines of the summary of a sweep (no heading): per variant and reason, the samples it stopped over the grid and, at each
     grid point where it did (the first ``max_points``), their count and fix. ``points`` are ``(label, {variant:
     reasons})`` of every grid point (every variant of the result), the label as ``"axis=value, ..."``."""
     grouped: dict[tuple[str, str], list] = {}
@@ -234,7 +234,7 @@ def grid_notes(points: list[tuple[str, dict[str, list[dict]]]], max_points: int 
     variants = list(dict.fromkeys(v for _, by_variant in points for v in by_variant))
     several = len(variants) > 1
     order = sorted(grouped, key=lambda k: (variants.index(k[0]), _order(k[1])))
-    lines = ["infeasible samples (NaN, left out of every band), by reason:"]
+    lines = []
     for variant, reason in order:
         items = grouped[(variant, reason)]
         stopped = sum(entry["samples"] for _, entry in items)

@@ -59,7 +59,7 @@ from mcsim.results.layout import (  # quantiles, waterfall_steps, ReportError an
     quantiles,
     request_quantile_dim,
 )
-from mcsim.results.summary import infeasible_lines, simulated_requests, steady_state_facts, summarize
+from mcsim.results.summary import infeasible_lines, infeasible_summary, simulated_requests, steady_state_facts
 from mcsim.results.variables import HEADLINE, WORKLOAD_CLASS
 from mcsim.results.waterfall import waterfall_steps
 
@@ -300,9 +300,7 @@ def _table(header: list, rows: list) -> list[str]:
 
 def _infeasible_section(ds) -> list[str]:
     """Why samples are infeasible, with a fix for each reason, as the command line's summary prints it."""
-    with np.errstate(invalid="ignore"):  # the summary's quantiles of infinite values are NaN, as in its tables
-        lines = [line.strip() for line in infeasible_lines(summarize(ds))]
-    lines = [line for line in lines if not line.startswith("infeasible samples (")]  # the grid's heading line
+    lines = [line.strip() for line in infeasible_lines(infeasible_summary(ds))]
     if not lines:
         return []
     return ["## Infeasible samples", "",

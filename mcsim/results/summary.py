@@ -66,8 +66,18 @@ def grid_dims(ds: xr.Dataset) -> list[str]:
     return [d for d in ds.dims if d not in NON_GRID]
 
 
+def _variants(ds: xr.Dataset) -> list[str]:
+    return [str(v) for v in ds["variant"].values] if "variant" in ds.dims else ["factory"]
+
+
+def _point_reasons(ds: xr.Dataset) -> dict:
+    """Why samples of one grid point are infeasible, per variant (:func:`mcsim.results.infeasible.reasons`)."""
+    return {"infeasible_reasons": {v: reasons(ds.sel(variant=v) if "variant" in ds.dims else ds)
+                                   for v in _variants(ds)}}
+
+
 def _point_summary(ds: xr.Dataset) -> dict:
-    variants = [str(v) for v in ds["variant"].values] if "variant" in ds.dims else ["factory"]
+    variants = _variants(ds)
     out = {"variants": {}, "feasible_fraction": {}}
     for v in variants:
         sub = ds.sel(variant=v) if "variant" in ds.dims else ds
@@ -77,8 +87,8 @@ def _point_summary(ds: xr.Dataset) -> dict:
         }
         out["feasible_fraction"][v] = float(sub["feasible"].mean())
         out.setdefault("infeasible_samples", {})[v] = int((sub["feasible"] == 0).sum())
-        out.setdefault("infeasible_reasons", {})[v] = reasons(sub)
         out.setdefault("saturated_samples", {})[v] = int((sub["saturated"] == 1).sum())
+    out.update(_point_reasons(ds))
     if "baseline" in variants and "factory" in variants:
         base, fact = ds.sel(variant="baseline"), ds.sel(variant="factory")
         out["ratio"] = {}
@@ -110,15 +120,26 @@ def summarize(ds: xr.Dataset) -> dict:
     own figures (:func:`mcsim.results.infeasible.reasons`). A sweep gives ``{"grid_axes": [path, ...], "grid":
     [{"point": {path: value}, ...}, ...]}``, grid axes named by their dotted scenario paths.
     """
+    return _per_point(ds, _point_summary)
+
+
+def infeasible_summary(ds: xr.Dataset) -> dict:
+    """:func:`summarize`'s ``infeasible_reasons`` alone (no quantile computed), in the same layout: what
+    :func:`infeasible_lines` reads."""
+    return _per_point(ds, _point_reasons)
+
+
+def _per_point(ds: xr.Dataset, of_point) -> dict:
+    """``of_point`` of the result, or, over a grid, of each grid point with its values by scenario path."""
     dims = grid_dims(ds)
     if not dims:
-        return _point_summary(ds)
+        return of_point(ds)
     stacked = ds.stack(__point__=dims)
     points = []
     for i in range(stacked.sizes["__point__"]):
         sub = stacked.isel(__point__=i)
         point = {path_of(ds, d): _plain(sub[d].values) for d in dims}  # by scenario path
-        points.append({"point": point, **_point_summary(sub.drop_vars(["__point__", *dims]))})
+        points.append({"point": point, **of_point(sub.drop_vars(["__point__", *dims]))})
     return {"grid_axes": [path_of(ds, d) for d in dims], "grid": points}
 
 
@@ -169,8 +190,9 @@ def _table(header: list, rows: list, width: int, keep: int = 1) -> list[str]:
 
 
 def infeasible_lines(s: dict) -> list[str]:
-    """Why samples are infeasible, from a :func:`summarize` result: per variant and reason, how many samples and a
-    fix (over a grid, at each grid point where it stopped some, after a heading line); empty when all ran."""
+    """Why samples are infeasible, from a :func:`summarize` (or :func:`infeasible_summary`) result: per variant and
+    reason, how many samples and a fix (over a grid, at each grid point where it stopped some); empty when all
+    ran."""
     if "grid" in s:
         return grid_notes([(", ".join(f"{d}={_fmt_coord(v)}" for d, v in entry["point"].items()),
                             entry["infeasible_reasons"]) for entry in s["grid"]])
@@ -189,7 +211,9 @@ def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None)
     foot = [""]
     if "grid" in s:
         text = _grid_table(ds, s, max_points, width)
-        foot += infeasible_lines(s)
+        reasons_at_points = infeasible_lines(s)
+        if reasons_at_points:
+            foot += ["infeasible samples (NaN, left out of every band), by reason:", *reasons_at_points]
     else:
         text = _point_table(s, width)
         if "shapley_share" in s:
