@@ -49,6 +49,23 @@ def test_every_catalog_number_has_a_finite_upper_bound():
     assert all(field_for(path).hi == hi for path, hi in CATALOG_UPPER.items())
 
 
+def test_each_catalog_bound_refuses_past_it_and_is_a_hundred_times_the_catalogs_largest():
+    """A value ten times a bound is refused when the scenario loads, naming the key; and every bound but a fraction's
+    (1) is at least a hundred times the largest value the bundled catalog holds, as mcsim.scenario.bounds says."""
+    from mcsim.scenario import catalog
+
+    for path, hi in CATALOG_UPPER.items():
+        with pytest.raises(ScenarioError, match=path.replace(".", r"\.")):
+            load_scenario(DENSE_NODE, overrides=[f"{path}={hi * 10!r}"])
+    entries = [("model", catalog.model_preset(n)) for n in catalog.models()]
+    entries += [("hardware", catalog.hardware_preset(n)) for n in catalog.hardware()]
+    for section, entry in entries:
+        for key, value in entry.items():
+            hi = CATALOG_UPPER.get(f"{section}.{key}")
+            if hi is not None and hi != 1 and isinstance(value, (int, float)):
+                assert value <= hi / 100, (section, key, value)
+
+
 def test_a_moe_model_routes_each_token_to_at_least_one_of_its_experts():
     """dense-node's model is dense (0 experts, 0 active): made a MoE by its expert count alone, it was a traceback
     in the expert stage."""
