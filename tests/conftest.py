@@ -61,7 +61,7 @@ NO_KERNEL_FILES = frozenset({
 COVER_FILES = frozenset({"test_report.py", "test_report_figures.py"})
 WARM_UP_TIMEOUT_S = 900
 
-_warm_up: dict = {"process": None, "folder": None}
+_warm_up: dict = {"process": None, "folder": None, "waited": False}
 #: Under ``pytest -n``: the file the controller's warm-up creates when it ends (the workers wait for it).
 DONE_ENV = "MCSIM_TEST_WARM_UP_DONE"
 
@@ -133,7 +133,7 @@ def pytest_runtest_setup(item):
     if _calls_no_kernel(item):
         return
     done = os.environ.get(DONE_ENV)
-    if hasattr(item.config, "workerinput") and done and not _warm_up.get("waited"):
+    if hasattr(item.config, "workerinput") and done and not _warm_up["waited"]:
         _warm_up["waited"] = True
         _wait_for_file(done)
         return

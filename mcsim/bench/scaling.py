@@ -127,7 +127,7 @@ def in_subprocess(function: str, env: dict | None = None, module: str = "scaling
 
     ``fresh=False`` calls it in this process instead (the ``tiny`` suite of the tests, which checks structure, not
     speed or memory: its memory figures then include what this process already held)."""
-    if not fresh:
+    if not fresh:  # through JSON all the same: the types a fresh process's answer has (lists, not tuples)
         return json.loads(json.dumps(getattr(importlib.import_module(f"mcsim.bench.{module}"), function)(**kwargs)))
     code = (f"import json, sys\nfrom mcsim.bench import {module} as bench\n"
             f"print('\\n' + json.dumps(bench.{function}(**json.loads(sys.argv[1]))))\n")
