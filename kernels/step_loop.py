@@ -1,9 +1,10 @@
 """The step loop: ``K >= 1`` replicas of one pool on one clock behind a router, each a step-level scheduler.
 
-One kernel, :func:`simulate`, runs every batching simulation of mcsim: one serving instance is ``K = 1``.
-Each instance builds its steps as vLLM's scheduler does; what differs between scheduler policies and between
-routers are integer hooks in ``params_int`` that the loop reads (:mod:`mcsim.scenario.policies` and
-:mod:`mcsim.scenario.routing` name them), not loops of their own.
+One kernel runs every batching simulation of mcsim: one serving instance is ``K = 1``. Each instance builds its
+steps as vLLM's scheduler does; what differs between scheduler policies and between routers are integer hooks in
+``params_int`` that the loop reads (:mod:`mcsim.scenario.policies` and :mod:`mcsim.scenario.routing` name them), not
+loops of their own. The kernel, :func:`simulate_stream`, is a generator that can take its requests a part at a time
+(:class:`mcsim.perf.fleet_stream.FleetStream` feeds it so); :func:`simulate` gives it every request at once.
 
 Step of one instance (continuous batching)
 ------------------------------------------
@@ -119,7 +120,7 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
-    _DECODING, _DONE, _HEAP_SIZE, _PREFILLING, _WAITING, MIXING_EXCLUSIVE, ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS,
+    _DECODING, _DONE, _HEAP_SIZE, _PENDING, _PREFILLING, _WAITING, MIXING_EXCLUSIVE, ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS,
     P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_MIXING, P_ORDER, P_POLICY, P_POOLED_TIERS, P_PREEMPT,
     P_ROUTE_MEASURE, P_ROUTE_PICK, P_ROUTE_PREFIX, P_TOKEN_BUDGET, P_VERIFY_TOKENS, PICK_GIVEN, MEASURE_FREE_KV,
     POLICY_STATIC,
@@ -132,6 +133,12 @@ from mcsim.kernels.kv_tiers import (_ABSENT, _TIER, admit_blocks, admit_blocks_p
 
 STATUS_OK = 0
 STATUS_STALLED = 1  # a step with nothing to run (a validated input never produces one)
+NEED_REQUESTS = 2  # what :func:`steps` yields when it has run every step it can before the next requests
+
+#: :func:`steps`'s ``control``: the requests in all, and how many of them the caller has put in the slots so far.
+C_REQUESTS = 0
+C_FILLED = 1
+N_CONTROL = 2
 
 #: Largest timing-wheel slots of all instances together; beyond it each instance's ring is shortened (results do
 #: not depend on its length).
@@ -161,7 +168,9 @@ def instance_arrays(k, pf_cap, static, wheel, preempt, n_lists, kv_blocks):
     running, decoding, KV sum and rate, decode clock, ring head and length, running tail, the static batch's decode
     steps left, step time, KV slope, steps done and stopped members, finishing requests and their blocks), the
     prefix caches' LRU lists (head, tail as int32, count; ``n_lists`` of them), each instance's feed (pointers,
-    fill), the router's view (load, free KV) and the busy instances' heap (time, index).
+    fill), the router's view (load, free KV), the busy instances' heap (time, index) and each instance's own sums of
+    the measured window (requests in system over time, step time): summed per instance and then over the instances in
+    order, a fleet's figures do not depend on the order in which its instances' steps run.
 
     :func:`instance_bytes` is their size; a test holds the two equal. Two tuples (queues, ring, batch, wheels and
     scalars; then lists, feed, router and heap): Numba cannot build a tuple of more than 30 items in one literal.
@@ -178,7 +187,7 @@ def instance_arrays(k, pf_cap, static, wheel, preempt, n_lists, kv_blocks):
              np.zeros(k, np.int64))
     routing = (np.empty(n_lists, np.int32), np.empty(n_lists, np.int32), np.empty(n_lists, np.int64),
                np.zeros(k + 1, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64),
-               np.empty(k), np.empty(k, np.int64))
+               np.empty(k), np.empty(k, np.int64), np.zeros(k), np.zeros(k))
     return steps, routing
 
 
@@ -187,12 +196,12 @@ def instance_bytes(k: int, pf_cap: int, static: bool, wheel: int, preempt: bool,
 
     Examples
     --------
-    >>> instance_bytes(1, 1, False, 2, True, 3)  # 26 scalars, feed pointers, ring, batch rows, wheels, lists
-    320
+    >>> instance_bytes(1, 1, False, 2, True, 3)  # 28 scalars, feed pointers, ring, batch rows, wheels, lists
+    336
     """
     k, pf_cap, wheel, n_lists = int(k), int(pf_cap), int(wheel), int(n_lists)
     batch = (k if static else 1) * (pf_cap if static else 1)
-    return 8 * (26 * k + 1 + k * pf_cap + 2 * batch + k * wheel + (k * wheel if preempt else 1)) + 16 * n_lists
+    return 8 * (28 * k + 1 + k * pf_cap + 2 * batch + k * wheel + (k * wheel if preempt else 1)) + 16 * n_lists
 
 
 @kernel
@@ -371,6 +380,36 @@ def _static_decode_steps(i, t, dleft, n_decoding, n_running, in_system, step_s0,
 
 
 @kernel
+def _load_slots(lo, hi, closed, caching, wheel, arrival_s, passes, out_arrival_s, out_first_token_s, out_finish_s,
+                out_queue_s, out_cached, req_state, first_done, held, admitted_once, passes_done, f_step, b_step, rank):
+    """Ready the slots of requests ``lo .. hi - 1`` (request ``g`` in slot ``g % slots``): outputs unset, state
+    that of a request not yet arrived (arrays a policy never reads have one element and are left alone). Returns
+    whether each of them has at most ``wheel - 2`` passes (a timing-wheel slot then holds one step's sequences)."""
+    w = arrival_s.shape[0]
+    fits = True
+    for g in range(lo, hi):
+        s = g % w
+        out_arrival_s[s] = np.nan if closed else arrival_s[s]
+        out_first_token_s[s] = np.nan
+        out_finish_s[s] = np.nan
+        out_queue_s[s] = np.nan
+        req_state[s] = _PENDING
+        first_done[s] = False
+        held[s] = 0
+        if caching:
+            out_cached[s, :] = 0
+        if admitted_once.shape[0] == w:
+            admitted_once[s] = False
+            passes_done[s] = 0
+            f_step[s] = -1
+        if b_step.shape[0] == w:
+            b_step[s] = -1
+        if rank.shape[0] == w:
+            rank[s] = g
+        fits = fits and passes[s] + 2 <= wheel
+    return fits
+
+
 def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance, queue_key,
              key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, balance,
              balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope,
@@ -378,6 +417,9 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
              out_cached, out_instance_steps, out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s,
              log_waiting):
     """Simulate ``K`` instances behind a router (rules in the module docstring); ``K = 1`` is one instance.
+
+    Every request at once: :func:`simulate_stream` run to its end from Python (called from Python only, so that
+    the loop is compiled once, as that generator).
 
     Parameters
     ----------
@@ -470,7 +512,42 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     >>> round(float(out[2][0]), 6)  # finish: one prefill step and two decode steps
     0.03
     """
-    n = arrival_s.shape[0]
+    control = np.array([arrival_s.shape[0], arrival_s.shape[0]], np.int64)  # C_REQUESTS, C_FILLED: every one
+    loop = simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance,
+                           queue_key, key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled,
+                           params_int, balance, balance_requests, warmup_s, warmup_request, step_time_table,
+                           decode_edges, prefill_edges, kv_slope, kv_ref_context, cache_state, out_arrival_s,
+                           out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached, out_instance_steps,
+                           out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting,
+                           control)
+    return int(next(loop))  # every request filled: the one value it yields is the status
+
+
+@kernel
+def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance, queue_key,
+                    key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, balance,
+                    balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope,
+                    kv_ref_context, cache_state, out_arrival_s, out_instance, out_first_token_s, out_finish_s,
+                    out_queue_s, out_cached, out_instance_steps, out_stats, log_start_s, log_decode_seqs,
+                    log_prefill_tokens, log_step_s, log_waiting, control):
+    """:func:`simulate` as a generator that takes its requests a part at a time: the same rules and the same
+    results, in memory that grows with the requests in flight, not with the requests.
+
+    The arrays of :func:`simulate` that hold one value per request (``arrival_s`` to ``queue_key``, ``out_arrival_s``
+    to ``out_cached``) have ``W`` slots instead: request ``g`` of the ``n = control[C_REQUESTS]`` lives in slot
+    ``g % W``. The caller puts requests ``0 .. control[C_FILLED] - 1`` in their slots before the first ``next``;
+    whenever the loop has run everything it can without the next request, it yields :data:`NEED_REQUESTS`, and the
+    caller, before the next ``next``, reads the outputs of the slots it will reuse (requests ``g - W``, finished:
+    their ``out_finish_s`` is set), puts the next requests in and raises ``control[C_FILLED]`` (by at least one).
+    The last thing it yields is the status of :func:`simulate`, once every request has run; ``out_stats`` and the
+    step log are written then. With ``W = n`` and every request filled it yields that status alone.
+
+    A closed loop or a prefix cache needs every request at once (``W = n``, all filled): followers are found by
+    index and the caches key blocks by request. A given placement runs the instances one at a time up to the
+    arrival of the last request filled, which it holds back until the next requests come (or the last one has).
+    """
+    w = arrival_s.shape[0]
+    n = control[C_REQUESTS]
     k = out_instance_steps.shape[0]
     max_seqs = params_int[P_MAX_SEQS]
     block_tokens = params_int[P_BLOCK_TOKENS]
@@ -493,26 +570,27 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     if warmup_request >= 0:
         warmup_s = np.inf  # until that request arrives
 
-    # Per request. Arrays that a policy never reads have one element: allocating and touching n-long arrays costs
-    # more than a static run's whole decode phase.
-    n_cont = 1 if static else n  # read by continuous policies only
-    n_pre = n if preempt else 1  # read with preemption only
-    n_key = n if keyed else 1  # read by keyed queues only
-    req_state = np.zeros(n, np.int8)
-    prefill_left = np.zeros(n, np.int64)
-    chunk = np.zeros(n, np.int64)
-    held = np.zeros(n, np.int64)
-    first_done = np.zeros(n, np.bool_)
-    miss = np.zeros(n, np.int64)  # prompt tokens the first admission had to compute
+    # Per request, one slot each (request g in slot g % w). Arrays that a policy never reads have one element:
+    # allocating and touching n-long arrays costs more than a static run's whole decode phase.
+    n_cont = 1 if static else w  # read by continuous policies only
+    n_pre = w if preempt else 1  # read with preemption only
+    n_key = w if keyed else 1  # read by keyed queues only
+    req_state = np.empty(w, np.int8)
+    prefill_left = np.zeros(w, np.int64)
+    chunk = np.zeros(w, np.int64)
+    held = np.empty(w, np.int64)
+    first_done = np.empty(w, np.bool_)
+    miss = np.zeros(w, np.int64)  # prompt tokens the first admission had to compute
     passes_done = np.zeros(n_cont, np.int64)  # passes run before the current decode stretch began
     decode_start = np.zeros(n_cont, np.int64)  # decode-clock step of the current stretch's first pass
     admitted_once = np.zeros(n_cont, np.bool_)
+    rank = np.zeros(n_key, np.int64)  # rank of arrival (the request's index): a keyed queue's tie-break
     stamp = np.zeros(n_cont, np.int64)  # admission rank: block growth goes oldest first
     run_prev = np.full(n_pre, -1, np.int64)  # running sequences in admission order (victims from the tail)
     run_next = np.full(n_pre, -1, np.int64)
     # Waiting queues: FCFS as singly linked lists (heads, tails and lengths per instance, below), keyed as skew
     # heaps on (key, rank of release).
-    q_next = np.full(n, -1, np.int64)
+    q_next = np.full(w, -1, np.int64)
     key = np.zeros(n_key, np.int64)
     tie = np.zeros(n_key, np.int64)
     q_left = np.full(n_key, -1, np.int64)
@@ -525,12 +603,12 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     growing = np.empty(pf_cap, np.int64)
     n_batch = pf_cap if static else 1
     member_passes = np.empty(n_batch, np.int64)
+    loaded = min(control[C_FILLED], n)  # requests whose slots are ready
     max_passes = 0
-    for r in range(n):
-        max_passes = max(max_passes, passes[r])
+    for r in range(loaded):  # (the wheel's length changes no result: the first requests set it)
+        max_passes = max(max_passes, passes[r % w])
     wheel = wheel_length(k, max_passes, pf_cap)
     mask = wheel - 1
-    full_wheel = wheel >= max_passes + 2  # a slot then holds the sequences of one step only
     f_next = np.full(n_cont, -1, np.int64)
     f_prev = np.full(n_cont, -1, np.int64)
     f_step = np.full(n_cont, -1, np.int64)
@@ -554,17 +632,13 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     (q_head, q_tail, q_len, pf, batch, by_passes, finish_head, block_head, clock, free_blocks, running, decoding,
      kv_sum, kv_rate, dclock, pf_head, pf_len, run_tail, decode_left, static_step_s, static_slope, static_done,
      static_stop, ending, freeing) = steps_state
-    head, tail, count, feed_ptr, fill, load, free_now, busy_t, busy_i = routing_state
+    head, tail, count, feed_ptr, fill, load, free_now, busy_t, busy_i, own_in_system, own_step_s = routing_state
     out_instance_steps[:] = 0
-    out_cached[:, :] = 0
     out_stats[:] = 0.0
-    out_first_token_s[:] = np.nan
-    out_finish_s[:] = np.nan
-    out_queue_s[:] = np.nan
-    if closed:
-        out_arrival_s[:] = np.nan
-    else:
-        out_arrival_s[:] = arrival_s
+    # a slot then holds the sequences of one step only
+    full_wheel = _load_slots(0, loaded, closed, caching, wheel, arrival_s, passes, out_arrival_s, out_first_token_s,
+                             out_finish_s, out_queue_s, out_cached, req_state, first_done, held, admitted_once,
+                             passes_done, f_step, b_step, rank)
 
     next_tier = next_tiers(capacity_blocks)
     if caching:
@@ -601,26 +675,21 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     # instance's arrivals are known, so it runs its whole timeline in turn, releasing its own requests at its step
     # starts (its feed). Otherwise the router's event loop: every step that starts before the next arrival runs,
     # then the arrival is placed.
+    # Requests filled a part at a time: a given placement runs its instances in rounds, each up to the arrival of
+    # the last request filled (held back to the next round), and the event loop waits for the next request.
     fed_alone = pick_given and not ordered
     if fed_alone:
-        window_end = arrival_s[n - 1]
-    feed = np.empty(n if fed_alone else 0, np.int64)  # each instance's requests, in order of arrival
-    if fed_alone:
-        for r in range(n):
-            feed_ptr[given_instance[r] + 1] += 1
-        for i in range(k):
-            feed_ptr[i + 1] += feed_ptr[i]
-        fill[:] = feed_ptr[:k]
-        for r in range(n):
-            feed[fill[given_instance[r]]] = r
-            fill[given_instance[r]] += 1
+        window_end = -np.inf  # the last arrival, or the end of the steps started before it (below)
+    feed = np.empty(w if fed_alone else 0, np.int64)  # each instance's requests of a round, in order of arrival
+    fed_upto = 0  # requests in the feeds of the rounds so far
+    horizon = np.inf  # the round's instances run the steps that start before it
     busy_size = np.zeros(5, np.int64)
     if closed:
         for r in range(min(users, n)):
             _heap_push(arrive_t, arrive_r, pending, arrival_s[r], r)
-    last_arrival = np.inf if closed else arrival_s[n - 1]
+    last_arrival = arrival_s[(n - 1) % w] if loaded == n and not closed else np.inf  # (inf: not filled yet)
     released = 0  # requests routed so far
-    next_alone = 0  # the next instance to run alone
+    next_alone = k  # the next instance to run alone in the round (k: the round is over)
     r = 0
     t_next = np.inf
     sweep = 0
@@ -628,10 +697,37 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     while status == STATUS_OK:
         if fed_alone:
             if next_alone == k:
-                break
+                if fed_upto == n:
+                    break
+                if loaded < n and fed_upto == loaded - 1:  # only the held-back request is left
+                    yield NEED_REQUESTS
+                    filled = min(control[C_FILLED], n)
+                    full_wheel = _load_slots(loaded, filled, closed, caching, wheel, arrival_s, passes, out_arrival_s,
+                                         out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state,
+                                         first_done, held, admitted_once, passes_done, f_step, b_step, rank) and full_wheel
+                    loaded = filled
+                    if loaded == n:
+                        last_arrival = arrival_s[(n - 1) % w]
+                # The next round's feeds: the requests filled, but the last one until every request is.
+                stop = loaded if loaded == n else loaded - 1
+                horizon = np.inf if loaded == n else arrival_s[(loaded - 1) % w]
+                feed_ptr[:] = 0
+                for g in range(fed_upto, stop):
+                    feed_ptr[given_instance[g % w] + 1] += 1
+                for i in range(k):
+                    feed_ptr[i + 1] += feed_ptr[i]
+                fill[:] = feed_ptr[:k]
+                for g in range(fed_upto, stop):
+                    s = g % w
+                    feed[fill[given_instance[s]]] = s
+                    fill[given_instance[s]] += 1
+                fed_upto = stop
+                if loaded == n:
+                    window_end = max(window_end, last_arrival)
+                next_alone = 0
             i = next_alone
             next_alone += 1
-            t_limit = np.inf
+            t_limit = horizon
             feed_start = feed_ptr[i]
             feed_stop = feed_ptr[i + 1]
             record_waiting = True
@@ -643,7 +739,16 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                     t_next = arrive_t[0] if pending[_HEAP_SIZE] > 0 else np.inf
                 else:
                     r = released
-                    t_next = arrival_s[r] if r < n else np.inf
+                    if r == loaded and loaded < n:
+                        yield NEED_REQUESTS
+                        filled = min(control[C_FILLED], n)
+                        full_wheel = _load_slots(loaded, filled, closed, caching, wheel, arrival_s, passes, out_arrival_s,
+                                         out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state,
+                                         first_done, held, admitted_once, passes_done, f_step, b_step, rank) and full_wheel
+                        loaded = filled
+                        if loaded == n:
+                            last_arrival = arrival_s[(n - 1) % w]
+                    t_next = arrival_s[r % w] if r < n else np.inf
                 sweep = 0
                 need_arrival = False
             # The next instance to run: the fleet's earliest in time order (one step); else instance by instance,
@@ -662,14 +767,15 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                 # Every step before the arrival has run: place it.
                 if r == n:
                     break
+                rs = r % w  # its slot
                 if closed:
                     _heap_pop(arrive_t, arrive_r, pending)
-                    out_arrival_s[r] = t_next
+                    out_arrival_s[rs] = t_next
                 if r == warmup_request:
                     warmup_s = t_next
                 chosen = 0
                 if pick_given:
-                    chosen = given_instance[r]
+                    chosen = given_instance[rs]
                 elif k > 1:
                     # The instances as they are at the arrival: a step still running holds its finishing requests.
                     for j in range(k):
@@ -698,7 +804,7 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                                 # costs reference counts at every call (see _file)
                                 offset = j * key_stride
                                 length = 0
-                                for b in range(block_ptr[r], block_ptr[r + 1]):
+                                for b in range(block_ptr[rs], block_ptr[rs + 1]):
                                     present = cache_state[block_keys[b] + offset, _TIER] != _ABSENT
                                     if not present and shared_tiers:
                                         present = cache_state[block_keys[b] + pool_key, _TIER] != _ABSENT
@@ -708,18 +814,18 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                                 if length > best_len or (length == best_len and load[j] < load[chosen]):
                                     chosen = j
                                     best_len = length
-                out_instance[r] = chosen
+                out_instance[rs] = chosen
                 if running[chosen] == 0 and q_len[chosen] == 0:
                     clock[chosen] = max(clock[chosen], t_next)
                     if ordered:
                         _heap_push(busy_t, busy_i, busy_size, clock[chosen], chosen)
                 if keyed:
-                    _keyed_enqueue(r, chosen, released, key_uncached and caching, 0 if pooled else chosen, queue_key,
+                    _keyed_enqueue(rs, chosen, released, key_uncached and caching, 0 if pooled else chosen, queue_key,
                                    cache_state, block_keys, block_ptr, key_stride, shared_key, block_tokens, key, tie,
                                    q_left, q_right, q_head, q_len, req_state)
                 else:
-                    _fcfs_push(r, chosen, q_head, q_tail, q_len, q_next)
-                    req_state[r] = _WAITING
+                    _fcfs_push(rs, chosen, q_head, q_tail, q_len, q_next)
+                    req_state[rs] = _WAITING
                 released += 1
                 if released == n:
                     waiting_at_end = 0
@@ -755,6 +861,8 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
         end_count = ending[i]
         free_count = freeing[i]
         own_steps = out_instance_steps[i]
+        in_system_integral = own_in_system[i]
+        window_step_s_sum = own_step_s[i]
         waited = not record_waiting
         pos = feed_start
         next_feed_s = out_arrival_s[feed[pos]] if pos < feed_stop else np.inf
@@ -767,7 +875,7 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                 next_feed_s = out_arrival_s[feed[pos]] if pos < feed_stop else np.inf
                 out_instance[fed] = i
                 if keyed:
-                    _keyed_enqueue(fed, i, fed, key_uncached and caching, owner, queue_key, cache_state, block_keys,
+                    _keyed_enqueue(fed, i, rank[fed], key_uncached and caching, owner, queue_key, cache_state, block_keys,
                                    block_ptr, key_stride, shared_key, block_tokens, key, tie, q_left, q_right, q_head,
                                    q_len, req_state)
                 else:
@@ -1169,6 +1277,8 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
         ending[i] = end_count
         freeing[i] = free_count
         out_instance_steps[i] = own_steps
+        own_in_system[i] = in_system_integral
+        own_step_s[i] = window_step_s_sum
         if not fed_alone and ordered:
             _heap_pop(busy_t, busy_i, busy_size)  # i was the top
             if running[i] + q_len[i] > 0:
@@ -1178,10 +1288,15 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                 r = arrive_r[0]  # a follower of this step arrives before the arrival in hand
                 t_next = arrive_t[0]
 
+    in_system_integral = 0.0
+    window_step_s_sum = 0.0
+    for i in range(k):
+        in_system_integral += own_in_system[i]
+        window_step_s_sum += own_step_s[i]
     out_stats[STAT_STATUS] = status
     out_stats[STAT_WINDOW_END_S] = window_end
     out_stats[STAT_WAITING_AT_WINDOW_END] = waiting_at_end
     out_stats[STAT_PREEMPTIONS] = preemptions
     _store_window(out_stats, in_system_integral, window_steps, window_step_s_sum, window_decode_seqs_sum,
                   window_decode_steps, steps, end_s)
-    return status
+    yield status

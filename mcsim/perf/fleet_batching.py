@@ -432,27 +432,13 @@ def simulate_fleet_batching(
         raise ValueError("block_ptr must be n + 1 non-decreasing pointers from 0 into block_ids")
     if balance < 0 or balance_requests < 0:
         raise ValueError("balance and balance_requests must be >= 0")
-    check_step_model(d_edges, p_edges, table, slope, kv_ref_context)
-    scheduler = policies.get(policy)
     if priority is not None:
         priority = _as_int(priority, "priority", n)
-    if max_new_per_step < 0:
-        raise ValueError("max_new_per_step must be >= 0")
-    if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or chunk_tokens < 0:
-        raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens >= 0")
-    params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
-                                    verify_tokens)
-    params[slots.P_PREEMPT] = int(bool(preempt))
-    codes = scheduler.codes(max_new_per_step)
-    params[slots.P_POLICY] = codes["admission"]
-    params[slots.P_ORDER] = codes["order"]
-    params[slots.P_MIXING] = codes["mixing"]
-    params[slots.P_MAX_NEW] = codes["max_new_per_step"]
-    params[slots.P_CLOSED_USERS] = users
-    route = entry.codes()
-    params[slots.P_ROUTE_PICK] = route["pick"]
-    params[slots.P_ROUTE_MEASURE] = route["measure"]
-    params[slots.P_ROUTE_PREFIX] = route["prefix"]
+    params, scheduler = loop_params(context, output, entry, step_model=(d_edges, p_edges, table, slope, kv_ref_context),
+                                    token_budget=token_budget, max_seqs=max_seqs, kv_blocks=kv_blocks,
+                                    block_tokens=block_tokens, chunk_tokens=chunk_tokens,
+                                    verify_tokens=verify_tokens, preempt=preempt, max_new_per_step=max_new_per_step,
+                                    policy=policy, closed_users=users)
     key_uncached = scheduler.order == "shortest-prompt"
     queue_key = scheduler.queue_key(prompt, priority)
     # By the ids as given, as the cache stage hashes them, so both modes place a request alike.
@@ -508,6 +494,34 @@ def simulate_fleet_batching(
     summary.update(requests_per_instance=served, instance_steps=instance_steps,
                    instance_load_imbalance=float(served.max() / served.mean()) if served.sum() > 0 else float("nan"))
     return {"per_request": per_request, "summary": summary, "step_log": _fleet_log(log, instance_steps, cap)}
+
+
+def loop_params(context, output, entry: Router, *, step_model, token_budget: int, max_seqs: int,
+                kv_blocks: int | None, block_tokens: int, chunk_tokens: int, verify_tokens: int, preempt: bool,
+                max_new_per_step: int, policy: str, closed_users: int = 0):
+    """The step loop's ``params_int`` for a router, a policy and the instances' settings, checked (the step model
+    ``(decode_edges, prefill_edges, table, kv_slope, kv_ref_context)`` too), and the policy's entry.
+    ``kv_blocks=None`` gives a pool that holds every request of ``context`` and ``output`` at once."""
+    check_step_model(*step_model)
+    scheduler = policies.get(policy)
+    if max_new_per_step < 0:
+        raise ValueError("max_new_per_step must be >= 0")
+    if min(token_budget, max_seqs, block_tokens, verify_tokens) < 1 or chunk_tokens < 0:
+        raise ValueError("token_budget, max_seqs, block_tokens, verify_tokens must be >= 1; chunk_tokens >= 0")
+    params, kv_blocks = base_params(context, output, token_budget, max_seqs, kv_blocks, block_tokens, chunk_tokens,
+                                    verify_tokens)
+    params[slots.P_PREEMPT] = int(bool(preempt))
+    codes = scheduler.codes(max_new_per_step)
+    params[slots.P_POLICY] = codes["admission"]
+    params[slots.P_ORDER] = codes["order"]
+    params[slots.P_MIXING] = codes["mixing"]
+    params[slots.P_MAX_NEW] = codes["max_new_per_step"]
+    params[slots.P_CLOSED_USERS] = int(closed_users)
+    route = entry.codes()
+    params[slots.P_ROUTE_PICK] = route["pick"]
+    params[slots.P_ROUTE_MEASURE] = route["measure"]
+    params[slots.P_ROUTE_PREFIX] = route["prefix"]
+    return params, scheduler
 
 
 def _fleet_log(log: dict, instance_steps, cap: int):
