@@ -1,0 +1,223 @@
+"""The replicas behind their router, fed their requests a part at a time, in memory that does not grow with them.
+
+:class:`FleetStream` drives the step loop's generator (:func:`mcsim.kernels.step_loop.simulate_stream`): it puts
+each part's requests in the loop's slots, runs every step the loop can run before the next request, and hands back
+the requests that have finished, in arrival order, as the slots they held are needed again. Its per-request
+figures and its run's statistics are those of :func:`mcsim.perf.fleet_batching.simulate_fleet_batching` on the
+same requests, bit for bit, whatever the part sizes and slots (``tests/test_fleet_stream.py`` holds them equal).
+
+What it leaves to the whole run: a closed loop (a follower is found by its index) and prefix caches inside the
+loop (their rows are keyed by the sample's blocks); a streamed sample takes its cache hits from the cache stage.
+
+Memory: a slot holds one request (about 200 B of state and outputs); the slots hold the requests in flight (queued
+or running on some instance) plus the part being put in. A run whose requests in flight outgrow them (a fleet far
+behind its arrivals) is refused with :class:`~mcsim.errors.RunLimitError`, naming ``key``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mcsim.errors import RunLimitError
+from mcsim.kernels import batching_helpers as indices
+from mcsim.kernels import step_loop as kernel
+from mcsim.perf.batching import _as_int, check_requests
+from mcsim.perf.fleet_batching import given_instances, loop_params, router_entry
+
+#: Outputs of each finished request, as :meth:`FleetStream.add` and :meth:`FleetStream.finish` hand them back.
+OUTPUTS = ("arrival_s", "first_token_s", "finish_s", "queue_s", "instance")
+
+
+class FleetStream:
+    """``n_requests`` requests through ``n_instances`` replicas, given a part at a time (open loop, sorted).
+
+    Parameters
+    ----------
+    n_requests : int
+        Requests in all (the run drains after the last one).
+    slots : int
+        Requests the loop holds at once: in flight plus the part being put in (at least 2).
+    n_instances, router, step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, token_budget,
+    max_seqs, kv_blocks, block_tokens, chunk_tokens, verify_tokens, preempt, max_new_per_step, policy, balance,
+    balance_requests, max_steps
+        As in :func:`~mcsim.perf.fleet_batching.simulate_fleet_batching` (``kv_blocks`` is required: the pool
+        cannot be sized from requests not yet seen).
+    warmup_s : float
+        Start of the measured window, s (a window that starts at a request's arrival needs that arrival: a stream
+        cannot wait for it, since a step that starts before it and ends after it counts in part).
+    key : str
+        The scenario key a refusal names (what sets the slots).
+
+    Examples
+    --------
+    >>> table = [[0.02, 0.03], [0.04, 0.05]]
+    >>> fleet = FleetStream(4, slots=2, n_instances=2, router="round-robin", step_time_table=table,
+    ...                     decode_edges=[1, 256], prefill_edges=[0, 8192], kv_blocks=64)
+    >>> done = [fleet.add([0.0], [100], [100], [3]), fleet.add([0.5, 1.0, 1.5], [100] * 3, [100] * 3, [3] * 3)]
+    >>> done.append(fleet.finish())
+    >>> [round(float(x), 4) for part in done for x in part["finish_s"]]
+    [0.0601, 0.5601, 1.0601, 1.5601]
+    """
+
+    def __init__(self, n_requests: int, *, slots: int, n_instances: int, router: str, step_time_table,
+                 decode_edges, prefill_edges, kv_slope=None, kv_ref_context: float = 0.0, token_budget: int = 8192,
+                 max_seqs: int = 256, kv_blocks: int, block_tokens: int = 16, chunk_tokens: int = 0,
+                 verify_tokens: int = 1, preempt: bool = False, max_new_per_step: int = 0, policy: str = "fcfs",
+                 balance: float = 0.25, balance_requests: int = 64, warmup_s: float = 0.0, max_steps: int = 0,
+                 key: str = "mc.chunk_requests"):
+        n, w, k = int(n_requests), int(slots), int(n_instances)
+        if n < 1 or w < 2 or k < 1:
+            raise ValueError(f"need n_requests >= 1, slots >= 2 and n_instances >= 1; got {n}, {w}, {k}")
+        self.entry = router_entry(router)
+        if self.entry.prefix or self.entry.pooled:
+            raise ValueError(f"the {router} router reads the loop's prefix caches, which a stream does not keep")
+        table = np.ascontiguousarray(step_time_table, dtype=np.float64)
+        d_edges = np.ascontiguousarray(decode_edges, dtype=np.float64)
+        p_edges = np.ascontiguousarray(prefill_edges, dtype=np.float64)
+        slope = np.zeros(d_edges.shape) if kv_slope is None else np.ascontiguousarray(kv_slope, dtype=np.float64)
+        if kv_blocks is None or int(kv_blocks) < 1:
+            raise ValueError("kv_blocks must be given, >= 1")
+        one = np.ones(1, np.int64)
+        self.params, scheduler = loop_params(
+            one, one, self.entry, step_model=(d_edges, p_edges, table, slope, float(kv_ref_context)),
+            token_budget=token_budget, max_seqs=max_seqs, kv_blocks=int(kv_blocks), block_tokens=block_tokens,
+            chunk_tokens=chunk_tokens, verify_tokens=verify_tokens, preempt=preempt,
+            max_new_per_step=max_new_per_step, policy=policy)
+        if scheduler.order == "shortest-prompt":
+            raise ValueError("shortest-prompt-first orders by what the loop's caches hold: not streamed")
+        self.scheduler = scheduler
+        self.n, self.w, self.k, self.key = n, w, k, key
+        self.kv_blocks = int(kv_blocks)
+        self.router = router
+        self.model = (table, d_edges, p_edges, slope, float(kv_ref_context))
+        self.balance = (float(balance), int(balance_requests))
+        self.warmup_s = float(warmup_s)
+        self.max_steps = max(int(max_steps), 0)
+        # The slots: inputs, then outputs (the loop's own per-request state lives in the generator).
+        self.inputs = {"arrival_s": np.zeros(w), "prompt": np.ones(w, np.int64), "context": np.ones(w, np.int64),
+                       "output": np.ones(w, np.int64), "passes": np.zeros(w, np.int64),
+                       "given": np.zeros(w, np.int64), "queue_key": np.zeros(w, np.int64)}
+        self.outputs = {"arrival_s": np.empty(w), "instance": np.empty(w, np.int64), "first_token_s": np.empty(w),
+                        "finish_s": np.empty(w), "queue_s": np.empty(w)}
+        self.instance_steps = np.zeros(k, np.int64)
+        self.stats = np.zeros(indices.N_STATS)
+        cap = self.max_steps
+        self.log = {"start_s": np.empty((k, cap)), "decode_seqs": np.empty((k, cap), np.int64),
+                    "prefill_tokens": np.empty((k, cap), np.int64), "step_s": np.empty((k, cap)),
+                    "waiting": np.empty((k, cap), np.int64)}
+        self.control = np.zeros(kernel.N_CONTROL, np.int64)
+        self.control[kernel.C_REQUESTS] = n
+        self.filled = 0  # requests put in slots
+        self.read = 0  # requests handed back
+        self.last_arrival = -np.inf
+        self.status = None
+        self._loop = None
+
+    def add(self, arrival_s, prompt_tokens, context_tokens, output_tokens, passes=None, *, router_uniform=None,
+            block_ptr=None, block_ids=None, priority=None) -> dict:
+        """Put the next requests in (their arrivals not before the last one's) and run the loop as far as it can go
+        without the requests after them. Returns the requests that finished and whose slots were needed, in order
+        (arrays :data:`OUTPUTS`, possibly empty). ``router_uniform`` (the random and prefix-affinity routers),
+        ``block_ptr`` and ``block_ids`` (prefix affinity) and ``priority`` (the priority policy) are the part's
+        own."""
+        arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
+        m = arrival.shape[0]
+        if arrival.ndim != 1 or m == 0 or self.filled + m > self.n:
+            raise ValueError(f"a part must hold 1 to {self.n - self.filled} requests, got {m}")
+        if not np.all(np.isfinite(arrival)) or np.any(np.diff(arrival) < 0) or arrival[0] < self.last_arrival:
+            raise ValueError("arrival_s must be finite and sorted, part after part")
+        prompt = _as_int(prompt_tokens, "prompt_tokens", m)
+        context = _as_int(context_tokens, "context_tokens", m)
+        output = _as_int(output_tokens, "output_tokens", m)
+        passes = output - 1 if passes is None else _as_int(passes, "passes", m)
+        check_requests(prompt, context, output, passes)
+        if np.any((context + output + self.params[indices.P_BLOCK_TOKENS] - 1) // self.params[indices.P_BLOCK_TOKENS]
+                  > self.kv_blocks):
+            raise ValueError(f"a request needs more KV blocks than kv_blocks={self.kv_blocks}")
+        uniform = np.zeros(m) if router_uniform is None else np.asarray(router_uniform, dtype=np.float64)
+        if self.router in ("random", "prefix-affinity") and router_uniform is None:
+            raise ValueError(f"router_uniform is required by the {self.router} router")
+        if uniform.shape != (m,) or np.any(uniform < 0) or np.any(uniform >= 1):
+            raise ValueError("router_uniform must be one value in [0, 1) per request")
+        ptr = np.zeros(m + 1, np.int64) if block_ptr is None else np.asarray(block_ptr, dtype=np.int64)
+        ids = np.zeros(0, np.int64) if block_ids is None else np.asarray(block_ids, dtype=np.int64)
+        given = given_instances(self.router, ptr, ids, uniform, self.k)
+        if self.router == "round-robin":  # by the request's index in the whole run
+            given = (given + self.filled) % self.k
+        key = self.scheduler.queue_key(prompt, None if priority is None else _as_int(priority, "priority", m))
+        self.last_arrival = float(arrival[-1])
+        fields = {"arrival_s": arrival, "prompt": prompt, "context": context, "output": output, "passes": passes,
+                  "given": given, "queue_key": key}
+        done = []
+        start = 0
+        while start < m:
+            room = self.w - (self.filled - self.read)
+            if room == 0:
+                done.append(self._take(self._finished()))
+                room = self.w - (self.filled - self.read)
+                if room == 0:
+                    raise RunLimitError(
+                        f"{self.key}: more than {self.w:,} requests in flight at once (the fleet falls behind its "
+                        f"arrivals); the replicas' stream holds that many")
+            stop = min(m, start + room)
+            for name, values in fields.items():
+                self._put(self.inputs[name], values[start:stop])
+            self.filled += stop - start
+            start = stop
+            self._run()
+        return _joined(done)
+
+    def finish(self) -> dict:
+        """Run the loop to its end (every request put in) and hand back every request not yet handed back."""
+        if self.filled != self.n:
+            raise ValueError(f"{self.n - self.filled} of the {self.n} requests were not put in")
+        self._run()
+        if self.status != kernel.STATUS_OK:
+            raise RuntimeError("the batching simulation stalled (a step with nothing to run)")
+        return self._take(self.n - self.read)
+
+    def _put(self, ring, values) -> None:
+        lo = self.filled % self.w
+        head = min(len(values), self.w - lo)
+        ring[lo:lo + head] = values[:head]
+        ring[:len(values) - head] = values[head:]
+
+    def _run(self) -> None:
+        """Let the loop run until it needs the next request, or to its end once every request is in."""
+        if self.status is not None:  # (the last part ran it to its end)
+            return
+        self.control[kernel.C_FILLED] = self.filled
+        if self._loop is None:
+            table, d_edges, p_edges, slope, ref = self.model
+            i, o = self.inputs, self.outputs
+            # No cache and no closed loop: the cache and think-time arguments are placeholders the loop never reads.
+            self._loop = kernel.simulate_stream(
+                i["arrival_s"], i["prompt"], i["context"], i["output"], i["passes"], np.zeros(1), i["given"],
+                i["queue_key"], False, np.zeros(2, np.int64), np.zeros(0, np.int64), 1, np.zeros(1, np.int64), False,
+                self.params, self.balance[0], self.balance[1], self.warmup_s, -1, table, d_edges,
+                p_edges, slope, ref, np.empty((0, 4), np.int32), o["arrival_s"], o["instance"], o["first_token_s"],
+                o["finish_s"], o["queue_s"], np.zeros((self.w, 1), np.int64), self.instance_steps, self.stats,
+                self.log["start_s"], self.log["decode_seqs"], self.log["prefill_tokens"], self.log["step_s"],
+                self.log["waiting"], self.control)
+        code = next(self._loop)
+        if code != kernel.NEED_REQUESTS:
+            self.status = code
+        elif self.filled == self.n:
+            raise RuntimeError("the step loop asked for requests after the last one")
+
+    def _finished(self) -> int:
+        """How many requests from the oldest not handed back have finished, in a row."""
+        pending = np.isnan(self.outputs["finish_s"][(self.read + np.arange(self.filled - self.read)) % self.w])
+        return int(np.argmax(pending)) if pending.any() else len(pending)
+
+    def _take(self, count: int) -> dict:
+        """Hand back the next ``count`` requests' outputs (copies: their slots are reused)."""
+        index = (self.read + np.arange(count)) % self.w
+        self.read += count
+        return {name: self.outputs[name][index] for name in OUTPUTS}
+
+
+def _joined(parts: list) -> dict:
+    if not parts:
+        return {name: np.empty(0, np.int64 if name == "instance" else float) for name in OUTPUTS}
+    return {name: np.concatenate([part[name] for part in parts]) for name in OUTPUTS}

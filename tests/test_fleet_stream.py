@@ -1,0 +1,121 @@
+"""The replicas fed a part at a time (mcsim.perf.fleet_stream) against the whole run of the same requests: every
+request's outputs, every instance's steps and the window's sums, bit for bit, whatever the parts and slots."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers import DECODE_EDGES, TABLE, random_blocks, random_settings, random_workload
+
+from mcsim.errors import RunLimitError
+from mcsim.perf.batching import _per_request, _summary
+from mcsim.perf.fleet_batching import REPLICA_SCHEDULERS, _fleet_log, simulate_fleet_batching
+from mcsim.perf.fleet_stream import OUTPUTS, FleetStream
+
+#: The routers and policies a stream runs: none that reads the loop's prefix caches.
+ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv", "prefix-affinity")
+POLICIES = tuple(p for p in REPLICA_SCHEDULERS if p != "shortest-prompt-first")
+
+
+def slots_needed(arrival, finish) -> int:
+    """The fewest slots a stream of these requests can run in: request ``g`` holds its slot until it finishes, and
+    the requests up to the last one that arrives before that finish (and, until the older ones are handed back,
+    those after it) were put in. One slot more covers a part's first request."""
+    last_before = np.searchsorted(arrival, finish, side="right") - 1
+    held = np.maximum.accumulate(np.maximum(last_before - np.arange(len(arrival)), 0))
+    return int(held.max()) + 2
+
+
+def parts(rng, n):
+    """Cut ``0 .. n`` into parts of random sizes (single requests among them)."""
+    cuts = np.sort(rng.choice(np.arange(1, n), size=min(n - 1, int(rng.integers(0, 8))), replace=False)) \
+        if n > 1 else np.array([], int)
+    return np.split(np.arange(n), cuts)
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_stream_equals_the_whole_run_bit_for_bit(router):
+    for seed in range(30):
+        rng = np.random.default_rng([seed, ROUTERS.index(router), 21])
+        n = int(rng.integers(1, 150))
+        k = int(rng.integers(1, 5))
+        arrival, _, _, output, passes = random_workload(rng, n, rng.uniform(5.0, 400.0), ties=True, think=False)[:5]
+        block_tokens = int(rng.integers(1, 32))
+        _, prompt, ptr, ids = random_blocks(rng, n, block_tokens)
+        settings = random_settings(rng, output, prompt, block_tokens=block_tokens)
+        largest = int(((prompt + output + block_tokens - 1) // block_tokens).max())
+        settings["kv_blocks"] = largest + int(rng.integers(0, 2 * largest))  # tight pools preempt
+        priority = rng.integers(0, 3, n)
+        uniform = rng.uniform(size=n)
+        options = {"policy": POLICIES[seed % len(POLICIES)], "preempt": seed % 3 == 1,
+                   "max_new_per_step": int(rng.integers(0, 3)) if seed % 5 == 2 else 0,
+                   "kv_slope": rng.uniform(0.0, 1e-5, DECODE_EDGES.size) if seed % 2 else None,
+                   "kv_ref_context": 50.0, "warmup_s": float(rng.uniform(0, arrival[-1])),
+                   "balance": float(rng.uniform(0, 1)), "balance_requests": int(rng.integers(0, 4)),
+                   "max_steps": int(rng.integers(0, 30)), **TABLE, **settings}
+        whole = simulate_fleet_batching(arrival, prompt, prompt, output, passes, n_instances=k, router=router,
+                                        router_uniform=uniform, block_ptr=ptr, block_ids=ids, priority=priority,
+                                        **options)
+        wp = whole["per_request"]
+        fewest = slots_needed(arrival, wp["finish_s"])
+        stream = FleetStream(n, slots=fewest + int(rng.integers(0, 4)), n_instances=k, router=router,
+                             **options)
+        got = []
+        for part in parts(rng, n):
+            lo, hi = part[0], part[-1] + 1
+            got.append(stream.add(arrival[lo:hi], prompt[lo:hi], prompt[lo:hi], output[lo:hi], passes[lo:hi],
+                                  router_uniform=uniform[lo:hi], block_ptr=ptr[lo:hi + 1] - ptr[lo],
+                                  block_ids=ids[ptr[lo]:ptr[hi]], priority=priority[lo:hi]))
+        got.append(stream.finish())
+        per = {name: np.concatenate([g[name] for g in got]) for name in OUTPUTS}
+        for name in OUTPUTS:
+            np.testing.assert_array_equal(per[name], wp[name], err_msg=f"{name}, seed {seed}")
+        np.testing.assert_array_equal(stream.instance_steps, whole["summary"]["instance_steps"])
+        # The window's figures from the stream's statistics and outputs: those of the whole run, exactly.
+        summary = _summary(_per_request(per["arrival_s"], per["first_token_s"], per["finish_s"], per["queue_s"],
+                                        output, options["warmup_s"]), output, options["warmup_s"], stream.stats)
+        for name, value in summary.items():
+            if name == "busy_fraction":  # a fleet's is over its instances (mean_step_s holds the same sum)
+                continue
+            np.testing.assert_array_equal(value, whole["summary"][name], err_msg=f"{name}, seed {seed}")
+        log = _fleet_log(stream.log, stream.instance_steps, options["max_steps"])
+        if log is None:
+            assert whole["step_log"] is None
+        else:
+            for name, values in log.items():
+                np.testing.assert_array_equal(values, whole["step_log"][name], err_msg=f"log {name}, seed {seed}")
+
+
+def test_a_fleet_that_falls_behind_outgrows_its_slots_and_says_so():
+    """Arrivals far faster than one instance serves: the requests in flight outgrow the slots, which the stream
+    refuses in one line, naming the key that sets them; with enough slots the same run completes."""
+    n = 400
+    arrival = np.linspace(0.0, 1.0, n)
+    tokens = np.full(n, 200, np.int64)
+    output = np.full(n, 40, np.int64)
+    settings = {"token_budget": 256, "max_seqs": 4, "kv_blocks": 1000, "block_tokens": 16, **TABLE}
+    stream = FleetStream(n, slots=64, n_instances=1, router="round-robin", key="mc.chunk_requests", **settings)
+    with pytest.raises(RunLimitError, match=r"^mc\.chunk_requests: more than 64 requests in flight"):
+        for lo in range(0, n, 50):
+            stream.add(arrival[lo:lo + 50], tokens[lo:lo + 50], tokens[lo:lo + 50], output[lo:lo + 50])
+    stream = FleetStream(n, slots=n, n_instances=1, router="round-robin", **settings)
+    done = [stream.add(arrival, tokens, tokens, output), stream.finish()]
+    assert sum(len(d["finish_s"]) for d in done) == n
+    assert np.all(np.diff(np.concatenate([d["finish_s"] for d in done])) >= 0)  # FCFS on one instance
+
+
+def test_the_stream_refuses_what_it_cannot_run():
+    settings = {"kv_blocks": 100, **TABLE}
+    with pytest.raises(ValueError, match="cache-aware router reads the loop's prefix caches"):
+        FleetStream(10, slots=8, n_instances=2, router="cache-aware", **settings)
+    with pytest.raises(ValueError, match="shortest-prompt-first"):
+        FleetStream(10, slots=8, n_instances=2, router="round-robin", policy="shortest-prompt-first", **settings)
+    stream = FleetStream(3, slots=8, n_instances=2, router="round-robin", **settings)
+    stream.add([1.0], [10], [10], [3])
+    with pytest.raises(ValueError, match="sorted, part after part"):
+        stream.add([0.5], [10], [10], [3])
+    with pytest.raises(ValueError, match="1 to 2 requests"):
+        stream.add([2.0, 3.0, 4.0], [10] * 3, [10] * 3, [3] * 3)
+    with pytest.raises(ValueError, match="2 of the 3 requests were not put in"):
+        stream.finish()
