@@ -135,10 +135,17 @@ STATUS_OK = 0
 STATUS_STALLED = 1  # a step with nothing to run (a validated input never produces one)
 NEED_REQUESTS = 2  # what :func:`steps` yields when it has run every step it can before the next requests
 
-#: :func:`steps`'s ``control``: the requests in all, and how many of them the caller has put in the slots so far.
+#: :func:`simulate_stream`'s ``control``: the requests in all; how many of them the caller has put in the slots so
+#: far; where the measured window starts (:data:`WINDOW_GIVEN`: at ``warmup_s``; :data:`WINDOW_LATER`: at a time
+#: the caller gives later; :data:`WINDOW_NOW`: at the time in ``C_WINDOW_S``, a float64's bits).
 C_REQUESTS = 0
 C_FILLED = 1
-N_CONTROL = 2
+C_WINDOW = 2
+C_WINDOW_S = 3
+N_CONTROL = 4
+WINDOW_GIVEN = 0
+WINDOW_LATER = 1
+WINDOW_NOW = 2
 
 #: Largest timing-wheel slots of all instances together; beyond it each instance's ring is shortened (results do
 #: not depend on its length).
@@ -380,6 +387,21 @@ def _static_decode_steps(i, t, dleft, n_decoding, n_running, in_system, step_s0,
 
 
 @kernel
+def _late_window(control, own_in_system, last_start, last_end, last_in_system):
+    """The window's start once the caller gives it (``control[C_WINDOW] == WINDOW_NOW``; else inf), and what each
+    instance's last step inside the arrival window, if it started before that time and ended after it, adds to the
+    instance's requests in system over time (no step has started at or after it: the caller gives the time before it
+    puts in a request that arrives then)."""
+    if control[C_WINDOW] != WINDOW_NOW:
+        return np.inf
+    start = control[C_WINDOW_S:C_WINDOW_S + 1].view(np.float64)[0]
+    for j in range(own_in_system.shape[0]):
+        if last_start[j] < start < last_end[j]:
+            own_in_system[j] += last_in_system[j] * (last_end[j] - start)
+    return start
+
+
+@kernel
 def _load_slots(lo, hi, closed, caching, wheel, arrival_s, passes, out_arrival_s, out_first_token_s, out_finish_s,
                 out_queue_s, out_cached, req_state, first_done, held, admitted_once, passes_done, f_step, b_step, rank):
     """Ready the slots of requests ``lo .. hi - 1`` (request ``g`` in slot ``g % slots``): outputs unset, state
@@ -512,7 +534,9 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     >>> round(float(out[2][0]), 6)  # finish: one prefill step and two decode steps
     0.03
     """
-    control = np.array([arrival_s.shape[0], arrival_s.shape[0]], np.int64)  # C_REQUESTS, C_FILLED: every one
+    control = np.zeros(N_CONTROL, np.int64)
+    control[C_REQUESTS] = arrival_s.shape[0]
+    control[C_FILLED] = arrival_s.shape[0]  # every one
     loop = simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance,
                            queue_key, key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled,
                            params_int, balance, balance_requests, warmup_s, warmup_request, step_time_table,
@@ -542,6 +566,10 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     The last thing it yields is the status of :func:`simulate`, once every request has run; ``out_stats`` and the
     step log are written then. With ``W = n`` and every request filled it yields that status alone.
 
+    With ``control[C_WINDOW] == WINDOW_LATER`` the measured window's start (``warmup_s``) is not known yet: the
+    caller sets it (``WINDOW_NOW`` and the time) before it puts in a request that arrives at or after it (a pool fed
+    by another learns when its first measured request arrives only as it comes). Not under static batching.
+
     A closed loop or a prefix cache needs every request at once (``W = n``, all filled): followers are found by
     index and the caches key blocks by request. A given placement runs the instances one at a time up to the
     arrival of the last request filled, which it holds back until the next requests come (or the last one has).
@@ -569,6 +597,15 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     ordered = pooled or closed or shared_tiers
     if warmup_request >= 0:
         warmup_s = np.inf  # until that request arrives
+    # A window whose start comes later: each instance's last step inside the arrival window until it does.
+    window_later = control[C_WINDOW] != WINDOW_GIVEN
+    if window_later:
+        warmup_s = _late_window(control, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
+        window_later = warmup_s == np.inf
+    n_later = k if window_later else 1
+    last_start = np.zeros(n_later)
+    last_end = np.zeros(n_later)
+    last_in_system = np.zeros(n_later)
 
     # Per request, one slot each (request g in slot g % w). Arrays that a policy never reads have one element:
     # allocating and touching n-long arrays costs more than a static run's whole decode phase.
@@ -701,6 +738,9 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                     break
                 if loaded < n and fed_upto == loaded - 1:  # only the held-back request is left
                     yield NEED_REQUESTS
+                    if window_later:
+                        warmup_s = _late_window(control, own_in_system, last_start, last_end, last_in_system)
+                        window_later = warmup_s == np.inf
                     filled = min(control[C_FILLED], n)
                     full_wheel = _load_slots(loaded, filled, closed, caching, wheel, arrival_s, passes, out_arrival_s,
                                          out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state,
@@ -741,6 +781,9 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                     r = released
                     if r == loaded and loaded < n:
                         yield NEED_REQUESTS
+                        if window_later:
+                            warmup_s = _late_window(control, own_in_system, last_start, last_end, last_in_system)
+                            window_later = warmup_s == np.inf
                         filled = min(control[C_FILLED], n)
                         full_wheel = _load_slots(loaded, filled, closed, caching, wheel, arrival_s, passes, out_arrival_s,
                                          out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state,
@@ -1139,6 +1182,10 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                     if decode_seqs > 0:
                         window_decode_seqs_sum += decode_seqs
                         window_decode_steps += 1
+                if window_later:
+                    last_start[i] = t
+                    last_end[i] = t_end
+                    last_in_system[i] = in_system
             end_count = 0
             free_count = 0
 

@@ -42,9 +42,10 @@ class FleetStream:
     balance_requests, max_steps
         As in :func:`~mcsim.perf.fleet_batching.simulate_fleet_batching` (``kv_blocks`` is required: the pool
         cannot be sized from requests not yet seen).
-    warmup_s : float
-        Start of the measured window, s (a window that starts at a request's arrival needs that arrival: a stream
-        cannot wait for it, since a step that starts before it and ends after it counts in part).
+    warmup_s : float or None
+        Start of the measured window, s; None: given later, by :meth:`start_window`, before the first request that
+        arrives at or after it is put in (a pool fed by another knows its first measured arrival only then). Not
+        under static batching.
     key : str
         The scenario key a refusal names (what sets the slots).
 
@@ -63,7 +64,7 @@ class FleetStream:
                  decode_edges, prefill_edges, kv_slope=None, kv_ref_context: float = 0.0, token_budget: int = 8192,
                  max_seqs: int = 256, kv_blocks: int, block_tokens: int = 16, chunk_tokens: int = 0,
                  verify_tokens: int = 1, preempt: bool = False, max_new_per_step: int = 0, policy: str = "fcfs",
-                 balance: float = 0.25, balance_requests: int = 64, warmup_s: float = 0.0, max_steps: int = 0,
+                 balance: float = 0.25, balance_requests: int = 64, warmup_s: float | None = 0.0, max_steps: int = 0,
                  key: str = "mc.chunk_requests"):
         n, w, k = int(n_requests), int(slots), int(n_instances)
         if n < 1 or w < 2 or k < 1:
@@ -91,7 +92,13 @@ class FleetStream:
         self.router = router
         self.model = (table, d_edges, p_edges, slope, float(kv_ref_context))
         self.balance = (float(balance), int(balance_requests))
-        self.warmup_s = float(warmup_s)
+        self.control = np.zeros(kernel.N_CONTROL, np.int64)
+        self.control[kernel.C_REQUESTS] = n
+        self.warmup_s = np.inf if warmup_s is None else float(warmup_s)
+        if warmup_s is None:
+            if scheduler.admission == "static":
+                raise ValueError("static batching's window is set before its run: give warmup_s")
+            self.control[kernel.C_WINDOW] = kernel.WINDOW_LATER
         self.max_steps = max(int(max_steps), 0)
         # The slots: inputs, then outputs (the loop's own per-request state lives in the generator).
         self.inputs = {"arrival_s": np.zeros(w), "prompt": np.ones(w, np.int64), "context": np.ones(w, np.int64),
@@ -105,13 +112,21 @@ class FleetStream:
         self.log = {"start_s": np.empty((k, cap)), "decode_seqs": np.empty((k, cap), np.int64),
                     "prefill_tokens": np.empty((k, cap), np.int64), "step_s": np.empty((k, cap)),
                     "waiting": np.empty((k, cap), np.int64)}
-        self.control = np.zeros(kernel.N_CONTROL, np.int64)
-        self.control[kernel.C_REQUESTS] = n
         self.filled = 0  # requests put in slots
         self.read = 0  # requests handed back
         self.last_arrival = -np.inf
         self.status = None
         self._loop = None
+
+    def start_window(self, t: float) -> None:
+        """Start the measured window at ``t`` (s), before any request arriving at or after it is put in."""
+        if self.control[kernel.C_WINDOW] != kernel.WINDOW_LATER:
+            raise ValueError("the window's start was given already")
+        if not (np.isfinite(t) and t >= self.last_arrival):
+            raise ValueError(f"the window must start at a finite time not before the last arrival put in, got {t!r}")
+        self.warmup_s = float(t)
+        self.control[kernel.C_WINDOW_S] = np.array([t], np.float64).view(np.int64)[0]
+        self.control[kernel.C_WINDOW] = kernel.WINDOW_NOW
 
     def add(self, arrival_s, prompt_tokens, context_tokens, output_tokens, passes=None, *, router_uniform=None,
             block_ptr=None, block_ids=None, priority=None) -> dict:
