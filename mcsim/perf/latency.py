@@ -198,7 +198,43 @@ def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges
     return per, {**res["summary"], "step_log": res["step_log"]}
 
 
-class PoolSimulator:
+class PoolSettings:
+    """What every simulation of a sample's pools shares: its instances' limits, token budget and chunk, verify
+    tokens, policy and step-table grid, from the sample's parameters ``p`` and step ``model``; ``kv_blocks`` is one
+    decode (or colocated) instance's pool, at least ``longest_blocks + 1``."""
+
+    def __init__(self, p: dict, model, max_seqs: int, kv_blocks: int, longest_blocks: int):
+        self.p, self.model = p, model
+        self.max_seqs = max(int(max_seqs), 1)
+        self.kv_blocks = max(int(kv_blocks), int(longest_blocks) + 1)
+        self.policy = policies.policy_for(p["deployment.batching"], p["deployment.scheduler"])
+        self.max_new = int(p["deployment.max_new_per_step"])
+        decode_layout = model.decode_gpus // max(p["deployment.tp"] * p["deployment.pp"], 1)
+        self.budget = int(p["performance.token_budget"]) * max(decode_layout, 1)
+        self.chunk = int(p["performance.chunk_tokens"]) * max(decode_layout, 1)
+        # a verifying sequence runs k + 1 tokens a pass: that many of a step's token budget
+        self.verify = int(model.verify_tokens)
+        self.d_edges = edges(self.max_seqs, 16)
+        self.kv_slope = kv_slopes(model, self.d_edges)
+        # What the replicas need is checked by mcsim.perf.fleet.performance, before this is built.
+        self.replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
+
+    def prefill_table(self):
+        """The prefill pool's token budget, chunk, step-table edges and table."""
+        budget = int(self.model.prefill_budget)
+        p_edges = edges(budget, 10)
+        d_edges = np.array([0.0, 1.0])
+        groups = max(round(self.model.prefill_budget / self.p["performance.token_budget"]), 1)
+        chunk = int(self.p["performance.chunk_tokens"]) * groups
+        return budget, chunk, d_edges, p_edges, step_table(self.model, d_edges, p_edges, pool="prefill")
+
+    def prefill_policy(self) -> str:
+        """The prefill pool's policy: the scenario's continuous one (its queue order decides TTFT there); fcfs
+        under static batching, whose batches are a decode-pool matter."""
+        return self.policy.name if self.policy.admission == "continuous" else "fcfs"
+
+
+class PoolSimulator(PoolSettings):
     """Simulates a sample's pools for any whole number of instances (what the fleet modes call).
 
     Parameters
@@ -214,22 +250,10 @@ class PoolSimulator:
     """
 
     def __init__(self, p: dict, model, workload: Workload, max_seqs: int, kv_blocks: int):
-        self.p, self.model, self.w = p, model, workload
-        self.max_seqs = max(int(max_seqs), 1)
+        self.w = workload
         longest = int(np.max(np.ceil((workload.context + workload.output) / workload.block)))
-        self.kv_blocks = max(int(kv_blocks), longest + 1)
-        self.policy = policies.policy_for(p["deployment.batching"], p["deployment.scheduler"])
-        self.max_new = int(p["deployment.max_new_per_step"])
-        decode_layout = model.decode_gpus // max(p["deployment.tp"] * p["deployment.pp"], 1)
-        self.budget = int(p["performance.token_budget"]) * max(decode_layout, 1)
-        self.chunk = int(p["performance.chunk_tokens"]) * max(decode_layout, 1)
-        # a verifying sequence runs k + 1 tokens a pass: that many of a step's token budget
-        self.verify = int(model.verify_tokens)
-        self.d_edges = edges(self.max_seqs, 16)
-        self.kv_slope = kv_slopes(model, self.d_edges)
+        PoolSettings.__init__(self, p, model, max_seqs, kv_blocks, longest)
         self._runs: dict = {}  # simulations already run, by pool and instances
-        # What the replicas need is checked by mcsim.perf.fleet.performance, before this is built.
-        self.replicas = p.get("deployment.fleet_simulation", "representative") == "replicas"
 
     def colocated(self, n_instances: int, max_steps: int = 0) -> dict:
         """Latencies when prefill chunks and decode passes share the steps of ``n_instances`` instances."""
@@ -283,10 +307,10 @@ class PoolSimulator:
             self._runs[key] = self._prefill_replicas(n_instances)
         if key not in self._runs:
             w = self.w
-            budget, chunk, d_edges, p_edges, table = self._prefill_table()
+            budget, chunk, d_edges, p_edges, table = self.prefill_table()
             m = len(w.arrival)
             pre, summary = _run(self.p, w, w.arrival, w.miss, np.ones(m, np.int64), np.zeros(m, np.int64), table,
-                                d_edges, p_edges, 1 << 20, 1 << 40, budget, chunk, n_instances, self._prefill_policy(), 0,
+                                d_edges, p_edges, 1 << 20, 1 << 40, budget, chunk, n_instances, self.prefill_policy(), 0,
                                 max_new_per_step=self.max_new)
             self._runs[key] = {
                 "handoff": pre["ttft_s"] + w.restore_s + w.transfer_s, "queue": pre["queue_s"],
@@ -294,20 +318,11 @@ class PoolSimulator:
                 "busy_fraction": summary["busy_fraction"], "steady_state": summary["queue_steady_state"]}
         return self._runs[key]
 
-    def _prefill_table(self):
-        """The prefill pool's token budget, chunk, step-table edges and table."""
-        budget = int(self.model.prefill_budget)
-        p_edges = edges(budget, 10)
-        d_edges = np.array([0.0, 1.0])
-        groups = max(round(self.model.prefill_budget / self.p["performance.token_budget"]), 1)
-        chunk = int(self.p["performance.chunk_tokens"]) * groups
-        return budget, chunk, d_edges, p_edges, step_table(self.model, d_edges, p_edges, pool="prefill")
-
     def _prefill_replicas(self, n_instances: int) -> dict:
         """The prefill pool's replicas behind the router, holding the prefix caches: prefill-only steps, a
         request handed off when its prefill, restores and KV transfer are done."""
         w, p = self.w, self.p
-        budget, chunk, d_edges, p_edges, table = self._prefill_table()
+        budget, chunk, d_edges, p_edges, table = self.prefill_table()
         m = len(w.arrival)
         fleet = simulate_fleet_batching(
             w.arrival, w.context, w.context, np.ones(m, np.int64), np.zeros(m, np.int64), n_instances=n_instances,
@@ -316,7 +331,7 @@ class PoolSimulator:
             balance=p["deployment.routing_balance"],
             balance_requests=p["deployment.routing_balance_requests"], step_time_table=table, decode_edges=d_edges,
             prefill_edges=p_edges, token_budget=budget, max_seqs=max(min(m, budget), 1), block_tokens=w.block,
-            chunk_tokens=chunk, max_new_per_step=self.max_new, policy=self._prefill_policy(), priority=w.priority,
+            chunk_tokens=chunk, max_new_per_step=self.max_new, policy=self.prefill_policy(), priority=w.priority,
             measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"],
             instances_key="deployment.prefill_instances")
         fp, summary = fleet["per_request"], fleet["summary"]
@@ -382,11 +397,6 @@ class PoolSimulator:
         out["steady_state"] = min((prefill["steady_state"], out["steady_state"]),
                                   key=lambda s: (s.steady, -s.requests_needed))
         return out
-
-    def _prefill_policy(self) -> str:
-        """The prefill pool's policy: the scenario's continuous one (its queue order decides TTFT there); fcfs
-        under static batching, whose batches are a decode-pool matter."""
-        return self.policy.name if self.policy.admission == "continuous" else "fcfs"
 
     def disaggregated(self, n_decode: int, n_prefill: int, max_steps: int = 0) -> dict:
         """Both pools: ``n_prefill`` prefill instances hand their requests to ``n_decode`` decode instances."""
