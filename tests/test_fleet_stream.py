@@ -13,9 +13,9 @@ from mcsim.perf.batching import _per_request, _summary
 from mcsim.perf.fleet_batching import REPLICA_SCHEDULERS, _fleet_log, simulate_fleet_batching
 from mcsim.perf.fleet_stream import OUTPUTS, FleetStream
 
-#: The routers and policies a stream runs: none that reads the loop's prefix caches.
+#: The routers a stream runs: none that reads the loop's prefix caches.
 ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv", "prefix-affinity")
-POLICIES = tuple(p for p in REPLICA_SCHEDULERS if p != "shortest-prompt-first")
+POLICIES = REPLICA_SCHEDULERS
 
 
 def slots_needed(arrival, finish) -> int:
@@ -119,8 +119,6 @@ def test_the_stream_refuses_what_it_cannot_run():
     settings = {"kv_blocks": 100, **TABLE}
     with pytest.raises(ValueError, match="cache-aware router reads the loop's prefix caches"):
         FleetStream(10, slots=8, n_instances=2, router="cache-aware", **settings)
-    with pytest.raises(ValueError, match="shortest-prompt-first"):
-        FleetStream(10, slots=8, n_instances=2, router="round-robin", policy="shortest-prompt-first", **settings)
     stream = FleetStream(3, slots=8, n_instances=2, router="round-robin", **settings)
     stream.add([1.0], [10], [10], [3])
     with pytest.raises(ValueError, match="sorted, part after part"):

@@ -18,6 +18,7 @@ from mcsim.execution import progress
 from mcsim.perf import factor as perf
 from mcsim.perf import fleet
 from mcsim.perf import fleet_memory
+from mcsim.perf import replicas_stream
 from mcsim.perf.hardware import performance_defaults
 from mcsim.perf.roofline_model import RooflineStepModel
 from mcsim.results.variables import WORKLOAD_CLASS
@@ -94,6 +95,9 @@ def expert_stage(inputs: ExpertInputs | None, rng) -> dict:
             "distinct_experts_per_step": float(result["distinct_experts_per_step"])}
 
 
+#: Bytes of one slot of a streamed replicas run (:class:`mcsim.perf.fleet_stream.FleetStream`: its inputs and
+#: outputs, and the step loop's per-request state under the policy that keeps the most).
+SLOT_BYTES = 330
 #: Requests per chunk of a streamed sample when ``mc.chunk_requests`` is 0.
 CHUNK_REQUESTS = 1 << 18
 
@@ -111,17 +115,22 @@ def streamed(scn: Scenario, p: dict, n_requests: int) -> bool:
     the chunks run twice: once for the totals that size the fleet, once for each request's service times. With the
     representative simulator (fleet modes fixed and slo, ``performance.simulate_batching``) they run once, and the
     simulator replays the first chunk of measured requests at most (``performance.batching_requests`` of them
-    when fewer). The stages that need every request at once keep the whole sample in memory instead: a replayed
-    trace, the replicas, static batching's slot model and pooled tiers behind the instances' own.
+    when fewer). The replicas (``deployment.fleet_simulation = "replicas"``) run every request, chunk by chunk,
+    once the fleet is known (:mod:`mcsim.perf.replicas_stream`, which says what differs from a whole sample's):
+    in the utilization and fixed fleet modes, in an open loop, with one pooled cache or none. The stages that need
+    every request at once keep the whole sample in memory instead: a replayed trace, the replicas otherwise, static
+    batching's slot model and pooled tiers behind the instances' own.
     """
     if n_requests <= chunk_requests(p) or p["workload.trace"]:
         return False
     f = fleet.Inputs.from_params(p)
-    if f.fleet_simulation == "replicas":
-        return False
     if policy_for(f.batching, f.scheduler).analytic == "static-slots":
         return False
     cache_in = kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p))
+    if f.fleet_simulation == "replicas" and not (
+            f.fleet in ("utilization", "fixed") and int(p["performance.closed_loop_users"]) == 0
+            and replicas_stream.streams(p["deployment.routing"], cache_in.capacity_blocks[0] > 0)):
+        return False
     return kvcache.CacheStream.streams(cache_in)
 
 
@@ -133,7 +142,10 @@ def streamed_bytes(scn: Scenario, p: dict, n_requests: int, bytes_per_request: i
         return None
     cache_in = kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p))
     longest = int(p["workload.max_context"] or p["model.max_context"]) // int(p["cache.block_tokens"]) + 1
-    return chunk_requests(p) * bytes_per_request + kvcache.CacheStream.most_bytes(cache_in, longest)
+    # The replicas' slots: at least three chunks' worth in each of two pools (more where the fleet's running
+    # sequences outnumber a chunk: they grow with the fleet, which is sized later, not with the requests).
+    slots = 2 * 3 * chunk_requests(p) * SLOT_BYTES if fleet.Inputs.from_params(p).fleet_simulation == "replicas" else 0
+    return chunk_requests(p) * bytes_per_request + kvcache.CacheStream.most_bytes(cache_in, longest) + slots
 
 
 class StreamedSample:
@@ -141,11 +153,12 @@ class StreamedSample:
 
     The first pass (at construction) runs the generator, the cache replay and the speculative draws over every
     request, into sums (:attr:`totals`: what the step model and stage 5 are sized on), the steady-state windows and
-    the simulator's window; it also writes what the service times read of each measured request (prompt and output
-    tokens, passes, class, reused tokens per tier: ``4 x (4 + tiers)`` bytes) to an unnamed temporary file, in the
-    system's temporary folder (about 2.8 GB for 10^8 requests over three tiers), so that :meth:`passes` reads them
-    back chunk by chunk instead of running the stages again. Where that file cannot be written (no space), the
-    passes run the stages again from their seeds: the same requests, hits and draws.
+    the simulator's window; it also writes what the service times and the replicas read of each request (arrival,
+    prompt and output tokens, passes, class, reused tokens per tier: ``8 + 4 x (4 + tiers)`` bytes) to an unnamed
+    temporary file, in the system's temporary folder (about 3.6 GB for 10^8 requests over three tiers), so that
+    :meth:`passes` and :meth:`replay` read them back chunk by chunk instead of running the stages again. Where that
+    file cannot be written (no space), they run the stages again from their seeds: the same requests, hits and
+    draws.
     """
 
     def __init__(self, scn: Scenario, p: dict, sample: int, seed: int, n_requests: int, chunk: int):
@@ -160,8 +173,17 @@ class StreamedSample:
         limit = chunk if limit <= 0 else min(limit, chunk)
         window, held = [], 0
         self._spill, self._spill_rows = _open_spill(), []
-        for measured, cached, passes in self._chunks(steady):
-            self._write_spill(measured, cached, passes)
+        self.longest_tokens = 0  # the largest prompt and output of a request
+        self.first_arrival_s = self.start_s = None  # the first request's arrival, the first measured one's
+        for every, skip, every_cached, passes in self._every_chunk(steady):
+            self._write_spill(every, skip, every_cached, passes)
+            self.longest_tokens = max(self.longest_tokens, int(np.max(every.prompt_tokens + every.output_tokens)))
+            if self.first_arrival_s is None:
+                self.first_arrival_s = float(every.arrival_s[0])
+            measured, cached = (every.tail(skip), every_cached[skip:]) if skip else (every, every_cached)
+            if self.start_s is None and measured.n:
+                self.start_s = float(measured.arrival_s[0])
+            self.last_arrival_s = float(every.arrival_s[-1])
             part = fleet.RequestSums.of(measured.prompt_tokens, cached,
                                         measured.output_tokens if passes is None else passes, measured.output_tokens)
             sums = part if sums is None else sums + part
@@ -184,7 +206,14 @@ class StreamedSample:
                                              self.class_names)
         self.passes_total = None if self.spec_in.draft_tokens == 0 else workload.Summed(sums.passes, sums.n)
 
-    def _chunks(self, steady=None):
+    def _chunks(self):
+        """The measured requests chunk by chunk, from the stages again: ``(requests, cached_tokens, passes)``."""
+        for every, skip, every_cached, passes in self._every_chunk():
+            yield (every.tail(skip), every_cached[skip:], passes) if skip else (every, every_cached, passes)
+
+    def _every_chunk(self, steady=None):
+        """Every request chunk by chunk: ``(requests, warm-up requests among them, cached_tokens, passes of the
+        measured ones)``."""
         p, scn = self.p, self.scn
         max_context = int(p["workload.max_context"] or p["model.max_context"])
         stream = workload.RequestStream(p, scn.classes, self.n, rng_for(self.seed, self.sample, STREAM_WORKLOAD),
@@ -203,19 +232,23 @@ class StreamedSample:
             at += every.n
             measured = every.tail(skip) if skip else every
             passes = speculative_stage(self.spec_in, measured, spec_rng)
-            yield measured, every_cached[skip:], passes
+            yield every, skip, every_cached, passes
 
-    def _write_spill(self, measured, cached, passes) -> None:
+    def _record(self) -> np.dtype:
+        return np.dtype([("arrival_s", "<f8"), ("columns", "<i4", (4 + len(self.cache_in.capacity_blocks),))])
+
+    def _write_spill(self, every, skip, cached, passes) -> None:
         if self._spill is None:
             return
-        columns = [measured.prompt_tokens, measured.output_tokens,
-                   measured.output_tokens if passes is None else passes, measured.class_id, *cached.T]
+        records = np.empty(every.n, self._record())
+        records["arrival_s"] = every.arrival_s
+        records["columns"] = _columns(every, skip, cached, passes)
         try:
-            np.column_stack(columns).astype(np.int32).tofile(self._spill)
+            records.tofile(self._spill)
         except OSError:  # no space: the passes run the stages again
             self.close()
             return
-        self._spill_rows.append(measured.n)
+        self._spill_rows.append((every.n, skip))
 
     def close(self) -> None:
         """Remove the first pass's file (:meth:`passes` then runs the stages again)."""
@@ -230,16 +263,41 @@ class StreamedSample:
         if self._spill is None:
             yield from self._chunks()
             return
-        tiers = len(self.cache_in.capacity_blocks)
-        width = 4 + tiers
-        self._spill.seek(0)
-        for rows in self._spill_rows:
-            block = np.fromfile(self._spill, np.int32, count=rows * width).reshape(rows, width)
-            columns = block.astype(np.int64)
+        for _, block, skip in self._spilled():
+            columns = block[skip:].astype(np.int64)
             passes = None if self.spec_in.draft_tokens == 0 else np.ascontiguousarray(columns[:, 2])
             yield (SpilledChunk(np.ascontiguousarray(columns[:, 0]), np.ascontiguousarray(columns[:, 1]),
-                                np.ascontiguousarray(block[:, 3])),
+                                np.ascontiguousarray(block[skip:, 3])),
                    np.ascontiguousarray(columns[:, 4:]), passes)
+
+    def _spilled(self):
+        """The first pass's file, chunk by chunk: ``(arrivals, int32 columns, warm-up requests among them)``."""
+        self._spill.seek(0)
+        for rows, skip in self._spill_rows:
+            records = np.fromfile(self._spill, self._record(), count=rows)
+            yield records["arrival_s"], records["columns"], skip
+
+    def replay(self):
+        """Every request chunk by chunk, warm-up included, as :func:`mcsim.perf.replicas_stream.run` reads them:
+        arrivals from the first request's, prompt and output tokens, passes (-1 for a warm-up request, whose passes
+        are not drawn), class, reused tokens per tier and whether it is measured."""
+        source = self._spilled() if self._spill is not None else (
+            (every.arrival_s, _columns(every, skip, cached, passes), skip)
+            for every, skip, cached, passes in self._every_chunk())
+        for arrival, block, skip in source:
+            measured = np.ones(len(arrival), bool)
+            measured[:skip] = False
+            columns = block.astype(np.int64)
+            yield {"arrival_s": arrival - self.first_arrival_s, "prompt": columns[:, 0], "output": columns[:, 1],
+                   "passes": columns[:, 2], "class_id": columns[:, 3], "cached": np.ascontiguousarray(columns[:, 4:]),
+                   "measured": measured}
+
+
+def _columns(every, skip, cached, passes) -> np.ndarray:
+    """A chunk's columns as the first pass's file holds them."""
+    drawn = every.output_tokens[skip:] if passes is None else passes
+    return np.column_stack([every.prompt_tokens, every.output_tokens, np.concatenate([np.full(skip, -1), drawn]),
+                            every.class_id, *cached.T])
 
 
 class SpilledChunk:
@@ -403,7 +461,10 @@ def streamed_variant(scn: Scenario, variant: str, p: dict, sample: int, seed: in
     experts = expert_stage(expert_in, rng_for(seed, sample, STREAM_EXPERTS))
     model = _step_model(perf.step_inputs(p), stages.totals, stages.passes_total, experts)
     measured = fleet.MeasuredStream(stages.sums, stages.duration_s, stages.class_names, stages.passes,
-                                    stages.window)
+                                    stages.window, replay=stages.replay, requests=n_requests,
+                                    span_s=stages.last_arrival_s - stages.first_arrival_s,
+                                    start_s=stages.start_s - stages.first_arrival_s,
+                                    longest_tokens=stages.longest_tokens, chunk=stages.chunk)
     result = fleet.performance(fleet.Inputs.from_params(p), measured, None, None, model,
                                rng_for(seed, sample, STREAM_BATCHING))
     m = dict(result.metrics)

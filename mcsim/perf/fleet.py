@@ -42,7 +42,7 @@ import numpy as np
 from mcsim.errors import RunLimitError
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
 from mcsim.perf.batching import QUANTILES
-from mcsim.perf.latency import PoolSimulator, prepare, prepare_stream
+from mcsim.perf.latency import PoolSettings, PoolSimulator, prepare, prepare_stream
 from mcsim.perf.latency_quantiles import Latencies, finite_quantile
 from mcsim.scenario.policies import policy_for
 from mcsim.perf.params import Params
@@ -291,6 +291,12 @@ class MeasuredStream:
     window : tuple
         ``(requests, cached_tokens, passes)`` of the first measured requests, at most a chunk of them: what the
         batching simulator replays (``performance.batching_requests`` of them, or all of the window).
+    replay : callable, optional
+        ``replay()`` yields every request, warm-up included, chunk by chunk, as
+        :func:`mcsim.perf.replicas_stream.run` reads them (the replicas of a streamed sample); with it:
+    requests, span_s, start_s, longest_tokens, chunk : int, float, float, int, int
+        the requests in all, their arrivals' span, the first measured one's arrival (from the first request's),
+        the largest prompt and output of a request, and the sample's chunk of requests.
     """
 
     sums: RequestSums
@@ -298,6 +304,12 @@ class MeasuredStream:
     class_names: tuple
     chunks: object
     window: tuple
+    replay: object = None
+    requests: int = 0
+    span_s: float = 0.0
+    start_s: float = 0.0
+    longest_tokens: int = 0
+    chunk: int = 0
 
 
 def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.ndarray | None, model, rng,
@@ -451,12 +463,15 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         return (ttft + first + detokenize + stream * np.nan_to_num(tpot), tpot,
                 e2e + first + detokenize * output)
 
-    simulate = inputs.simulate_batching or mode in ("fixed", "slo") or replicas
-    if simulate and streamed and replicas:
-        raise ValueError("the replicas replay every request: a streamed sample runs without them")
+    # The replicas of a streamed sample run once the fleet is known, request by request (replicas_stream).
+    stream_replicas = streamed and replicas
+    if stream_replicas and (mode == "slo" or requests.replay is None):
+        raise ValueError("a streamed sample's replicas run in the utilization and fixed fleet modes only")
+    simulate = (inputs.simulate_batching or mode in ("fixed", "slo") or replicas) and not stream_replicas
     sim = None
+    max_seqs = max(int(round(b_cap * g)), 1)
+    mean_blocks = math.ceil(model.decode_context / block_tokens)
     if simulate:
-        max_seqs = max(int(round(b_cap * g)), 1)
         if replicas:
             all_requests = requests if all_requests is None else all_requests
             warm = 0 if all_requests is requests else warmup_requests(all_requests.n, inputs.warmup_fraction)
@@ -472,7 +487,6 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
             restore_s, transfer_s = restore_and_transfer(replayed.prompt_tokens, cached_r)
             workload = prepare(inputs.simulator, replayed, replayed.prompt_tokens - cached_r.sum(axis=1), restore_s,
                                transfer_s, passes_w, max_seqs, rng)
-        mean_blocks = math.ceil(model.decode_context / block_tokens)
         sim = PoolSimulator(inputs.simulator, model, workload, max_seqs, int(max(b_mem, 1.0) * g * mean_blocks))
 
     def meets(lat, check_ttft=True, check_tpot=True) -> bool:
@@ -514,9 +528,23 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
             stage.update(_slo_at_max_instances(sim, cap, n_p, short, with_host, slo_q, disagg))
             return cannot_run("SLO not met")
 
+    latencies = Latencies(requests.class_names, slo_q, sketch=streamed and not simulate)
+
+    def add_latencies(ttft, tpot, e2e, queue, class_id, prompt, output):
+        ttft, tpot, e2e = with_host(ttft, tpot, e2e, prompt, output)
+        within = np.ones(len(ttft), dtype=bool)
+        if ttft_target > 0:
+            within &= ttft <= ttft_target
+        within &= ~(tpot > target)  # NaN (one-token outputs) never breaks it
+        latencies.add(ttft, tpot, e2e, queue, within, class_id)
+
     # -- the fleet's latencies: simulated (the charged fleet) or service times ---------------------------------
     steps_kept = None
     cache_steady = None
+    if stream_replicas:
+        lat = _stream_replicas(inputs, requests, model, rates, kvb, hw, gp, disagg, n_d, n_p, max_seqs,
+                               int(max(b_mem, 1.0) * g * mean_blocks), rng, add_latencies, step_log)
+        b_sim = lat["mean_decode_batch"] / g
     if simulate:
         lat = sim.disaggregated(n_d, n_p, step_log) if disagg else sim.colocated(n_d, step_log)
         b_sim = lat["mean_decode_batch"] / g
@@ -534,16 +562,17 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     decode_gpus, prefill_gpus = float(n_d * g), float(n_p * gp)
     available = decode_gpus - (0.0 if disagg else prefill_load)
     b_little = largest(lambda b: throughput(b) * max(available, 1e-9) <= demand, 1e-6, b_cap)
-    b_op = b_sim if simulate and math.isfinite(b_sim) and b_sim > 0 else b_little
+    ran = simulate or stream_replicas  # a batching simulation ran: its figures stand
+    b_op = b_sim if ran and math.isfinite(b_sim) and b_sim > 0 else b_little
     x_op = throughput(b_op)
     # Served share of the demand: below 1 only when a fleet is loaded past what it can serve (the simulated
     # instance then completes output tokens at its capacity, not at the offered rate).
     served = 1.0
-    if simulate and lat["saturated"] and demand > 0:
+    if ran and lat["saturated"] and demand > 0:
         served = min(1.0, lat["throughput_tok_s"] * n_d / demand)
     gpus = decode_gpus + prefill_gpus
     decode_gpu_s = served * total_out / x_op
-    if simulate:
+    if ran:
         busy_decode = lat["busy_fraction"]
         busy_prefill = lat.get("prefill_busy_fraction", 0.0)
         busy = (busy_decode * decode_gpus + busy_prefill * prefill_gpus) / gpus
@@ -551,15 +580,6 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         busy = min((decode_gpu_s + prefill_gpu_s) / (gpus * duration), 1.0)
 
     pass_s = model.pass_s(b_op)
-    latencies = Latencies(requests.class_names, slo_q, sketch=streamed and not simulate)
-
-    def add_latencies(ttft, tpot, e2e, queue, class_id, prompt, output):
-        ttft, tpot, e2e = with_host(ttft, tpot, e2e, prompt, output)
-        within = np.ones(len(ttft), dtype=bool)
-        if ttft_target > 0:
-            within &= ttft <= ttft_target
-        within &= ~(tpot > target)  # NaN (one-token outputs) never breaks it
-        latencies.add(ttft, tpot, e2e, queue, within, class_id)
 
     def service_times(chunk, cached, passes_c):  # the analytic latencies (no queueing) of some requests
         out = chunk.output_tokens
@@ -571,9 +591,10 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         e2e = ttft + np.where(multi, tpot * (out - 1), 0.0)
         add_latencies(ttft, tpot, e2e, np.zeros(len(out)), chunk.class_id, chunk.prompt_tokens, out)
 
-    if simulate:
-        add_latencies(lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"], lat["class_id"], lat["prompt"],
-                      lat["output"])
+    if ran:
+        if simulate:  # (a stream's were added as its requests finished)
+            add_latencies(lat["ttft"], lat["tpot"], lat["e2e"], lat["queue"], lat["class_id"], lat["prompt"],
+                          lat["output"])
         saturated, little = lat["saturated"], lat["little_law_ratio"]
         steps_kept = lat["step_log"]
     else:
@@ -612,13 +633,40 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
         "feasible": 1,
         "infeasible_reason": "ok",
         "busy_fraction": busy,
-        "instance_load_imbalance": lat.get("instance_load_imbalance", math.nan) if simulate else math.nan,
+        "instance_load_imbalance": lat.get("instance_load_imbalance", math.nan) if ran else math.nan,
     }
     return Performance(MappingProxyType(metrics), feasible=True, duration_s=duration, gpus=gpus, busy_fraction=busy,
                        served_fraction=served, hit_tokens=hit_tokens, miss_tokens=miss_tokens,
                        output_tokens=total_out, step_log=steps_kept,
-                       batching_steady_state=lat["steady_state"] if simulate else None,
+                       batching_steady_state=lat["steady_state"] if ran else None,
                        cache_steady_state=cache_steady)
+
+
+def _stream_replicas(inputs: Inputs, stream: MeasuredStream, model, rates, kvb: float, hw, gp: int, disagg: bool,
+                     n_d: int, n_p: int, max_seqs: int, kv_blocks: int, rng, add_latencies, step_log: int) -> dict:
+    """The pools' replicas over every request of a streamed sample (:func:`mcsim.perf.replicas_stream.run`)."""
+    from mcsim.perf import replicas_stream
+
+    block = int(stream.window[0].block_tokens)
+    settings = PoolSettings(inputs.simulator, model, max_seqs, kv_blocks, -(-stream.longest_tokens // block))
+    per_token = np.array([0.0, *(kvb / rate.instance_bytes_s for rate in rates)])
+    latency = np.array([0.0, *(rate.latency_s for rate in rates)])
+
+    def restore(cached):
+        return cached @ per_token + (cached > 0) @ latency
+
+    def transfer(prompt):
+        if not disagg:
+            return np.zeros(len(prompt))
+        return prompt * (kvb / (hw.scale_out_gb_s * 1e9 * gp)) + inputs.kv_transfer_latency_s
+
+    p = inputs.simulator
+    priority = np.array([p.get(f"workload.classes.{c}.priority", 0) for c in stream.class_names], np.int64)
+    # Slots: a chunk going in, and the requests in flight of a pool whose every instance runs full twice over.
+    slots = stream.chunk + 2 * max(n_d * settings.max_seqs, n_p * settings.prefill_table()[0], stream.chunk)
+    return replicas_stream.run(settings, stream.replay, stream.requests, stream.span_s, stream.start_s, n_d, n_p,
+                               restore, transfer, rng, add_latencies, float(stream.sums.passes) / stream.sums.output,
+                               priority, min(slots, stream.requests), block, max_steps=step_log)
 
 
 def _prefill_ttft(sim, k: int, with_host):

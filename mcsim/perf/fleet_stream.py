@@ -7,7 +7,8 @@ figures and its run's statistics are those of :func:`mcsim.perf.fleet_batching.s
 same requests, bit for bit, whatever the part sizes and slots (``tests/test_fleet_stream.py`` holds them equal).
 
 What it leaves to the whole run: a closed loop (a follower is found by its index) and prefix caches inside the
-loop (their rows are keyed by the sample's blocks); a streamed sample takes its cache hits from the cache stage.
+loop (their rows are keyed by the sample's blocks); a streamed sample takes its cache hits from the cache stage and
+gives the tokens left to compute as each request's prompt (what shortest-prompt-first orders by).
 
 Memory: a slot holds one request (about 200 B of state and outputs); the slots hold the requests in flight (queued
 or running on some instance) plus the part being put in. A run whose requests in flight outgrow them (a fleet far
@@ -84,8 +85,6 @@ class FleetStream:
             token_budget=token_budget, max_seqs=max_seqs, kv_blocks=int(kv_blocks), block_tokens=block_tokens,
             chunk_tokens=chunk_tokens, verify_tokens=verify_tokens, preempt=preempt,
             max_new_per_step=max_new_per_step, policy=policy)
-        if scheduler.order == "shortest-prompt":
-            raise ValueError("shortest-prompt-first orders by what the loop's caches hold: not streamed")
         self.scheduler = scheduler
         self.n, self.w, self.k, self.key = n, w, k, key
         self.kv_blocks = int(kv_blocks)

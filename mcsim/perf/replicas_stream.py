@@ -1,0 +1,377 @@
+"""The replicas of a streamed sample: every request of the sample, warm-up included, through the pools' replicas
+a chunk at a time (:class:`~mcsim.perf.fleet_stream.FleetStream`), in memory set by the requests in flight.
+
+What differs from the whole sample's replicas (:meth:`mcsim.perf.latency.PoolSimulator.colocated` and
+``disaggregated``), and why:
+
+* Prefix-cache hits are the cache stage's (replayed in arrival order by :class:`mcsim.stages.kvcache.CacheStream`),
+  not looked up as each instance first admits a request: the loop's own caches key their rows by the sample's
+  blocks. A stream therefore runs only where the cache stage's hits do not depend on which replica serves a request:
+  one cache pooled by every instance (``deployment.routing = "pooled"``), or no cache; the replicas are then placed
+  by least outstanding requests (what ``pooled`` and ``cache-aware`` do without a cache inside the loop), or by the
+  scenario's router where it reads no cache.
+* The saturation test's counts over the window's second half and the queue-wait drift's quarters are read from
+  time histograms of :data:`BINS` bins over the sample's span (width about 1.3 s for a day): the requests of the
+  one bin a boundary falls in are counted on the side of that bin's start. Every other figure (requests, output
+  tokens in the window, means, requests in system, steps, busy time) is exact, and the latency quantiles come from
+  the sample's sketches (:class:`~mcsim.perf.latency_quantiles.Latencies`). Times in system and queue waits are
+  summed in whole nanoseconds, so that no figure depends on the chunks the requests came in.
+
+Disaggregated, the prefill pool's finished requests (their hand-off times known) wait in a buffer sorted by their
+arrival at the decode pool, and go in once no request still to come can arrive there before them (every request
+arrives at the decode pool after it arrived at the service). The decode pool's window starts at the first measured
+request's arrival there, given to its stream when that request goes in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mcsim.kernels import batching_helpers as indices
+from mcsim.perf.batching import SATURATION_BACKLOG, SATURATION_RATIO
+from mcsim.perf.fleet_batching import DECODE_ROUTERS, _fleet_log
+from mcsim.perf.fleet_stream import FleetStream
+from mcsim.perf.latency import edges, step_table
+from mcsim.stages import steady_state as steady
+
+#: Bins of the time histograms (see the module docstring).
+BINS = 1 << 16
+#: Routers of a streamed run without a cache inside the loop: these read no cache; the others place by load.
+PLAIN_ROUTERS = ("round-robin", "random", "least-outstanding", "least-kv")
+
+
+def streams(routing: str, caching: bool) -> bool:
+    """Whether the replicas of a sample with this router (and a cache or not) can run streamed."""
+    return routing == "pooled" or (not caching and routing in (*PLAIN_ROUTERS, "cache-aware"))
+
+
+def stream_router(routing: str) -> str:
+    """The router a stream places requests by (see the module docstring)."""
+    return routing if routing in PLAIN_ROUTERS else "least-outstanding"
+
+
+class _Columns:
+    """Per-request columns waiting in arrival order: pushed a chunk at a time, taken from the front."""
+
+    def __init__(self):
+        self.parts: list = []
+        self.offset = 0  # rows of the first part already taken
+
+    def push(self, columns: dict) -> None:
+        self.parts.append(columns)
+
+    def take(self, m: int) -> dict:
+        out: dict = {}
+        pieces = []
+        while m > 0:
+            part = self.parts[0]
+            rows = len(next(iter(part.values())))
+            use = min(m, rows - self.offset)
+            pieces.append({k: v[self.offset:self.offset + use] for k, v in part.items()})
+            self.offset += use
+            m -= use
+            if self.offset == rows:
+                self.parts.pop(0)
+                self.offset = 0
+        for key in (pieces[0] if pieces else {}):
+            out[key] = np.concatenate([p[key] for p in pieces])
+        return out
+
+
+class PoolWindow:
+    """One pool's measured window from its finished requests, as they come: the figures of
+    :func:`mcsim.perf.batching._summary` and :func:`~mcsim.perf.batching.queue_steady_state` that stage 5 reads.
+
+    ``span_s`` bounds the times of the histograms (later ones fall in the last bin); ``start_s`` is the window's
+    start, or None until :meth:`start` gives it (requests that finish before ``not_before_s``, which no start can
+    precede, are then counted at once, the others held until it comes).
+    """
+
+    def __init__(self, k: int, span_s: float, start_s: float | None, not_before_s: float = 0.0):
+        self.served = np.zeros(k, np.int64)  # measured requests per instance
+        self.width = max(float(span_s), 1e-9) / BINS
+        self.start_s = start_s
+        self.not_before_s = float(not_before_s)
+        self.arrivals = np.zeros(BINS, np.int64)
+        self.queue_sums = np.zeros(BINS)
+        self.finishes = np.zeros(BINS, np.int64)
+        self.measured = 0
+        self.e2e_ns = 0  # in whole nanoseconds: sums that do not depend on how the requests come
+        self.output_in_window = 0
+        self.requests = 0
+        self.first_arrival = math.inf
+        self.held: list = []  # (finish, output) of requests that may finish in a window not started yet
+
+    def _bin(self, t) -> np.ndarray:
+        return np.clip((np.asarray(t) / self.width).astype(np.int64), 0, BINS - 1)
+
+    def add(self, arrival, finish, queue, output, measured, instance, window_end: float = math.inf) -> None:
+        """Requests that finished (all of them at or before the window's end unless ``window_end`` says where
+        it is)."""
+        if len(arrival) == 0:
+            return
+        self.requests += len(arrival)
+        self.first_arrival = min(self.first_arrival, float(arrival[0]))
+        self.arrivals += np.bincount(self._bin(arrival), minlength=BINS)
+        # (whole nanoseconds as floats: exact sums below 2^53 ns, about 104 days of waiting in one bin)
+        self.queue_sums += np.bincount(self._bin(arrival), weights=np.rint(queue * 1e9), minlength=BINS)
+        self.finishes += np.bincount(self._bin(finish), minlength=BINS)
+        self.measured += int(np.count_nonzero(measured))
+        self.served += np.bincount(instance[measured], minlength=len(self.served))
+        self.e2e_ns += int(np.sum(np.rint((finish - arrival)[measured] * 1e9).astype(np.int64)))
+        before_end = finish <= window_end
+        if self.start_s is None:
+            late = finish >= self.not_before_s
+            self.held.append((finish[late & before_end], output[late & before_end]))
+        else:
+            self.output_in_window += int(np.sum(output[(finish >= self.start_s) & before_end]))
+
+    def start(self, t: float) -> None:
+        self.start_s = float(t)
+        for finish, output in self.held:
+            self.output_in_window += int(np.sum(output[finish >= t]))
+        self.held = []
+
+    def summary(self, stats, tolerance: float) -> dict:
+        """The pool's figures from its stream's statistics."""
+        k = len(self.served)
+        start = math.nan if self.start_s is None else self.start_s
+        end = float(stats[indices.STAT_WINDOW_END_S])
+        window = end - start
+        nan = math.nan
+        if window > 0:
+            mean_in_system = stats[indices.STAT_IN_SYSTEM_INTEGRAL] / window
+            arrival_rate = self.measured / window
+            throughput = self.output_in_window / window
+            middle = self._bin(start + 0.5 * window)
+            last = self._bin(end)
+            late_arrivals = int(self.arrivals[middle:last + 1].sum())
+            late_completions = int(self.finishes[middle:last + 1].sum())
+            completion_ratio = late_arrivals / late_completions if late_completions else math.inf
+        else:
+            mean_in_system = arrival_rate = throughput = completion_ratio = nan
+        mean_time = self.e2e_ns / 1e9 / self.measured if self.measured else nan
+        waiting = int(stats[indices.STAT_WAITING_AT_WINDOW_END])
+        saturated = bool(completion_ratio > SATURATION_RATIO and waiting > SATURATION_BACKLOG * max(self.measured, 1))
+        decode_steps = stats[indices.STAT_WINDOW_DECODE_STEPS]
+        out = {
+            "measured_requests": self.measured, "window_s": (start, end), "throughput_tok_s": throughput,
+            "mean_in_system": mean_in_system, "mean_time_in_system_s": mean_time,
+            "little_law_ratio": mean_in_system / (arrival_rate * mean_time) if arrival_rate * mean_time > 0 else nan,
+            "completion_ratio": completion_ratio, "saturated": saturated,
+            "mean_decode_batch": stats[indices.STAT_WINDOW_DECODE_SEQS_SUM] / decode_steps if decode_steps else nan,
+            "busy_fraction": min(stats[indices.STAT_WINDOW_STEP_S_SUM] / (k * window), 1.0) if window > 0 else nan,
+            "instance_load_imbalance": float(self.served.max() / self.served.mean()) if self.measured else nan,
+        }
+        out["queue_steady_state"] = self._steady(out, tolerance)
+        return out
+
+    def _steady(self, summary: dict, tolerance: float):
+        """The queue-wait drift of :func:`mcsim.perf.batching.queue_steady_state`, from the histograms."""
+        start, end = summary["window_s"]
+        scale = summary["mean_time_in_system_s"]
+        if not (end > start and scale > 0) or summary["measured_requests"] < steady.MIN_MEASURED:
+            return steady.not_checked(self.requests)
+        first = self.first_arrival
+        half_end = first + 0.5 * (end - first)
+        half_start = first + (start - first) / (end - first) * (half_end - first)
+        ratios = []
+        for lo, hi in ((start, end), (half_start, half_end)):
+            cuts = self._bin([lo + 0.5 * (hi - lo), lo + 0.75 * (hi - lo), hi])
+            for a, b in ((cuts[0], cuts[1]), (cuts[1], cuts[2] + 1)):
+                count = self.arrivals[a:b].sum()
+                ratios.append(self.queue_sums[a:b].sum() / 1e9 / scale / count if count else math.nan)
+        result = steady.verdict(np.array(ratios), self.requests, tolerance)
+        if summary["saturated"]:
+            return steady.SteadyState(result.drift, result.half_drift, False, math.inf)
+        return result
+
+
+def decode_passes(output, passes, rate):
+    """Decode steps after the first token, as :func:`mcsim.perf.latency.prepare_stream` sets them: a warm-up
+    request (``passes < 0``: not drawn) makes its output's passes at the measured requests' mean ``rate``."""
+    every = np.where(passes < 0, np.rint(output * rate), passes).astype(float)
+    every = np.where(output > 0, np.maximum(every, 1), 0)
+    steps = np.maximum(np.rint((output - 1) * every / np.maximum(output, 1)), 0).astype(np.int64)
+    return np.where(output > 1, np.maximum(steps, 1), 0)
+
+
+def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_decode: int, n_prefill: int,
+        restore, transfer, rng, add_latencies, passes_rate: float, class_priority, slots: int, block_tokens: int,
+        max_steps: int = 0) -> dict:
+    """Every request of a streamed sample through its pools' replicas.
+
+    Parameters
+    ----------
+    settings : mcsim.perf.latency.PoolSettings
+    replay : callable
+        ``replay()`` yields chunks of every request in arrival order: dicts of ``arrival_s`` (from the sample's
+        first arrival), ``prompt``, ``output``, ``passes`` (-1 for a warm-up request), ``class_id``, ``cached``
+        (n, tiers) and ``measured``.
+    n_requests, span_s, start_s : int, float, float
+        The requests in all, their arrivals' span and the first measured request's arrival (the window's start).
+    n_decode, n_prefill : int
+        Instances of the decode (or colocated) pool and of the prefill pool (0: colocated).
+    restore : callable
+        ``restore(cached)``: seconds of each request's restores.
+    transfer : callable
+        ``transfer(prompt)``: seconds of each request's KV hand-off to the decode pool.
+    rng : numpy.random.Generator
+        The router's uniforms, one per request in order.
+    add_latencies : callable
+        ``add_latencies(ttft, tpot, e2e, queue, class_id, prompt, output)`` of measured requests, as they finish.
+    passes_rate : float
+        Passes per output token of the measured requests (the warm-up requests' rate).
+    class_priority : int64[classes]
+        Each workload class's priority (the priority policy's queue order).
+    slots : int
+        Each pool's slots (:class:`~mcsim.perf.fleet_stream.FleetStream`).
+    block_tokens : int
+        Tokens of a KV block.
+
+    Returns
+    -------
+    dict
+        What :meth:`mcsim.perf.latency.PoolSimulator._result` gives, less the per-request arrays.
+    """
+    s, p = settings, settings.p
+    routing = p["deployment.routing"]
+    tolerance = p["mc.queue_steady_state_tolerance"]
+    hi = span_s * 1.02 + 600.0  # the histograms' span: arrivals, and finishes a little after the last of them
+    common = {"kv_ref_context": s.model.decode_context, "max_new_per_step": s.max_new, "slots": slots,
+              "balance": p["deployment.routing_balance"], "balance_requests": p["deployment.routing_balance_requests"]}
+    p_edges = np.array([0.0, 1.0]) if n_prefill else edges(s.budget, 10)
+    decode = FleetStream(
+        n_requests, n_instances=n_decode,
+        router=(routing if routing in DECODE_ROUTERS else "least-outstanding") if n_prefill else stream_router(routing),
+        step_time_table=step_table(s.model, s.d_edges, p_edges), decode_edges=s.d_edges,
+        prefill_edges=p_edges, kv_slope=s.kv_slope, token_budget=s.budget, max_seqs=s.max_seqs,
+        kv_blocks=s.kv_blocks, block_tokens=block_tokens, chunk_tokens=s.chunk, verify_tokens=s.verify,
+        preempt=bool(p["performance.preempt"]), policy=s.policy.name, warmup_s=None if n_prefill else start_s,
+        max_steps=max_steps, key="mc.chunk_requests", **common)
+    decode_window = PoolWindow(n_decode, hi, None if n_prefill else start_s, not_before_s=start_s)
+    decode_waiting = _Columns()
+    prefill = prefill_window = None
+    if n_prefill:
+        budget, chunk, d_edges, p_edges, table = s.prefill_table()
+        prefill = FleetStream(
+            n_requests, n_instances=n_prefill, router=stream_router(routing), step_time_table=table,
+            decode_edges=d_edges, prefill_edges=p_edges, token_budget=budget, max_seqs=max(min(n_requests, budget), 1),
+            kv_blocks=1 << 40, block_tokens=block_tokens, chunk_tokens=chunk,
+            policy=s.prefill_policy(), warmup_s=start_s, **common)
+        prefill_window = PoolWindow(n_prefill, hi, start_s)
+        prefill_waiting = _Columns()
+        buffer: list = []  # decode arrivals waiting to go in: dicts of columns
+
+    def finish_decode(done: dict, end: float = math.inf) -> None:
+        m = len(done["finish_s"])
+        if m == 0:
+            return
+        info = decode_waiting.take(m)
+        decode_window.add(done["arrival_s"], done["finish_s"], done["queue_s"], info["output"], info["measured"],
+                          done["instance"], end)
+        kept = info["measured"]
+        if not kept.any():
+            return
+        ttft = info["handoff"][kept] if n_prefill else \
+            done["first_token_s"][kept] - done["arrival_s"][kept] + info["restore"][kept]
+        e2e = done["finish_s"][kept] - done["arrival_s"][kept] + (info["handoff"][kept] if n_prefill
+                                                                  else info["restore"][kept])
+        out = info["output"][kept]
+        tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
+        queue = done["queue_s"][kept] + (info["prefill_queue"][kept] if n_prefill else 0.0)
+        add_latencies(ttft, tpot, e2e, queue, info["class_id"][kept], info["prompt"][kept], out)
+
+    def to_decode(columns: dict) -> None:
+        """Requests arriving at the decode pool, in order: the window starts at its first measured one."""
+        if decode_window.start_s is None and columns["measured"].any():
+            first = int(np.argmax(columns["measured"]))
+            if first:
+                to_decode({k: v[:first] for k, v in columns.items()})
+                columns = {k: v[first:] for k, v in columns.items()}
+            t = float(columns["decode_arrival"][0])
+            decode.start_window(t)
+            decode_window.start(t)
+        decode_waiting.push(columns)
+        finish_decode(decode.add(columns["decode_arrival"], np.ones(len(columns["output"]), np.int64),
+                                 columns["context"], columns["output"], columns["passes"],
+                                 router_uniform=columns["uniform"], priority=columns["priority"]))
+
+    def release(bound: float) -> None:
+        """Put in the decode pool every buffered request that arrives there before ``bound``, in order."""
+        if not buffer:
+            return
+        joined = {k: np.concatenate([b[k] for b in buffer]) for k in buffer[0]}
+        order = np.argsort(joined["decode_arrival"], kind="stable")  # by (time, index): parts are in index order
+        joined = {k: v[order] for k, v in joined.items()}
+        cut = int(np.searchsorted(joined["decode_arrival"], bound, side="left"))
+        buffer.clear()
+        if cut < len(order):
+            buffer.append({k: v[cut:] for k, v in joined.items()})
+        if cut:
+            to_decode({k: v[:cut] for k, v in joined.items()})
+
+    def finish_prefill(done: dict, end: float = math.inf) -> None:
+        m = len(done["finish_s"])
+        if m == 0:
+            return
+        info = prefill_waiting.take(m)
+        prefill_window.add(done["arrival_s"], done["first_token_s"], done["queue_s"], np.ones(m, np.int64),
+                           info["measured"], done["instance"], end)
+        handoff = done["first_token_s"] - done["arrival_s"] + info["restore"] + info["transfer"]
+        info.update(handoff=handoff, prefill_queue=done["queue_s"], decode_arrival=done["arrival_s"] + handoff)
+        buffer.append(info)
+
+    for chunk in replay():
+        m = len(chunk["arrival_s"])
+        cached = chunk["cached"]
+        prompt = chunk["prompt"].astype(np.int64)
+        columns = {"output": chunk["output"].astype(np.int64), "class_id": chunk["class_id"],
+                   "measured": chunk["measured"], "prompt": prompt, "context": prompt,
+                   "passes": decode_passes(chunk["output"], chunk["passes"], passes_rate),
+                   "restore": restore(cached), "uniform": rng.uniform(size=m),
+                   "priority": np.asarray(class_priority)[chunk["class_id"]]}
+        miss = np.maximum(prompt - cached.sum(axis=1), 1)
+        if not n_prefill:
+            decode_waiting.push(columns)
+            finish_decode(decode.add(chunk["arrival_s"], miss, prompt, columns["output"], columns["passes"],
+                                     router_uniform=columns["uniform"], priority=columns["priority"]))
+            continue
+        columns["transfer"] = transfer(prompt)
+        prefill_waiting.push(columns)
+        finish_prefill(prefill.add(chunk["arrival_s"], miss, prompt, np.ones(m, np.int64), np.zeros(m, np.int64),
+                                   router_uniform=columns["uniform"], priority=columns["priority"]))
+        # Every request still to come arrives at the service, so at the decode pool, no earlier than the oldest
+        # one not yet handed off.
+        pending = prefill.filled - prefill.read
+        bound = float(prefill_waiting_arrival(prefill)) if pending else float(chunk["arrival_s"][-1])
+        release(bound)
+    if n_prefill:
+        finish_prefill(prefill.finish(), float(prefill.stats[indices.STAT_WINDOW_END_S]))
+        release(math.inf)
+    finish_decode(decode.finish(), float(decode.stats[indices.STAT_WINDOW_END_S]))
+
+    summary = decode_window.summary(decode.stats, tolerance)
+    saturated = summary["saturated"]
+    steady_state = summary["queue_steady_state"]
+    imbalance = summary["instance_load_imbalance"]
+    out = {"little_law_ratio": float(summary["little_law_ratio"]),
+           "mean_decode_batch": float(summary["mean_decode_batch"]), "busy_fraction": float(summary["busy_fraction"]),
+           "throughput_tok_s": float(summary["throughput_tok_s"]) / n_decode,
+           "step_log": _fleet_log(decode.log, decode.instance_steps, max_steps)}
+    if n_prefill:
+        pre = prefill_window.summary(prefill.stats, tolerance)
+        saturated = saturated or pre["saturated"]
+        steady_state = min((pre["queue_steady_state"], steady_state), key=lambda x: (x.steady, -x.requests_needed))
+        out["prefill_busy_fraction"] = float(pre["busy_fraction"])
+        imbalance = max(imbalance, pre["instance_load_imbalance"])
+    out.update(saturated=int(bool(saturated)), steady_state=steady_state, instance_load_imbalance=imbalance)
+    return out
+
+
+def prefill_waiting_arrival(stream: FleetStream) -> float:
+    """The arrival of the oldest request not yet handed back by ``stream``."""
+    return stream.inputs["arrival_s"][stream.read % stream.w]
+
