@@ -142,7 +142,7 @@ def streamed_bytes(scn: Scenario, p: dict, n_requests: int, bytes_per_request: i
         return None
     cache_in = kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p))
     longest = int(p["workload.max_context"] or p["model.max_context"]) // int(p["cache.block_tokens"]) + 1
-    # The replicas' slots: at least three chunks' worth in each of two pools (more where the fleet's running
+    # The replicas' slots: three chunks' worth in each of two pools (more in the decode pool where its running
     # sequences outnumber a chunk: they grow with the fleet, which is sized later, not with the requests).
     slots = 2 * 3 * chunk_requests(p) * SLOT_BYTES if fleet.Inputs.from_params(p).fleet_simulation == "replicas" else 0
     return chunk_requests(p) * bytes_per_request + kvcache.CacheStream.most_bytes(cache_in, longest) + slots

@@ -662,11 +662,12 @@ def _stream_replicas(inputs: Inputs, stream: MeasuredStream, model, rates, kvb: 
 
     p = inputs.simulator
     priority = np.array([p.get(f"workload.classes.{c}.priority", 0) for c in stream.class_names], np.int64)
-    # Slots: a chunk going in, and the requests in flight of a pool whose every instance runs full twice over.
-    slots = stream.chunk + 2 * max(n_d * settings.max_seqs, n_p * settings.prefill_table()[0], stream.chunk)
+    # Slots: a chunk going in, and room for the requests in flight: twice what the decode (or colocated) pool's
+    # instances run at once, or two chunks, the more; a prefill pool's (short prefills, few at once), two chunks.
+    slots = (stream.chunk + 2 * max(n_d * settings.max_seqs, stream.chunk), 3 * stream.chunk)
     return replicas_stream.run(settings, stream.replay, stream.requests, stream.span_s, stream.start_s, n_d, n_p,
                                restore, transfer, rng, add_latencies, float(stream.sums.passes) / stream.sums.output,
-                               priority, min(slots, stream.requests), block, max_steps=step_log)
+                               priority, tuple(min(x, stream.requests) for x in slots), block, max_steps=step_log)
 
 
 def _prefill_ttft(sim, k: int, with_host):

@@ -199,7 +199,7 @@ def decode_passes(output, passes, rate):
 
 
 def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_decode: int, n_prefill: int,
-        restore, transfer, rng, add_latencies, passes_rate: float, class_priority, slots: int, block_tokens: int,
+        restore, transfer, rng, add_latencies, passes_rate: float, class_priority, slots: tuple, block_tokens: int,
         max_steps: int = 0) -> dict:
     """Every request of a streamed sample through its pools' replicas.
 
@@ -226,8 +226,9 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
         Passes per output token of the measured requests (the warm-up requests' rate).
     class_priority : int64[classes]
         Each workload class's priority (the priority policy's queue order).
-    slots : int
-        Each pool's slots (:class:`~mcsim.perf.fleet_stream.FleetStream`).
+    slots : (int, int)
+        The slots (:class:`~mcsim.perf.fleet_stream.FleetStream`) of the decode (or colocated) pool and of the
+        prefill pool.
     block_tokens : int
         Tokens of a KV block.
 
@@ -240,7 +241,7 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
     routing = p["deployment.routing"]
     tolerance = p["mc.queue_steady_state_tolerance"]
     hi = span_s * 1.02 + 600.0  # the histograms' span: arrivals, and finishes a little after the last of them
-    common = {"kv_ref_context": s.model.decode_context, "max_new_per_step": s.max_new, "slots": slots,
+    common = {"kv_ref_context": s.model.decode_context, "max_new_per_step": s.max_new,
               "balance": p["deployment.routing_balance"], "balance_requests": p["deployment.routing_balance_requests"]}
     p_edges = np.array([0.0, 1.0]) if n_prefill else edges(s.budget, 10)
     decode = FleetStream(
@@ -250,7 +251,7 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
         prefill_edges=p_edges, kv_slope=s.kv_slope, token_budget=s.budget, max_seqs=s.max_seqs,
         kv_blocks=s.kv_blocks, block_tokens=block_tokens, chunk_tokens=s.chunk, verify_tokens=s.verify,
         preempt=bool(p["performance.preempt"]), policy=s.policy.name, warmup_s=None if n_prefill else start_s,
-        max_steps=max_steps, key="mc.chunk_requests", **common)
+        max_steps=max_steps, key="deployment.instances", slots=slots[0], **common)
     decode_window = PoolWindow(n_decode, hi, None if n_prefill else start_s, not_before_s=start_s)
     decode_waiting = _Columns()
     prefill = prefill_window = None
@@ -260,7 +261,8 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
             n_requests, n_instances=n_prefill, router=stream_router(routing), step_time_table=table,
             decode_edges=d_edges, prefill_edges=p_edges, token_budget=budget, max_seqs=max(min(n_requests, budget), 1),
             kv_blocks=1 << 40, block_tokens=block_tokens, chunk_tokens=chunk,
-            policy=s.prefill_policy(), warmup_s=start_s, **common)
+            policy=s.prefill_policy(), warmup_s=start_s, key="deployment.prefill_instances", slots=slots[1],
+            **common)
         prefill_window = PoolWindow(n_prefill, hi, start_s)
         prefill_waiting = _Columns()
         buffer: list = []  # decode arrivals waiting to go in: dicts of columns
