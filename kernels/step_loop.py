@@ -638,6 +638,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     pf_cap = max(1, min(max_seqs, n))
     survivors = np.empty(pf_cap, np.int64)
     growing = np.empty(pf_cap, np.int64)
+    needs = np.empty(pf_cap, np.int64)  # blocks each of them needs
     n_batch = pf_cap if static else 1
     member_passes = np.empty(n_batch, np.int64)
     loaded = min(control[C_FILLED], n)  # requests whose slots are ready
@@ -1001,20 +1002,30 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                     g = following
                 if full_wheel:
                     block_head[slot] = -1
-                for a in range(1, m):  # oldest admission first
-                    g = growing[a]
-                    j = a - 1
-                    while j >= 0 and stamp[growing[j]] > stamp[g]:
-                        growing[j + 1] = growing[j]
-                        j -= 1
-                    growing[j + 1] = g
+                # What each needs; when the pool holds it all, no one is preempted and the order changes nothing.
+                total = 0
                 for a in range(m):
                     g = growing[a]
-                    if req_state[g] != _DECODING:
-                        continue
                     this_pass = passes_done[g] + (dc - decode_start[g]) + 1
                     tokens = context_tokens[g] + _tokens_after(output_tokens[g], passes[g], this_pass)
-                    need = (tokens + block_tokens - 1) // block_tokens - held[g]
+                    needs[a] = (tokens + block_tokens - 1) // block_tokens - held[g]
+                    total += needs[a]
+                if total > free:
+                    for a in range(1, m):  # oldest admission first
+                        g = growing[a]
+                        need = needs[a]
+                        j = a - 1
+                        while j >= 0 and stamp[growing[j]] > stamp[g]:
+                            growing[j + 1] = growing[j]
+                            needs[j + 1] = needs[j]
+                            j -= 1
+                        growing[j + 1] = g
+                        needs[j + 1] = need
+                for a in range(m):
+                    g = growing[a]
+                    if req_state[g] != _DECODING:  # preempted in this step, by an older sequence's growth
+                        continue
+                    need = needs[a]
                     while free < need:
                         victim = rtail
                         rtail = run_prev[victim]
