@@ -1,7 +1,7 @@
-"""Where one sample's CPU time goes: cProfile of one factory sample (after a warm-up sample in the same process),
-its stages' cumulative seconds.
+"""Where one sample's CPU time goes: cProfile of one sample of a scenario (the factory unless ``--scenario`` says
+otherwise), after a warm-up sample in the same process: its stages' cumulative seconds.
 
-    python benchmarks/profile_sample.py [requests] [--set KEY=VALUE ...]
+    python benchmarks/profile_sample.py [requests] [--scenario FILE] [--set KEY=VALUE ...]
 
 The warm-up sample (300,000 requests, a whole sample) compiles or loads the kernels; the profiled one is
 streamed when it has more requests than ``mc.chunk_requests``.
@@ -28,14 +28,15 @@ STAGES = {
     ("mcsim/stages/speculative.py", "speculative_passes"): "speculative draws",
     ("mcsim/execution/sample.py", "expert_stage"): "expert routing",
     ("mcsim/perf/fleet.py", "performance"): "stage 5 (fleet, latencies; the second pass of a streamed sample)",
+    ("mcsim/perf/replicas_stream.py", "run"): "  of which the replicas, request by request (streamed)",
 }
 
 
-def main(requests: int = 1_000_000, overrides=()) -> dict:
+def main(requests: int = 1_000_000, overrides=(), scenario: str = str(ROOT / "scenarios" / "factory.toml")) -> dict:
     from mcsim.execution import sample
     from mcsim.scenario import draw_uncertain, load_scenario
 
-    scn = load_scenario(ROOT / "scenarios" / "factory.toml", overrides=list(overrides))
+    scn = load_scenario(scenario, overrides=list(overrides))
     draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1, n_samples=1).items()}
     sample.run_sample(scn, ("factory",), 0, 1, 300_000, draws)
     profile = cProfile.Profile()
@@ -46,7 +47,7 @@ def main(requests: int = 1_000_000, overrides=()) -> dict:
     total = time.process_time() - start
     stats = pstats.Stats(profile).stats
     out = {"requests": int(requests), "cpu_s": total}
-    print(f"one factory sample of {requests:,} requests: {total:.2f} s of CPU")
+    print(f"one sample of {Path(scenario).name}, {requests:,} requests: {total:.2f} s of CPU")
     for (path, _, name), (_, _, _, cumulative, _) in stats.items():
         for (suffix, function), label in STAGES.items():
             if name == function and path.replace("\\", "/").endswith(suffix):
@@ -61,5 +62,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("requests", nargs="?", type=int, default=1_000_000)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--scenario", default=str(ROOT / "scenarios" / "factory.toml"))
     args = parser.parse_args()
-    main(args.requests, args.overrides)
+    main(args.requests, args.overrides, args.scenario)

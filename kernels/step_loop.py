@@ -120,20 +120,19 @@ import numpy as np
 
 from mcsim.accelerate import kernel
 from mcsim.kernels.batching_helpers import (
-    _DECODING, _DONE, _HEAP_SIZE, _PENDING, _PREFILLING, _WAITING, MIXING_EXCLUSIVE, ORDER_KEY, P_BLOCK_TOKENS, P_CHUNK_TOKENS,
-    P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_MIXING, P_ORDER, P_POLICY, P_POOLED_TIERS, P_PREEMPT,
-    P_ROUTE_MEASURE, P_ROUTE_PICK, P_ROUTE_PREFIX, P_TOKEN_BUDGET, P_VERIFY_TOKENS, PICK_GIVEN, MEASURE_FREE_KV,
-    POLICY_STATIC,
-    STAT_PREEMPTIONS, STAT_STATUS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_END_S, _heap_pop, _heap_push, _kv_rate,
-    _next_block_step, _store_window, _tokens_after, kv_slope_at, prefill_chunk, skew_merge, step_time,
-    unlink_running,
+    _DECODING, _DONE, _HEAP_SIZE, _PENDING, _PREFILLING, _WAITING, MIXING_EXCLUSIVE, ORDER_KEY, P_BLOCK_TOKENS,
+    P_CHUNK_TOKENS, P_CLOSED_USERS, P_KV_BLOCKS, P_MAX_NEW, P_MAX_SEQS, P_MIXING, P_ORDER, P_POLICY, P_POOLED_TIERS,
+    P_PREEMPT, P_ROUTE_MEASURE, P_ROUTE_PICK, P_ROUTE_PREFIX, P_TOKEN_BUDGET, P_VERIFY_TOKENS, PICK_GIVEN,
+    MEASURE_FREE_KV, POLICY_STATIC, STAT_PREEMPTIONS, STAT_STATUS, STAT_WAITING_AT_WINDOW_END, STAT_WINDOW_END_S,
+    _heap_pop, _heap_push, _kv_rate, _next_block_step, _store_window, _tokens_after, kv_slope_at, prefill_chunk,
+    skew_merge, step_time, unlink_running,
 )
 from mcsim.kernels.kv_tiers import (_ABSENT, _TIER, admit_blocks, admit_blocks_pooled, cached_prefix,
                                     cached_prefix_pooled, next_tiers, reset_caches)
 
 STATUS_OK = 0
 STATUS_STALLED = 1  # a step with nothing to run (a validated input never produces one)
-NEED_REQUESTS = 2  # what :func:`steps` yields when it has run every step it can before the next requests
+NEED_REQUESTS = 2  # what :func:`simulate_stream` yields when it has run every step it can before the next requests
 
 #: :func:`simulate_stream`'s ``control``: the requests in all; how many of them the caller has put in the slots so
 #: far; where the measured window starts (:data:`WINDOW_GIVEN`: at ``warmup_s``; :data:`WINDOW_LATER`: at a time
@@ -733,22 +732,26 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     sweep = 0
     need_arrival = True
     while status == STATUS_OK:
+        # The caller's next requests, once the loop has run all it can without them: a given placement's round is
+        # over with only the held-back request left, or the event loop's next arrival is not filled yet.
+        if loaded < n and ((fed_alone and next_alone == k and fed_upto == loaded - 1)
+                           or (not fed_alone and need_arrival and not closed and released == loaded)):
+            yield NEED_REQUESTS
+            if window_later:
+                warmup_s = _late_window(control, own_in_system, last_start, last_end, last_in_system)
+                window_later = warmup_s == np.inf
+            filled = min(control[C_FILLED], n)
+            fits = _load_slots(loaded, filled, closed, caching, wheel, arrival_s, passes, out_arrival_s,
+                               out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state, first_done, held,
+                               admitted_once, passes_done, f_step, b_step, rank)
+            full_wheel = full_wheel and fits
+            loaded = filled
+            if loaded == n:
+                last_arrival = arrival_s[(n - 1) % w]
         if fed_alone:
             if next_alone == k:
                 if fed_upto == n:
                     break
-                if loaded < n and fed_upto == loaded - 1:  # only the held-back request is left
-                    yield NEED_REQUESTS
-                    if window_later:
-                        warmup_s = _late_window(control, own_in_system, last_start, last_end, last_in_system)
-                        window_later = warmup_s == np.inf
-                    filled = min(control[C_FILLED], n)
-                    full_wheel = _load_slots(loaded, filled, closed, caching, wheel, arrival_s, passes, out_arrival_s,
-                                         out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state,
-                                         first_done, held, admitted_once, passes_done, f_step, b_step, rank) and full_wheel
-                    loaded = filled
-                    if loaded == n:
-                        last_arrival = arrival_s[(n - 1) % w]
                 # The next round's feeds: the requests filled, but the last one until every request is.
                 stop = loaded if loaded == n else loaded - 1
                 horizon = np.inf if loaded == n else arrival_s[(loaded - 1) % w]
@@ -780,18 +783,6 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                     t_next = arrive_t[0] if pending[_HEAP_SIZE] > 0 else np.inf
                 else:
                     r = released
-                    if r == loaded and loaded < n:
-                        yield NEED_REQUESTS
-                        if window_later:
-                            warmup_s = _late_window(control, own_in_system, last_start, last_end, last_in_system)
-                            window_later = warmup_s == np.inf
-                        filled = min(control[C_FILLED], n)
-                        full_wheel = _load_slots(loaded, filled, closed, caching, wheel, arrival_s, passes, out_arrival_s,
-                                         out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state,
-                                         first_done, held, admitted_once, passes_done, f_step, b_step, rank) and full_wheel
-                        loaded = filled
-                        if loaded == n:
-                            last_arrival = arrival_s[(n - 1) % w]
                     t_next = arrival_s[r % w] if r < n else np.inf
                 sweep = 0
                 need_arrival = False
@@ -919,9 +910,9 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                 next_feed_s = out_arrival_s[feed[pos]] if pos < feed_stop else np.inf
                 out_instance[fed] = i
                 if keyed:
-                    _keyed_enqueue(fed, i, rank[fed], key_uncached and caching, owner, queue_key, cache_state, block_keys,
-                                   block_ptr, key_stride, shared_key, block_tokens, key, tie, q_left, q_right, q_head,
-                                   q_len, req_state)
+                    _keyed_enqueue(fed, i, rank[fed], key_uncached and caching, owner, queue_key, cache_state,
+                                   block_keys, block_ptr, key_stride, shared_key, block_tokens, key, tie, q_left, q_right,
+                                   q_head, q_len, req_state)
                 else:
                     _fcfs_push(fed, i, q_head, q_tail, q_len, q_next)
                     req_state[fed] = _WAITING

@@ -9,6 +9,7 @@ import pytest
 from helpers import DECODE_EDGES, TABLE, random_blocks, random_settings, random_workload
 
 from mcsim.errors import RunLimitError
+from mcsim.kernels import batching_helpers as codes
 from mcsim.perf.batching import _per_request, _summary
 from mcsim.perf.fleet_batching import REPLICA_SCHEDULERS, _fleet_log, simulate_fleet_batching
 from mcsim.perf.fleet_stream import OUTPUTS, FleetStream
@@ -127,3 +128,52 @@ def test_the_stream_refuses_what_it_cannot_run():
         stream.add([2.0, 3.0, 4.0], [10] * 3, [10] * 3, [3] * 3)
     with pytest.raises(ValueError, match="2 of the 3 requests were not put in"):
         stream.finish()
+
+
+def test_a_pool_window_from_finished_requests_is_the_whole_run_summary():
+    """replicas_stream.PoolWindow, fed a whole run's requests in pieces and out of finishing order, against
+    batching._summary and queue_steady_state on the same arrays: counts and output tokens in the window exactly,
+    means to the nanosecond, and the histogram-read figures (second-half completion ratio, queue-wait drift) within
+    what one bin of 65,536 can move."""
+    from mcsim.perf.batching import queue_steady_state
+    from mcsim.perf.replicas_stream import PoolWindow
+
+    rng = np.random.default_rng(7)
+    arrival, prompt, _, output, passes = random_workload(rng, 3000, 40.0, think=False)[:5]
+    settings = {"token_budget": 512, "max_seqs": 4, "kv_blocks": 400, "block_tokens": 16, **TABLE}
+    warmup = float(arrival[300])
+    whole = simulate_fleet_batching(arrival, prompt, prompt, output, passes, n_instances=3, router="round-robin",
+                                    warmup_s=warmup, **settings)
+    per, summary = whole["per_request"], whole["summary"]
+    stats = np.zeros(codes.N_STATS)  # the window's statistics the summary read
+    stats[codes.STAT_WINDOW_END_S] = summary["window_s"][1]
+    stats[codes.STAT_IN_SYSTEM_INTEGRAL] = summary["mean_in_system"] * (summary["window_s"][1] - warmup)
+    stats[codes.STAT_WAITING_AT_WINDOW_END] = summary["waiting_at_window_end"]
+    window = PoolWindow(3, float(arrival[-1]) * 1.02 + 600.0, None, not_before_s=float(arrival[0]))
+    cut = 1000
+    measured = per["measured"]
+    window.add(per["arrival_s"][:cut], per["finish_s"][:cut], per["queue_s"][:cut], output[:cut], measured[:cut],
+               per["instance"][:cut])
+    window.start(warmup)  # the window's start, given after some requests had finished
+    for part in np.array_split(np.arange(cut, len(arrival)), 5):
+        window.add(per["arrival_s"][part], per["finish_s"][part], per["queue_s"][part], output[part],
+                   measured[part], per["instance"][part], window_end=summary["window_s"][1])
+    got = window.summary(stats, 0.1)
+    assert got["measured_requests"] == summary["measured_requests"] > 2000
+    assert got["throughput_tok_s"] == summary["throughput_tok_s"]  # output tokens finishing in the window
+    assert got["mean_time_in_system_s"] == pytest.approx(summary["mean_time_in_system_s"], abs=1e-9)
+    assert got["little_law_ratio"] == pytest.approx(summary["little_law_ratio"], rel=1e-9)
+    served = np.bincount(per["instance"][measured], minlength=3)
+    assert got["instance_load_imbalance"] == pytest.approx(served.max() / served.mean())
+    # The second half's arrivals and completions, as _summary counts them; a boundary bin moves each by at most the
+    # requests one bin holds (here about one: 3,000 requests over 65,536 bins).
+    end = summary["window_s"][1]
+    middle = warmup + 0.5 * (end - warmup)
+    arrivals = np.count_nonzero((per["arrival_s"] >= middle) & (per["arrival_s"] <= end))
+    completions = np.count_nonzero((per["finish_s"] >= middle) & (per["finish_s"] <= end))
+    one_bin = 3
+    assert abs(got["completion_ratio"] - summary["completion_ratio"]) <= \
+        summary["completion_ratio"] * one_bin * (1 / arrivals + 1 / completions)
+    drift = queue_steady_state(per, summary, 0.1)
+    assert got["queue_steady_state"].drift == pytest.approx(drift.drift, abs=0.02)
+    assert got["queue_steady_state"].steady == drift.steady

@@ -310,8 +310,8 @@ class PoolSimulator(PoolSettings):
             budget, chunk, d_edges, p_edges, table = self.prefill_table()
             m = len(w.arrival)
             pre, summary = _run(self.p, w, w.arrival, w.miss, np.ones(m, np.int64), np.zeros(m, np.int64), table,
-                                d_edges, p_edges, 1 << 20, 1 << 40, budget, chunk, n_instances, self.prefill_policy(), 0,
-                                max_new_per_step=self.max_new)
+                                d_edges, p_edges, 1 << 20, 1 << 40, budget, chunk, n_instances, self.prefill_policy(),
+                                0, max_new_per_step=self.max_new)
             self._runs[key] = {
                 "handoff": pre["ttft_s"] + w.restore_s + w.transfer_s, "queue": pre["queue_s"],
                 "measured": pre["measured"], "saturated": bool(summary["saturated"]),
