@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
@@ -222,17 +223,26 @@ class StreamedSample:
                                        max_context // int(p["cache.block_tokens"]) + 1, int(p["cache.block_tokens"]))
         spec_rng = rng_for(self.seed, self.sample, STREAM_SPECULATIVE)
         at = 0
-        while stream.remaining:
+        # The cache replay (a kernel that releases the GIL) of each chunk runs on a thread of its own, in chunk order,
+        # while this one generates the next chunk, draws the passes and hands the chunk on: the same work, each
+        # stage's calls in the same order, on two cores.
+        with ThreadPoolExecutor(1, thread_name_prefix="mcsim-cache") as replay:
             every = stream.next_chunk(self.chunk)
-            every_cached = cache.cached_tokens(every)
-            if steady is not None:  # the first pass: requests simulated
-                steady.add(every_cached, every.prompt_tokens)
-                progress.report(every.n)
-            skip = min(max(self.warm - at, 0), every.n)
-            at += every.n
-            measured = every.tail(skip) if skip else every
-            passes = speculative_stage(self.spec_in, measured, spec_rng)
-            yield every, skip, every_cached, passes
+            cached = replay.submit(cache.cached_tokens, every)
+            while every is not None:
+                following = stream.next_chunk(self.chunk) if stream.remaining else None
+                skip = min(max(self.warm - at, 0), every.n)
+                at += every.n
+                measured = every.tail(skip) if skip else every
+                passes = speculative_stage(self.spec_in, measured, spec_rng)
+                every_cached = cached.result()
+                if following is not None:
+                    cached = replay.submit(cache.cached_tokens, following)
+                if steady is not None:  # the first pass: requests simulated
+                    steady.add(every_cached, every.prompt_tokens)
+                    progress.report(every.n)
+                yield every, skip, every_cached, passes
+                every = following
 
     def _record(self) -> np.dtype:
         return np.dtype([("arrival_s", "<f8"), ("columns", "<i4", (4 + len(self.cache_in.capacity_blocks),))])

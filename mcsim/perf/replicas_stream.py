@@ -26,6 +26,7 @@ request's arrival there, given to its stream when that request goes in.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -294,12 +295,27 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
                 to_decode({k: v[:first] for k, v in columns.items()})
                 columns = {k: v[first:] for k, v in columns.items()}
             t = float(columns["decode_arrival"][0])
+            flush()  # (the stream's window is set between its runs)
             decode.start_window(t)
             decode_window.start(t)
+        decode_add(columns, columns["decode_arrival"], np.ones(len(columns["output"]), np.int64))
+
+    # The decode (or colocated) pool's runs go to a thread of their own (the step loop releases the GIL), one at a
+    # time and in order, while this one reads the next chunk and runs the prefill pool; each run's finished requests
+    # are read, in order, before the next run starts.
+    worker = ThreadPoolExecutor(1, thread_name_prefix="mcsim-decode")
+    in_flight: list = []
+
+    def flush() -> None:
+        while in_flight:
+            finish_decode(in_flight.pop(0).result())
+
+    def decode_add(columns: dict, arrival, prefill_tokens) -> None:
+        flush()
         decode_waiting.push(columns)
-        finish_decode(decode.add(columns["decode_arrival"], np.ones(len(columns["output"]), np.int64),
-                                 columns["context"], columns["output"], columns["passes"],
-                                 router_uniform=columns["uniform"], priority=columns["priority"]))
+        in_flight.append(worker.submit(decode.add, arrival, prefill_tokens, columns["context"], columns["output"],
+                                       columns["passes"], router_uniform=columns["uniform"],
+                                       priority=columns["priority"]))
 
     def release(bound: float) -> None:
         """Put in the decode pool every buffered request that arrives there before ``bound``, in order."""
@@ -326,33 +342,15 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
         info.update(handoff=handoff, prefill_queue=done["queue_s"], decode_arrival=done["arrival_s"] + handoff)
         buffer.append(info)
 
-    for chunk in replay():
-        m = len(chunk["arrival_s"])
-        cached = chunk["cached"]
-        prompt = chunk["prompt"].astype(np.int64)
-        columns = {"output": chunk["output"].astype(np.int64), "class_id": chunk["class_id"],
-                   "measured": chunk["measured"], "prompt": prompt, "context": prompt,
-                   "passes": decode_passes(chunk["output"], chunk["passes"], passes_rate),
-                   "restore": restore(cached), "uniform": rng.uniform(size=m),
-                   "priority": np.asarray(class_priority)[chunk["class_id"]]}
-        miss = np.maximum(prompt - cached.sum(axis=1), 1)
-        if not n_prefill:
-            decode_waiting.push(columns)
-            finish_decode(decode.add(chunk["arrival_s"], miss, prompt, columns["output"], columns["passes"],
-                                     router_uniform=columns["uniform"], priority=columns["priority"]))
-            continue
-        columns["transfer"] = transfer(prompt)
-        prefill_waiting.push(columns)
-        finish_prefill(prefill.add(chunk["arrival_s"], miss, prompt, np.ones(m, np.int64), np.zeros(m, np.int64),
-                                   router_uniform=columns["uniform"], priority=columns["priority"]))
-        # Every request still to come arrives at the service, so at the decode pool, no earlier than the oldest
-        # one not yet handed off.
-        pending = prefill.filled - prefill.read
-        bound = float(prefill_waiting_arrival(prefill)) if pending else float(chunk["arrival_s"][-1])
-        release(bound)
-    if n_prefill:
-        finish_prefill(prefill.finish(), float(prefill.stats[indices.STAT_WINDOW_END_S]))
-        release(math.inf)
+    try:
+        _feed(replay, n_prefill, restore, transfer, rng, passes_rate, class_priority, prefill,
+              prefill_waiting if n_prefill else None, finish_prefill, decode_add, release)
+        if n_prefill:
+            finish_prefill(prefill.finish(), float(prefill.stats[indices.STAT_WINDOW_END_S]))
+            release(math.inf)
+        flush()
+    finally:
+        worker.shutdown(wait=True, cancel_futures=True)
     finish_decode(decode.finish(), float(decode.stats[indices.STAT_WINDOW_END_S]))
 
     summary = decode_window.summary(decode.stats, tolerance)
@@ -377,3 +375,30 @@ def prefill_waiting_arrival(stream: FleetStream) -> float:
     """The arrival of the oldest request not yet handed back by ``stream``."""
     return stream.inputs["arrival_s"][stream.read % stream.w]
 
+
+def _feed(replay, n_prefill, restore, transfer, rng, passes_rate, class_priority, prefill, prefill_waiting,
+          finish_prefill, decode_add, release) -> None:
+    """Every chunk of ``replay()`` into the prefill pool (then, in order of arrival there, the decode pool) or into
+    the colocated pool: :func:`run`'s loop."""
+    for chunk in replay():
+        m = len(chunk["arrival_s"])
+        cached = chunk["cached"]
+        prompt = chunk["prompt"].astype(np.int64)
+        columns = {"output": chunk["output"].astype(np.int64), "class_id": chunk["class_id"],
+                   "measured": chunk["measured"], "prompt": prompt, "context": prompt,
+                   "passes": decode_passes(chunk["output"], chunk["passes"], passes_rate),
+                   "restore": restore(cached), "uniform": rng.uniform(size=m),
+                   "priority": np.asarray(class_priority)[chunk["class_id"]]}
+        miss = np.maximum(prompt - cached.sum(axis=1), 1)
+        if not n_prefill:
+            decode_add(columns, chunk["arrival_s"], miss)
+            continue
+        columns["transfer"] = transfer(prompt)
+        prefill_waiting.push(columns)
+        finish_prefill(prefill.add(chunk["arrival_s"], miss, prompt, np.ones(m, np.int64), np.zeros(m, np.int64),
+                                   router_uniform=columns["uniform"], priority=columns["priority"]))
+        # Every request still to come arrives at the service, so at the decode pool, no earlier than the oldest
+        # one not yet handed off.
+        pending = prefill.filled - prefill.read
+        bound = float(prefill_waiting_arrival(prefill)) if pending else float(chunk["arrival_s"][-1])
+        release(bound)
