@@ -401,15 +401,16 @@ def _late_window(control, own_in_system, last_start, last_end, last_in_system):
 
 
 @kernel
-def _load_slots(lo, hi, closed, caching, wheel, arrival_s, passes, out_arrival_s, out_first_token_s, out_finish_s,
-                out_queue_s, out_cached, req_state, first_done, held, admitted_once, passes_done, f_step, b_step, rank):
-    """Ready the slots of requests ``lo .. hi - 1`` (request ``g`` in slot ``g % slots``): outputs unset, state
+def _load_slots(lo, hi, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s, out_first_token_s,
+                out_finish_s, out_queue_s, out_cached, req_state, first_done, held, admitted_once, passes_done, f_step,
+                b_step, rank):
+    """Ready the slots of requests ``lo .. hi - 1`` (request ``g`` in slot ``slot_of[g % W]``): outputs unset, state
     that of a request not yet arrived (arrays a policy never reads have one element and are left alone). Returns
     whether each of them has at most ``wheel - 2`` passes (a timing-wheel slot then holds one step's sequences)."""
     w = arrival_s.shape[0]
     fits = True
     for g in range(lo, hi):
-        s = g % w
+        s = slot_of[g % w]
         out_arrival_s[s] = np.nan if closed else arrival_s[s]
         out_first_token_s[s] = np.nan
         out_finish_s[s] = np.nan
@@ -542,7 +543,7 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
                            decode_edges, prefill_edges, kv_slope, kv_ref_context, cache_state, out_arrival_s,
                            out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached, out_instance_steps,
                            out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting,
-                           control)
+                           np.arange(arrival_s.shape[0]), control)
     return int(next(loop))  # every request filled: the one value it yields is the status
 
 
@@ -552,18 +553,19 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                     balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope,
                     kv_ref_context, cache_state, out_arrival_s, out_instance, out_first_token_s, out_finish_s,
                     out_queue_s, out_cached, out_instance_steps, out_stats, log_start_s, log_decode_seqs,
-                    log_prefill_tokens, log_step_s, log_waiting, control):
+                    log_prefill_tokens, log_step_s, log_waiting, slot_of, control):
     """:func:`simulate` as a generator that takes its requests a part at a time: the same rules and the same
     results, in memory that grows with the requests in flight, not with the requests.
 
     The arrays of :func:`simulate` that hold one value per request (``arrival_s`` to ``queue_key``, ``out_arrival_s``
     to ``out_cached``) have ``W`` slots instead: request ``g`` of the ``n = control[C_REQUESTS]`` lives in slot
-    ``g % W``. The caller puts requests ``0 .. control[C_FILLED] - 1`` in their slots before the first ``next``;
-    whenever the loop has run everything it can without the next request, it yields :data:`NEED_REQUESTS`, and the
-    caller, before the next ``next``, reads the outputs of the slots it will reuse (requests ``g - W``, finished:
-    their ``out_finish_s`` is set), puts the next requests in and raises ``control[C_FILLED]`` (by at least one).
-    The last thing it yields is the status of :func:`simulate`, once every request has run; ``out_stats`` and the
-    step log are written then. With ``W = n`` and every request filled it yields that status alone.
+    ``slot_of[g % W]`` (int64[W]), any slot not held by a request in flight. The caller puts requests
+    ``0 .. control[C_FILLED] - 1`` in their slots before the first ``next``; whenever the loop has run everything it
+    can without the next request, it yields :data:`NEED_REQUESTS`, and the caller, before the next ``next``, reads the
+    outputs of finished requests (their ``out_finish_s`` is set) whose slots it will reuse, puts the next requests in
+    and raises ``control[C_FILLED]`` (by at least one). The last thing it yields is the status of :func:`simulate`,
+    once every request has run; ``out_stats`` and the step log are written then. With ``W = n``, ``slot_of`` the
+    identity and every request filled it yields that status alone.
 
     With ``control[C_WINDOW] == WINDOW_LATER`` the measured window's start (``warmup_s``) is not known yet: the
     caller sets it (``WINDOW_NOW`` and the time) before it puts in a request that arrives at or after it (a pool fed
@@ -606,7 +608,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     last_end = np.zeros(n_later)
     last_in_system = np.zeros(n_later)
 
-    # Per request, one slot each (request g in slot g % w). Arrays that a policy never reads have one element:
+    # Per request, one slot each (request g in slot slot_of[g % w]). Arrays that a policy never reads have one element:
     # allocating and touching n-long arrays costs more than a static run's whole decode phase.
     n_cont = 1 if static else w  # read by continuous policies only
     n_pre = w if preempt else 1  # read with preemption only
@@ -643,7 +645,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     loaded = min(control[C_FILLED], n)  # requests whose slots are ready
     max_passes = 0
     for r in range(loaded):  # (the wheel's length changes no result: the first requests set it)
-        max_passes = max(max_passes, passes[r % w])
+        max_passes = max(max_passes, passes[slot_of[r % w]])
     wheel = wheel_length(k, max_passes, pf_cap)
     mask = wheel - 1
     f_next = np.full(n_cont, -1, np.int64)
@@ -673,9 +675,9 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     out_instance_steps[:] = 0
     out_stats[:] = 0.0
     # a slot then holds the sequences of one step only
-    full_wheel = _load_slots(0, loaded, closed, caching, wheel, arrival_s, passes, out_arrival_s, out_first_token_s,
-                             out_finish_s, out_queue_s, out_cached, req_state, first_done, held, admitted_once,
-                             passes_done, f_step, b_step, rank)
+    full_wheel = _load_slots(0, loaded, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s,
+                             out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state, first_done, held,
+                             admitted_once, passes_done, f_step, b_step, rank)
 
     next_tier = next_tiers(capacity_blocks)
     if caching:
@@ -724,7 +726,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     if closed:
         for r in range(min(users, n)):
             _heap_push(arrive_t, arrive_r, pending, arrival_s[r], r)
-    last_arrival = arrival_s[(n - 1) % w] if loaded == n and not closed else np.inf  # (inf: not filled yet)
+    last_arrival = arrival_s[slot_of[(n - 1) % w]] if loaded == n and not closed else np.inf  # (inf: not filled yet)
     released = 0  # requests routed so far
     next_alone = k  # the next instance to run alone in the round (k: the round is over)
     r = 0
@@ -741,28 +743,28 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                 warmup_s = _late_window(control, own_in_system, last_start, last_end, last_in_system)
                 window_later = warmup_s == np.inf
             filled = min(control[C_FILLED], n)
-            fits = _load_slots(loaded, filled, closed, caching, wheel, arrival_s, passes, out_arrival_s,
+            fits = _load_slots(loaded, filled, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s,
                                out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state, first_done, held,
                                admitted_once, passes_done, f_step, b_step, rank)
             full_wheel = full_wheel and fits
             loaded = filled
             if loaded == n:
-                last_arrival = arrival_s[(n - 1) % w]
+                last_arrival = arrival_s[slot_of[(n - 1) % w]]
         if fed_alone:
             if next_alone == k:
                 if fed_upto == n:
                     break
                 # The next round's feeds: the requests filled, but the last one until every request is.
                 stop = loaded if loaded == n else loaded - 1
-                horizon = np.inf if loaded == n else arrival_s[(loaded - 1) % w]
+                horizon = np.inf if loaded == n else arrival_s[slot_of[(loaded - 1) % w]]
                 feed_ptr[:] = 0
                 for g in range(fed_upto, stop):
-                    feed_ptr[given_instance[g % w] + 1] += 1
+                    feed_ptr[given_instance[slot_of[g % w]] + 1] += 1
                 for i in range(k):
                     feed_ptr[i + 1] += feed_ptr[i]
                 fill[:] = feed_ptr[:k]
                 for g in range(fed_upto, stop):
-                    s = g % w
+                    s = slot_of[g % w]
                     feed[fill[given_instance[s]]] = s
                     fill[given_instance[s]] += 1
                 fed_upto = stop
@@ -783,7 +785,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                     t_next = arrive_t[0] if pending[_HEAP_SIZE] > 0 else np.inf
                 else:
                     r = released
-                    t_next = arrival_s[r % w] if r < n else np.inf
+                    t_next = arrival_s[slot_of[r % w]] if r < n else np.inf
                 sweep = 0
                 need_arrival = False
             # The next instance to run: the fleet's earliest in time order (one step); else instance by instance,
@@ -802,7 +804,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                 # Every step before the arrival has run: place it.
                 if r == n:
                     break
-                rs = r % w  # its slot
+                rs = slot_of[r % w]  # its slot
                 if closed:
                     _heap_pop(arrive_t, arrive_r, pending)
                     out_arrival_s[rs] = t_next

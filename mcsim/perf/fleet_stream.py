@@ -1,18 +1,21 @@
 """The replicas behind their router, fed their requests a part at a time, in memory that does not grow with them.
 
 :class:`FleetStream` drives the step loop's generator (:func:`mcsim.kernels.step_loop.simulate_stream`): it puts
-each part's requests in the loop's slots, runs every step the loop can run before the next request, and hands back
-the requests that have finished, in arrival order, as the slots they held are needed again. Its per-request
-figures and its run's statistics are those of :func:`mcsim.perf.fleet_batching.simulate_fleet_batching` on the
-same requests, bit for bit, whatever the part sizes and slots (``tests/test_fleet_stream.py`` holds them equal).
+each part's requests in free slots of the loop, runs every step the loop can run before the next request, and,
+when no slot is free, hands back every request that has finished (with its index in the run and the caller's own
+columns, in no particular order), freeing their slots. A request holds its slot only while it is in flight: a long
+one does not hold up the slots of those that arrived after it. Its per-request figures and its run's statistics are
+those of :func:`mcsim.perf.fleet_batching.simulate_fleet_batching` on the same requests, bit for bit, whatever the
+part sizes and slots (``tests/test_fleet_stream.py`` holds them equal).
 
 What it leaves to the whole run: a closed loop (a follower is found by its index) and prefix caches inside the
 loop (their rows are keyed by the sample's blocks); a streamed sample takes its cache hits from the cache stage and
 gives the tokens left to compute as each request's prompt (what shortest-prompt-first orders by).
 
-Memory: a slot holds one request (about 200 B of state and outputs); the slots hold the requests in flight (queued
-or running on some instance) plus the part being put in. A run whose requests in flight outgrow them (a fleet far
-behind its arrivals) is refused with :class:`~mcsim.errors.RunLimitError`, naming ``key``.
+Memory: a slot holds one request (about 200 B of state and outputs, and the caller's columns); the slots hold the
+requests in flight (queued or running on some instance), finished ones until they are handed back, and the part
+being put in. A run whose requests in flight fill them (a fleet far behind its arrivals: a hand-back frees fewer
+than :data:`FEWEST_FREED` of them) is refused with :class:`~mcsim.errors.RunLimitError`, naming ``key``.
 """
 
 from __future__ import annotations
@@ -25,8 +28,12 @@ from mcsim.kernels import step_loop as kernel
 from mcsim.perf.batching import _as_int, check_requests
 from mcsim.perf.fleet_batching import given_instances, loop_params, router_entry
 
-#: Outputs of each finished request, as :meth:`FleetStream.add` and :meth:`FleetStream.finish` hand them back.
+#: Outputs of each finished request, as :meth:`FleetStream.add` and :meth:`FleetStream.finish` hand them back
+#: (with ``index``, the request's place in the run, and the part's ``payload`` columns).
 OUTPUTS = ("arrival_s", "first_token_s", "finish_s", "queue_s", "instance")
+#: A hand-back that frees fewer slots than this share of them, the loop having run as far as it can, is refused:
+#: the fleet is that close to holding every slot (slot by slot, the stream would crawl).
+FEWEST_FREED = 1 / 64
 
 
 class FleetStream:
@@ -59,6 +66,8 @@ class FleetStream:
     >>> done.append(fleet.finish())
     >>> [round(float(x), 4) for part in done for x in part["finish_s"]]
     [0.0601, 0.5601, 1.0601, 1.5601]
+
+    Requests are handed back as their slots are needed, in any order: each with its ``index`` in the run.
     """
 
     def __init__(self, n_requests: int, *, slots: int, n_instances: int, router: str, step_time_table,
@@ -113,6 +122,12 @@ class FleetStream:
                     "waiting": np.empty((k, cap), np.int64)}
         self.filled = 0  # requests put in slots
         self.read = 0  # requests handed back
+        self.slot_of = np.zeros(w, np.int64)  # the slot of request g at g % w, until the loop has read it
+        self.free = np.arange(w - 1, -1, -1, dtype=np.int64)  # free slots (a stack: the last ones first out)
+        self.n_free = w
+        self.occupied = np.zeros(w, bool)  # slots that hold a request not handed back
+        self.index = np.zeros(w, np.int64)  # the request each slot holds
+        self.payload: dict = {}  # the caller's columns, per slot
         self.last_arrival = -np.inf
         self.status = None
         self._loop = None
@@ -128,12 +143,13 @@ class FleetStream:
         self.control[kernel.C_WINDOW] = kernel.WINDOW_NOW
 
     def add(self, arrival_s, prompt_tokens, context_tokens, output_tokens, passes=None, *, router_uniform=None,
-            block_ptr=None, block_ids=None, priority=None) -> dict:
+            block_ptr=None, block_ids=None, priority=None, payload=None) -> dict:
         """Put the next requests in (their arrivals not before the last one's) and run the loop as far as it can go
-        without the requests after them. Returns the requests that finished and whose slots were needed, in order
-        (arrays :data:`OUTPUTS`, possibly empty). ``router_uniform`` (the random and prefix-affinity routers),
-        ``block_ptr`` and ``block_ids`` (prefix affinity) and ``priority`` (the priority policy) are the part's
-        own."""
+        without the requests after them. Returns the requests that finished and whose slots were needed, in any
+        order (arrays :data:`OUTPUTS`, ``index`` and the payload's columns; possibly empty). ``router_uniform`` (the
+        random and prefix-affinity routers), ``block_ptr`` and ``block_ids`` (prefix affinity) and ``priority`` (the
+        priority policy) are the part's own; ``payload`` (name -> one value per request) is kept with each request
+        and handed back with it."""
         arrival = np.ascontiguousarray(arrival_s, dtype=np.float64)
         m = arrival.shape[0]
         if arrival.ndim != 1 or m == 0 or self.filled + m > self.n:
@@ -162,24 +178,36 @@ class FleetStream:
         self.last_arrival = float(arrival[-1])
         fields = {"arrival_s": arrival, "prompt": prompt, "context": context, "output": output, "passes": passes,
                   "given": given, "queue_key": key}
+        payload = {} if payload is None else {k: np.asarray(v) for k, v in payload.items()}
+        for name, values in payload.items():
+            if values.shape[:1] != (m,):
+                raise ValueError(f"payload {name!r} must hold one value per request")
+            if name not in self.payload:
+                self.payload[name] = np.zeros((self.w, *values.shape[1:]), values.dtype)
         done = []
         start = 0
         while start < m:
-            room = self.w - (self.filled - self.read)
-            if room == 0:
-                done.append(self._take(self._finished()))
-                room = self.w - (self.filled - self.read)
-                if room == 0:
+            if self.n_free == 0:
+                done.append(self.harvest())
+                if self.n_free < max(1, int(self.w * FEWEST_FREED)) and self.filled < self.n:
                     raise RunLimitError(
-                        f"{self.key}: more than {self.w:,} requests in flight at once (the fleet falls behind its "
-                        f"arrivals); the replicas' stream holds that many")
-            stop = min(m, start + room)
+                        f"{self.key}: more than {self.w - self.n_free:,} requests in flight at once (the fleet falls "
+                        f"behind its arrivals); the replicas' stream holds {self.w:,}")
+            stop = min(m, start + self.n_free)
+            count = stop - start
+            slots = self.free[self.n_free - count:self.n_free][::-1].copy()
+            self.n_free -= count
             for name, values in fields.items():
-                self._put(self.inputs[name], values[start:stop])
-            self.filled += stop - start
+                self.inputs[name][slots] = values[start:stop]
+            for name, values in payload.items():
+                self.payload[name][slots] = values[start:stop]
+            self.slot_of[(self.filled + np.arange(count)) % self.w] = slots
+            self.occupied[slots] = True
+            self.index[slots] = self.filled + np.arange(count)
+            self.filled += count
             start = stop
             self._run()
-        return _joined(done)
+        return _joined(done, self.payload)
 
     def finish(self) -> dict:
         """Run the loop to its end (every request put in) and hand back every request not yet handed back."""
@@ -188,13 +216,24 @@ class FleetStream:
         self._run()
         if self.status != kernel.STATUS_OK:
             raise RuntimeError("the batching simulation stalled (a step with nothing to run)")
-        return self._take(self.n - self.read)
+        return self.harvest()
 
-    def _put(self, ring, values) -> None:
-        lo = self.filled % self.w
-        head = min(len(values), self.w - lo)
-        ring[lo:lo + head] = values[:head]
-        ring[:len(values) - head] = values[head:]
+    def harvest(self) -> dict:
+        """Hand back every request that has finished and was not handed back (copies), freeing its slot."""
+        slots = np.flatnonzero(self.occupied & ~np.isnan(self.outputs["finish_s"]))
+        self.occupied[slots] = False
+        self.free[self.n_free:self.n_free + len(slots)] = slots[::-1]
+        self.n_free += len(slots)
+        self.read += len(slots)
+        out = {name: self.outputs[name][slots] for name in OUTPUTS}
+        out["index"] = self.index[slots]
+        out.update({name: values[slots] for name, values in self.payload.items()})
+        return out
+
+    def oldest_arrival(self) -> float:
+        """The earliest arrival of a request not handed back (inf: none)."""
+        held = self.inputs["arrival_s"][self.occupied]
+        return float(held.min()) if held.size else np.inf
 
     def _run(self) -> None:
         """Let the loop run until it needs the next request, or to its end once every request is in."""
@@ -212,26 +251,19 @@ class FleetStream:
                 p_edges, slope, ref, np.empty((0, 4), np.int32), o["arrival_s"], o["instance"], o["first_token_s"],
                 o["finish_s"], o["queue_s"], np.zeros((self.w, 1), np.int64), self.instance_steps, self.stats,
                 self.log["start_s"], self.log["decode_seqs"], self.log["prefill_tokens"], self.log["step_s"],
-                self.log["waiting"], self.control)
+                self.log["waiting"], self.slot_of, self.control)
         code = next(self._loop)
         if code != kernel.NEED_REQUESTS:
             self.status = code
         elif self.filled == self.n:
             raise RuntimeError("the step loop asked for requests after the last one")
 
-    def _finished(self) -> int:
-        """How many requests from the oldest not handed back have finished, in a row."""
-        pending = np.isnan(self.outputs["finish_s"][(self.read + np.arange(self.filled - self.read)) % self.w])
-        return int(np.argmax(pending)) if pending.any() else len(pending)
-
-    def _take(self, count: int) -> dict:
-        """Hand back the next ``count`` requests' outputs (copies: their slots are reused)."""
-        index = (self.read + np.arange(count)) % self.w
-        self.read += count
-        return {name: self.outputs[name][index] for name in OUTPUTS}
 
 
-def _joined(parts: list) -> dict:
-    if not parts:
-        return {name: np.empty(0, np.int64 if name == "instance" else float) for name in OUTPUTS}
-    return {name: np.concatenate([part[name] for part in parts]) for name in OUTPUTS}
+def _joined(parts: list, payload: dict) -> dict:
+    if parts:
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    out = {name: np.empty(0, np.int64 if name == "instance" else float) for name in OUTPUTS}
+    out["index"] = np.empty(0, np.int64)
+    out.update({name: values[:0] for name, values in payload.items()})
+    return out

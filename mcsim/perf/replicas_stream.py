@@ -33,7 +33,7 @@ import numpy as np
 from mcsim.kernels import batching_helpers as indices
 from mcsim.perf.batching import SATURATION_BACKLOG, SATURATION_RATIO
 from mcsim.perf.fleet_batching import DECODE_ROUTERS, _fleet_log
-from mcsim.perf.fleet_stream import FleetStream
+from mcsim.perf.fleet_stream import OUTPUTS, FleetStream
 from mcsim.perf.latency import edges, step_table
 from mcsim.stages import steady_state as steady
 
@@ -51,34 +51,6 @@ def streams(routing: str, caching: bool) -> bool:
 def stream_router(routing: str) -> str:
     """The router a stream places requests by (see the module docstring)."""
     return routing if routing in PLAIN_ROUTERS else "least-outstanding"
-
-
-class _Columns:
-    """Per-request columns waiting in arrival order: pushed a chunk at a time, taken from the front."""
-
-    def __init__(self):
-        self.parts: list = []
-        self.offset = 0  # rows of the first part already taken
-
-    def push(self, columns: dict) -> None:
-        self.parts.append(columns)
-
-    def take(self, m: int) -> dict:
-        out: dict = {}
-        pieces = []
-        while m > 0:
-            part = self.parts[0]
-            rows = len(next(iter(part.values())))
-            use = min(m, rows - self.offset)
-            pieces.append({k: v[self.offset:self.offset + use] for k, v in part.items()})
-            self.offset += use
-            m -= use
-            if self.offset == rows:
-                self.parts.pop(0)
-                self.offset = 0
-        for key in (pieces[0] if pieces else {}):
-            out[key] = np.concatenate([p[key] for p in pieces])
-        return out
 
 
 class PoolWindow:
@@ -114,7 +86,7 @@ class PoolWindow:
         if len(arrival) == 0:
             return
         self.requests += len(arrival)
-        self.first_arrival = min(self.first_arrival, float(arrival[0]))
+        self.first_arrival = min(self.first_arrival, float(np.min(arrival)))
         self.arrivals += np.bincount(self._bin(arrival), minlength=BINS)
         # (whole nanoseconds as floats: exact sums below 2^53 ns, about 104 days of waiting in one bin)
         self.queue_sums += np.bincount(self._bin(arrival), weights=np.rint(queue * 1e9), minlength=BINS)
@@ -254,7 +226,6 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
         preempt=bool(p["performance.preempt"]), policy=s.policy.name, warmup_s=None if n_prefill else start_s,
         max_steps=max_steps, key="deployment.instances", slots=slots[0], **common)
     decode_window = PoolWindow(n_decode, hi, None if n_prefill else start_s, not_before_s=start_s)
-    decode_waiting = _Columns()
     prefill = prefill_window = None
     if n_prefill:
         budget, chunk, d_edges, p_edges, table = s.prefill_table()
@@ -265,14 +236,13 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
             policy=s.prefill_policy(), warmup_s=start_s, key="deployment.prefill_instances", slots=slots[1],
             **common)
         prefill_window = PoolWindow(n_prefill, hi, start_s)
-        prefill_waiting = _Columns()
         buffer: list = []  # decode arrivals waiting to go in: dicts of columns
 
     def finish_decode(done: dict, end: float = math.inf) -> None:
         m = len(done["finish_s"])
         if m == 0:
             return
-        info = decode_waiting.take(m)
+        info = done  # (the request's own columns came back with it)
         decode_window.add(done["arrival_s"], done["finish_s"], done["queue_s"], info["output"], info["measured"],
                           done["instance"], end)
         kept = info["measured"]
@@ -312,17 +282,16 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
 
     def decode_add(columns: dict, arrival, prefill_tokens) -> None:
         flush()
-        decode_waiting.push(columns)
         in_flight.append(worker.submit(decode.add, arrival, prefill_tokens, columns["context"], columns["output"],
                                        columns["passes"], router_uniform=columns["uniform"],
-                                       priority=columns["priority"]))
+                                       priority=columns["priority"], payload=columns))
 
     def release(bound: float) -> None:
         """Put in the decode pool every buffered request that arrives there before ``bound``, in order."""
         if not buffer:
             return
         joined = {k: np.concatenate([b[k] for b in buffer]) for k in buffer[0]}
-        order = np.argsort(joined["decode_arrival"], kind="stable")  # by (time, index): parts are in index order
+        order = np.lexsort((joined["index"], joined["decode_arrival"]))  # by (time, index)
         joined = {k: v[order] for k, v in joined.items()}
         cut = int(np.searchsorted(joined["decode_arrival"], bound, side="left"))
         buffer.clear()
@@ -335,16 +304,16 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
         m = len(done["finish_s"])
         if m == 0:
             return
-        info = prefill_waiting.take(m)
         prefill_window.add(done["arrival_s"], done["first_token_s"], done["queue_s"], np.ones(m, np.int64),
-                           info["measured"], done["instance"], end)
-        handoff = done["first_token_s"] - done["arrival_s"] + info["restore"] + info["transfer"]
+                           done["measured"], done["instance"], end)
+        handoff = done["first_token_s"] - done["arrival_s"] + done["restore"] + done["transfer"]
+        info = {name: values for name, values in done.items() if name not in OUTPUTS}
         info.update(handoff=handoff, prefill_queue=done["queue_s"], decode_arrival=done["arrival_s"] + handoff)
         buffer.append(info)
 
     try:
-        _feed(replay, n_prefill, restore, transfer, rng, passes_rate, class_priority, prefill,
-              prefill_waiting if n_prefill else None, finish_prefill, decode_add, release)
+        _feed(replay, n_prefill, restore, transfer, rng, passes_rate, class_priority, prefill, finish_prefill,
+              decode_add, release)
         if n_prefill:
             finish_prefill(prefill.finish(), float(prefill.stats[indices.STAT_WINDOW_END_S]))
             release(math.inf)
@@ -371,13 +340,8 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
     return out
 
 
-def prefill_waiting_arrival(stream: FleetStream) -> float:
-    """The arrival of the oldest request not yet handed back by ``stream``."""
-    return stream.inputs["arrival_s"][stream.read % stream.w]
-
-
-def _feed(replay, n_prefill, restore, transfer, rng, passes_rate, class_priority, prefill, prefill_waiting,
-          finish_prefill, decode_add, release) -> None:
+def _feed(replay, n_prefill, restore, transfer, rng, passes_rate, class_priority, prefill, finish_prefill,
+          decode_add, release) -> None:
     """Every chunk of ``replay()`` into the prefill pool (then, in order of arrival there, the decode pool) or into
     the colocated pool: :func:`run`'s loop."""
     for chunk in replay():
@@ -394,11 +358,9 @@ def _feed(replay, n_prefill, restore, transfer, rng, passes_rate, class_priority
             decode_add(columns, chunk["arrival_s"], miss)
             continue
         columns["transfer"] = transfer(prompt)
-        prefill_waiting.push(columns)
         finish_prefill(prefill.add(chunk["arrival_s"], miss, prompt, np.ones(m, np.int64), np.zeros(m, np.int64),
-                                   router_uniform=columns["uniform"], priority=columns["priority"]))
-        # Every request still to come arrives at the service, so at the decode pool, no earlier than the oldest
-        # one not yet handed off.
-        pending = prefill.filled - prefill.read
-        bound = float(prefill_waiting_arrival(prefill)) if pending else float(chunk["arrival_s"][-1])
-        release(bound)
+                                   router_uniform=columns["uniform"], priority=columns["priority"], payload=columns))
+        finish_prefill(prefill.harvest())  # every hand-off known so far, to keep the decode pool fed
+        # Every request still to come arrives at the service, so at the decode pool, no earlier than the oldest one
+        # not yet handed off, or than the last arrival so far.
+        release(min(prefill.oldest_arrival(), float(chunk["arrival_s"][-1])))
