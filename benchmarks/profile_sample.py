@@ -4,7 +4,9 @@ otherwise), after a warm-up sample in the same process: its stages' cumulative s
     python benchmarks/profile_sample.py [requests] [--scenario FILE] [--set KEY=VALUE ...]
 
 The warm-up sample (300,000 requests, a whole sample) compiles or loads the kernels; the profiled one is
-streamed when it has more requests than ``mc.chunk_requests``.
+streamed when it has more requests than ``mc.chunk_requests``. A streamed sample runs its cache replay and its
+replicas' decode pool on threads of their own; here they run on the profiled thread (cProfile sees one thread), so
+the CPU seconds are those of one core, each stage's where it belongs.
 """
 
 from __future__ import annotations
@@ -32,9 +34,35 @@ STAGES = {
 }
 
 
+class _Inline:
+    """A stand-in for ``ThreadPoolExecutor(1)`` that runs each call at once, on the calling thread."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, function, *args, **kwargs):
+        from concurrent.futures import Future
+
+        future = Future()
+        future.set_result(function(*args, **kwargs))
+        return future
+
+    def shutdown(self, *args, **kwargs):
+        pass
+
+
 def main(requests: int = 1_000_000, overrides=(), scenario: str = str(ROOT / "scenarios" / "factory.toml")) -> dict:
     from mcsim.execution import sample
+    from mcsim.perf import replicas_stream
     from mcsim.scenario import draw_uncertain, load_scenario
+
+    sample.ThreadPoolExecutor = replicas_stream.ThreadPoolExecutor = _Inline
 
     scn = load_scenario(scenario, overrides=list(overrides))
     draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1, n_samples=1).items()}

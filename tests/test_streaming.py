@@ -240,6 +240,15 @@ def test_streamed_replicas_do_not_depend_on_the_chunks(pools):
     for key in ("operating_batch_per_gpu", "little_law_ratio", "tpot_s"):
         np.testing.assert_allclose(part[key], whole[key], rtol=0.01, err_msg=key)
     np.testing.assert_allclose(part["e2e_s"], whole["e2e_s"], rtol=0.02)
+    if "deployment.disaggregated=true" in pools:  # what ran is in the result's attributes
+        import mcsim
+
+        ds = mcsim.run(FACTORY, samples=1, requests=n, workers=1,
+                       overrides=[*SMALL_CACHES, *replicas, "mc.chunk_requests=2600"])
+        assert ds.attrs["fleet_simulation"] == "replicas"
+        assert ds.attrs["streamed_samples"].startswith("yes: chunks of 2,600 requests")
+        assert "the cache stage's prefix-cache hits" in ds.attrs["streamed_samples"]
+        assert mcsim.run(FACTORY, samples=1, requests=500, workers=1).attrs["streamed_samples"].startswith("no:")
     if "deployment.disaggregated=false" in pools:
         for key in ("busy_fraction", "cache_hit_rate", "instance_load_imbalance"):
             np.testing.assert_allclose(part[key], whole[key], rtol=0.02, err_msg=key)

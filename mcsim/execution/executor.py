@@ -525,7 +525,31 @@ def run_attrs(plan: Plan, command: str | None, fingerprint: str, reused: int, re
     records = trace_records(plan)
     if records is not None:
         attrs["trace_records"] = records
+    attrs["streamed_samples"] = streamed_note(plan)
     return attrs
+
+
+def streamed_note(plan: "Plan") -> str:
+    """How the samples ran: whole, or streamed chunk by chunk (the first sample's draws, every variant; a grid's
+    points may differ), and with replicas where their prefix-cache hits came from."""
+    if plan.axes:
+        return "per grid point: whole or streamed as its values say (see the README's Streamed samples)"
+    scn = plan.scn
+    try:
+        draws = draw_uncertain(scn, [0], plan.seed, n_samples=plan.samples)
+        values = {k: float(v[0]) for k, v in draws.items()}
+        params = [one_sample.variant_params(scn, name, overrides, values) for name, overrides in plan.variants.items()]
+        streams = [one_sample.streamed(scn, p, plan.requests) for p in params]
+    except Exception:  # the run itself reports what is wrong with the scenario
+        return ""
+    if not any(streams):
+        return "no: every request of a sample in memory at once"
+    chunk = one_sample.chunk_requests(params[streams.index(True)])
+    note = f"yes: chunks of {chunk:,} requests, latency quantiles from sketches (0.5 % relative error)"
+    if any(s and p["deployment.fleet_simulation"] == "replicas" for s, p in zip(streams, params)):
+        note += ("; the replicas ran every request with the cache stage's prefix-cache hits (arrival order), "
+                 "not their own caches")
+    return note
 
 
 def trace_records(plan: Plan) -> int | None:

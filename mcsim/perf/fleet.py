@@ -43,6 +43,7 @@ from mcsim.errors import RunLimitError
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
 from mcsim.perf.batching import QUANTILES
 from mcsim.perf.latency import PoolSettings, PoolSimulator, prepare, prepare_stream
+from mcsim.perf import replicas_stream
 from mcsim.perf.latency_quantiles import Latencies, finite_quantile
 from mcsim.scenario.policies import policy_for
 from mcsim.perf.params import Params
@@ -645,8 +646,6 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
 def _stream_replicas(inputs: Inputs, stream: MeasuredStream, model, rates, kvb: float, hw, gp: int, disagg: bool,
                      n_d: int, n_p: int, max_seqs: int, kv_blocks: int, rng, add_latencies, step_log: int) -> dict:
     """The pools' replicas over every request of a streamed sample (:func:`mcsim.perf.replicas_stream.run`)."""
-    from mcsim.perf import replicas_stream
-
     block = int(stream.window[0].block_tokens)
     settings = PoolSettings(inputs.simulator, model, max_seqs, kv_blocks, -(-stream.longest_tokens // block))
     per_token = np.array([0.0, *(kvb / rate.instance_bytes_s for rate in rates)])
