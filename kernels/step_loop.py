@@ -385,6 +385,13 @@ def _static_decode_steps(i, t, dleft, n_decoding, n_running, in_system, step_s0,
 
 
 
+@kernel(inline="always")
+def _ring(g, w):
+    """Request ``g``'s place in a ring of ``w`` (``g % w``, without the division while ``g < w``: every request of a
+    whole run)."""
+    return g if g < w else g % w
+
+
 @kernel
 def _late_window(control, own_in_system, last_start, last_end, last_in_system):
     """The window's start once the caller gives it (``control[C_WINDOW] == WINDOW_NOW``; else inf), and what each
@@ -410,7 +417,7 @@ def _load_slots(lo, hi, slot_of, closed, caching, wheel, arrival_s, passes, out_
     w = arrival_s.shape[0]
     fits = True
     for g in range(lo, hi):
-        s = slot_of[g % w]
+        s = slot_of[_ring(g, w)]
         out_arrival_s[s] = np.nan if closed else arrival_s[s]
         out_first_token_s[s] = np.nan
         out_finish_s[s] = np.nan
@@ -645,7 +652,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     loaded = min(control[C_FILLED], n)  # requests whose slots are ready
     max_passes = 0
     for r in range(loaded):  # (the wheel's length changes no result: the first requests set it)
-        max_passes = max(max_passes, passes[slot_of[r % w]])
+        max_passes = max(max_passes, passes[slot_of[_ring(r, w)]])
     wheel = wheel_length(k, max_passes, pf_cap)
     mask = wheel - 1
     f_next = np.full(n_cont, -1, np.int64)
@@ -726,7 +733,8 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     if closed:
         for r in range(min(users, n)):
             _heap_push(arrive_t, arrive_r, pending, arrival_s[r], r)
-    last_arrival = arrival_s[slot_of[(n - 1) % w]] if loaded == n and not closed else np.inf  # (inf: not filled yet)
+    # (inf: not filled yet)
+    last_arrival = arrival_s[slot_of[_ring(n - 1, w)]] if loaded == n and not closed else np.inf
     released = 0  # requests routed so far
     next_alone = k  # the next instance to run alone in the round (k: the round is over)
     r = 0
@@ -749,22 +757,22 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
             full_wheel = full_wheel and fits
             loaded = filled
             if loaded == n:
-                last_arrival = arrival_s[slot_of[(n - 1) % w]]
+                last_arrival = arrival_s[slot_of[_ring(n - 1, w)]]
         if fed_alone:
             if next_alone == k:
                 if fed_upto == n:
                     break
                 # The next round's feeds: the requests filled, but the last one until every request is.
                 stop = loaded if loaded == n else loaded - 1
-                horizon = np.inf if loaded == n else arrival_s[slot_of[(loaded - 1) % w]]
+                horizon = np.inf if loaded == n else arrival_s[slot_of[_ring(loaded - 1, w)]]
                 feed_ptr[:] = 0
                 for g in range(fed_upto, stop):
-                    feed_ptr[given_instance[slot_of[g % w]] + 1] += 1
+                    feed_ptr[given_instance[slot_of[_ring(g, w)]] + 1] += 1
                 for i in range(k):
                     feed_ptr[i + 1] += feed_ptr[i]
                 fill[:] = feed_ptr[:k]
                 for g in range(fed_upto, stop):
-                    s = slot_of[g % w]
+                    s = slot_of[_ring(g, w)]
                     feed[fill[given_instance[s]]] = s
                     fill[given_instance[s]] += 1
                 fed_upto = stop
@@ -785,7 +793,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                     t_next = arrive_t[0] if pending[_HEAP_SIZE] > 0 else np.inf
                 else:
                     r = released
-                    t_next = arrival_s[slot_of[r % w]] if r < n else np.inf
+                    t_next = arrival_s[slot_of[_ring(r, w)]] if r < n else np.inf
                 sweep = 0
                 need_arrival = False
             # The next instance to run: the fleet's earliest in time order (one step); else instance by instance,
@@ -804,7 +812,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                 # Every step before the arrival has run: place it.
                 if r == n:
                     break
-                rs = slot_of[r % w]  # its slot
+                rs = slot_of[_ring(r, w)]  # its slot
                 if closed:
                     _heap_pop(arrive_t, arrive_r, pending)
                     out_arrival_s[rs] = t_next
@@ -913,8 +921,8 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                 out_instance[fed] = i
                 if keyed:
                     _keyed_enqueue(fed, i, rank[fed], key_uncached and caching, owner, queue_key, cache_state,
-                                   block_keys, block_ptr, key_stride, shared_key, block_tokens, key, tie, q_left, q_right,
-                                   q_head, q_len, req_state)
+                                   block_keys, block_ptr, key_stride, shared_key, block_tokens, key, tie, q_left,
+                                   q_right, q_head, q_len, req_state)
                 else:
                     _fcfs_push(fed, i, q_head, q_tail, q_len, q_next)
                     req_state[fed] = _WAITING
