@@ -9,7 +9,8 @@ What differs from the whole sample's replicas (:meth:`mcsim.perf.latency.PoolSim
   blocks. A stream therefore runs only where the cache stage's hits do not depend on which replica serves a request:
   one cache pooled by every instance (``deployment.routing = "pooled"``), or no cache; the replicas are then placed
   by least outstanding requests (what ``pooled`` and ``cache-aware`` do without a cache inside the loop), or by the
-  scenario's router where it reads no cache.
+  scenario's router where it reads no cache. The pooled cache's first tier holds the configured instances' share
+  (the cache stage's), where the whole sample's replicas pool the run's instances'.
 * The saturation test's counts over the window's second half and the queue-wait drift's quarters are read from
   time histograms of :data:`BINS` bins over the sample's span (width about 1.3 s for a day): the requests of the
   one bin a boundary falls in are counted on the side of that bin's start. Every other figure (requests, output
@@ -20,7 +21,9 @@ What differs from the whole sample's replicas (:meth:`mcsim.perf.latency.PoolSim
 Disaggregated, the prefill pool's finished requests (their hand-off times known) wait in a buffer sorted by their
 arrival at the decode pool, and go in once no request still to come can arrive there before them (every request
 arrives at the decode pool after it arrived at the service). The decode pool's window starts at the first measured
-request's arrival there, given to its stream when that request goes in.
+request's arrival there, given to its stream when that request goes in. The decode (or colocated) pool runs on a
+thread of its own while the next chunk is read and the prefill pool runs (the step loop releases the GIL); its runs
+keep their order, so the results are those of one thread.
 """
 
 from __future__ import annotations
