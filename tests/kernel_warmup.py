@@ -10,6 +10,7 @@ its end). ``python tests/kernel_warmup.py`` runs it by hand.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,16 +30,32 @@ RUNS = (
 )
 
 
+#: The run that compiles the step loop (the longest compile, about two minutes cold): a process of its own starts it
+#: while this one compiles the stages' kernels (Numba compiles under the GIL, so threads would not overlap).
+STEP_LOOP_RUN = 1
+
+
+def _run(index: int) -> int:
+    path, overrides = RUNS[index]
+    try:
+        mcsim.run(path, samples=1, requests=200, overrides=overrides, workers=1)
+    except Exception as err:  # the tests report what is wrong; the warm-up only saves them compile time
+        print(f"kernel warm-up: {path} {' '.join(overrides)}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(done: str | None = None) -> int:
     """Run the warm-up; ``done``, a path, is created when it ends (the test workers of ``pytest -n`` wait for it)."""
     failed = 0
     try:
-        for path, overrides in RUNS:
-            try:
-                mcsim.run(path, samples=1, requests=200, overrides=overrides, workers=1)
-            except Exception as err:  # the tests report what is wrong; the warm-up only saves them compile time
-                failed += 1
-                print(f"kernel warm-up: {path} {' '.join(overrides)}: {type(err).__name__}: {err}", file=sys.stderr)
+        step_loop = subprocess.Popen([sys.executable, __file__, "--run", str(STEP_LOOP_RUN)],
+                                     stdin=subprocess.DEVNULL)
+        for index in range(len(RUNS)):
+            if index == STEP_LOOP_RUN:
+                failed += step_loop.wait() != 0
+            else:
+                failed += _run(index)
     finally:
         if done:
             Path(done).touch()
@@ -46,4 +63,6 @@ def main(done: str | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--run"]:
+        sys.exit(_run(int(sys.argv[2])))
     sys.exit(main(*sys.argv[1:2]))
