@@ -180,3 +180,12 @@ def test_a_pool_window_from_finished_requests_is_the_whole_run_summary():
     drift = queue_steady_state(per, summary, 0.1)
     assert got["queue_steady_state"].drift == pytest.approx(drift.drift, abs=0.02)
     assert got["queue_steady_state"].steady == drift.steady
+
+
+def test_a_slot_of_the_stream_is_the_129_bytes_its_docstring_counts():
+    """Inputs, outputs and bookkeeping per slot (mcsim.perf.fleet_stream's docstring, sample.SLOT_BYTES): the arrays
+    the stream allocates, plus the loop's one-column cached-tokens output it passes at its first run."""
+    stream = FleetStream(1000, slots=1000, n_instances=2, router="round-robin", kv_blocks=100, **TABLE)
+    arrays = [*stream.inputs.values(), *stream.outputs.values(), stream.slot_of, stream.free, stream.occupied,
+              stream.index]
+    assert sum(a.nbytes for a in arrays) + 8 * 1000 == 129 * 1000

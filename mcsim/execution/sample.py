@@ -96,9 +96,10 @@ def expert_stage(inputs: ExpertInputs | None, rng) -> dict:
             "distinct_experts_per_step": float(result["distinct_experts_per_step"])}
 
 
-#: Bytes of one slot of a streamed replicas run (:class:`mcsim.perf.fleet_stream.FleetStream`: its inputs and
-#: outputs, and the step loop's per-request state under the policy that keeps the most).
-SLOT_BYTES = 330
+#: Bytes of one slot of a streamed replicas run, counted from the arrays that hold one value per slot: the step
+#: loop's own per-request state under the policy that keeps the most (preemption and a keyed queue: 179 B), the
+#: stream's inputs, outputs and bookkeeping (129 B) and the columns the replicas carry with each request (13 x 8 B).
+SLOT_BYTES = 412
 #: Requests per chunk of a streamed sample when ``mc.chunk_requests`` is 0.
 CHUNK_REQUESTS = 1 << 18
 

@@ -42,7 +42,7 @@ import numpy as np
 from mcsim.errors import RunLimitError
 from mcsim.perf.factor import batch_limit_by_memory, infeasible_reason, kv_bytes, static_slot_utilization
 from mcsim.perf.batching import QUANTILES
-from mcsim.perf.latency import PoolSettings, PoolSimulator, prepare, prepare_stream
+from mcsim.perf.latency import PoolSettings, PoolSimulator, prepare, prepare_stream, restore_seconds
 from mcsim.perf import replicas_stream
 from mcsim.perf.latency_quantiles import Latencies, finite_quantile
 from mcsim.scenario.policies import policy_for
@@ -652,7 +652,7 @@ def _stream_replicas(inputs: Inputs, stream: MeasuredStream, model, rates, kvb: 
     latency = np.array([0.0, *(rate.latency_s for rate in rates)])
 
     def restore(cached):
-        return cached @ per_token + (cached > 0) @ latency
+        return restore_seconds(cached, per_token, latency)
 
     def transfer(prompt):
         if not disagg:

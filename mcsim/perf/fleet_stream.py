@@ -12,9 +12,9 @@ What it leaves to the whole run: a closed loop (a follower is found by its index
 loop (their rows are keyed by the sample's blocks); a streamed sample takes its cache hits from the cache stage and
 gives the tokens left to compute as each request's prompt (what shortest-prompt-first orders by).
 
-Memory: a slot holds one request (about 200 B of state and outputs, and the caller's columns); the slots hold the
-requests in flight (queued or running on some instance), finished ones until they are handed back, and the part
-being put in. A run whose requests in flight fill them (a fleet far behind its arrivals: a hand-back frees fewer
+Memory: a slot holds one request (up to 179 B of the loop's state, 129 B of inputs, outputs and bookkeeping, and
+the caller's columns); the slots hold the requests in flight (queued or running on some instance), finished ones
+until they are handed back, and the part being put in. A run whose requests in flight fill them (a fleet far behind its arrivals: a hand-back frees fewer
 than :data:`FEWEST_FREED` of them) is refused with :class:`~mcsim.errors.RunLimitError`, naming ``key``.
 """
 
@@ -121,7 +121,6 @@ class FleetStream:
                     "prefill_tokens": np.empty((k, cap), np.int64), "step_s": np.empty((k, cap)),
                     "waiting": np.empty((k, cap), np.int64)}
         self.filled = 0  # requests put in slots
-        self.read = 0  # requests handed back
         self.slot_of = np.zeros(w, np.int64)  # the slot of request g at g % w, until the loop has read it
         self.free = np.arange(w - 1, -1, -1, dtype=np.int64)  # free slots (a stack: the last ones first out)
         self.n_free = w
@@ -224,7 +223,6 @@ class FleetStream:
         self.occupied[slots] = False
         self.free[self.n_free:self.n_free + len(slots)] = slots[::-1]
         self.n_free += len(slots)
-        self.read += len(slots)
         out = {name: self.outputs[name][slots] for name in OUTPUTS}
         out["index"] = self.index[slots]
         out.update({name: values[slots] for name, values in self.payload.items()})

@@ -114,9 +114,7 @@ def prepare(p: dict, requests, miss, restore_s, transfer_s, passes, max_seqs_per
 
     out = tile(requests.output_tokens).astype(np.int64)
     passes = tile(passes)
-    # Decode steps after the first token (the prefill produces it): the request's passes, less the first one's share.
-    decode_passes = np.maximum(np.rint((out - 1) * passes / out), 0).astype(np.int64)
-    decode_passes = np.where(out > 1, np.maximum(decode_passes, 1), 0)
+    decode_passes = decode_steps(out, passes)
     users = int(p["performance.closed_loop_users"])
     think = rng.exponential(max(p["workload.think_time_s"], 0.0), len(arrival)) if users else None
     class_id = tile(requests.class_id).astype(np.int64)
@@ -140,10 +138,7 @@ def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks,
     """
     out = stream.output_tokens.astype(np.int64)
     rate = float(np.sum(passes)) / max(float(np.sum(out[measured_from:])), 1.0)
-    every = np.concatenate([np.rint(out[:measured_from] * rate), np.asarray(passes, dtype=float)])
-    every = np.where(out > 0, np.maximum(every, 1), 0)
-    decode_passes = np.maximum(np.rint((out - 1) * every / np.maximum(out, 1)), 0).astype(np.int64)
-    decode_passes = np.where(out > 1, np.maximum(decode_passes, 1), 0)
+    decode_passes = decode_steps(out, every_passes(out, np.concatenate([np.full(measured_from, -1), passes]), rate))
     class_id = stream.class_id.astype(np.int64)
     class_priority = np.array([p.get(f"workload.classes.{c}.priority", 0) for c in stream.class_names], np.int64)
     n = stream.n
@@ -161,13 +156,31 @@ def prepare_stream(p: dict, stream, measured_from: int, passes, capacity_blocks,
                     restore_latency_s=tuple(float(s) for s in restore_latency_s), pooled_tiers=int(pooled_tiers))
 
 
-def _restore_s(w: Workload, cached_tokens) -> np.ndarray:
-    """Per request, the time its restores take: its reused tokens per tier at each tier's rate, plus each tier's
-    latency once when it restored from that tier."""
-    restore = cached_tokens @ np.asarray(w.restore_s_per_token)
-    if any(w.restore_latency_s):
-        restore = restore + (cached_tokens > 0) @ np.asarray(w.restore_latency_s)
+def decode_steps(output, passes) -> np.ndarray:
+    """Decode steps after the first token (the prefill produces it): each request's passes, less the first one's
+    share; at least one for an output of more than one token, none for one token."""
+    steps = np.maximum(np.rint((output - 1) * passes / np.maximum(output, 1)), 0).astype(np.int64)
+    return np.where(output > 1, np.maximum(steps, 1), 0)
+
+
+def every_passes(output, passes, rate: float) -> np.ndarray:
+    """Every request's passes: a warm-up request's (``passes < 0``: not drawn) at the measured requests' mean
+    ``rate`` per output token; at least one for a request with output."""
+    every = np.where(np.asarray(passes) < 0, np.rint(output * rate), passes).astype(float)
+    return np.where(output > 0, np.maximum(every, 1), 0)
+
+
+def restore_seconds(cached_tokens, s_per_token, latency_s=()) -> np.ndarray:
+    """Per request, the time its restores take: its reused tokens per tier at each tier's ``s_per_token``, plus
+    each tier's ``latency_s`` once when it restored from that tier."""
+    restore = cached_tokens @ np.asarray(s_per_token, dtype=float)
+    if any(latency_s):
+        restore = restore + (cached_tokens > 0) @ np.asarray(latency_s, dtype=float)
     return restore
+
+
+def _restore_s(w: Workload, cached_tokens) -> np.ndarray:
+    return restore_seconds(cached_tokens, w.restore_s_per_token, w.restore_latency_s)
 
 
 def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges, p_edges, seqs, blocks, budget,

@@ -37,7 +37,7 @@ from mcsim.kernels import batching_helpers as indices
 from mcsim.perf.batching import SATURATION_BACKLOG, SATURATION_RATIO
 from mcsim.perf.fleet_batching import DECODE_ROUTERS, _fleet_log
 from mcsim.perf.fleet_stream import OUTPUTS, FleetStream
-from mcsim.perf.latency import edges, step_table
+from mcsim.perf.latency import decode_steps, edges, every_passes, step_table
 from mcsim.stages import steady_state as steady
 
 #: Bins of the time histograms (see the module docstring).
@@ -90,9 +90,10 @@ class PoolWindow:
             return
         self.requests += len(arrival)
         self.first_arrival = min(self.first_arrival, float(np.min(arrival)))
-        self.arrivals += np.bincount(self._bin(arrival), minlength=BINS)
+        arrived = self._bin(arrival)
+        self.arrivals += np.bincount(arrived, minlength=BINS)
         # (whole nanoseconds as floats: exact sums below 2^53 ns, about 104 days of waiting in one bin)
-        self.queue_sums += np.bincount(self._bin(arrival), weights=np.rint(queue * 1e9), minlength=BINS)
+        self.queue_sums += np.bincount(arrived, weights=np.rint(queue * 1e9), minlength=BINS)
         self.finishes += np.bincount(self._bin(finish), minlength=BINS)
         self.measured += int(np.count_nonzero(measured))
         self.served += np.bincount(instance[measured], minlength=len(self.served))
@@ -163,15 +164,6 @@ class PoolWindow:
         if summary["saturated"]:
             return steady.SteadyState(result.drift, result.half_drift, False, math.inf)
         return result
-
-
-def decode_passes(output, passes, rate):
-    """Decode steps after the first token, as :func:`mcsim.perf.latency.prepare_stream` sets them: a warm-up
-    request (``passes < 0``: not drawn) makes its output's passes at the measured requests' mean ``rate``."""
-    every = np.where(passes < 0, np.rint(output * rate), passes).astype(float)
-    every = np.where(output > 0, np.maximum(every, 1), 0)
-    steps = np.maximum(np.rint((output - 1) * every / np.maximum(output, 1)), 0).astype(np.int64)
-    return np.where(output > 1, np.maximum(steps, 1), 0)
 
 
 def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_decode: int, n_prefill: int,
@@ -353,7 +345,8 @@ def _feed(replay, n_prefill, restore, transfer, rng, passes_rate, class_priority
         prompt = chunk["prompt"].astype(np.int64)
         columns = {"output": chunk["output"].astype(np.int64), "class_id": chunk["class_id"],
                    "measured": chunk["measured"], "prompt": prompt, "context": prompt,
-                   "passes": decode_passes(chunk["output"], chunk["passes"], passes_rate),
+                   "passes": decode_steps(chunk["output"], every_passes(chunk["output"], chunk["passes"],
+                                                                        passes_rate)),
                    "restore": restore(cached), "uniform": rng.uniform(size=m),
                    "priority": np.asarray(class_priority)[chunk["class_id"]]}
         miss = np.maximum(prompt - cached.sum(axis=1), 1)
