@@ -15,12 +15,13 @@ Semantics (the same as :func:`mcsim.reference.kv_tiers.lookup_tiers_reference`, 
 1. *Exact-prefix reuse.* A request reuses the longest run of leading blocks that are each present in some
    tier of its instance; each such block is counted as a hit in the tier where it was found. A block present
    after the first missing block is not reused (vLLM, SGLang and Mooncake can only reuse a whole prefix).
-2. *Everything ends in the first tier.* Then every block of the request is moved (restored, promoted or
+2. *Everything ends in the first tier.* Then every block of the request leaves the tier it is in (the request
+   holds them all: none of them can be evicted by its own admission), and all go (restored, promoted or
    inserted) to the MRU end of the first tier — including present blocks beyond the first miss, because the
    request now holds them there. Blocks are inserted in *reverse* prompt order, so the first (most shareable)
    block ends most recently used and tail blocks are evicted first, as vLLM's evictor does.
-3. *LRU demotion.* After each insertion, while a tier holds more blocks than its capacity, its LRU block is
-   demoted to the MRU end of the next tier with nonzero capacity; overflow of the last such tier drops the
+3. *LRU demotion.* Then each tier in turn, first to last, while it holds more blocks than its capacity, demotes
+   its LRU block to the MRU end of the next tier with nonzero capacity; overflow of the last such tier drops the
    block. A tier with capacity 0 is absent and skipped. A first tier of capacity 0 means no caching at all:
    every hit count stays 0.
 
@@ -615,17 +616,15 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
         out_hits[row, tier] += 1
         j += 1
 
-    # 2. Every block to the MRU end of the first tier, last block first so the first block ends MRU.
-    for j in range(stop - 1, start - 1, -1):
+    # 2. Every block leaves the tier it is in, then all go to the MRU end of the first tier, last block first so
+    #    the first block ends MRU.
+    for j in range(start, stop):
         key = block_keys[j] + offset
         tier = state[key, _TIER]
         if tier != _ABSENT:
             if state[key, _OWNER] != inst:
                 raise ValueError("a block key is cached in two instances; remap keys per instance")
             lst = base + tier
-            if tier == 0 and head[lst] == key:
-                continue  # already the MRU block of the first tier
-            # Unlink from its current list.
             prev = state[key, _PREV]
             nxt = state[key, _NEXT]
             if prev != _NIL:
@@ -637,9 +636,9 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
             else:
                 tail[lst] = prev
             count[lst] -= 1
-        else:
-            state[key, _OWNER] = inst
-        # Push to the MRU end of the first tier.
+    for j in range(stop - 1, start - 1, -1):
+        key = block_keys[j] + offset
+        state[key, _OWNER] = inst
         old = head[base]
         state[key, _PREV] = _NIL
         state[key, _NEXT] = old
@@ -649,12 +648,14 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
             tail[base] = key
         head[base] = key
         state[key, _TIER] = 0
-        count[base] += 1
+    count[base] += stop - start
 
-        # 3. One insertion overflows each tier by at most one block: demote LRU blocks down the chain.
-        src = 0
-        while count[base + src] > capacity_blocks[src]:
-            lst = base + src
+    # 3. Each tier in turn, first to last, demotes its LRU blocks while it holds more than its capacity.
+    src = 0
+    while src >= 0:
+        lst = base + src
+        dst = next_tier[src]
+        while count[lst] > capacity_blocks[src]:
             victim = tail[lst]
             prev = state[victim, _PREV]
             tail[lst] = prev
@@ -663,22 +664,21 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
             else:
                 head[lst] = _NIL
             count[lst] -= 1
-            dst = next_tier[src]
             if dst < 0:
                 state[victim, _TIER] = _ABSENT  # overflow of the last tier: dropped
-                break
-            lst = base + dst
-            old = head[lst]
+                continue
+            to = base + dst
+            old = head[to]
             state[victim, _PREV] = _NIL
             state[victim, _NEXT] = old
             if old != _NIL:
                 state[old, _PREV] = victim
             else:
-                tail[lst] = victim
-            head[lst] = victim
+                tail[to] = victim
+            head[to] = victim
             state[victim, _TIER] = dst
-            count[lst] += 1
-            src = dst
+            count[to] += 1
+        src = dst
 
 
 @kernel(inline="always")
@@ -726,16 +726,15 @@ def admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_
         state[old, _PREV] = key
         head[lst] = key
 
-    # 2. Every block to the MRU end of the instance's first tier, last block first.
-    for j in range(stop - 1, start - 1, -1):
+    # 2. Every block leaves the instance's tier it is in, then all go to the MRU end of its first tier, last block
+    #    first.
+    for j in range(start, stop):
         key = block_keys[j] + offset
         tier = state[key, _TIER]
         if tier != _ABSENT:
             if state[key, _OWNER] != inst:
                 raise ValueError("a block key is cached in two instances; remap keys per instance")
             lst = base + tier
-            if tier == 0 and head[lst] == key:
-                continue
             prev = state[key, _PREV]
             nxt = state[key, _NEXT]
             if prev != _NIL:
@@ -747,8 +746,9 @@ def admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_
             else:
                 tail[lst] = prev
             count[lst] -= 1
-        else:
-            state[key, _OWNER] = inst
+    for j in range(stop - 1, start - 1, -1):
+        key = block_keys[j] + offset
+        state[key, _OWNER] = inst
         old = head[base]
         state[key, _PREV] = _NIL
         state[key, _NEXT] = old
@@ -758,14 +758,15 @@ def admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_
             tail[base] = key
         head[base] = key
         state[key, _TIER] = 0
-        count[base] += 1
+    count[base] += stop - start
 
-        # 3, 6. Demotions down the private tiers, out of the instance into the pool, down the pool.
-        src = 0
-        while True:
-            lst = base + src if src < n_private else pool_list + src
-            if count[lst] <= capacity_blocks[src]:
-                break
+    # 3, 6. Each private tier in turn demotes its overflow; the last one's leaves the instance, each block written
+    #       to the pool and the pool's tiers demoting theirs at once.
+    src = 0
+    while 0 <= src < n_private:
+        lst = base + src
+        dst = next_tier[src]
+        while count[lst] > capacity_blocks[src]:
             victim = tail[lst]
             prev = state[victim, _PREV]
             tail[lst] = prev
@@ -774,39 +775,67 @@ def admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_
             else:
                 head[lst] = _NIL
             count[lst] -= 1
-            dst = next_tier[src]
             if dst < 0:
                 state[victim, _TIER] = _ABSENT  # overflow of the last tier: dropped
-                break
-            if src < n_private <= dst:  # leaves the instance: written to the pool under the block's id
-                state[victim, _TIER] = _ABSENT
-                victim = victim - offset + pool_key
-                held = state[victim, _TIER]
-                if held != _ABSENT:  # the pool holds it already: that copy moves
-                    hl = pool_list + held
-                    prev = state[victim, _PREV]
-                    nxt = state[victim, _NEXT]
-                    if prev != _NIL:
-                        state[prev, _NEXT] = nxt
-                    else:
-                        head[hl] = nxt
-                    if nxt != _NIL:
-                        state[nxt, _PREV] = prev
-                    else:
-                        tail[hl] = prev
-                    count[hl] -= 1
-            lst = base + dst if dst < n_private else pool_list + dst
-            old = head[lst]
-            state[victim, _PREV] = _NIL
-            state[victim, _NEXT] = old
-            if old != _NIL:
-                state[old, _PREV] = victim
-            else:
-                tail[lst] = victim
-            head[lst] = victim
-            state[victim, _TIER] = dst
-            count[lst] += 1
-            src = dst
+                continue
+            if dst < n_private:
+                to = base + dst
+                old = head[to]
+                state[victim, _PREV] = _NIL
+                state[victim, _NEXT] = old
+                if old != _NIL:
+                    state[old, _PREV] = victim
+                else:
+                    tail[to] = victim
+                head[to] = victim
+                state[victim, _TIER] = dst
+                count[to] += 1
+                continue
+            # Leaves the instance: written to the pool under the block's id.
+            state[victim, _TIER] = _ABSENT
+            victim = victim - offset + pool_key
+            held = state[victim, _TIER]
+            if held != _ABSENT:  # the pool holds it already: that copy moves
+                hl = pool_list + held
+                prev = state[victim, _PREV]
+                nxt = state[victim, _NEXT]
+                if prev != _NIL:
+                    state[prev, _NEXT] = nxt
+                else:
+                    head[hl] = nxt
+                if nxt != _NIL:
+                    state[nxt, _PREV] = prev
+                else:
+                    tail[hl] = prev
+                count[hl] -= 1
+            into = dst
+            while True:
+                to = pool_list + into
+                old = head[to]
+                state[victim, _PREV] = _NIL
+                state[victim, _NEXT] = old
+                if old != _NIL:
+                    state[old, _PREV] = victim
+                else:
+                    tail[to] = victim
+                head[to] = victim
+                state[victim, _TIER] = into
+                count[to] += 1
+                if count[to] <= capacity_blocks[into]:
+                    break
+                victim = tail[to]  # one write overflows each pooled tier by one block at most
+                prev = state[victim, _PREV]
+                tail[to] = prev
+                if prev != _NIL:
+                    state[prev, _NEXT] = _NIL
+                else:
+                    head[to] = _NIL
+                count[to] -= 1
+                into = next_tier[into]
+                if into < 0:
+                    state[victim, _TIER] = _ABSENT  # overflow of the pool's last tier: dropped
+                    break
+        src = dst
 
 
 @kernel(inline="always")

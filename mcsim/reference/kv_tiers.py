@@ -83,8 +83,9 @@ class TieredCache:
         return length
 
     def admit(self, blocks) -> tuple[int, ...]:
-        """Reused blocks per tier of a request, then every block to the MRU end of the first tier (last block
-        first), overflow cascading down the tiers (and out of the last own tier into the pool). Nothing is
+        """Reused blocks per tier of a request, then every block out of its tier and into the MRU end of the first
+        tier (last block first), then each tier's overflow down to the next (and out of the last own tier into the
+        pool). Nothing is
         cached when the first tier's capacity is 0."""
         own = len(self.capacity)
         hits = [0] * (own + (len(self.shared.capacity) if self.shared is not None else 0))
@@ -106,17 +107,20 @@ class TieredCache:
         for block in reversed(blocks[:reused]):
             if not self._private(block):
                 self.shared.read(block)
-        for block in reversed(blocks):
+        # The request holds its blocks: all leave their tiers, then all enter the first (last block first).
+        for block in blocks:
             for tier in tiers:
                 tier.pop(block, None)
+        for block in reversed(blocks):
             tiers[0][block] = None
-            for position, t in enumerate(self.present):
-                while len(tiers[t]) > self.capacity[t]:
-                    victim, _ = tiers[t].popitem(last=False)
-                    if position + 1 < len(self.present):
-                        tiers[self.present[position + 1]][victim] = None
-                    elif self.shared is not None:
-                        self.shared.write(victim)
+        # Then each tier in turn demotes its overflow to the next.
+        for position, t in enumerate(self.present):
+            while len(tiers[t]) > self.capacity[t]:
+                victim, _ = tiers[t].popitem(last=False)
+                if position + 1 < len(self.present):
+                    tiers[self.present[position + 1]][victim] = None
+                elif self.shared is not None:
+                    self.shared.write(victim)
         return tuple(hits)
 
 
