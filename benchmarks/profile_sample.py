@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Functions whose cumulative time is each stage's (file suffix, function name) -> label.
 STAGES = {
-    ("kernels/kv_tiers.py", "_replay_runs_bounded"): "KV-tier replay, bounded rows",
+    ("kernels/kv_tiers.py", "_replay_segments"): "KV-tier replay, segments of runs",
     ("kernels/kv_tiers.py", "_replay_runs"): "KV-tier replay, dense rows",
     ("kernels/kv_tiers.py", "_replay"): "KV-tier replay, written-out ids",
     ("mcsim/stages/workload.py", "next_chunk"): "workload generation (streamed)",

@@ -245,12 +245,11 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
     instance's own; the instance of each request is given (no cache-aware routing). Same results as
     :func:`lookup_tiers` on the ids written out, with ``n_keys = n_instances * span``.
 
-    Memory: a row of 16 bytes per key of the key space, or, ``bounded`` (default: when that takes less than half the
-    memory; a hash probe per block makes it slower), rows for what the caches can hold only: twice every instance's
-    capacity in all tiers plus one request, 28 bytes each, found through an open-addressing hash table of 4 bytes a
-    slot (at most half full; :meth:`RunCaches.most_bytes`). A row whose block was dropped from the last tier is reclaimed when free rows run
-    short, by a sweep over the rows (amortised O(1) per block). Then memory depends on the capacities, not on the
-    number of requests or blocks.
+    Memory and time: ``bounded`` (default: unless a row per key of the key space takes less memory at the worst), the
+    caches of :class:`RunCaches`, which hold segments of runs, found through a hash table of runs: their memory
+    depends on the capacities, not on the number of requests or blocks, and their work is per segment (a session's
+    prefix moves as one or two list nodes). Else a row of 16 bytes per key of the key space and a list operation per
+    block (:func:`admit_blocks`, the kernel of the written-out ids).
 
     Examples
     --------
@@ -296,38 +295,54 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
 
 
 def lookup_tiers_runs_bytes(capacity_blocks, n_instances: int, span: int, longest: int) -> tuple[bool, int]:
-    """Whether :func:`lookup_tiers_runs` takes bounded rows by default, and the most memory it then allocates: the
-    bounded caches' (:meth:`RunCaches.most_bytes`), or a workspace row per key of the key space and a head, tail and
-    count per list. The bounded rows cost a hash probe per block: they are taken when they save half the memory.
+    """Whether :func:`lookup_tiers_runs` takes :class:`RunCaches` by default, and the most memory it then allocates:
+    their most (:meth:`RunCaches.most_bytes`), or a workspace row per key of the key space and a head, tail and
+    count per list. The caches of segments are faster: they are taken unless the key space takes less memory.
 
     Examples
     --------
-    >>> lookup_tiers_runs_bytes(np.array([8, 0, 0]), 2, 1000, 4)  # 2,000 keys: a dense workspace is smaller
-    (False, 56480)
+    >>> lookup_tiers_runs_bytes(np.array([8, 0, 0]), 2, 1000, 4)  # segments for 2 x 8 blocks, against 2,000 keys
+    (True, 5520)
+    >>> lookup_tiers_runs_bytes(np.array([8000, 0, 0]), 2, 100, 4)  # 200 keys
+    (False, 20480)
     """
     n_instances, span = int(n_instances), int(span)
     bounded_bytes = RunCaches.most_bytes(capacity_blocks, n_instances, longest)
-    if 2 * bounded_bytes < n_instances * span * 16:
+    dense_bytes = workspace_bytes(n_instances * span) + 16 * len(capacity_blocks) * n_instances
+    if bounded_bytes <= dense_bytes:
         return True, bounded_bytes
-    return False, workspace_bytes(n_instances * span) + 16 * len(capacity_blocks) * n_instances
+    return False, dense_bytes
 
 
 class RunCaches:
-    """The bounded caches of :func:`lookup_tiers_runs` as state kept from one call to the next: a stream of
-    requests replayed chunk by chunk reuses exactly what it would reuse in one call.
+    """Per-instance tiered LRU caches of requests whose blocks are runs of consecutive ids (the generator's), kept
+    from one call to the next: a stream of requests replayed chunk by chunk reuses exactly what it would reuse in
+    one call, and exactly what :func:`lookup_tiers` reuses on the ids written out (rules 1-3 of the module
+    docstring).
 
-    The rows (28 bytes each with their key and free-stack slot: :meth:`rows_for`) are allocated at once but used
-    in order, so that only those that ever held a block take memory; the hash table (4 bytes a slot, at most half
-    full at its most rows) is written whole at the first call. :meth:`most_bytes` is all of it.
-    Arrays of the same shapes that an earlier one gave back in this thread are taken instead of new ones (see
-    :func:`_take_run_arrays`): a worker's later samples keep the memory of its first.
+    A run is every block id ``base + k`` of one base (a system prompt's, or a session's conversation); runs of
+    different bases must not share ids (the generator's do not). The caches hold *segments*, not blocks: a segment
+    is a range ``[lo, hi)`` of one run's offsets that sits in one tier, its blocks next to each other in that
+    tier's LRU order (the lowest offset the most recently used: a request inserts its blocks last block first, and
+    demotion keeps that order). A request's look-up walks its two runs' segments in offset order; its admission
+    takes the range it holds out of the segments (cutting at most one at each end), puts one segment at the MRU
+    end of the first tier (merged with the one there when they join), and each tier demotes its overflow from the
+    LRU end a segment, or the part of one, at a time (merged with the next tier's MRU segment when they join). So
+    the work is per segment, not per block: a session's prefix of hundreds of blocks moves as one or two list
+    nodes.
+
+    A run's segments are found through an open-addressing hash table keyed by ``(instance, base)``; the table
+    grows (doubling, re-hashed between two requests) to stay at most half full. Segments are taken in order and
+    given back to a free stack, so only those ever in use take memory; their worst case, one block each
+    (:meth:`most_bytes`), is what a plan reserves.
 
     Parameters
     ----------
     capacity_blocks : int64[T]
         One instance's capacity per tier, blocks (first tier > 0).
     n_instances, span : int
-        Instances, and the block ids' range ``[0, span)`` (any size: keys are hashed).
+        Instances, and the block ids' range ``[0, span)``; instance ``i`` keys a run of base ``b`` as
+        ``i * span + b``.
     longest : int
         The most blocks one request may have.
 
@@ -339,9 +354,12 @@ class RunCaches:
     >>> caches.replay(np.array([0, 3]), np.array([[2, 0, 20]]), np.zeros(1, np.int32), hits)
     >>> hits[0].tolist()  # the second request (its own call) reuses the shared blocks 0 and 1
     [2, 0, 0]
-    >>> int(caches.rows_used[0])  # blocks 0, 1, 10 and 20
-    4
+    >>> caches.live()  # runs and segments: the shared run (one segment), the two conversations' (one each)
+    (3, 3)
     """
+
+    #: The hash table's first size, in slots (or its largest, if smaller).
+    FIRST_SLOTS = 1 << 12
 
     def __init__(self, capacity_blocks, n_instances: int, span: int, longest: int):
         self.capacity_blocks = np.ascontiguousarray(capacity_blocks, dtype=np.int64)
@@ -351,14 +369,16 @@ class RunCaches:
         lists = self.capacity_blocks.shape[0] * self.n_instances
         rows = self.rows_for(self.capacity_blocks, self.n_instances, self.longest)
         if rows >= 2**31:
-            raise ValueError("the caches' capacities need 2**31 rows or more")
+            raise ValueError("the caches' capacities need 2**31 segments or more")
         self._arrays = _take_run_arrays(rows, lists)
-        self.state, self.head, self.tail, self.count, self.row_key, self.table, self.free = self._arrays
-        self.n_free = np.full(1, -1, np.int64)  # -1: not yet reset
+        self.seg, self.run_key, self.run_first, self.seg_free, self.run_free, self.head, self.tail, self.count = \
+            self._arrays
+        self.table = np.full(min(self.FIRST_SLOTS, _slots(rows)), -1, np.int32)
+        # free segments, segments used, free runs, runs used, live runs, reset first (1)
+        self.top = np.array([0, 0, 0, 0, 0, 1], np.int64)
         # blocks admitted per instance, and scratch for each one's cached prefix (cache-aware routing)
         self.load = np.zeros(max(self.n_instances, 1), np.int64)
         self.lengths = np.zeros(max(self.n_instances, 1), np.int64)
-        self.rows_used = np.zeros(1, np.int64)  # rows ever given a key: those beyond are untouched
 
     def __del__(self):
         try:
@@ -368,57 +388,422 @@ class RunCaches:
 
     @staticmethod
     def rows_for(capacity_blocks, n_instances: int, longest: int) -> int:
-        """Rows of the caches: twice every instance's capacity in all tiers, plus one request's blocks and 1024."""
-        return 2 * int(n_instances) * int(np.sum(capacity_blocks)) + int(longest) + 1024
+        """Segments the caches may need at most: one per block every instance's tiers hold, one request's blocks
+        more (before its tiers demote), and 64."""
+        return int(n_instances) * int(np.sum(capacity_blocks)) + int(longest) + 64
 
     @staticmethod
     def most_bytes(capacity_blocks, n_instances: int, longest: int) -> int:
-        """Bytes of the caches' arrays (what they take once every row is used): rows, hash table, lists, and the
-        two counters per instance of cache-aware routing."""
+        """Bytes of the caches' arrays at their worst (a segment for every block, every run of one segment): 32 B a
+        segment, 12 B a run, a free-stack entry (4 B) of each, a hash table at most half full (4 B a slot), a head,
+        tail and count per list, and the two counters per instance of cache-aware routing. The runs and segments
+        in use are far fewer (a run's cached prefix is usually one or two segments): :meth:`live`."""
         rows = RunCaches.rows_for(capacity_blocks, n_instances, longest)
         lists = len(capacity_blocks) * int(n_instances)
-        return rows * (4 * _ROW + 8 + 4) + 4 * _slots(rows) + lists * (4 + 4 + 8) + 16 * max(int(n_instances), 1)
+        return rows * (4 * _SEG + 8 + 4 + 4 + 4) + 4 * _slots(rows) + lists * (4 + 4 + 8) + 16 * max(int(n_instances), 1)
+
+    def live(self) -> tuple[int, int]:
+        """Runs and segments in the caches now."""
+        if self.top[5]:
+            return 0, 0
+        return int(self.top[4]), int(self.top[1] - self.top[0])
 
     def replay(self, block_ptr, block_runs, instance, out_hits, balance: float = 0.25) -> None:
-        """Replay requests (arguments as :func:`lookup_tiers_runs`, each at most ``longest`` blocks) after those of
-        the earlier calls, writing their hits. A request of ``instance`` -1 is routed cache-aware (``balance`` as
-        :func:`lookup_tiers`'s) and its instance written."""
+        """Replay requests (block ``k`` of request ``r`` is ``shared_base + k`` while ``k < shared_blocks``, else
+        ``own_base + k``, with ``(shared_blocks, shared_base, own_base) = block_runs[r]``; each at most ``longest``
+        blocks) after those of the earlier calls, adding their hits per tier to ``out_hits``. A request of
+        ``instance`` -1 is routed cache-aware (``balance`` as :func:`lookup_tiers`'s) and its instance written."""
         block_ptr = np.ascontiguousarray(block_ptr, dtype=np.int64)
-        if block_ptr.shape[0] > 1 and int(np.diff(block_ptr).max()) > self.longest:
+        n = block_ptr.shape[0] - 1
+        if n > 0 and int(np.diff(block_ptr).max()) > self.longest:
             raise ValueError(f"a request has more than longest = {self.longest} blocks")
         instance = np.ascontiguousarray(instance, dtype=np.int32)
         if instance.size and (int(instance.min()) < -1 or int(instance.max()) >= self.n_instances):
             raise ValueError("instance out of range [-1, n_instances)")
-        _replay_runs_bounded(block_ptr, np.ascontiguousarray(block_runs, dtype=np.int64), instance,
-                             self.capacity_blocks, out_hits, self.state, self.head, self.tail, self.count, self.span,
-                             self.longest, self.row_key, self.table, self.free, self.n_free, self.rows_used, self.load,
-                             self.lengths, float(balance))
+        block_runs = np.ascontiguousarray(block_runs, dtype=np.int64)
+        if block_runs.shape != (n, 3) or instance.shape != (n,) or out_hits.shape != (n, len(self.capacity_blocks)):
+            raise ValueError("block_runs (n, 3), instance (n,) and out_hits (n, tiers) must match block_ptr's n + 1")
+        if self.capacity_blocks[0] == 0:
+            return
+        done = 0
+        while done < n:
+            done = _replay_segments(block_ptr, block_runs, instance, done, self.capacity_blocks, out_hits, self.seg,
+                                    self.run_key, self.run_first, self.seg_free, self.run_free, self.head,
+                                    self.tail, self.count, self.table, self.top, self.span, self.load,
+                                    self.lengths, float(balance))
+            if done < n:  # the table is half full: twice the slots, every live run placed again
+                table = np.full(2 * self.table.shape[0], -1, np.int32)
+                _rehash(table, self.run_key, int(self.top[3]))
+                self.table = table
 
 
 def _take_run_arrays(rows: int, lists: int) -> tuple:
-    """The arrays of a :class:`RunCaches` of ``rows`` rows and ``lists`` lists: those an earlier one of the same
-    shapes gave back in this thread (their pages already touched: a sample after the first does not pay the
+    """The arrays of a :class:`RunCaches` of ``rows`` segments and ``lists`` lists: those an earlier one of the
+    same shapes gave back in this thread (their pages already touched: a sample after the first does not pay the
     operating system's first touch again), else new ones. Their contents do not matter: a reset writes what is
     read before it is written."""
     kept = getattr(_local, "run_arrays", None)
     if kept is not None and kept[0] == (rows, lists):
         _local.run_arrays = None
         return kept[1]
-    return (np.empty((rows, _ROW), np.int32), np.empty(lists, np.int32), np.empty(lists, np.int32),
-            np.empty(lists, np.int64), np.empty(rows, np.int64), np.empty(_slots(rows), np.int32),
-            np.empty(rows, np.int32))
+    return (np.empty((rows, _SEG), np.int32), np.empty(rows, np.int64), np.empty(rows, np.int32),
+            np.empty(rows, np.int32), np.empty(rows, np.int32), np.empty(lists, np.int32), np.empty(lists, np.int32),
+            np.empty(lists, np.int64))
 
 
 def _give_back_run_arrays(arrays) -> None:
     """Keep the arrays of a :class:`RunCaches` no longer used, for the next one of the same shapes in this thread
     (one set at most: a new shape replaces it)."""
     if arrays is not None:
-        _local.run_arrays = ((arrays[0].shape[0], arrays[1].shape[0]), arrays)
+        _local.run_arrays = ((arrays[0].shape[0], arrays[5].shape[0]), arrays)
 
 
 def _slots(rows: int) -> int:
     """Hash table slots for ``rows`` rows: a power of two, at most half full."""
     return 1 << max(int(2 * rows - 1).bit_length(), 4)
+
+
+# A segment's row: its offsets [lo, hi) in its run, its neighbours in its tier's LRU list (toward the MRU end, toward
+# the LRU end), in its run's offset order (lower, higher), its tier, its run.
+_SEG = 8
+_LO, _HI, _UP, _DOWN, _BELOW, _ABOVE, _STIER, _RUN = 0, 1, 2, 3, 4, 5, 6, 7
+
+
+@kernel(inline="always")
+def _home(key, shift):
+    """Home slot of a run's key in a table of ``2 ** (64 - shift)`` slots (Fibonacci hashing: the product's top
+    bits)."""
+    return np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+
+
+@kernel(inline="always")
+def _table_shift(slots):
+    """64 less log2 of a power-of-two number of slots: the shift of :func:`_home`."""
+    shift = 64
+    while (1 << (64 - shift)) < slots:
+        shift -= 1
+    return shift
+
+
+@kernel
+def _rehash(table, run_key, used):
+    """Place every live run (``run_key >= 0`` among the first ``used``) in an empty ``table``."""
+    mask = table.shape[0] - 1
+    shift = _table_shift(table.shape[0])
+    for r in range(used):
+        key = run_key[r]
+        if key >= 0:
+            slot = _home(key, shift)
+            while table[slot] >= 0:
+                slot = (slot + 1) & mask
+            table[slot] = r
+
+
+@kernel(inline="always")
+def _reach(seg, run_first, run, lo, hi, out_hits, row, counting):
+    """How far from ``lo`` toward ``hi`` a run's segments hold every offset (``lo`` without the run), adding the
+    blocks found to their tiers' ``out_hits[row]`` when ``counting``."""
+    if run < 0:
+        return lo
+    p = lo
+    s = run_first[run]
+    while s != _NIL and p < hi:
+        if seg[s, _HI] <= p:
+            s = seg[s, _ABOVE]
+            continue
+        if seg[s, _LO] > p:
+            break
+        e = min(np.int64(seg[s, _HI]), hi)
+        if counting:
+            out_hits[row, seg[s, _STIER]] += e - p
+        p = e
+        s = seg[s, _ABOVE]
+    return p
+
+
+@kernel(inline="always")
+def _find(table, run_key, key, shift, mask):
+    """The table's slot of ``key``, or the empty slot where it would go."""
+    slot = _home(key, shift)
+    while table[slot] >= 0 and run_key[table[slot]] != key:
+        slot = (slot + 1) & mask
+    return slot
+
+
+@kernel(inline="always")
+def _unlink(seg, head, tail, s, lst):
+    """Take segment ``s`` out of list ``lst``."""
+    up = seg[s, _UP]
+    down = seg[s, _DOWN]
+    if up != _NIL:
+        seg[up, _DOWN] = down
+    else:
+        head[lst] = down
+    if down != _NIL:
+        seg[down, _UP] = up
+    else:
+        tail[lst] = up
+
+
+@kernel(inline="always")
+def _push(seg, head, tail, s, lst):
+    """Put segment ``s`` at the MRU end of list ``lst``."""
+    old = head[lst]
+    seg[s, _UP] = _NIL
+    seg[s, _DOWN] = old
+    if old != _NIL:
+        seg[old, _UP] = s
+    else:
+        tail[lst] = s
+    head[lst] = s
+
+
+@kernel(inline="always")
+def _drop_from_run(seg, run_first, s):
+    """Take segment ``s`` out of its run's offset order."""
+    below = seg[s, _BELOW]
+    above = seg[s, _ABOVE]
+    if below != _NIL:
+        seg[below, _ABOVE] = above
+    else:
+        run_first[seg[s, _RUN]] = above
+    if above != _NIL:
+        seg[above, _BELOW] = below
+
+
+@kernel(inline="always")
+def _add_to_run(seg, run_first, s, below, run):
+    """Put segment ``s`` of ``run`` just above segment ``below`` in the run's offset order (first when _NIL)."""
+    if below == _NIL:
+        above = run_first[run]
+        run_first[run] = s
+    else:
+        above = seg[below, _ABOVE]
+        seg[below, _ABOVE] = s
+    seg[s, _BELOW] = below
+    seg[s, _ABOVE] = above
+    if above != _NIL:
+        seg[above, _BELOW] = s
+
+
+@kernel(inline="always")
+def _take_seg(seg_free, top):
+    """A free segment: the last one given back, else the first never used."""
+    if top[0] > 0:
+        top[0] -= 1
+        return seg_free[top[0]]
+    s = top[1]
+    top[1] += 1
+    return s
+
+
+@kernel(inline="always")
+def _admit_run(seg, run_key, run_first, seg_free, run_free, head, tail, count, table, top, shift, mask, key, lo, hi,
+               base):
+    """Offsets ``[lo, hi)`` of the run ``key`` leave the segments holding them (rule 2) and go to the MRU end of the
+    first tier of the instance whose lists start at ``base``, as one segment (merged with the MRU segment when that
+    one continues it)."""
+    slot = _find(table, run_key, key, shift, mask)
+    run = table[slot]
+    if run < 0:  # a run not cached: a record given back, else one never used
+        if top[2] > 0:
+            top[2] -= 1
+            run = run_free[top[2]]
+        else:
+            run = top[3]
+            top[3] += 1
+        table[slot] = run
+        run_key[run] = key
+        run_first[run] = _NIL
+        top[4] += 1
+    below = _NIL  # the run's last segment under lo, once [lo, hi) is out
+    s = run_first[run]
+    while s != _NIL:
+        above = seg[s, _ABOVE]
+        a = seg[s, _LO]
+        b = seg[s, _HI]
+        if b <= lo:
+            below = s
+            s = above
+            continue
+        if a >= hi:
+            break
+        lst = base + seg[s, _STIER]
+        if a < lo:
+            if b > hi:  # [lo, hi) inside: the part above it stays in place, as a segment of its own
+                t = _take_seg(seg_free, top)
+                seg[t, _LO] = hi
+                seg[t, _HI] = b
+                seg[t, _STIER] = seg[s, _STIER]
+                seg[t, _RUN] = run
+                down = seg[s, _DOWN]
+                seg[t, _UP] = s
+                seg[t, _DOWN] = down
+                seg[s, _DOWN] = t
+                if down != _NIL:
+                    seg[down, _UP] = t
+                else:
+                    tail[lst] = t
+                _add_to_run(seg, run_first, t, s, run)
+                seg[s, _HI] = lo
+                count[lst] -= hi - lo
+                below = s
+                break
+            seg[s, _HI] = lo
+            count[lst] -= b - lo
+            below = s
+        elif b > hi:
+            seg[s, _LO] = hi
+            count[lst] -= hi - a
+            break
+        else:
+            _unlink(seg, head, tail, s, lst)
+            _drop_from_run(seg, run_first, s)
+            seg_free[top[0]] = s
+            top[0] += 1
+            count[lst] -= b - a
+        s = above
+    h = head[base]
+    if h != _NIL and seg[h, _RUN] == run and seg[h, _LO] == hi:
+        seg[h, _LO] = lo
+    else:
+        t = _take_seg(seg_free, top)
+        seg[t, _LO] = lo
+        seg[t, _HI] = hi
+        seg[t, _STIER] = 0
+        seg[t, _RUN] = run
+        _push(seg, head, tail, t, base)
+        _add_to_run(seg, run_first, t, below, run)
+    count[base] += hi - lo
+
+
+@kernel
+def _replay_segments(block_ptr, block_runs, instance, start, capacity_blocks, out_hits, seg, run_key, run_first,
+                     seg_free, run_free, head, tail, count, table, top, span, load, lengths, balance):
+    """Loop of :meth:`RunCaches.replay` from request ``start``: returns the request it stopped before, the number of
+    requests when done, or earlier when the table must grow (more than half full with two more runs)."""
+    next_tier = next_tiers(capacity_blocks)
+    n_tiers = capacity_blocks.shape[0]
+    n_instances = load.shape[0]
+    mask = table.shape[0] - 1
+    shift = _table_shift(table.shape[0])
+    if top[5]:
+        head[:] = _NIL
+        tail[:] = _NIL
+        count[:] = 0
+        top[:] = 0
+    n = instance.shape[0]
+    for r in range(start, n):
+        if 2 * (top[4] + 2) > table.shape[0]:
+            return r
+        m = block_ptr[r + 1] - block_ptr[r]
+        shared = min(block_runs[r, 0], m)
+        shared_base = block_runs[r, 1]
+        own_base = block_runs[r, 2]
+        inst = instance[r]
+        if inst < 0:  # cache-aware: each instance's cached prefix
+            for i in range(n_instances):
+                length = 0
+                if shared > 0:
+                    slot = _find(table, run_key, i * span + shared_base, shift, mask)
+                    length = _reach(seg, run_first, table[slot], 0, shared, out_hits, r, False)
+                if length == shared and m > shared:
+                    slot = _find(table, run_key, i * span + own_base, shift, mask)
+                    length = _reach(seg, run_first, table[slot], shared, m, out_hits, r, False)
+                lengths[i] = length
+            inst = route_cache_aware(lengths, load, balance)
+            instance[r] = inst
+        load[inst] += m
+        if m == 0:
+            continue
+        base = n_tiers * inst
+        # 1. Exact-prefix reuse over the two runs.
+        reached = 0
+        if shared > 0:
+            slot = _find(table, run_key, inst * span + shared_base, shift, mask)
+            reached = _reach(seg, run_first, table[slot], 0, shared, out_hits, r, True)
+        if reached == shared and m > shared:
+            slot = _find(table, run_key, inst * span + own_base, shift, mask)
+            _reach(seg, run_first, table[slot], shared, m, out_hits, r, True)
+        # 2. The request's blocks to the first tier's MRU end, last block first: its own run's, then the shared.
+        if m > shared:
+            _admit_run(seg, run_key, run_first, seg_free, run_free, head, tail, count, table, top, shift, mask,
+                       inst * span + own_base, shared, m, base)
+        if shared > 0:
+            _admit_run(seg, run_key, run_first, seg_free, run_free, head, tail, count, table, top, shift, mask,
+                       inst * span + shared_base, 0, shared, base)
+        # 3. Each tier in turn demotes its overflow from its LRU end, a segment or the part of one at a time.
+        src = 0
+        while src >= 0:
+            lst = base + src
+            dst = next_tier[src]
+            over = count[lst] - capacity_blocks[src]
+            while over > 0:
+                s = tail[lst]
+                a = seg[s, _LO]
+                b = seg[s, _HI]
+                k = min(over, np.int64(b - a))
+                run = seg[s, _RUN]
+                whole = k == b - a
+                if dst < 0:  # out of the last tier: dropped
+                    if whole:
+                        _unlink(seg, head, tail, s, lst)
+                        _drop_from_run(seg, run_first, s)
+                        seg_free[top[0]] = s
+                        top[0] += 1
+                        if run_first[run] == _NIL:  # the run's last segment: the run leaves the table
+                            slot = _find(table, run_key, run_key[run], shift, mask)
+                            hole = slot
+                            probe = slot
+                            while True:
+                                probe = (probe + 1) & mask
+                                if table[probe] < 0:
+                                    break
+                                home = _home(run_key[table[probe]], shift)
+                                # the entry at probe may move to the hole unless its home is cyclically in
+                                # (hole, probe]
+                                if (hole < probe and hole < home <= probe) or (
+                                        hole > probe and (home > hole or home <= probe)):
+                                    continue
+                                table[hole] = table[probe]
+                                hole = probe
+                            table[hole] = -1
+                            run_key[run] = -1
+                            run_free[top[2]] = run
+                            top[2] += 1
+                            top[4] -= 1
+                    else:
+                        seg[s, _HI] = b - k
+                else:
+                    to = base + dst
+                    h = head[to]
+                    if h != _NIL and seg[h, _RUN] == run and seg[h, _LO] == b:  # continues the MRU segment there
+                        seg[h, _LO] = b - k
+                        if whole:
+                            _unlink(seg, head, tail, s, lst)
+                            _drop_from_run(seg, run_first, s)
+                            seg_free[top[0]] = s
+                            top[0] += 1
+                        else:
+                            seg[s, _HI] = b - k
+                    elif whole:
+                        _unlink(seg, head, tail, s, lst)
+                        _push(seg, head, tail, s, to)
+                        seg[s, _STIER] = dst
+                    else:
+                        seg[s, _HI] = b - k
+                        t = _take_seg(seg_free, top)
+                        seg[t, _LO] = b - k
+                        seg[t, _HI] = b
+                        seg[t, _STIER] = dst
+                        seg[t, _RUN] = run
+                        _push(seg, head, tail, t, to)
+                        _add_to_run(seg, run_first, t, s, run)
+                    count[to] += k
+                count[lst] -= k
+                over -= k
+            src = dst
+    return n
 
 
 @kernel
@@ -436,109 +821,6 @@ def _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, sta
             ids[k] = (block_runs[r, 1] if k < shared else block_runs[r, 2]) + k
         inst = instance[r]
         admit_blocks(state, head, tail, count, capacity_blocks, next_tier, ids, 0, m, inst * span, inst, out_hits, r)
-
-
-@kernel(inline="always")
-def _slot_of(key, shift):
-    """Home slot of a key in a hash table of ``2 ** (64 - shift)`` slots (at least 8): eight consecutive keys share
-    a group of eight slots (a run's blocks then probe one cache line), groups are Fibonacci-hashed (the
-    product's top bits)."""
-    group = np.int64((np.uint64(key >> 3) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift + 3))
-    return (group << 3) | (key & 7)
-
-
-@kernel
-def _replay_runs_bounded(block_ptr, block_runs, instance, capacity_blocks, out_hits, state, head, tail, count, span,
-                         longest, row_key, table, free, n_free_io, used_io, load, lengths, balance):
-    """:func:`_replay_runs` with a row per key only while its block is cached: ``table`` (linear probing, -1 =
-    empty) maps a key to its row, ``row_key`` a row to its key (-1: free); rows ``used_io[0]`` on have never been
-    used (nor written), ``free[:n_free_io[0]]`` is a stack of rows given back. When a request has more blocks than
-    rows are left, every row whose block was dropped goes back to the stack and leaves the table (backward-shift
-    deletion keeps every probe chain unbroken). The state carries over from call to call; ``n_free_io[0] < 0``
-    resets it first.
-
-    A request of ``instance`` -1 is routed cache-aware, as :func:`lookup_tiers` routes it: to the instance holding
-    the longest prefix of its blocks in some tier (fewer blocks admitted so far, ``load``, breaks ties), unless
-    that instance's load exceeds ``1 + balance`` times the least loaded one's; ``instance`` is then written and
-    ``load`` (blocks admitted per instance, carried from call to call) counts every request; ``lengths`` (one per
-    instance) is the scratch of each instance's cached prefix."""
-    next_tier = next_tiers(capacity_blocks)
-    n_instances = load.shape[0]
-    mask = table.shape[0] - 1
-    shift = 64
-    while (1 << (64 - shift)) < table.shape[0]:
-        shift -= 1
-    n_rows = state.shape[0]
-    if n_free_io[0] < 0:
-        head[:] = _NIL
-        tail[:] = _NIL
-        count[:] = 0
-        table[:] = -1
-        n_free_io[0] = 0
-        used_io[0] = 0
-    n_free = n_free_io[0]
-    used = used_io[0]
-    rows = np.empty(max(longest, 1), np.int64)
-    for r in range(instance.shape[0]):
-        m = block_ptr[r + 1] - block_ptr[r]
-        inst = instance[r]
-        if n_free + (n_rows - used) < m:  # reclaim the rows of dropped blocks
-            for i in range(used):
-                if row_key[i] >= 0 and state[i, _TIER] == _ABSENT:
-                    slot = _slot_of(row_key[i], shift)
-                    while table[slot] != i:
-                        slot = (slot + 1) & mask
-                    hole = slot
-                    probe = slot
-                    while True:
-                        probe = (probe + 1) & mask
-                        if table[probe] < 0:
-                            break
-                        home = _slot_of(row_key[table[probe]], shift)
-                        # the entry at probe may move to the hole unless its home lies cyclically in (hole, probe]
-                        if (hole < probe and hole < home <= probe) or (hole > probe and (home > hole or home <= probe)):
-                            continue
-                        table[hole] = table[probe]
-                        hole = probe
-                    table[hole] = -1
-                    row_key[i] = -1
-                    free[n_free] = i
-                    n_free += 1
-        shared = block_runs[r, 0]
-        if inst < 0:  # cache-aware: each instance's cached prefix, through the table
-            for i in range(n_instances):
-                length = 0
-                for k in range(m):
-                    key = i * span + (block_runs[r, 1] if k < shared else block_runs[r, 2]) + k
-                    slot = _slot_of(key, shift)
-                    while table[slot] >= 0 and row_key[table[slot]] != key:
-                        slot = (slot + 1) & mask
-                    if table[slot] < 0 or state[table[slot], _TIER] == _ABSENT:
-                        break
-                    length += 1
-                lengths[i] = length
-            inst = route_cache_aware(lengths, load, balance)
-            instance[r] = inst
-        load[inst] += m
-        for k in range(m):
-            key = inst * span + (block_runs[r, 1] if k < shared else block_runs[r, 2]) + k
-            slot = _slot_of(key, shift)
-            while table[slot] >= 0 and row_key[table[slot]] != key:
-                slot = (slot + 1) & mask
-            if table[slot] < 0:  # a new key: a row given back, or one never used; absent from every tier
-                if n_free > 0:
-                    n_free -= 1
-                    row = free[n_free]
-                else:
-                    row = used
-                    used += 1
-                table[slot] = row
-                row_key[row] = key
-                state[row, _TIER] = _ABSENT
-            rows[k] = table[slot]
-        admit_blocks(state, head, tail, count, capacity_blocks, next_tier, rows, 0, m, 0, inst, out_hits, r)
-    n_free_io[0] = n_free
-    used_io[0] = used
 
 
 @kernel(inline="always")

@@ -60,27 +60,31 @@ class _Allocations:
 
     # Each loop's arguments that a replay allocates (the workspace is counted whole, from the thread's buffer).
     PICKS = {"_replay": (7, 8, 9, 13, 14), "_replay_runs": (6, 7, 8),
-             # (not n_free and rows_used: one int64 each, outside RunCaches.most_bytes)
-             "_replay_runs_bounded": (5, 6, 7, 8, 11, 12, 13, 16, 17)}
+             # (not top: six int64, outside RunCaches.most_bytes; the hash table apart, below)
+             "_replay_segments": (6, 7, 8, 9, 10, 11, 12, 13, 17, 18)}
 
     def __init__(self, monkeypatch):
-        self.arrays, self.uses_workspace = [], False
+        self.arrays, self.uses_workspace, self.table_at_most = {}, False, 0
         monkeypatch.setattr(kv_tiers._local, "state", None, raising=False)
         for name, picks in self.PICKS.items():
-            workspace = name != "_replay_runs_bounded"  # the bounded rows are the caches' own arrays
+            workspace = name != "_replay_segments"  # the segments are the caches' own arrays
             monkeypatch.setattr(kv_tiers, name, self._wrap(getattr(kv_tiers, name), picks, workspace))
 
     def _wrap(self, loop, picks, workspace):
         def call(*args):
-            self.arrays += [args[i] for i in picks]
+            self.arrays.update((id(args[i]), args[i]) for i in picks)  # a replay may call its loop again
             self.uses_workspace |= workspace
+            if not workspace:  # the table grows as runs come: up to half full for every segment at most
+                segments = args[6].shape[0]
+                assert args[14].nbytes <= 4 * kv_tiers._slots(segments)
+                self.table_at_most = 4 * kv_tiers._slots(segments)
             return loop(*args)
         return call
 
     @property
     def nbytes(self) -> int:
         workspace = kv_tiers._local.state.nbytes if self.uses_workspace else 0
-        return workspace + sum(a.nbytes for a in self.arrays)
+        return workspace + sum(a.nbytes for a in self.arrays.values()) + self.table_at_most
 
 
 @pytest.mark.parametrize("policy, caches, capacity, private, requests, kind", [

@@ -452,11 +452,53 @@ def test_runs_of_ids_replay_as_the_reference_on_the_ids_written_out():
     assert tail.block_ids.tolist() == [b for blocks in lists[2000:] for b in blocks]
 
 
+def test_segments_of_runs_route_and_reuse_as_the_reference(monkeypatch):
+    """:class:`RunCaches` (runs of blocks held as segments) against the reference on the ids written out: 120 random
+    replays of 1 to 3 tiers (absent ones too, capacities from 1 block), 1 to 3 instances, requests routed to a given
+    instance or cache-aware, system prompts and sessions of random lengths (requests shorter than their system
+    prompt too), cut into random chunks, from a hash table of 8 slots that must grow. Every request's hits per tier
+    and every routing choice agree."""
+    from mcsim.kernels import kv_tiers
+
+    monkeypatch.setattr(kv_tiers.RunCaches, "FIRST_SLOTS", 8)
+    rng = np.random.default_rng(7)
+    grown = cut = 0
+    for _ in range(120):
+        n, tiers, k = int(rng.integers(1, 200)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        capacity = rng.integers(0, 40, tiers)
+        capacity[0] = rng.integers(1, 30)
+        prompts = rng.integers(0, 12, int(rng.integers(1, 4)))
+        prompt_base = np.concatenate([[0], np.cumsum(prompts)])
+        session_base = prompt_base[-1] + 100 * np.arange(int(rng.integers(1, 20)))
+        rows, counts = [], []
+        for _ in range(n):
+            j = rng.integers(len(prompts))
+            shared = prompts[j] if rng.random() < 0.8 else 0
+            counts.append(shared + int(rng.integers(0, 60)) if rng.random() < 0.9 else int(rng.integers(0, shared + 1)))
+            rows.append((shared, prompt_base[j], session_base[rng.integers(len(session_base))]))
+        runs, ptr = np.array(rows, np.int64), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        instance = rng.integers(-1 if rng.random() < 0.5 else 0, k, n).astype(np.int32)
+        lists = [[int(runs[r, 1] + b if b < min(runs[r, 0], counts[r]) else runs[r, 2] + b) for b in range(counts[r])]
+                 for r in range(n)]
+        chosen = []
+        expected = lookup_tiers_reference(lists, instance.tolist(), tuple(capacity.tolist()), k, 0.25, chosen)
+        caches = kv_tiers.RunCaches(capacity, k, int(session_base[-1]) + 100, 100)
+        hits = np.zeros((n, tiers), np.int64)
+        cuts = sorted({0, n, *rng.integers(0, n, 2).tolist()})
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            caches.replay(ptr[a:b + 1] - ptr[a], runs[a:b], instance[a:b], hits[a:b])
+        np.testing.assert_array_equal(hits, np.array(expected).reshape(n, tiers))
+        assert instance.tolist() == chosen
+        grown += caches.table.shape[0] > 8
+        cut += len(cuts) > 2
+    assert grown > 30 and cut > 60
+
+
 @pytest.mark.parametrize("capacity", [(40, 0, 0), (30, 50, 80), (5, 0, 9)])
 def test_bounded_rows_replay_as_the_dense_key_space(capacity):
-    """With rows only for what the caches hold (reclaimed from dropped blocks, found through a hash table), the
-    replay reuses exactly what the reference does; the capacities are small so that rows are reclaimed many
-    times over."""
+    """With segments only for what the caches hold (found through a hash table of runs), the replay reuses exactly
+    what the reference does; the capacities are small so that segments are dropped and taken again many times
+    over."""
     from mcsim.kernels.kv_tiers import lookup_tiers_runs
 
     rng = np.random.default_rng(11)

@@ -28,7 +28,7 @@ def _params(overrides=()):
                                                       ("prefix-affinity", 3, (200, 100, 0)),
                                                       ("cache-aware", 4, (150, 200, 600))])
 def test_the_cache_stage_chunk_by_chunk_is_the_whole_replay(policy, caches, capacity):
-    """The carried caches (bounded rows, hashed keys), routing stream, round-robin position and cache-aware loads
+    """The carried caches (segments of runs, hashed run keys), routing stream, round-robin position and cache-aware loads
     reuse exactly what one replay of every request reuses, tier by tier and request by request."""
     scn, p = _params()
     n = 8000
@@ -121,11 +121,13 @@ def test_a_streamed_sample_replays_its_first_chunk_in_the_simulator():
         np.testing.assert_array_equal(part[key], whole[key], err_msg=key)
 
 
-def test_bounded_rows_fill_then_reclaim_and_reuse_what_dense_rows_reuse():
-    """Rows are taken in order until all are used (twice the capacities), then dropped blocks' rows are reclaimed:
-    hits equal the dense key space's, request by request."""
+def test_segments_of_runs_reuse_what_a_row_per_block_reuses(monkeypatch):
+    """The caches held as segments of runs (a run's record leaving the hash table when its last block is dropped,
+    the table doubling as runs come) reuse what the dense key space of a row per block reuses, request by request,
+    with every tier in play, in chunks; their most memory is their arrays' with the table at its largest."""
     from mcsim.kernels import kv_tiers
 
+    monkeypatch.setattr(kv_tiers.RunCaches, "FIRST_SLOTS", 16)
     scn, p = _params()
     req = workload.generate(p, scn.classes, 6000, np.random.default_rng(2), 20000)
     capacity = np.array([3000, 2000, 4000])
@@ -134,16 +136,19 @@ def test_bounded_rows_fill_then_reclaim_and_reuse_what_dense_rows_reuse():
     dense = np.zeros((req.n, 3), np.int64)
     kv_tiers.lookup_tiers_runs(req.block_ptr, req.block_runs, instance, 2, span, capacity, dense, bounded=False)
     caches = kv_tiers.RunCaches(capacity, 2, span, 20000 // req.block_tokens)
-    bounded = np.zeros((req.n, 3), np.int64)
+    runs = np.zeros((req.n, 3), np.int64)
     for part in np.array_split(np.arange(req.n), 3):
         caches.replay(req.block_ptr[part[0]:part[-1] + 2] - req.block_ptr[part[0]], req.block_runs[part],
-                      instance[part], bounded[part[0]:part[-1] + 1])
-    assert caches.rows_used[0] > caches.state.shape[0] - caches.longest  # (nearly) every row used, then reclaimed
-    arrays = (caches.state, caches.head, caches.tail, caches.count, caches.row_key, caches.table, caches.free,
-              caches.load, caches.lengths)
-    assert kv_tiers.RunCaches.most_bytes(capacity, 2, caches.longest) == sum(a.nbytes for a in arrays)
-    assert int(np.diff(req.block_ptr).sum()) > 2 * caches.state.shape[0] and dense[:, 2].sum() > 0
-    np.testing.assert_array_equal(bounded, dense)
+                      instance[part], runs[part[0]:part[-1] + 1])
+    live_runs, live_segments = caches.live()
+    assert caches.top[2] > 0 and caches.table.shape[0] >= 2 * live_runs > 16  # runs given back; the table grew
+    assert live_runs <= live_segments < 2 * live_runs  # a run's cached blocks are one segment, or a few
+    arrays = (caches.seg, caches.run_key, caches.run_first, caches.seg_free, caches.run_free, caches.head,
+              caches.tail, caches.count, caches.load, caches.lengths)
+    table_at_most = 4 * kv_tiers._slots(caches.seg.shape[0])
+    assert kv_tiers.RunCaches.most_bytes(capacity, 2, caches.longest) == sum(a.nbytes for a in arrays) + table_at_most
+    assert dense[:, 1].sum() > 0 and dense[:, 2].sum() > 0
+    np.testing.assert_array_equal(runs, dense)
 
 
 def test_the_frontier_day_is_the_published_daily_volume():
@@ -198,12 +203,12 @@ def test_caches_reuse_the_arrays_of_earlier_ones_and_reuse_what_fresh_ones_reuse
     earlier = workload.generate(p, scn.classes, 3000, np.random.default_rng(8), 20000)
     first.replay(earlier.block_ptr, earlier.block_runs, (np.arange(earlier.n) % 2).astype(np.int32),
                  np.zeros((earlier.n, 3), np.int64))
-    state = first.state
+    seg = first.seg
     del first
     req = workload.generate(p, scn.classes, 4000, np.random.default_rng(9), 20000)
     instance = (np.arange(req.n) % 2).astype(np.int32)
     again = kv_tiers.RunCaches(capacity, 2, 1 << 40, 20000 // 64)
-    assert again.state is state  # the earlier arrays, as they were left
+    assert again.seg is seg  # the earlier arrays, as they were left
     hits = np.zeros((req.n, 3), np.int64)
     again.replay(req.block_ptr, req.block_runs, instance, hits)
     span = kv_tiers.run_id_range(req.block_ptr, req.block_runs)[1]

@@ -390,7 +390,7 @@ def _reused_tokens(hits: np.ndarray, requests) -> np.ndarray:
 
 class CacheStream:
     """The cache stage over a sample's requests chunk by chunk (:class:`mcsim.stages.workload.RequestStream`):
-    :func:`cache_hits` of the chunks joined, with the caches (bounded rows, :class:`~mcsim.kernels.kv_tiers.
+    :func:`cache_hits` of the chunks joined, with the caches (segments of runs, :class:`~mcsim.kernels.kv_tiers.
     RunCaches`), the routing stream and the round-robin position carried from chunk to chunk.
 
     Built by :meth:`of`, which returns None where the replay needs every request at once: pooled tiers behind the
