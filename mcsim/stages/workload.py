@@ -433,7 +433,7 @@ class RequestStream:
         self.next_base = int(self.sys_base[-1])  # the next session's first block id
         self.start_sum = 0.0  # running sum of the sessions' start gaps (operational seconds)
         self.horizon = -np.inf  # no turn generated later can come before it
-        self.pending = None  # turns generated, not yet handed out, in generation order (a dict of arrays)
+        self.pending = None  # turns generated, not yet handed out, by time then generation (a dict of arrays)
         self.arrival_sum = None  # running sum of the arrival gaps; None before the first arrival
         self.arrival_first = 0.0
         self.emitted = 0
@@ -509,10 +509,24 @@ class RequestStream:
         }
         self.sessions += m
         self.horizon = float(start[-1])
-        if self.pending is None:
+        # Kept in time order (ties in generation order): merged, not sorted again at every chunk.
+        order = np.argsort(new["t"], kind="stable")
+        new = {k: v[order] for k, v in new.items()}
+        if self.pending is None or len(self.pending["t"]) == 0:
             self.pending = new
         else:
-            self.pending = {k: np.concatenate([self.pending[k], v]) for k, v in new.items()}
+            old = self.pending
+            at = np.searchsorted(old["t"], new["t"], side="right") + np.arange(len(new["t"]))
+            total = len(old["t"]) + len(new["t"])
+            was = np.ones(total, dtype=bool)
+            was[at] = False
+            merged = {}
+            for k, v in new.items():
+                both = np.empty(total, dtype=np.result_type(v, old[k]))
+                both[at] = v
+                both[was] = old[k]
+                merged[k] = both
+            self.pending = merged
 
     def _per_class(self, key: str, class_of: np.ndarray) -> np.ndarray:
         """The per-turn field ``key``: for each class, the next values of its own stream, in turn order."""
@@ -524,7 +538,7 @@ class RequestStream:
         return out
 
     def _ready(self) -> int:
-        return 0 if self.pending is None else int(np.count_nonzero(self.pending["t"] < self.horizon))
+        return 0 if self.pending is None else int(np.searchsorted(self.pending["t"], self.horizon, side="left"))
 
     def _arrivals(self, m: int) -> np.ndarray:
         """The next ``m`` arrival times (:func:`profiled_arrivals`, continued)."""
@@ -558,13 +572,9 @@ class RequestStream:
             lead = max(self.lead_s * self.session_rate - self.sessions, 0.0)  # sessions before the window
             self._generate_sessions(max(SESSION_BLOCK, int(1.25 * (m - self._ready()) / self.mean_turns_all + lead)))
         pend = self.pending
-        ready = np.flatnonzero(pend["t"] < self.horizon) if pend is not None else np.zeros(0, np.int64)
-        take = ready[np.argsort(pend["t"][ready], kind="stable")[:m]] if m else ready[:0]
-        if pend is not None:
-            rest = np.ones(len(pend["t"]), dtype=bool)
-            rest[take] = False
-            chunk = {k: v[take] for k, v in pend.items()}
-            self.pending = {k: v[rest] for k, v in pend.items()}
+        if pend is not None:  # the first m are ready: the pool is in time order
+            chunk = {k: v[:m] for k, v in pend.items()}
+            self.pending = {k: v[m:] for k, v in pend.items()}
         else:
             chunk = {k: np.zeros(0) for k in ("class_id", "prompt", "output", "acceptance", "session", "nblocks",
                                               "sys_full", "sys_base", "own_base")}
