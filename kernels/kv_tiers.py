@@ -285,19 +285,21 @@ def lookup_tiers_runs(block_ptr, block_runs, instance, n_instances, span, capaci
     longest = int(counts.max()) if n else 0
     lists = capacity_blocks.shape[0] * n_instances
     if bounded is None:
-        bounded = lookup_tiers_runs_bytes(capacity_blocks, n_instances, span, longest)[0]
+        bounded = lookup_tiers_runs_bytes(capacity_blocks, n_instances, span, longest, n)[0]
     if not bounded:
         _replay_runs(block_ptr, block_runs, instance, capacity_blocks, out_hits, _workspace(n_instances * span),
                      np.empty(lists, np.int32), np.empty(lists, np.int32), np.empty(lists, np.int64), span, longest)
         return
-    caches = RunCaches(capacity_blocks, n_instances, span, longest)
+    caches = RunCaches(capacity_blocks, n_instances, span, longest, requests=n)
     caches.replay(block_ptr, block_runs, instance, out_hits)
 
 
-def lookup_tiers_runs_bytes(capacity_blocks, n_instances: int, span: int, longest: int) -> tuple[bool, int]:
+def lookup_tiers_runs_bytes(capacity_blocks, n_instances: int, span: int, longest: int,
+                            requests: int | None = None) -> tuple[bool, int]:
     """Whether :func:`lookup_tiers_runs` takes :class:`RunCaches` by default, and the most memory it then allocates:
-    their most (:meth:`RunCaches.most_bytes`), or a workspace row per key of the key space and a head, tail and
-    count per list. The caches of segments are faster: they are taken unless the key space takes less memory.
+    their most for ``requests`` requests (:meth:`RunCaches.most_bytes`), or a workspace row per key of the key space
+    and a head, tail and count per list. The caches of segments are faster: they are taken unless the key space
+    takes less memory.
 
     Examples
     --------
@@ -307,7 +309,7 @@ def lookup_tiers_runs_bytes(capacity_blocks, n_instances: int, span: int, longes
     (False, 20480)
     """
     n_instances, span = int(n_instances), int(span)
-    bounded_bytes = RunCaches.most_bytes(capacity_blocks, n_instances, longest)
+    bounded_bytes = RunCaches.most_bytes(capacity_blocks, n_instances, longest, requests)
     dense_bytes = workspace_bytes(n_instances * span) + 16 * len(capacity_blocks) * n_instances
     if bounded_bytes <= dense_bytes:
         return True, bounded_bytes
@@ -345,6 +347,10 @@ class RunCaches:
         ``i * span + b``.
     longest : int
         The most blocks one request may have.
+    requests : int, optional
+        The most requests it will replay, if known: a request adds at most ``4 + T`` segments (a new one for each of
+        its two runs, one cut at the end of each, one piece demoted out of each tier but the last), which bounds
+        them when that is fewer than the capacities allow.
 
     Examples
     --------
@@ -361,13 +367,15 @@ class RunCaches:
     #: The hash table's first size, in slots (or its largest, if smaller).
     FIRST_SLOTS = 1 << 12
 
-    def __init__(self, capacity_blocks, n_instances: int, span: int, longest: int):
+    def __init__(self, capacity_blocks, n_instances: int, span: int, longest: int, requests: int | None = None):
         self.capacity_blocks = np.ascontiguousarray(capacity_blocks, dtype=np.int64)
         self.n_instances, self.span, self.longest = int(n_instances), int(span), int(longest)
         if not 0 <= self.n_instances * self.span < 2**62:
             raise ValueError("n_instances x span must be in [0, 2**62)")
         lists = self.capacity_blocks.shape[0] * self.n_instances
-        rows = self.rows_for(self.capacity_blocks, self.n_instances, self.longest)
+        rows = self.rows_for(self.capacity_blocks, self.n_instances, self.longest, requests)
+        self.requests = None if requests is None else int(requests)
+        self.replayed = 0
         if rows >= 2**31:
             raise ValueError("the caches' capacities need 2**31 segments or more")
         self._arrays = _take_run_arrays(rows, lists)
@@ -387,18 +395,21 @@ class RunCaches:
             pass
 
     @staticmethod
-    def rows_for(capacity_blocks, n_instances: int, longest: int) -> int:
+    def rows_for(capacity_blocks, n_instances: int, longest: int, requests: int | None = None) -> int:
         """Segments the caches may need at most: one per block every instance's tiers hold, one request's blocks
-        more (before its tiers demote), and 64."""
-        return int(n_instances) * int(np.sum(capacity_blocks)) + int(longest) + 64
+        more (before its tiers demote), and 64; or, with ``requests`` and when fewer, ``4 + T`` per request and 64."""
+        rows = int(n_instances) * int(np.sum(capacity_blocks)) + int(longest) + 64
+        if requests is not None:
+            rows = min(rows, (4 + len(capacity_blocks)) * int(requests) + 64)
+        return rows
 
     @staticmethod
-    def most_bytes(capacity_blocks, n_instances: int, longest: int) -> int:
+    def most_bytes(capacity_blocks, n_instances: int, longest: int, requests: int | None = None) -> int:
         """Bytes of the caches' arrays at their worst (a segment for every block, every run of one segment): 32 B a
         segment, 12 B a run, a free-stack entry (4 B) of each, a hash table at most half full (4 B a slot), a head,
         tail and count per list, and the two counters per instance of cache-aware routing. The runs and segments
         in use are far fewer (a run's cached prefix is usually one or two segments): :meth:`live`."""
-        rows = RunCaches.rows_for(capacity_blocks, n_instances, longest)
+        rows = RunCaches.rows_for(capacity_blocks, n_instances, longest, requests)
         lists = len(capacity_blocks) * int(n_instances)
         return rows * (4 * _SEG + 8 + 4 + 4 + 4) + 4 * _slots(rows) + lists * (4 + 4 + 8) + 16 * max(int(n_instances), 1)
 
@@ -423,6 +434,9 @@ class RunCaches:
         block_runs = np.ascontiguousarray(block_runs, dtype=np.int64)
         if block_runs.shape != (n, 3) or instance.shape != (n,) or out_hits.shape != (n, len(self.capacity_blocks)):
             raise ValueError("block_runs (n, 3), instance (n,) and out_hits (n, tiers) must match block_ptr's n + 1")
+        if self.requests is not None and self.replayed + n > self.requests:
+            raise ValueError(f"more than the {self.requests} requests these caches were sized for")
+        self.replayed += n
         if self.capacity_blocks[0] == 0:
             return
         done = 0

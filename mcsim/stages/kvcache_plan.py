@@ -146,7 +146,7 @@ def replay_bytes(plan: ReplayPlan, requests, exact: bool = True) -> int:
         return lookup_tiers_bytes(plan.caches, plan.caches * stride, tiers, stride if plan.pooled else 0)
     if plan.kind == "runs":
         longest = int(np.diff(requests.block_ptr).max())
-        return lookup_tiers_runs_bytes(np.array(plan.capacity), plan.caches, plan.span, longest)[1]
+        return lookup_tiers_runs_bytes(np.array(plan.capacity), plan.caches, plan.span, longest, requests.n)[1]
     # "keys": the ids as they are, offset per instance, when that key space is dense; else at most a key per block
     span = run_span(requests) or block_id_span(requests, exact=False)
     keys = plan.caches * span if plan.caches * span <= 2 * plan.blocks + DENSE_SLACK else plan.blocks
