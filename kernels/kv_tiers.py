@@ -891,29 +891,10 @@ def cached_prefix_pooled(state, block_keys, start, stop, offset, pool_key):
 
 
 @kernel(inline="always")
-def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_keys, start, stop, offset, inst,
-                 out_hits, row):
-    """Rules 1-3 of the module docstring for one request of cache ``inst``: add its reused blocks per tier to
-    ``out_hits[row]``, then move every block to the MRU end of the first tier, demoting LRU blocks down the tiers.
-
-    Inline, and the list operations written out in place: helper calls that pass arrays would add reference
-    counting per call. A no-op when the first tier has no capacity.
-    """
-    if capacity_blocks[0] == 0:
-        return
-    base = capacity_blocks.shape[0] * inst
-
-    # 1. Exact-prefix reuse: the leading run of present blocks, counted in the tier where found.
-    j = start
-    while j < stop:
-        tier = state[block_keys[j] + offset, _TIER]
-        if tier == _ABSENT:
-            break
-        out_hits[row, tier] += 1
-        j += 1
-
-    # 2. Every block leaves the tier it is in, then all go to the MRU end of the first tier, last block first so
-    #    the first block ends MRU.
+def _hold_blocks(state, head, tail, count, block_keys, start, stop, offset, inst, base):
+    """Rule 2 for one request of cache ``inst`` (its lists from ``base``): every block of ``block_keys[start:stop]``
+    (plus ``offset``) leaves the tier it is in, then all go to the MRU end of the first tier, last block first (the
+    first block ends most recently used). Called once per request: its reference counts cost nothing per block."""
     for j in range(start, stop):
         key = block_keys[j] + offset
         tier = state[key, _TIER]
@@ -945,6 +926,33 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
         head[base] = key
         state[key, _TIER] = 0
     count[base] += stop - start
+
+
+@kernel(inline="always")
+def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_keys, start, stop, offset, inst,
+                 out_hits, row):
+    """Rules 1-3 of the module docstring for one request of cache ``inst``: add its reused blocks per tier to
+    ``out_hits[row]``, then move every block to the MRU end of the first tier, demoting LRU blocks down the tiers.
+
+    Inline, and the list operations written out in place: helper calls that pass arrays would add reference
+    counting per call. A no-op when the first tier has no capacity.
+    """
+    if capacity_blocks[0] == 0:
+        return
+    base = capacity_blocks.shape[0] * inst
+
+    # 1. Exact-prefix reuse: the leading run of present blocks, counted in the tier where found.
+    j = start
+    while j < stop:
+        tier = state[block_keys[j] + offset, _TIER]
+        if tier == _ABSENT:
+            break
+        out_hits[row, tier] += 1
+        j += 1
+
+    # 2. Every block leaves the tier it is in, then all go to the MRU end of the first tier, last block first so
+    #    the first block ends MRU.
+    _hold_blocks(state, head, tail, count, block_keys, start, stop, offset, inst, base)
 
     # 3. Each tier in turn, first to last, demotes its LRU blocks while it holds more than its capacity.
     src = 0
@@ -1024,37 +1032,7 @@ def admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_
 
     # 2. Every block leaves the instance's tier it is in, then all go to the MRU end of its first tier, last block
     #    first.
-    for j in range(start, stop):
-        key = block_keys[j] + offset
-        tier = state[key, _TIER]
-        if tier != _ABSENT:
-            if state[key, _OWNER] != inst:
-                raise ValueError("a block key is cached in two instances; remap keys per instance")
-            lst = base + tier
-            prev = state[key, _PREV]
-            nxt = state[key, _NEXT]
-            if prev != _NIL:
-                state[prev, _NEXT] = nxt
-            else:
-                head[lst] = nxt
-            if nxt != _NIL:
-                state[nxt, _PREV] = prev
-            else:
-                tail[lst] = prev
-            count[lst] -= 1
-    for j in range(stop - 1, start - 1, -1):
-        key = block_keys[j] + offset
-        state[key, _OWNER] = inst
-        old = head[base]
-        state[key, _PREV] = _NIL
-        state[key, _NEXT] = old
-        if old != _NIL:
-            state[old, _PREV] = key
-        else:
-            tail[base] = key
-        head[base] = key
-        state[key, _TIER] = 0
-    count[base] += stop - start
+    _hold_blocks(state, head, tail, count, block_keys, start, stop, offset, inst, base)
 
     # 3, 6. Each private tier in turn demotes its overflow; the last one's leaves the instance, each block written
     #       to the pool and the pool's tiers demoting theirs at once.
