@@ -17,8 +17,8 @@ warm-up off; so does ``MCSIM_NUMBA_CACHE=0`` (no cache to fill).
 
 The suite runs on two pytest-xdist workers (``-n 2 --dist loadfile`` in pyproject.toml: each file's tests, and its
 module fixtures, on one worker; ``-n 0`` runs it in one process). Then the controller starts the warm-up once the
-first worker has collected; each worker's first test that may call a kernel waits for the file the warm-up creates
-once the stages' kernels are compiled, and the step loop's first call for the one it creates once the step loop is.
+first worker has collected, and each worker's first test that may call a kernel waits for the file the warm-up
+creates when it ends.
 """
 
 import os
@@ -57,9 +57,6 @@ NO_KERNEL_FILES = frozenset({
     "test_ollama.py", "test_optrace.py", "test_profiles.py", "test_report.py", "test_report_figures.py",
     "test_roofline.py", "test_scenario.py", "test_sensitivity.py", "test_steps.py", "test_traces.py",
 })
-#: Test files that time what they run (a wait for the step loop's compile inside their timers would fail them): their
-#: tests wait for it before they start.
-TIMED_FILES = frozenset({"test_robustness.py"})
 #: The files whose time covers the warm-up's: without them a session waits for kernels it may not call.
 COVER_FILES = frozenset({"test_report.py", "test_report_figures.py"})
 WARM_UP_TIMEOUT_S = 900
@@ -131,35 +128,14 @@ def _wait_for_file(done: str) -> None:
         time.sleep(0.2)
 
 
-def _step_loop_waits_for(done: str) -> None:
-    """Make the step loop's first call in this worker wait for ``done`` (its compile, about two minutes cold, is
-    the warm-up's longest): the tests that call only the stages' kernels run meanwhile."""
-    from mcsim.kernels import step_loop
-
-    loop = step_loop.simulate_stream
-
-    def waiting(*args):
-        _wait_for_file(done)
-        step_loop.simulate_stream = loop  # from now on, the kernel itself
-        return loop(*args)
-
-    step_loop.simulate_stream = waiting
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if _calls_no_kernel(item):
         return
     done = os.environ.get(DONE_ENV)
-    if hasattr(item.config, "workerinput") and done:
-        from kernel_warmup import stages_done, step_loop_done
-
-        if not _warm_up["waited"]:
-            _warm_up["waited"] = True
-            _step_loop_waits_for(step_loop_done(done))
-            _wait_for_file(stages_done(done))
-        if item.path.name in TIMED_FILES:
-            _wait_for_file(step_loop_done(done))
+    if hasattr(item.config, "workerinput") and done and not _warm_up["waited"]:
+        _warm_up["waited"] = True
+        _wait_for_file(done)
         return
     process = _warm_up["process"]
     if process is not None:

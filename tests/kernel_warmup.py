@@ -45,41 +45,20 @@ def _run(index: int) -> int:
     return 0
 
 
-#: The runs after which every kernel but the step loop is compiled.
-STAGES_RUNS = 1
-
-
-def stages_done(done: str) -> str:
-    """The file the warm-up creates once the stages' kernels are compiled (``done`` when it ends)."""
-    return done + ".stages"
-
-
-def step_loop_done(done: str) -> str:
-    """The file the warm-up creates once the step loop is compiled."""
-    return done + ".step-loop"
-
-
 def main(done: str | None = None) -> int:
-    """Run the warm-up; ``done``, a path, is created when it ends, :func:`stages_done` and :func:`step_loop_done` of
-    it once the stages' kernels and the step loop are compiled (the test workers of ``pytest -n`` wait for them: a
-    test that may call a kernel for the first, the step loop's first call for the second)."""
+    """Run the warm-up; ``done``, a path, is created when it ends (the test workers of ``pytest -n`` wait for it)."""
     failed = 0
     try:
         step_loop = subprocess.Popen([sys.executable, __file__, "--run", str(STEP_LOOP_RUN)],
                                      stdin=subprocess.DEVNULL)
         for index in range(len(RUNS)):
-            if index == STAGES_RUNS and done:
-                Path(stages_done(done)).touch()
             if index == STEP_LOOP_RUN:
                 failed += step_loop.wait() != 0
-                if done:
-                    Path(step_loop_done(done)).touch()
             else:
                 failed += _run(index)
     finally:
         if done:
-            for path in (stages_done(done), step_loop_done(done), done):
-                Path(path).touch()
+            Path(done).touch()
     return 1 if failed else 0
 
 
