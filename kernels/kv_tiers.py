@@ -411,7 +411,8 @@ class RunCaches:
         in use are far fewer (a run's cached prefix is usually one or two segments): :meth:`live`."""
         rows = RunCaches.rows_for(capacity_blocks, n_instances, longest, requests)
         lists = len(capacity_blocks) * int(n_instances)
-        return rows * (4 * _SEG + 8 + 4 + 4 + 4) + 4 * _slots(rows) + lists * (4 + 4 + 8) + 16 * max(int(n_instances), 1)
+        per_segment = 4 * _SEG + 8 + 4 + 4 + 4  # its row, its run's key and first segment, two free-stack entries
+        return rows * per_segment + 4 * _slots(rows) + lists * (4 + 4 + 8) + 16 * max(int(n_instances), 1)
 
     def live(self) -> tuple[int, int]:
         """Runs and segments in the caches now."""

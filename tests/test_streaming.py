@@ -28,7 +28,7 @@ def _params(overrides=()):
                                                       ("prefix-affinity", 3, (200, 100, 0)),
                                                       ("cache-aware", 4, (150, 200, 600))])
 def test_the_cache_stage_chunk_by_chunk_is_the_whole_replay(policy, caches, capacity):
-    """The carried caches (segments of runs, hashed run keys), routing stream, round-robin position and cache-aware loads
+    """The carried caches (segments of runs), routing stream, round-robin position and cache-aware loads
     reuse exactly what one replay of every request reuses, tier by tier and request by request."""
     scn, p = _params()
     n = 8000
