@@ -5,7 +5,9 @@ pooled cache, with the factory's three tiers and with smaller layouts of the sam
     python benchmarks/kv_replay_working_set.py [requests]
 
 Each layout replays the same chunks from empty caches; the first chunk (the first touch of the caches' arrays) is
-left out of the figure. The ratio is against the smallest layout (the HBM tier alone) in the same run.
+left out of the figure. The ratio is against the smallest layout (the HBM tier alone) in the same run. At the end
+of each replay it prints the runs and segments the caches hold and the memory of the segments ever used and of the
+hash table.
 """
 
 from __future__ import annotations
@@ -49,13 +51,17 @@ def main(requests: int = 600_000) -> dict:
             start = time.perf_counter()
             caches.replay(ptr, runs, instance, hits)
             seconds += (time.perf_counter() - start) if i else 0.0
+        runs, segments = caches.live()
+        in_use = (int(caches.top[1]) * (4 * kv_tiers._SEG + 8 + 4 + 4 + 4) + caches.table.nbytes)
         del caches
-        out[name] = {"capacity_blocks": [int(c) for c in capacity], "ns_per_block": 1e9 * seconds / blocks}
+        out[name] = {"capacity_blocks": [int(c) for c in capacity], "ns_per_block": 1e9 * seconds / blocks,
+                     "runs": runs, "segments": segments, "bytes_in_use": in_use}
     first = next(iter(out.values()))["ns_per_block"]
-    print(f"{'layout':<32} {'blocks held':>12} {'ns per block':>13} {'ratio':>6}")
+    print(f"{'layout':<32} {'blocks held':>12} {'ns per block':>13} {'ratio':>6} {'runs':>9} {'segments':>9} "
+          f"{'MB in use':>9}")
     for name, r in out.items():
         print(f"{name:<32} {sum(r['capacity_blocks']):>12,} {r['ns_per_block']:>13.1f} "
-              f"{r['ns_per_block'] / first:>5.2f}x")
+              f"{r['ns_per_block'] / first:>5.2f}x {r['runs']:>9,} {r['segments']:>9,} {r['bytes_in_use'] / 1e6:>9.1f}")
     return out
 
 

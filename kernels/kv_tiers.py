@@ -613,6 +613,38 @@ def _take_seg(seg_free, top):
 
 
 @kernel(inline="always")
+def _remove_seg(seg, head, tail, run_first, seg_free, top, s, lst):
+    """Take segment ``s`` out of list ``lst`` and of its run, and give it back to the free stack."""
+    _unlink(seg, head, tail, s, lst)
+    _drop_from_run(seg, run_first, s)
+    seg_free[top[0]] = s
+    top[0] += 1
+
+
+@kernel(inline="always")
+def _forget_run(table, run_key, run_free, top, run, shift, mask):
+    """A run whose last segment has gone: out of the table (backward-shift deletion keeps every probe chain
+    unbroken), its record given back."""
+    hole = _find(table, run_key, run_key[run], shift, mask)
+    probe = hole
+    while True:
+        probe = (probe + 1) & mask
+        if table[probe] < 0:
+            break
+        home = _home(run_key[table[probe]], shift)
+        # the entry at probe may move to the hole unless its home is cyclically in (hole, probe]
+        if (hole < probe and hole < home <= probe) or (hole > probe and (home > hole or home <= probe)):
+            continue
+        table[hole] = table[probe]
+        hole = probe
+    table[hole] = -1
+    run_key[run] = -1
+    run_free[top[2]] = run
+    top[2] += 1
+    top[4] -= 1
+
+
+@kernel(inline="always")
 def _admit_run(seg, run_key, run_first, seg_free, run_free, head, tail, count, table, top, shift, mask, key, lo, hi,
                base):
     """Offsets ``[lo, hi)`` of the run ``key`` leave the segments holding them (rule 2) and go to the MRU end of the
@@ -672,10 +704,7 @@ def _admit_run(seg, run_key, run_first, seg_free, run_free, head, tail, count, t
             count[lst] -= hi - a
             break
         else:
-            _unlink(seg, head, tail, s, lst)
-            _drop_from_run(seg, run_first, s)
-            seg_free[top[0]] = s
-            top[0] += 1
+            _remove_seg(seg, head, tail, run_first, seg_free, top, s, lst)
             count[lst] -= b - a
         s = above
     h = head[base]
@@ -711,6 +740,8 @@ def _replay_segments(block_ptr, block_runs, instance, start, capacity_blocks, ou
     for r in range(start, n):
         if 2 * (top[4] + 2) > table.shape[0]:
             return r
+        if top[0] + seg.shape[0] - top[1] < 4 + n_tiers:  # a request adds at most 3 + T segments
+            raise ValueError("the caches' segments are all in use (more than they were sized for)")
         m = block_ptr[r + 1] - block_ptr[r]
         shared = min(block_runs[r, 0], m)
         shared_base = block_runs[r, 1]
@@ -762,31 +793,9 @@ def _replay_segments(block_ptr, block_runs, instance, start, capacity_blocks, ou
                 whole = k == b - a
                 if dst < 0:  # out of the last tier: dropped
                     if whole:
-                        _unlink(seg, head, tail, s, lst)
-                        _drop_from_run(seg, run_first, s)
-                        seg_free[top[0]] = s
-                        top[0] += 1
+                        _remove_seg(seg, head, tail, run_first, seg_free, top, s, lst)
                         if run_first[run] == _NIL:  # the run's last segment: the run leaves the table
-                            slot = _find(table, run_key, run_key[run], shift, mask)
-                            hole = slot
-                            probe = slot
-                            while True:
-                                probe = (probe + 1) & mask
-                                if table[probe] < 0:
-                                    break
-                                home = _home(run_key[table[probe]], shift)
-                                # the entry at probe may move to the hole unless its home is cyclically in
-                                # (hole, probe]
-                                if (hole < probe and hole < home <= probe) or (
-                                        hole > probe and (home > hole or home <= probe)):
-                                    continue
-                                table[hole] = table[probe]
-                                hole = probe
-                            table[hole] = -1
-                            run_key[run] = -1
-                            run_free[top[2]] = run
-                            top[2] += 1
-                            top[4] -= 1
+                            _forget_run(table, run_key, run_free, top, run, shift, mask)
                     else:
                         seg[s, _HI] = b - k
                 else:
@@ -795,10 +804,7 @@ def _replay_segments(block_ptr, block_runs, instance, start, capacity_blocks, ou
                     if h != _NIL and seg[h, _RUN] == run and seg[h, _LO] == b:  # continues the MRU segment there
                         seg[h, _LO] = b - k
                         if whole:
-                            _unlink(seg, head, tail, s, lst)
-                            _drop_from_run(seg, run_first, s)
-                            seg_free[top[0]] = s
-                            top[0] += 1
+                            _remove_seg(seg, head, tail, run_first, seg_free, top, s, lst)
                         else:
                             seg[s, _HI] = b - k
                     elif whole:

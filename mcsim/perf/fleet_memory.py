@@ -6,7 +6,7 @@ Three parts of a sample grow with the instances (bytes per instance; B = the sam
   with pooled tiers, 16 B per distinct block (20 B with the workspace's room to grow) and 16 B per tier and for the
   router; under the other routings 16 B per tier (the replay's keys grow with the requests);
 * a streamed sample's bounded caches (:meth:`mcsim.stages.kvcache.CacheStream.most_bytes`): at most a segment of
-  runs (52 B, with up to 8 B of hash table) per block its tiers hold;
+  runs (52 B, and 8-16 B of hash table) per block its tiers hold;
 * the replicas (``deployment.fleet_simulation = "replicas"``, :func:`replica_bytes`): the prefix cache's 16 B per
   distinct block (one cache for them all under ``routing = 'pooled'``) and lists, the step loop's state
   (:func:`mcsim.kernels.step_loop.instance_bytes`: 8 B per slot of the prefilling ring, of a static batch twice
@@ -186,7 +186,7 @@ def streamed_cache_bytes(p: dict, cache_in: "kvcache.Inputs", longest_blocks: in
     capacity, caches = kvcache.CacheStream.layout(cache_in)
     total = kvcache.CacheStream.most_bytes(cache_in, longest_blocks)
     rows = RunCaches.rows_for(capacity, caches, longest_blocks) if capacity[0] else 0
-    detail = (f"at most a segment (52 B, and up to 8 B of hash table) for each of the {int(np.sum(capacity)):,} "
+    detail = (f"at most a segment (52 B, and 8-16 B of hash table) for each of the {int(np.sum(capacity)):,} "
               "blocks its tiers hold")
     over = f"the {MAX_KERNEL_ROWS:,} segments the kernel can index ({rows:,})" if rows >= MAX_KERNEL_ROWS else ""
     return FleetBytes("the streamed cache stage's caches", _cache_key(p), caches, total, detail, over,

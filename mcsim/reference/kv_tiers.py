@@ -85,8 +85,7 @@ class TieredCache:
     def admit(self, blocks) -> tuple[int, ...]:
         """Reused blocks per tier of a request, then every block out of its tier and into the MRU end of the first
         tier (last block first), then each tier's overflow down to the next (and out of the last own tier into the
-        pool). Nothing is
-        cached when the first tier's capacity is 0."""
+        pool). Nothing is cached when the first tier's capacity is 0."""
         own = len(self.capacity)
         hits = [0] * (own + (len(self.shared.capacity) if self.shared is not None else 0))
         if self.capacity[0] == 0:
