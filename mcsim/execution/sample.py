@@ -194,7 +194,10 @@ class StreamedSample:
                 last = float(measured.arrival_s[-1])
             if held < limit and measured.n:
                 take = min(limit - held, measured.n)
-                window.append((measured.head(take), cached[:take], None if passes is None else passes[:take]))
+                # Part of a chunk is copied: views would keep the whole chunk until the first pass ends.
+                part = take < every.n
+                window.append((measured.head(take, copy=part), cached[:take].copy() if part else cached[:take],
+                               None if passes is None else passes[:take].copy() if part else passes[:take]))
                 held += take
         self.window = (workload.concat_requests([w[0] for w in window]), np.concatenate([w[1] for w in window]),
                        None if window[0][2] is None else np.concatenate([w[2] for w in window]))

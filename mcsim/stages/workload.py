@@ -151,15 +151,17 @@ class Requests:
             session_id=self.session_id[start:], class_names=self.class_names, source=self.source, **blocks,
         )
 
-    def head(self, stop: int) -> "Requests":
-        """Requests ``:stop``."""
+    def head(self, stop: int, copy: bool = False) -> "Requests":
+        """Requests ``:stop``: views of these arrays, or copies with ``copy`` (which do not keep these alive)."""
         ptr = self.block_ptr[:stop + 1]
+        cut = (lambda a: None if a is None else a.copy()) if copy else (lambda a: a)
         return Requests(
-            arrival_s=self.arrival_s[:stop], class_id=self.class_id[:stop], prompt_tokens=self.prompt_tokens[:stop],
-            output_tokens=self.output_tokens[:stop], acceptance=self.acceptance[:stop], block_ptr=ptr,
-            block_tokens=self.block_tokens, session_id=self.session_id[:stop], class_names=self.class_names,
-            source=self.source, block_runs=None if self.block_runs is None else self.block_runs[:stop],
-            block_ids=None if self._block_ids is None else self._block_ids[:ptr[-1]])
+            arrival_s=cut(self.arrival_s[:stop]), class_id=cut(self.class_id[:stop]),
+            prompt_tokens=cut(self.prompt_tokens[:stop]), output_tokens=cut(self.output_tokens[:stop]),
+            acceptance=cut(self.acceptance[:stop]), block_ptr=cut(ptr), block_tokens=self.block_tokens,
+            session_id=cut(self.session_id[:stop]), class_names=self.class_names, source=self.source,
+            block_runs=None if self.block_runs is None else cut(self.block_runs[:stop]),
+            block_ids=None if self._block_ids is None else cut(self._block_ids[:ptr[-1]]))
 
     @property
     def duration_s(self) -> float:
