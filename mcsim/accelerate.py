@@ -23,6 +23,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+import llvmlite.binding
 import numba
 
 CACHE = os.environ.get("MCSIM_NUMBA_CACHE", "1") != "0"
@@ -44,6 +45,12 @@ if CACHE and not os.environ.get("NUMBA_CACHE_DIR"):
     _folder = _cache_folder()
     if _folder is not None:
         numba.config.CACHE_DIR = str(_folder)
+
+# LLVM's instruction selection merges runs of consecutive stores into wider ones, at a cost that grows faster than
+# the run: the step loop's generator saves and restores about 900 values at each yield, and that one pass took
+# 96 of its 122 s of LLVM time (NUMBA_LLVM_PASS_TIMINGS=1). Without it: 5 s, and the kernels run as fast
+# (benchmarks/README.md). An option LLVM does not know is ignored (the C API reports to a null stream).
+llvmlite.binding.set_option("mcsim", "-combiner-store-merging=0")
 
 
 def kernel(*args, **kwargs):

@@ -8,7 +8,7 @@ Hypothesis profiles (``MCSIM_HYPOTHESIS_PROFILE``, default ``ci``):
 
 Tests that state their own ``max_examples`` keep it under either profile.
 
-Numba: on a cold on-disk cache (a fresh clone) compiling the kernels is about two minutes of CPU. Every session runs
+Numba: on a cold on-disk cache (a fresh clone) compiling the kernels is about a minute of CPU. Every session runs
 the test files that call no kernel (NO_KERNEL_FILES) first. One that also runs the report's tests (COVER_FILES,
 about two minutes of figures) and tests that call kernels starts tests/kernel_warmup.py at once, which compiles
 every kernel into the cache in a process of its own (on the other core); the first test that may call a kernel

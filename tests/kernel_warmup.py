@@ -30,7 +30,7 @@ RUNS = (
 )
 
 
-#: The run that compiles the step loop (the longest compile, about two minutes cold): a process of its own starts it
+#: The run that compiles the step loop (the longest compile, about 50 s cold): a process of its own starts it
 #: while this one compiles the stages' kernels (Numba compiles under the GIL, so threads would not overlap).
 STEP_LOOP_RUN = 1
 
