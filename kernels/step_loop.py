@@ -554,7 +554,7 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     return int(next(loop))  # every request filled: the one value it yields is the status
 
 
-@kernel(store_merging=False)  # two minutes less to compile (mcsim.accelerate._StoreMerging)
+@kernel
 def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance, queue_key,
                     key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, balance,
                     balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope,

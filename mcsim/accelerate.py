@@ -25,7 +25,6 @@ from pathlib import Path
 
 import llvmlite.binding
 import numba
-import numba.core.event
 
 CACHE = os.environ.get("MCSIM_NUMBA_CACHE", "1") != "0"
 
@@ -47,52 +46,20 @@ if CACHE and not os.environ.get("NUMBA_CACHE_DIR"):
     if _folder is not None:
         numba.config.CACHE_DIR = str(_folder)
 
-#: Kernels compiled without LLVM's store merging (:func:`kernel`'s ``store_merging``), by ``id``.
-_WITHOUT_STORE_MERGING: set = set()
+# LLVM's instruction selection merges runs of consecutive stores into wider ones, at a cost that grows faster than
+# the run: the step loop's generator saves and restores about 900 values at each yield, and that one pass took
+# 96 of its 122 s of LLVM time (NUMBA_LLVM_PASS_TIMINGS=1). Without it: 5 s, and the kernels run as fast
+# (benchmarks/README.md). An option LLVM does not know is ignored (the C API reports to a null stream).
+llvmlite.binding.set_option("mcsim", "-combiner-store-merging=0")
 
 
-class _StoreMerging(numba.core.event.Listener):
-    """Turns LLVM's merging of consecutive stores off while a kernel of :data:`_WITHOUT_STORE_MERGING` compiles
-    (with whatever it compiles on the way), and back on after.
-
-    LLVM's instruction selection merges runs of consecutive stores into wider ones, at a cost that grows faster than
-    the run. The step loop's generator saves and restores about 900 values at each yield: that one pass took 96 of
-    its 122 s of LLVM time (``NUMBA_LLVM_PASS_TIMINGS=1``), 5 s without it, and the step loop runs as fast
-    (benchmarks/README.md). The other kernels keep LLVM's default. Numba compiles under one lock, so no other
-    compile sees the option changed. An option LLVM does not know is ignored (its C API reports to a null stream).
-    """
-
-    depth = 0
-
-    def on_start(self, event):
-        if id(event.data["dispatcher"]) in _WITHOUT_STORE_MERGING:
-            if self.depth == 0:
-                llvmlite.binding.set_option("mcsim", "-combiner-store-merging=0")
-            self.depth += 1
-
-    def on_end(self, event):
-        if id(event.data["dispatcher"]) in _WITHOUT_STORE_MERGING:
-            self.depth -= 1
-            if self.depth == 0:
-                llvmlite.binding.set_option("mcsim", "-combiner-store-merging=1")
-
-
-numba.core.event.register("numba:compile", _StoreMerging())
-
-
-def kernel(*args, store_merging: bool = True, **kwargs):
+def kernel(*args, **kwargs):
     """``numba.njit`` with the project's defaults: nogil, cache per ``MCSIM_NUMBA_CACHE``.
 
-    Use bare (``@kernel``) or with extra options (``@kernel(error_model="numpy")``). ``store_merging=False``
-    compiles it without LLVM's merging of consecutive stores (:class:`_StoreMerging`).
+    Use bare (``@kernel``) or with extra options (``@kernel(error_model="numpy")``).
     """
-    options = {"nogil": True, "cache": CACHE, **kwargs}
-    if len(args) == 1 and callable(args[0]):
-        return _register(numba.njit(**options)(args[0]), store_merging)
-    return lambda function: _register(numba.njit(*args, **options)(function), store_merging)
-
-
-def _register(dispatcher, store_merging: bool):
-    if not store_merging:
-        _WITHOUT_STORE_MERGING.add(id(dispatcher))
-    return dispatcher
+    options = {"nogil": True, "cache": CACHE}
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return numba.njit(**options)(args[0])
+    options.update(kwargs)
+    return numba.njit(*args, **options)
