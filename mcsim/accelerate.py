@@ -48,8 +48,9 @@ if CACHE and not os.environ.get("NUMBA_CACHE_DIR"):
 
 # LLVM's instruction selection merges runs of consecutive stores into wider ones, at a cost that grows faster than
 # the run: the step loop's generator saves and restores about 900 values at each yield, and that one pass took
-# 96 of its 122 s of LLVM time (NUMBA_LLVM_PASS_TIMINGS=1). Without it: 5 s, and the kernels run as fast
-# (benchmarks/README.md). An option LLVM does not know is ignored (the C API reports to a null stream).
+# 96 of its 122 s of LLVM time (NUMBA_LLVM_PASS_TIMINGS=1). Without it: 5 s, and the kernels run within a few per
+# cent of their speed with it (benchmarks/README.md). Off for every kernel: off for the step loop alone, its
+# preemption cases ran 6-10 % slower. An option LLVM does not know is ignored (the C API reports to a null stream).
 llvmlite.binding.set_option("mcsim", "-combiner-store-merging=0")
 
 
