@@ -407,13 +407,22 @@ def _late_window(control, own_in_system, last_start, last_end, last_in_system):
     return start
 
 
+@kernel(inline="always")
+def _slot_array(n, w, fill):
+    """An int64 array of one value per slot (``n == w``), left for :func:`_load_slots` to set slot by slot, or of
+    the one element a policy never reads (``n < w``), set to ``fill``."""
+    return np.empty(n, np.int64) if n == w else np.full(n, fill, np.int64)
+
+
 @kernel
 def _load_slots(lo, hi, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s, out_first_token_s,
                 out_finish_s, out_queue_s, out_cached, req_state, first_done, held, admitted_once, passes_done, f_step,
-                b_step, rank):
+                b_step, rank, zeros, minus_ones):
     """Ready the slots of requests ``lo .. hi - 1`` (request ``g`` in slot ``slot_of[g % W]``): outputs unset, state
-    that of a request not yet arrived (arrays a policy never reads have one element and are left alone). Returns
-    whether each of them has at most ``wheel - 2`` passes (a timing-wheel slot then holds one step's sequences)."""
+    that of a request not yet arrived, the arrays of ``zeros`` at 0 and those of ``minus_ones`` at -1 (arrays a
+    policy never reads have one element and are left alone: :func:`_slot_array`). A slot is written only when a request comes into it, so
+    the pages of slots never used are never touched. Returns whether each of them has at most ``wheel - 2`` passes
+    (a timing-wheel slot then holds one step's sequences)."""
     w = arrival_s.shape[0]
     fits = True
     for g in range(lo, hi):
@@ -435,6 +444,12 @@ def _load_slots(lo, hi, slot_of, closed, caching, wheel, arrival_s, passes, out_
             b_step[s] = -1
         if rank.shape[0] == w:
             rank[s] = g
+        for values in zeros:
+            if values.shape[0] == w:
+                values[s] = 0
+        for values in minus_ones:
+            if values.shape[0] == w:
+                values[s] = -1
         fits = fits and passes[s] + 2 <= wheel
     return fits
 
@@ -621,25 +636,26 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     n_pre = w if preempt else 1  # read with preemption only
     n_key = w if keyed else 1  # read by keyed queues only
     req_state = np.empty(w, np.int8)
-    prefill_left = np.zeros(w, np.int64)
-    chunk = np.zeros(w, np.int64)
+    # (np.empty where _load_slots sets a slot's value as its request comes in: a slot never used is never touched)
+    prefill_left = np.empty(w, np.int64)
+    chunk = np.empty(w, np.int64)
     held = np.empty(w, np.int64)
     first_done = np.empty(w, np.bool_)
-    miss = np.zeros(w, np.int64)  # prompt tokens the first admission had to compute
-    passes_done = np.zeros(n_cont, np.int64)  # passes run before the current decode stretch began
-    decode_start = np.zeros(n_cont, np.int64)  # decode-clock step of the current stretch's first pass
-    admitted_once = np.zeros(n_cont, np.bool_)
-    rank = np.zeros(n_key, np.int64)  # rank of arrival (the request's index): a keyed queue's tie-break
-    stamp = np.zeros(n_cont, np.int64)  # admission rank: block growth goes oldest first
-    run_prev = np.full(n_pre, -1, np.int64)  # running sequences in admission order (victims from the tail)
-    run_next = np.full(n_pre, -1, np.int64)
+    miss = np.empty(w, np.int64)  # prompt tokens the first admission had to compute
+    passes_done = _slot_array(n_cont, w, 0)  # passes run before the current decode stretch began
+    decode_start = _slot_array(n_cont, w, 0)  # decode-clock step of the current stretch's first pass
+    admitted_once = np.zeros(n_cont, np.bool_) if n_cont < w else np.empty(w, np.bool_)
+    rank = _slot_array(n_key, w, 0)  # rank of arrival (the request's index): a keyed queue's tie-break
+    stamp = _slot_array(n_cont, w, 0)  # admission rank: block growth goes oldest first
+    run_prev = _slot_array(n_pre, w, -1)  # running sequences in admission order (victims from the tail)
+    run_next = _slot_array(n_pre, w, -1)
     # Waiting queues: FCFS as singly linked lists (heads, tails and lengths per instance, below), keyed as skew
     # heaps on (key, rank of release).
-    q_next = np.full(w, -1, np.int64)
-    key = np.zeros(n_key, np.int64)
-    tie = np.zeros(n_key, np.int64)
-    q_left = np.full(n_key, -1, np.int64)
-    q_right = np.full(n_key, -1, np.int64)
+    q_next = np.empty(w, np.int64)
+    key = _slot_array(n_key, w, 0)
+    tie = _slot_array(n_key, w, 0)
+    q_left = _slot_array(n_key, w, -1)
+    q_right = _slot_array(n_key, w, -1)
     # Per instance (instance_arrays): sequences admitted with prefill left, in admission order (a ring), a static
     # batch, and the timing wheels: per decode-clock step, the sequences finishing at its end and those needing a
     # block at its start.
@@ -655,12 +671,12 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
         max_passes = max(max_passes, passes[slot_of[_ring(r, w)]])
     wheel = wheel_length(k, max_passes, pf_cap)
     mask = wheel - 1
-    f_next = np.full(n_cont, -1, np.int64)
-    f_prev = np.full(n_cont, -1, np.int64)
-    f_step = np.full(n_cont, -1, np.int64)
-    b_next = np.full(n_pre, -1, np.int64)
-    b_prev = np.full(n_pre, -1, np.int64)
-    b_step = np.full(n_pre, -1, np.int64)
+    f_next = _slot_array(n_cont, w, -1)
+    f_prev = _slot_array(n_cont, w, -1)
+    f_step = _slot_array(n_cont, w, -1)
+    b_next = _slot_array(n_pre, w, -1)
+    b_prev = _slot_array(n_pre, w, -1)
+    b_step = _slot_array(n_pre, w, -1)
     track_kv = False  # a static batch's KV is followed only when it costs something
     for e in range(kv_slope.shape[0]):
         track_kv = track_kv or kv_slope[e] != 0.0
@@ -684,7 +700,9 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     # a slot then holds the sequences of one step only
     full_wheel = _load_slots(0, loaded, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s,
                              out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state, first_done, held,
-                             admitted_once, passes_done, f_step, b_step, rank)
+                             admitted_once, passes_done, f_step, b_step, rank,
+                             (prefill_left, chunk, miss, decode_start, stamp, key, tie),
+                             (run_prev, run_next, q_next, q_left, q_right, f_next, f_prev, b_next, b_prev))
 
     next_tier = next_tiers(capacity_blocks)
     if caching:
@@ -753,7 +771,9 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
             filled = min(control[C_FILLED], n)
             fits = _load_slots(loaded, filled, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s,
                                out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state, first_done, held,
-                               admitted_once, passes_done, f_step, b_step, rank)
+                               admitted_once, passes_done, f_step, b_step, rank,
+                               (prefill_left, chunk, miss, decode_start, stamp, key, tie),
+                               (run_prev, run_next, q_next, q_left, q_right, f_next, f_prev, b_next, b_prev))
             full_wheel = full_wheel and fits
             loaded = filled
             if loaded == n:

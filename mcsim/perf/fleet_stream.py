@@ -124,6 +124,8 @@ class FleetStream:
         self.slot_of = np.zeros(w, np.int64)  # the slot of request g at g % w, until the loop has read it
         self.free = np.arange(w - 1, -1, -1, dtype=np.int64)  # free slots (a stack: the last ones first out)
         self.n_free = w
+        self.touched = 0  # slots ever used: 0 .. touched - 1 (the others, at the stack's bottom, were never written)
+        self.ran = False  # whether the loop ran since the last hand-back
         self.occupied = np.zeros(w, bool)  # slots that hold a request not handed back
         self.index = np.zeros(w, np.int64)  # the request each slot holds
         self.payload: dict = {}  # the caller's columns, per slot
@@ -186,6 +188,10 @@ class FleetStream:
         done = []
         start = 0
         while start < m:
+            if self.ran and self.n_free - (self.w - self.touched) < m - start:
+                # Hand back before the part reaches slots never used: memory then follows the requests in flight, not
+                # the slots.
+                done.append(self.harvest())
             if self.n_free == 0:
                 done.append(self.harvest())
                 if self.n_free < max(1, int(self.w * FEWEST_FREED)) and self.filled < self.n:
@@ -196,6 +202,7 @@ class FleetStream:
             count = stop - start
             slots = self.free[self.n_free - count:self.n_free][::-1].copy()
             self.n_free -= count
+            self.touched = max(self.touched, int(slots.max()) + 1)
             for name, values in fields.items():
                 self.inputs[name][slots] = values[start:stop]
             for name, values in payload.items():
@@ -219,7 +226,9 @@ class FleetStream:
 
     def harvest(self) -> dict:
         """Hand back every request that has finished and was not handed back (copies), freeing its slot."""
-        slots = np.flatnonzero(self.occupied & ~np.isnan(self.outputs["finish_s"]))
+        used = self.touched
+        slots = np.flatnonzero(self.occupied[:used] & ~np.isnan(self.outputs["finish_s"][:used]))
+        self.ran = False
         self.occupied[slots] = False
         self.free[self.n_free:self.n_free + len(slots)] = slots[::-1]
         self.n_free += len(slots)
@@ -251,6 +260,7 @@ class FleetStream:
                 self.log["start_s"], self.log["decode_seqs"], self.log["prefill_tokens"], self.log["step_s"],
                 self.log["waiting"], self.slot_of, self.control)
         code = next(self._loop)
+        self.ran = True
         if code != kernel.NEED_REQUESTS:
             self.status = code
         elif self.filled == self.n:
