@@ -3,8 +3,8 @@
 :class:`FleetStream` drives the step loop's generator (:func:`mcsim.kernels.step_loop.simulate_stream`): it puts
 each part's requests in free slots of the loop, runs every step the loop can run before the next request, and,
 when no slot is free or before a part reaches a slot never used, hands back every request that has finished (with
-its index in the run and the caller's own columns, in no particular order), freeing their slots. A request holds its slot only while it is in flight: a long
-one does not hold up the slots of those that arrived after it. Its per-request figures and its run's statistics are
+its index in the run and the caller's own columns, in no particular order), freeing their slots. A request holds
+its slot only while it is in flight: a long one does not hold up the slots of those that arrived after it. Its per-request figures and its run's statistics are
 those of :func:`mcsim.perf.fleet_batching.simulate_fleet_batching` on the same requests, bit for bit, whatever the
 part sizes and slots (``tests/test_fleet_stream.py`` holds them equal).
 
@@ -16,8 +16,9 @@ Memory: a slot holds one request (up to 179 B of the loop's state, 129 B of inpu
 the caller's columns); the slots hold the requests in flight (queued or running on some instance), finished ones
 until they are handed back, and the part being put in. Slots are reused before new ones are taken, and a slot's
 pages are written only when a request first comes into it, so what a run touches follows its requests in flight,
-not the slots it reserves. A run whose requests in flight fill them (a fleet far behind its arrivals: a hand-back frees fewer
-than :data:`FEWEST_FREED` of them) is refused with :class:`~mcsim.errors.RunLimitError`, naming ``key``.
+not the slots it reserves. A run whose requests in flight fill them (a fleet far behind its arrivals: a hand-back
+frees fewer than :data:`FEWEST_FREED` of them) is refused with :class:`~mcsim.errors.RunLimitError`, naming
+``key``.
 """
 
 from __future__ import annotations
