@@ -4,9 +4,10 @@
 each part's requests in free slots of the loop, runs every step the loop can run before the next request, and,
 when no slot is free or before a part reaches a slot never used, hands back every request that has finished (with
 its index in the run and the caller's own columns, in no particular order), freeing their slots. A request holds
-its slot only while it is in flight: a long one does not hold up the slots of those that arrived after it. Its per-request figures and its run's statistics are
-those of :func:`mcsim.perf.fleet_batching.simulate_fleet_batching` on the same requests, bit for bit, whatever the
-part sizes and slots (``tests/test_fleet_stream.py`` holds them equal).
+its slot only while it is in flight: a long one does not hold up the slots of those that arrived after it. Its
+per-request figures and its run's statistics are those of :func:`mcsim.perf.fleet_batching.simulate_fleet_batching`
+on the same requests, bit for bit, whatever the part sizes and slots (``tests/test_fleet_stream.py`` holds them
+equal).
 
 What it leaves to the whole run: a closed loop (a follower is found by its index) and prefix caches inside the
 loop (their rows are keyed by the sample's blocks); a streamed sample takes its cache hits from the cache stage and
