@@ -420,9 +420,9 @@ def _load_slots(lo, hi, slot_of, closed, caching, wheel, arrival_s, passes, out_
                 b_step, rank, zeros, minus_ones):
     """Ready the slots of requests ``lo .. hi - 1`` (request ``g`` in slot ``slot_of[g % W]``): outputs unset, state
     that of a request not yet arrived, the arrays of ``zeros`` at 0 and those of ``minus_ones`` at -1 (arrays a
-    policy never reads have one element and are left alone: :func:`_slot_array`). A slot is written only when a request comes into it, so
-    the pages of slots never used are never touched. Returns whether each of them has at most ``wheel - 2`` passes
-    (a timing-wheel slot then holds one step's sequences)."""
+    policy never reads have one element and are left alone: :func:`_slot_array`). A slot is written only when a
+    request comes into it, so the pages of slots never used are never touched. Returns whether each of them has at
+    most ``wheel - 2`` passes (a timing-wheel slot then holds one step's sequences)."""
     w = arrival_s.shape[0]
     fits = True
     for g in range(lo, hi):
