@@ -416,8 +416,8 @@ def _slot_array(n, w, fill):
 
 @kernel
 def _load_slots(lo, hi, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s, out_first_token_s,
-                out_finish_s, out_queue_s, out_cached, req_state, first_done, held, admitted_once, passes_done, f_step,
-                b_step, rank, zeros, minus_ones):
+                out_finish_s, out_queue_s, out_cached, req_state, first_done, held, admitted_once, rank, zeros,
+                minus_ones):
     """Ready the slots of requests ``lo .. hi - 1`` (request ``g`` in slot ``slot_of[g % W]``): outputs unset, state
     that of a request not yet arrived, the arrays of ``zeros`` at 0 and those of ``minus_ones`` at -1 (arrays a
     policy never reads have one element and are left alone: :func:`_slot_array`). A slot is written only when a
@@ -438,10 +438,6 @@ def _load_slots(lo, hi, slot_of, closed, caching, wheel, arrival_s, passes, out_
             out_cached[s, :] = 0
         if admitted_once.shape[0] == w:
             admitted_once[s] = False
-            passes_done[s] = 0
-            f_step[s] = -1
-        if b_step.shape[0] == w:
-            b_step[s] = -1
         if rank.shape[0] == w:
             rank[s] = g
         for values in zeros:
@@ -700,9 +696,10 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     # a slot then holds the sequences of one step only
     full_wheel = _load_slots(0, loaded, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s,
                              out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state, first_done, held,
-                             admitted_once, passes_done, f_step, b_step, rank,
-                             (prefill_left, chunk, miss, decode_start, stamp, key, tie),
-                             (run_prev, run_next, q_next, q_left, q_right, f_next, f_prev, b_next, b_prev))
+                             admitted_once, rank,
+                             (prefill_left, chunk, miss, passes_done, decode_start, stamp, key, tie),
+                             (run_prev, run_next, q_next, q_left, q_right, f_next, f_prev, f_step, b_next, b_prev,
+                              b_step))
 
     next_tier = next_tiers(capacity_blocks)
     if caching:
@@ -771,9 +768,10 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
             filled = min(control[C_FILLED], n)
             fits = _load_slots(loaded, filled, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s,
                                out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state, first_done, held,
-                               admitted_once, passes_done, f_step, b_step, rank,
-                               (prefill_left, chunk, miss, decode_start, stamp, key, tie),
-                               (run_prev, run_next, q_next, q_left, q_right, f_next, f_prev, b_next, b_prev))
+                               admitted_once, rank,
+                               (prefill_left, chunk, miss, passes_done, decode_start, stamp, key, tie),
+                               (run_prev, run_next, q_next, q_left, q_right, f_next, f_prev, f_step, b_next, b_prev,
+                                b_step))
             full_wheel = full_wheel and fits
             loaded = filled
             if loaded == n:

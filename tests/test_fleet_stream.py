@@ -119,6 +119,28 @@ def test_a_fleet_that_falls_behind_outgrows_its_slots_and_says_so():
     assert np.all(np.diff(np.concatenate([d["finish_s"] for d in done])[np.argsort(index)]) >= 0)  # FCFS, one instance
 
 
+def test_a_stream_touches_the_slots_its_requests_in_flight_need_not_those_it_holds():
+    """A light load through a stream with a slot for every request: the slots it ever uses stay within what its
+    requests in flight need (:func:`slots_needed`, from the whole run's finish times) and one part, not the slots it
+    holds; and its requests are the whole run's."""
+    n, part = 600, 20
+    rng = np.random.default_rng(7)
+    arrival = np.cumsum(rng.exponential(0.5, n))
+    tokens = rng.integers(16, 200, n)
+    output = rng.integers(1, 30, n)
+    settings = {"token_budget": 256, "max_seqs": 8, "kv_blocks": 1000, "block_tokens": 16, **TABLE}
+    whole = simulate_fleet_batching(arrival, tokens, tokens, output, n_instances=2, router="round-robin",
+                                    **settings)["per_request"]
+    stream = FleetStream(n, slots=n, n_instances=2, router="round-robin", **settings)
+    done = [stream.add(arrival[lo:lo + part], tokens[lo:lo + part], tokens[lo:lo + part], output[lo:lo + part])
+            for lo in range(0, n, part)]
+    done.append(stream.finish())
+    assert stream.touched <= slots_needed(arrival, whole["finish_s"]) + part < n // 4
+    index = np.concatenate([d["index"] for d in done])
+    finish = np.concatenate([d["finish_s"] for d in done])
+    np.testing.assert_array_equal(finish[np.argsort(index)], whole["finish_s"])
+
+
 def test_the_stream_refuses_what_it_cannot_run():
     settings = {"kv_blocks": 100, **TABLE}
     with pytest.raises(ValueError, match="cache-aware router reads the loop's prefix caches"):

@@ -192,13 +192,12 @@ class FleetStream:
         done = []
         start = 0
         while start < m:
-            if self.ran and self.n_free - (self.w - self.touched) < m - start:
-                # Hand back before the part reaches slots never used: memory then follows the requests in flight, not
-                # the slots.
+            # Hand back when no slot is free, and before the part reaches slots never used (memory then follows the
+            # requests in flight, not the slots).
+            full = self.n_free == 0
+            if full or (self.ran and self.n_free - (self.w - self.touched) < m - start):
                 done.append(self.harvest())
-            if self.n_free == 0:
-                done.append(self.harvest())
-                if self.n_free < max(1, int(self.w * FEWEST_FREED)) and self.filled < self.n:
+                if full and self.n_free < max(1, int(self.w * FEWEST_FREED)) and self.filled < self.n:
                     raise RunLimitError(
                         f"{self.key}: more than {self.w - self.n_free:,} requests in flight at once (the fleet falls "
                         f"behind its arrivals); the replicas' stream holds {self.w:,}")

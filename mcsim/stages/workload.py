@@ -154,7 +154,7 @@ class Requests:
     def head(self, stop: int, copy: bool = False) -> "Requests":
         """Requests ``:stop``: views of these arrays, or copies with ``copy`` (which do not keep these alive)."""
         ptr = self.block_ptr[:stop + 1]
-        cut = (lambda a: None if a is None else a.copy()) if copy else (lambda a: a)
+        cut = np.copy if copy else (lambda a: a)
         return Requests(
             arrival_s=cut(self.arrival_s[:stop]), class_id=cut(self.class_id[:stop]),
             prompt_tokens=cut(self.prompt_tokens[:stop]), output_tokens=cut(self.output_tokens[:stop]),
