@@ -196,9 +196,8 @@ class StreamedSample:
                 take = min(limit - held, measured.n)
                 # Part of a chunk is copied: views would keep the whole chunk until the first pass ends.
                 part = take < every.n
-                first = (lambda a: a[:take].copy()) if part else (lambda a: a[:take])
-                window.append((measured.head(take, copy=part), first(cached),
-                               None if passes is None else first(passes)))
+                cut = (lambda a: a[:take].copy()) if part else (lambda a: a[:take])
+                window.append((measured.head(take, copy=part), cut(cached), None if passes is None else cut(passes)))
                 held += take
         self.window = (workload.concat_requests([w[0] for w in window]), np.concatenate([w[1] for w in window]),
                        None if window[0][2] is None else np.concatenate([w[2] for w in window]))
