@@ -98,27 +98,34 @@ def test_a_streamed_sample_is_the_whole_one(routing):
     n = 6000
     whole_streams, whole = _sample(["mc.chunk_requests=0", *routing], n)
     assert not whole_streams
+    parts = []
     for chunk in (1000, 2600):
         streams, part = _sample([f"mc.chunk_requests={chunk}", *routing], n)
         assert streams
+        parts.append(part)
         for key in EXACT:
             np.testing.assert_array_equal(part[key], whole[key], err_msg=f"{key} at chunks of {chunk}")
         for key in QUANTILES:  # a class's p99 of ~1400 requests: neighbours too far apart to compare
             np.testing.assert_allclose(part[key][..., :2] if "class" in key else part[key],
                                        whole[key][..., :2] if "class" in key else whole[key], rtol=0.01, err_msg=key)
     assert 0 < whole["cache_hit_rate_by_tier"][-1] < whole["cache_hit_rate"]  # every tier in play
+    assert parts[0].keys() == parts[1].keys()
+    for key in parts[0]:  # streamed at any chunk size: every figure the same, bit for bit
+        np.testing.assert_array_equal(parts[0][key], parts[1][key], err_msg=key)
 
 
-def test_a_streamed_sample_replays_its_first_chunk_in_the_simulator():
-    """With the representative simulator, a streamed sample replays the first chunk of measured requests: exactly
-    the whole sample told to replay that many (performance.batching_requests), every figure equal."""
-    n, chunk = 6000, 2000
+def test_a_streamed_samples_simulator_replays_the_whole_samples_requests_whatever_the_chunks():
+    """With the representative simulator, a streamed sample replays the first measured requests
+    (performance.batching_requests of them, or all when 0 and fewer than its window), gathered over as many chunks
+    as they span: exactly what the whole sample replays, every figure equal."""
+    n = 6000
     fixed = ["deployment.fleet=fixed", "deployment.instances=2", "deployment.prefill_instances=1"]
-    streams, part = _sample([*fixed, f"mc.chunk_requests={chunk}"], n)
-    _, whole = _sample([*fixed, f"performance.batching_requests={chunk}"], n)
-    assert streams
-    for key in (*EXACT, *QUANTILES, "queue_wait_s", "ttft_at_slo_quantile_s", "little_law_ratio"):
-        np.testing.assert_array_equal(part[key], whole[key], err_msg=key)
+    for limit, chunk in ((0, 1000), (3000, 2600)):  # all 4,200 measured over five chunks; 3,000 over two
+        _, whole = _sample([*fixed, f"performance.batching_requests={limit}"], n)
+        streams, part = _sample([*fixed, f"performance.batching_requests={limit}", f"mc.chunk_requests={chunk}"], n)
+        assert streams
+        for key in (*EXACT, *QUANTILES, "queue_wait_s", "ttft_at_slo_quantile_s", "little_law_ratio"):
+            np.testing.assert_array_equal(part[key], whole[key], err_msg=f"{key}, {limit} requests, chunks of {chunk}")
 
 
 def test_segments_of_runs_reuse_what_a_row_per_block_reuses(monkeypatch):

@@ -100,8 +100,16 @@ def expert_stage(inputs: ExpertInputs | None, rng) -> dict:
 #: loop's own per-request state under the policy that keeps the most (preemption and a keyed queue: 179 B), the
 #: stream's inputs, outputs and bookkeeping (129 B) and the columns the replicas carry with each request (13 x 8 B).
 SLOT_BYTES = 412
-#: Requests per chunk of a streamed sample when ``mc.chunk_requests`` is 0.
-CHUNK_REQUESTS = 1 << 18
+#: When ``mc.chunk_requests`` is 0: a sample of more requests than this streams (fewer run whole, their latency
+#: quantiles exact), in chunks of :data:`CHUNK_REQUESTS`.
+STREAM_ABOVE = 1 << 18
+#: Requests per chunk of a streamed sample when ``mc.chunk_requests`` is 0. The chunk sets a streamed sample's memory
+#: and nothing it computes; chunks of a quarter of :data:`STREAM_ABOVE` run as fast as chunks of all of it, in less
+#: memory (benchmarks/README.md, Sample memory).
+CHUNK_REQUESTS = 1 << 16
+#: The most measured requests the batching simulator replays in a streamed sample when
+#: ``performance.batching_requests`` is 0 (a whole sample replays all of them): the first ones, whatever the chunks.
+WINDOW_REQUESTS = 1 << 18
 
 
 def chunk_requests(p: dict) -> int:
@@ -109,21 +117,32 @@ def chunk_requests(p: dict) -> int:
     return int(p.get("mc.chunk_requests", 0) or CHUNK_REQUESTS)
 
 
+def stream_above(p: dict) -> int:
+    """The request count above which a sample streams: ``mc.chunk_requests``, 0 = :data:`STREAM_ABOVE`."""
+    return int(p.get("mc.chunk_requests", 0) or STREAM_ABOVE)
+
+
+def window_requests(p: dict) -> int:
+    """The most measured requests a streamed sample's batching simulator replays (``performance.batching_requests``,
+    0 = :data:`WINDOW_REQUESTS`)."""
+    limit = int(p["performance.batching_requests"])
+    return WINDOW_REQUESTS if limit <= 0 else limit
+
+
 def streamed(scn: Scenario, p: dict, n_requests: int) -> bool:
-    """Whether a variant's sample runs streamed: more requests than a chunk, through stages that stream.
+    """Whether a variant's sample runs streamed: more requests than :func:`stream_above`, through stages that stream.
 
     A streamed sample never holds an array per request of the whole sample: the generator, the cache replay and the
     speculative draws go chunk by chunk, and latency quantiles come from sketches. Without the batching simulator
     the chunks run twice: once for the totals that size the fleet, once for each request's service times. With the
     representative simulator (fleet modes fixed and slo, ``performance.simulate_batching``) they run once, and the
-    simulator replays the first chunk of measured requests at most (``performance.batching_requests`` of them
-    when fewer). The replicas (``deployment.fleet_simulation = "replicas"``) run every request, chunk by chunk,
+    simulator replays the first measured requests, :func:`window_requests` of them at most, whatever the chunks. The replicas (``deployment.fleet_simulation = "replicas"``) run every request, chunk by chunk,
     once the fleet is known (:mod:`mcsim.perf.replicas_stream`, which says what differs from a whole sample's):
     in the utilization and fixed fleet modes, in an open loop, with one pooled cache or none. The stages that need
     every request at once keep the whole sample in memory instead: a replayed trace, the replicas otherwise, static
     batching's slot model and pooled tiers behind the instances' own.
     """
-    if n_requests <= chunk_requests(p) or p["workload.trace"]:
+    if n_requests <= stream_above(p) or p["workload.trace"]:
         return False
     f = fleet.Inputs.from_params(p)
     if policy_for(f.batching, f.scheduler).analytic == "static-slots":
@@ -137,8 +156,8 @@ def streamed(scn: Scenario, p: dict, n_requests: int) -> bool:
 
 
 def streamed_bytes(scn: Scenario, p: dict, n_requests: int, bytes_per_request: int) -> int | None:
-    """Peak memory of one streamed sample (None when it does not stream): a chunk's requests at
-    ``bytes_per_request`` each, and the most its caches' state can take
+    """Peak memory of one streamed sample (None when it does not stream): a chunk's requests and the simulator's
+    window (:func:`window_requests`) at ``bytes_per_request`` each, and the most its caches' state can take
     (:meth:`mcsim.stages.kvcache.CacheStream.most_bytes`)."""
     if not streamed(scn, p, n_requests):
         return None
@@ -147,7 +166,8 @@ def streamed_bytes(scn: Scenario, p: dict, n_requests: int, bytes_per_request: i
     # The replicas' slots: three chunks' worth in each of two pools (more in the decode pool where its running
     # sequences outnumber a chunk: they grow with the fleet, which is sized later, not with the requests).
     slots = 2 * 3 * chunk_requests(p) * SLOT_BYTES if fleet.Inputs.from_params(p).fleet_simulation == "replicas" else 0
-    return chunk_requests(p) * bytes_per_request + kvcache.CacheStream.most_bytes(cache_in, longest) + slots
+    held = chunk_requests(p) + min(window_requests(p), n_requests)
+    return held * bytes_per_request + kvcache.CacheStream.most_bytes(cache_in, longest) + slots
 
 
 class StreamedSample:
@@ -171,8 +191,7 @@ class StreamedSample:
         self.cache_steady = None
         sums, first, last = None, math.nan, math.nan
         steady = kvcache.SteadyStream(n_requests, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"])
-        limit = int(p["performance.batching_requests"])
-        limit = chunk if limit <= 0 else min(limit, chunk)
+        limit = window_requests(p)
         window, held = [], 0
         self._spill, self._spill_rows = _open_spill(), []
         self.longest_tokens = 0  # the largest prompt and output of a request

@@ -290,8 +290,9 @@ class MeasuredStream:
         ``chunks()`` yields ``(requests, cached_tokens, passes)`` of consecutive chunks of the measured requests,
         from the first (``passes`` None without speculative decoding).
     window : tuple
-        ``(requests, cached_tokens, passes)`` of the first measured requests, at most a chunk of them: what the
-        batching simulator replays (``performance.batching_requests`` of them, or all of the window).
+        ``(requests, cached_tokens, passes)`` of the first measured requests
+        (:func:`mcsim.execution.sample.window_requests` of them at most, whatever the chunks): what the batching
+        simulator replays.
     replay : callable, optional
         ``replay()`` yields every request, warm-up included, chunk by chunk, as
         :func:`mcsim.perf.replicas_stream.run` reads them (the replicas of a streamed sample); with it:

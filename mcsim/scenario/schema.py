@@ -110,9 +110,11 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
     "mc": {
         "samples": replace(I(32, "Monte Carlo samples (draws of the uncertain inputs).", 1, 1_000_000), plain=True),
         "requests": replace(I(20_000, "Requests simulated per sample.", 1, 100_000_000), plain=True),
-        "chunk_requests": replace(I(0, "Requests per chunk of a streamed sample (0 = 262144): a sample of more "
-                                       "requests runs its stages chunk by chunk, in memory that does not grow with "
-                                       "mc.requests, where its stages allow (see mcsim.execution.sample.streamed).",
+        "chunk_requests": replace(I(0, "Requests per chunk of a streamed sample: a sample of more requests runs "
+                                       "its stages chunk by chunk, in memory that does not grow with mc.requests, "
+                                       "where its stages allow (see mcsim.execution.sample.streamed). 0: samples of "
+                                       "more than 262144 requests stream, in chunks of 65536. No figure of a "
+                                       "streamed sample depends on its chunks.",
                                     0, 100_000_000), plain=True),
         "seed": replace(I(0, "Root seed; every random stream is derived from it and the sample index.", 0,
                           2**63 - 1), plain=True),
@@ -383,7 +385,8 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                            "reserve a request's whole KV at admission."),
         "closed_loop_users": I(0, "Closed-loop arrivals: users that send their next request after the previous "
                                   "one ends plus a think time (0 = open loop).", 0, None),
-        "batching_requests": I(0, "Requests given to the batching simulator (0 = all measured requests).", 0, None),
+        "batching_requests": I(0, "Requests given to the batching simulator (0 = all measured requests, the "
+                                   "first 262144 in a streamed sample).", 0, None),
     },
     "host": {
         "request_overhead_s": F(0.002, "Per-request overhead on the host (HTTP, routing, scheduling).", 0, None),
