@@ -961,34 +961,41 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
     #    the first block ends MRU.
     _hold_blocks(state, head, tail, count, block_keys, start, stop, offset, inst, base)
 
-    # 3. Each tier in turn, first to last, demotes its LRU blocks while it holds more than its capacity.
+    # 3. Each tier in turn, first to last, demotes its LRU blocks while it holds more than its capacity. Demoted one
+    #    at a time, each to the MRU end of the next tier, its ``over`` LRU blocks would end there in the order they
+    #    had: so they move as one chain, cut off the tail and spliced at the head, their rows' links untouched but
+    #    at its two ends (the overflow of the last tier is dropped).
     src = 0
     while src >= 0:
         lst = base + src
         dst = next_tier[src]
-        while count[lst] > capacity_blocks[src]:
-            victim = tail[lst]
-            prev = state[victim, _PREV]
+        over = count[lst] - capacity_blocks[src]
+        if over > 0:
+            now = dst if dst >= 0 else _ABSENT
+            last = tail[lst]
+            first = last
+            state[first, _TIER] = now
+            for _ in range(over - 1):
+                first = state[first, _PREV]
+                state[first, _TIER] = now
+            prev = state[first, _PREV]
             tail[lst] = prev
             if prev != _NIL:
                 state[prev, _NEXT] = _NIL
             else:
                 head[lst] = _NIL
-            count[lst] -= 1
-            if dst < 0:
-                state[victim, _TIER] = _ABSENT  # overflow of the last tier: dropped
-                continue
-            to = base + dst
-            old = head[to]
-            state[victim, _PREV] = _NIL
-            state[victim, _NEXT] = old
-            if old != _NIL:
-                state[old, _PREV] = victim
-            else:
-                tail[to] = victim
-            head[to] = victim
-            state[victim, _TIER] = dst
-            count[to] += 1
+            count[lst] -= over
+            if dst >= 0:
+                to = base + dst
+                old = head[to]
+                state[first, _PREV] = _NIL
+                state[last, _NEXT] = old
+                if old != _NIL:
+                    state[old, _PREV] = last
+                else:
+                    tail[to] = last
+                head[to] = first
+                count[to] += over
         src = dst
 
 
