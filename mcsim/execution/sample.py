@@ -136,8 +136,9 @@ def streamed(scn: Scenario, p: dict, n_requests: int) -> bool:
     speculative draws go chunk by chunk, and latency quantiles come from sketches. Without the batching simulator
     the chunks run twice: once for the totals that size the fleet, once for each request's service times. With the
     representative simulator (fleet modes fixed and slo, ``performance.simulate_batching``) they run once, and the
-    simulator replays the first measured requests, :func:`window_requests` of them at most, whatever the chunks. The replicas (``deployment.fleet_simulation = "replicas"``) run every request, chunk by chunk,
-    once the fleet is known (:mod:`mcsim.perf.replicas_stream`, which says what differs from a whole sample's):
+    simulator replays the first measured requests, :func:`window_requests` of them at most, whatever the chunks.
+    The replicas (``deployment.fleet_simulation = "replicas"``) run every request, chunk by chunk, once the fleet
+    is known (:mod:`mcsim.perf.replicas_stream`, which says what differs from a whole sample's):
     in the utilization and fixed fleet modes, in an open loop, with one pooled cache or none. The stages that need
     every request at once keep the whole sample in memory instead: a replayed trace, the replicas otherwise, static
     batching's slot model and pooled tiers behind the instances' own.
