@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import special, stats
 
 from mcsim.errors import McsimError
 
@@ -109,11 +108,17 @@ class Dist:
         if k == "normal":
             lo = -np.inf if p.get("low") is None else (p["low"] - p["mean"]) / p["sd"]
             hi = np.inf if p.get("high") is None else (p["high"] - p["mean"]) / p["sd"]
-            return p["mean"] + p["sd"] * stats.truncnorm.ppf(u, lo, hi)
+            from scipy.stats import truncnorm  # memory: scipy.stats is 45 MB resident, and most scenarios never need it
+
+            return p["mean"] + p["sd"] * truncnorm.ppf(u, lo, hi)
         if k == "lognormal":
-            return p["median"] * np.exp(p["sigma"] * special.ndtri(u))
+            from scipy.special import ndtri
+
+            return p["median"] * np.exp(p["sigma"] * ndtri(u))
         if k == "beta":
-            x = special.betaincinv(p["a"], p["b"], u)
+            from scipy.special import betaincinv
+
+            x = betaincinv(p["a"], p["b"], u)
             return p.get("low", 0.0) + x * (p.get("high", 1.0) - p.get("low", 0.0))
         if k == "triangular":
             lo, mode, hi = p["low"], p["mode"], p["high"]
@@ -161,7 +166,9 @@ class Dist:
         if k == "normal":
             lo = -np.inf if p.get("low") is None else (p["low"] - p["mean"]) / p["sd"]
             hi = np.inf if p.get("high") is None else (p["high"] - p["mean"]) / p["sd"]
-            return float(stats.truncnorm.mean(lo, hi, loc=p["mean"], scale=p["sd"]))
+            from scipy.stats import truncnorm
+
+            return float(truncnorm.mean(lo, hi, loc=p["mean"], scale=p["sd"]))
         if k == "lognormal":
             return p["median"] * math.exp(p["sigma"] ** 2 / 2)
         if k == "beta":
