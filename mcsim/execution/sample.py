@@ -104,9 +104,9 @@ SLOT_BYTES = 412
 #: quantiles exact), in chunks of :data:`CHUNK_REQUESTS`.
 STREAM_ABOVE = 1 << 18
 #: Requests per chunk of a streamed sample when ``mc.chunk_requests`` is 0. The chunk sets a streamed sample's memory
-#: and nothing it computes; chunks of a quarter of :data:`STREAM_ABOVE` run as fast as chunks of all of it, in less
-#: memory (benchmarks/README.md, Sample memory).
-CHUNK_REQUESTS = 1 << 16
+#: and nothing it computes; chunks of a sixteenth of :data:`STREAM_ABOVE` run as fast as chunks of all of it, in less
+#: memory (benchmarks/README.md, Sample memory); smaller ones start to cost time.
+CHUNK_REQUESTS = 1 << 14
 #: The most measured requests the batching simulator replays in a streamed sample when
 #: ``performance.batching_requests`` is 0 (a whole sample replays all of them): the first ones, whatever the chunks.
 WINDOW_REQUESTS = 1 << 18

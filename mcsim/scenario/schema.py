@@ -113,7 +113,7 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "chunk_requests": replace(I(0, "Requests per chunk of a streamed sample: a sample of more requests runs "
                                        "its stages chunk by chunk, in memory that does not grow with mc.requests, "
                                        "where its stages allow (see mcsim.execution.sample.streamed). 0: samples of "
-                                       "more than 262144 requests stream, in chunks of 65536. No figure of a "
+                                       "more than 262144 requests stream, in chunks of 16384. No figure of a "
                                        "streamed sample depends on its chunks.",
                                     0, 100_000_000), plain=True),
         "seed": replace(I(0, "Root seed; every random stream is derived from it and the sample index.", 0,
