@@ -441,9 +441,10 @@ class RunCaches:
         if self.capacity_blocks[0] == 0:
             return
         done = 0
+        next_tier = next_tiers(self.capacity_blocks)
         while done < n:
-            done = _replay_segments(block_ptr, block_runs, instance, done, self.capacity_blocks, out_hits, self.seg,
-                                    self.run_key, self.run_first, self.seg_free, self.run_free, self.head,
+            done = _replay_segments(block_ptr, block_runs, instance, done, self.capacity_blocks, next_tier, out_hits,
+                                    self.seg, self.run_key, self.run_first, self.seg_free, self.run_free, self.head,
                                     self.tail, self.count, self.table, self.top, self.span, self.load,
                                     self.lengths, float(balance))
             if done < n:  # the table is half full: twice the slots, every live run placed again
@@ -721,12 +722,12 @@ def _admit_run(seg, run_key, run_first, seg_free, run_free, head, tail, count, t
     count[base] += hi - lo
 
 
-@kernel
-def _replay_segments(block_ptr, block_runs, instance, start, capacity_blocks, out_hits, seg, run_key, run_first,
-                     seg_free, run_free, head, tail, count, table, top, span, load, lengths, balance):
+@kernel(refcounts=False)
+def _replay_segments(block_ptr, block_runs, instance, start, capacity_blocks, next_tier, out_hits, seg, run_key,
+                     run_first, seg_free, run_free, head, tail, count, table, top, span, load, lengths, balance):
     """Loop of :meth:`RunCaches.replay` from request ``start``: returns the request it stopped before, the number of
-    requests when done, or earlier when the table must grow (more than half full with two more runs)."""
-    next_tier = next_tiers(capacity_blocks)
+    requests when done, or earlier when the table must grow (more than half full with two more runs).
+    ``next_tier`` is :func:`next_tiers` of ``capacity_blocks``."""
     n_tiers = capacity_blocks.shape[0]
     n_instances = load.shape[0]
     mask = table.shape[0] - 1
@@ -1184,7 +1185,7 @@ def _replay(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_h
                         count, next_tier, key_stride, balance, load, lengths)
 
 
-@kernel
+@kernel(refcounts=False)
 def _replay_private(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
                     count, next_tier, key_stride, balance, load, lengths):
     """The requests through every instance's own tiers (the validated inputs of :func:`_replay`)."""
@@ -1203,7 +1204,7 @@ def _replay_private(block_ptr, block_keys, instance, n_instances, capacity_block
                      inst * key_stride, inst, out_hits, r)
 
 
-@kernel
+@kernel(refcounts=False)
 def _replay_pooled(block_ptr, block_keys, instance, n_instances, capacity_blocks, out_hits, state, head, tail,
                    count, next_tier, key_stride, balance, n_private, n_keys, load, lengths):
     """:func:`_replay_private` with pooled tiers behind the first ``n_private`` (the pool's keys from ``n_keys``,

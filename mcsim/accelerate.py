@@ -54,12 +54,22 @@ if CACHE and not os.environ.get("NUMBA_CACHE_DIR"):
 llvmlite.binding.set_option("mcsim", "-combiner-store-merging=0")
 
 
-def kernel(*args, **kwargs):
+def kernel(*args, refcounts: bool = True, **kwargs):
     """``numba.njit`` with the project's defaults: nogil, cache per ``MCSIM_NUMBA_CACHE``.
 
     Use bare (``@kernel``) or with extra options (``@kernel(error_model="numpy")``).
+
+    ``refcounts=False`` compiles the kernel without Numba's runtime (``_nrt=False``): it can allocate no array (it
+    fails to compile if it tries; its caller passes every buffer in), and in exchange no array it touches is
+    reference-counted. With the runtime, every array handed to an inlined helper is counted up and down again,
+    each count an atomic operation behind an indirect call, and Numba's pruning pass does not remove the counts
+    that branches or loops separate (numba/numba#2345, #2350): the KV tiers' replay loop spent 93 % of its time in
+    them (451 ns a request against 32 ns without; benchmarks/README.md). For loops that call helpers over
+    arrays they do not own.
     """
     options = {"nogil": True, "cache": CACHE}
+    if not refcounts:
+        options["_nrt"] = False
     if len(args) == 1 and callable(args[0]) and not kwargs:
         return numba.njit(**options)(args[0])
     options.update(kwargs)
