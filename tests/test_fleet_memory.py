@@ -61,7 +61,7 @@ class _Allocations:
     # Each loop's arguments that a replay allocates (the workspace is counted whole, from the thread's buffer).
     PICKS = {"_replay": (7, 8, 9, 13, 14), "_replay_runs": (6, 7, 8),
              # (not top: six int64, outside RunCaches.most_bytes; the hash table apart, below)
-             "_replay_segments": (6, 7, 8, 9, 10, 11, 12, 13, 17, 18)}
+             "_replay_segments": (7, 8, 9, 10, 11, 12, 13, 14, 18, 19)}
 
     def __init__(self, monkeypatch):
         self.arrays, self.uses_workspace, self.table_at_most = {}, False, 0
@@ -75,8 +75,8 @@ class _Allocations:
             self.arrays.update((id(args[i]), args[i]) for i in picks)  # a replay may call its loop again
             self.uses_workspace |= workspace
             if not workspace:  # the table grows as runs come: up to half full for every segment at most
-                segments = args[6].shape[0]
-                assert args[14].nbytes <= 4 * kv_tiers._slots(segments)
+                segments = args[7].shape[0]
+                assert args[15].nbytes <= 4 * kv_tiers._slots(segments)
                 self.table_at_most = 4 * kv_tiers._slots(segments)
             return loop(*args)
         return call
