@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import special
 
 from mcsim.errors import McsimError
 
@@ -41,6 +42,14 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "triangular": (("low", "mode", "high"), ()),
     "choice": (("values",), ("weights",)),
 }
+
+
+def _truncnorm():
+    """``scipy.stats.truncnorm``, imported when a truncated normal first needs it."""
+    # memory and start-up: scipy.stats holds 45 MB resident and takes 0.4 s to import; only this one needs it
+    from scipy.stats import truncnorm
+
+    return truncnorm
 
 
 class DistributionError(McsimError, ValueError):
@@ -108,17 +117,11 @@ class Dist:
         if k == "normal":
             lo = -np.inf if p.get("low") is None else (p["low"] - p["mean"]) / p["sd"]
             hi = np.inf if p.get("high") is None else (p["high"] - p["mean"]) / p["sd"]
-            from scipy.stats import truncnorm  # memory: scipy.stats is 45 MB resident, and most scenarios never need it
-
-            return p["mean"] + p["sd"] * truncnorm.ppf(u, lo, hi)
+            return p["mean"] + p["sd"] * _truncnorm().ppf(u, lo, hi)
         if k == "lognormal":
-            from scipy.special import ndtri
-
-            return p["median"] * np.exp(p["sigma"] * ndtri(u))
+            return p["median"] * np.exp(p["sigma"] * special.ndtri(u))
         if k == "beta":
-            from scipy.special import betaincinv
-
-            x = betaincinv(p["a"], p["b"], u)
+            x = special.betaincinv(p["a"], p["b"], u)
             return p.get("low", 0.0) + x * (p.get("high", 1.0) - p.get("low", 0.0))
         if k == "triangular":
             lo, mode, hi = p["low"], p["mode"], p["high"]
@@ -166,9 +169,7 @@ class Dist:
         if k == "normal":
             lo = -np.inf if p.get("low") is None else (p["low"] - p["mean"]) / p["sd"]
             hi = np.inf if p.get("high") is None else (p["high"] - p["mean"]) / p["sd"]
-            from scipy.stats import truncnorm
-
-            return float(truncnorm.mean(lo, hi, loc=p["mean"], scale=p["sd"]))
+            return float(_truncnorm().mean(lo, hi, loc=p["mean"], scale=p["sd"]))
         if k == "lognormal":
             return p["median"] * math.exp(p["sigma"] ** 2 / 2)
         if k == "beta":
