@@ -8,8 +8,11 @@ and the pure-Python references here, so that a ratio against them compares like 
 from __future__ import annotations
 
 import json
+import os
 import random
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +21,10 @@ from mcsim.bench import kernels
 from mcsim.bench import run as bench_run
 from mcsim.bench.report import PNG_SIGNATURE, format_table
 from mcsim.bench.run import run_suite
+
+
+#: This process's CPUs before any test ran.
+AFFINITY = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +102,22 @@ def test_scaling_parts(suite):
         assert len(workers[kind]["seconds"]) == len(workers["workers"])
         assert workers[kind]["efficiency"][0] == pytest.approx(1.0)
     assert sc["overhead"]["tasks"] == bench_run.SETTINGS["tiny"].overhead_tasks
+    # the tiny suite runs its samples in this process, which it must not pin to one core
+    assert all(r["cores"] is None for r in sc["requests"])
+    if AFFINITY is not None:
+        assert os.sched_getaffinity(0) == AFFINITY
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_a_pinned_process_and_the_threads_it_starts_run_on_one_core():
+    code = ("import json, os, threading\nfrom mcsim.bench.scaling import pin_to_one_core\n"
+            "before = len(os.sched_getaffinity(0))\npinned = pin_to_one_core()\nseen = []\n"
+            "t = threading.Thread(target=lambda: seen.append(len(os.sched_getaffinity(0))))\nt.start(); t.join()\n"
+            "print(json.dumps([before, pinned, len(os.sched_getaffinity(0)), seen[0]]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, pinned, after, in_thread = json.loads(out.stdout)
+    assert pinned and after == 1 and in_thread == 1
+    assert os.sched_getaffinity(0) == AFFINITY  # this process is left as it was
 
 
 def test_png_is_a_valid_png(suite):

@@ -65,7 +65,8 @@ def format_scaling(sc: dict) -> list[str]:
     for key, label in (("requests", "one sample, every stage on (bench-factory scenario, 64-token blocks)"),
                        ("requests_light", "one sample, 512-token blocks")):
         if sc.get(key):
-            lines += ["", f"{label}:"]
+            pinned = all(r.get("cores") == 1 for r in sc[key] if "skipped" not in r)
+            lines += ["", f"{label}, {'on one core' if pinned else 'on every core the process had'}:"]
             for r in sc[key]:
                 if "skipped" in r:
                     lines.append(f"  {r['requests']:>12,} requests: skipped ({r['skipped']})")

@@ -143,15 +143,32 @@ def in_subprocess(function: str, env: dict | None = None, module: str = "scaling
 # --------------------------------------------------------------------------------------------------------
 
 
-def measure_sample(requests: int, overrides=(), repeats: int = 2) -> dict:
+def pin_to_one_core() -> bool:
+    """Confine this thread, and every thread it starts from now on, to one of the CPUs it may run on (Linux's
+    ``sched_setaffinity``); False where the platform cannot."""
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    except OSError:
+        return False
+    return True
+
+
+def measure_sample(requests: int, overrides=(), repeats: int = 2, one_core: bool = True) -> dict:
     """Time one sample of :func:`bench_scenario` in this process; call in a fresh one (:func:`in_subprocess`).
+
+    ``one_core``: run it on one core (:func:`pin_to_one_core`). A streamed sample runs its cache replay on a thread
+    of its own; unpinned, that thread overlaps the rest on a second core and the figure is not one core's.
 
     Returns
     -------
     dict
         ``requests``; ``first_call_s`` (includes first touch of the arrays); ``seconds`` (best of ``repeats``
-        later calls); ``requests_per_s``; ``peak_memory_mib`` (peak RSS growth over the warmed-up process).
+        later calls); ``requests_per_s``; ``peak_memory_mib`` (peak RSS growth over the warmed-up process);
+        ``cores``: 1 when pinned to one core, else None (as many as the process was given).
     """
+    pinned = one_core and pin_to_one_core()
     scn = bench_scenario(overrides)
     draws = {k: float(v[0]) for k, v in draw_uncertain(scn, [0], 1).items()}
 
@@ -164,7 +181,7 @@ def measure_sample(requests: int, overrides=(), repeats: int = 2) -> dict:
     seconds = min(first, best_of(one(requests), repeats)) if repeats > 0 else first
     return {"requests": int(requests), "first_call_s": first, "seconds": seconds,
             "requests_per_s": requests / seconds,
-            "peak_memory_mib": max(0, peak_rss_bytes() - before) / 2**20}
+            "peak_memory_mib": max(0, peak_rss_bytes() - before) / 2**20, "cores": 1 if pinned else None}
 
 
 def measure_frontier(requests: int) -> dict:
@@ -186,14 +203,16 @@ def measure_frontier(requests: int) -> dict:
 
 def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allows: int | None = None,
                    fresh: bool = True) -> list[dict]:
-    """:func:`measure_sample` at each size, each in a fresh process (``fresh``, see :func:`in_subprocess`).
+    """:func:`measure_sample` at each size, each in a fresh process pinned to one core (``fresh``, see
+    :func:`in_subprocess`).
 
     ``largest_if_memory_allows``: one more size, run only if its memory fits in half the memory available now:
     a streamed sample's estimate (:func:`mcsim.execution.executor.sample_bytes`), or else the memory of the
     largest measured size scaled to it (with a 30 % margin); otherwise recorded as skipped.
     """
-    out = [in_subprocess("measure_sample", fresh=fresh, requests=int(n), overrides=list(overrides), repeats=repeats)
-           for n in sizes]
+    # one core in a process of its own; never in this one (fresh=False), whose later threads would inherit it
+    out = [in_subprocess("measure_sample", fresh=fresh, requests=int(n), overrides=list(overrides), repeats=repeats,
+                         one_core=fresh) for n in sizes]
     if largest_if_memory_allows:
         last = out[-1]
         need = 1.3 * last["peak_memory_mib"] * 2**20 * largest_if_memory_allows / last["requests"]
@@ -205,7 +224,7 @@ def requests_curve(sizes, overrides=(), repeats: int = 2, largest_if_memory_allo
         available = available_memory_bytes()
         if available is not None and need < 0.5 * available:
             out.append(in_subprocess("measure_sample", fresh=fresh, requests=int(largest_if_memory_allows),
-                                     overrides=list(overrides), repeats=min(repeats, 1)))
+                                     overrides=list(overrides), repeats=min(repeats, 1), one_core=fresh))
         else:
             out.append({"requests": int(largest_if_memory_allows), "skipped": (
                 f"needs about {need / 2**30:.1f} GiB; "
