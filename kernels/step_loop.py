@@ -571,72 +571,45 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     control = np.zeros(N_CONTROL, np.int64)
     control[C_REQUESTS] = arrival_s.shape[0]
     control[C_FILLED] = arrival_s.shape[0]  # every one
+    slot_of = np.arange(arrival_s.shape[0])
+    workspace = stream_workspace(arrival_s, passes, capacity_blocks, pooled, params_int, step_time_table, decode_edges,
+                                 prefill_edges, kv_slope, out_instance_steps, slot_of, control)
     loop = simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance,
                            queue_key, key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled,
                            params_int, balance, balance_requests, warmup_s, warmup_request, step_time_table,
                            decode_edges, prefill_edges, kv_slope, kv_ref_context, cache_state, out_arrival_s,
                            out_instance, out_first_token_s, out_finish_s, out_queue_s, out_cached, out_instance_steps,
                            out_stats, log_start_s, log_decode_seqs, log_prefill_tokens, log_step_s, log_waiting,
-                           np.arange(arrival_s.shape[0]), control)
+                           slot_of, control, workspace)
     return int(next(loop))  # every request filled: the one value it yields is the status
 
 
 @kernel
-def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance, queue_key,
-                    key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, balance,
-                    balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope,
-                    kv_ref_context, cache_state, out_arrival_s, out_instance, out_first_token_s, out_finish_s,
-                    out_queue_s, out_cached, out_instance_steps, out_stats, log_start_s, log_decode_seqs,
-                    log_prefill_tokens, log_step_s, log_waiting, slot_of, control):
-    """:func:`simulate` as a generator that takes its requests a part at a time: the same rules and the same
-    results, in memory that grows with the requests in flight, not with the requests.
-
-    The arrays of :func:`simulate` that hold one value per request (``arrival_s`` to ``queue_key``, ``out_arrival_s``
-    to ``out_cached``) have ``W`` slots instead: request ``g`` of the ``n = control[C_REQUESTS]`` lives in slot
-    ``slot_of[g % W]`` (int64[W]), any slot not held by a request in flight. The caller puts requests
-    ``0 .. control[C_FILLED] - 1`` in their slots before the first ``next``; whenever the loop has run everything it
-    can without the next request, it yields :data:`NEED_REQUESTS`, and the caller, before the next ``next``, reads the
-    outputs of finished requests (their ``out_finish_s`` is set) whose slots it will reuse, puts the next requests in
-    and raises ``control[C_FILLED]`` (by at least one). The last thing it yields is the status of :func:`simulate`,
-    once every request has run; ``out_stats`` and the step log are written then. With ``W = n``, ``slot_of`` the
-    identity and every request filled it yields that status alone.
-
-    With ``control[C_WINDOW] == WINDOW_LATER`` the measured window's start (``warmup_s``) is not known yet: the
-    caller sets it (``WINDOW_NOW`` and the time) before it puts in a request that arrives at or after it (a pool fed
-    by another learns when its first measured request arrives only as it comes). Not under static batching.
-
-    A closed loop or a prefix cache needs every request at once (``W = n``, all filled): followers are found by
-    index and the caches key blocks by request. A given placement runs the instances one at a time up to the
-    arrival of the last request filled, which it holds back until the next requests come (or the last one has).
-    """
+def stream_workspace(arrival_s, passes, capacity_blocks, pooled, params_int, step_time_table, decode_edges,
+                     prefill_edges, kv_slope, out_instance_steps, slot_of, control):
+    """The arrays :func:`simulate_stream` works in, for the same arguments (those named here), before its first
+    ``next``: ``(per_slot, steps_state, routing_state, rest)``. The loop allocates nothing itself, so that it can
+    run without reference counts (:func:`mcsim.accelerate.kernel`); whoever calls it keeps these alive while it
+    runs."""
     w = arrival_s.shape[0]
     n = control[C_REQUESTS]
     k = out_instance_steps.shape[0]
     max_seqs = params_int[P_MAX_SEQS]
-    block_tokens = params_int[P_BLOCK_TOKENS]
     static = params_int[P_POLICY] == POLICY_STATIC
     preempt = params_int[P_PREEMPT] != 0 and not static
     keyed = params_int[P_ORDER] == ORDER_KEY and not static
     users = params_int[P_CLOSED_USERS]
     closed = users > 0
     pick_given = params_int[P_ROUTE_PICK] == PICK_GIVEN
-    by_free_kv = params_int[P_ROUTE_MEASURE] == MEASURE_FREE_KV
     caching = capacity_blocks[0] > 0
-    by_prefix = params_int[P_ROUTE_PREFIX] != 0 and caching and not pooled
     n_tiers = capacity_blocks.shape[0]
     n_private = n_tiers - params_int[P_POOLED_TIERS] if caching and not pooled else n_tiers
-    shared_tiers = n_private < n_tiers  # a pool behind the instances' own tiers
-    pool_key = k * key_stride  # the pool's key of block b is pool_key + b
-    shared_key = pool_key if shared_tiers else -1
-    # Steps in the fleet's time order: a shared cache or pool, or followers of finishing requests.
+    shared_tiers = n_private < n_tiers
     ordered = pooled or closed or shared_tiers
-    if warmup_request >= 0:
-        warmup_s = np.inf  # until that request arrives
-    # A window whose start comes later: each instance's last step inside the arrival window until it does.
-    window_later = control[C_WINDOW] != WINDOW_GIVEN
-    if window_later:
-        warmup_s = _late_window(control, np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))
-        window_later = warmup_s == np.inf
+    fed_alone = pick_given and not ordered
+    no_instance = np.zeros(0)
+    window_later = control[C_WINDOW] != WINDOW_GIVEN and _late_window(control, no_instance, no_instance,
+                                                                      no_instance, no_instance) == np.inf
     n_later = k if window_later else 1
     last_start = np.zeros(n_later)
     last_end = np.zeros(n_later)
@@ -682,16 +655,12 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     for r in range(loaded):  # (the wheel's length changes no result: the first requests set it)
         max_passes = max(max_passes, passes[slot_of[_ring(r, w)]])
     wheel = wheel_length(k, max_passes, pf_cap)
-    mask = wheel - 1
     f_next = _slot_array(n_cont, w, -1)
     f_prev = _slot_array(n_cont, w, -1)
     f_step = _slot_array(n_cont, w, -1)
     b_next = _slot_array(n_pre, w, -1)
     b_prev = _slot_array(n_pre, w, -1)
     b_step = _slot_array(n_pre, w, -1)
-    track_kv = False  # a static batch's KV is followed only when it costs something
-    for e in range(kv_slope.shape[0]):
-        track_kv = track_kv or kv_slope[e] != 0.0
     # Decode-only steps are most steps: their times are looked up, not interpolated.
     decode_only_s = np.empty(max_seqs + 1 if max_seqs < n else n + 1)
     slope_of = np.empty(decode_only_s.shape[0])  # seconds per KV token at d decoding sequences
@@ -703,6 +672,92 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     # steps.
     n_lists = n_tiers * (k + 1 if shared_tiers else k)  # the pool's lists after every instance's
     steps_state, routing_state = instance_arrays(k, pf_cap, static, wheel, preempt, n_lists, params_int[P_KV_BLOCKS])
+    next_tier = next_tiers(capacity_blocks)
+    hits = np.zeros((1, n_tiers), np.int64)
+    # A closed loop's pending arrivals by (time, index): at most one per user, and one per request (users beyond the
+    # requests stay idle).
+    arrive_t = np.empty(max(min(users, n), 1))
+    arrive_r = np.empty(max(min(users, n), 1), np.int64)
+    pending = np.zeros(5, np.int64)
+    feed = np.empty(w if fed_alone else 0, np.int64)  # each instance's requests of a round, in order of arrival
+    busy_size = np.zeros(5, np.int64)
+    per_slot = (req_state, prefill_left, chunk, held, first_done, miss, passes_done, decode_start, admitted_once, rank,
+                stamp, run_prev, run_next, q_next, key, tie, q_left, q_right, f_next, f_prev, f_step, b_next, b_prev,
+                b_step)
+    rest = (last_start, last_end, last_in_system, survivors, growing, needs, member_passes, decode_only_s, slope_of,
+            next_tier, hits, arrive_t, arrive_r, pending, feed, busy_size, np.array([wheel], np.int64))
+    return per_slot, steps_state, routing_state, rest
+
+
+@kernel
+def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance, queue_key,
+                    key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, balance,
+                    balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope,
+                    kv_ref_context, cache_state, out_arrival_s, out_instance, out_first_token_s, out_finish_s,
+                    out_queue_s, out_cached, out_instance_steps, out_stats, log_start_s, log_decode_seqs,
+                    log_prefill_tokens, log_step_s, log_waiting, slot_of, control, workspace):
+    """:func:`simulate` as a generator that takes its requests a part at a time: the same rules and the same
+    results, in memory that grows with the requests in flight, not with the requests.
+
+    The arrays of :func:`simulate` that hold one value per request (``arrival_s`` to ``queue_key``, ``out_arrival_s``
+    to ``out_cached``) have ``W`` slots instead: request ``g`` of the ``n = control[C_REQUESTS]`` lives in slot
+    ``slot_of[g % W]`` (int64[W]), any slot not held by a request in flight. The caller puts requests
+    ``0 .. control[C_FILLED] - 1`` in their slots before the first ``next``; whenever the loop has run everything it
+    can without the next request, it yields :data:`NEED_REQUESTS`, and the caller, before the next ``next``, reads the
+    outputs of finished requests (their ``out_finish_s`` is set) whose slots it will reuse, puts the next requests in
+    and raises ``control[C_FILLED]`` (by at least one). The last thing it yields is the status of :func:`simulate`,
+    once every request has run; ``out_stats`` and the step log are written then. With ``W = n``, ``slot_of`` the
+    identity and every request filled it yields that status alone. ``workspace`` is :func:`stream_workspace` of the
+    same arguments, made before the first ``next``: the loop's own arrays.
+
+    With ``control[C_WINDOW] == WINDOW_LATER`` the measured window's start (``warmup_s``) is not known yet: the
+    caller sets it (``WINDOW_NOW`` and the time) before it puts in a request that arrives at or after it (a pool fed
+    by another learns when its first measured request arrives only as it comes). Not under static batching.
+
+    A closed loop or a prefix cache needs every request at once (``W = n``, all filled): followers are found by
+    index and the caches key blocks by request. A given placement runs the instances one at a time up to the
+    arrival of the last request filled, which it holds back until the next requests come (or the last one has).
+    """
+    w = arrival_s.shape[0]
+    n = control[C_REQUESTS]
+    k = out_instance_steps.shape[0]
+    max_seqs = params_int[P_MAX_SEQS]
+    block_tokens = params_int[P_BLOCK_TOKENS]
+    static = params_int[P_POLICY] == POLICY_STATIC
+    preempt = params_int[P_PREEMPT] != 0 and not static
+    keyed = params_int[P_ORDER] == ORDER_KEY and not static
+    users = params_int[P_CLOSED_USERS]
+    closed = users > 0
+    pick_given = params_int[P_ROUTE_PICK] == PICK_GIVEN
+    by_free_kv = params_int[P_ROUTE_MEASURE] == MEASURE_FREE_KV
+    caching = capacity_blocks[0] > 0
+    by_prefix = params_int[P_ROUTE_PREFIX] != 0 and caching and not pooled
+    n_tiers = capacity_blocks.shape[0]
+    n_private = n_tiers - params_int[P_POOLED_TIERS] if caching and not pooled else n_tiers
+    shared_tiers = n_private < n_tiers  # a pool behind the instances' own tiers
+    pool_key = k * key_stride  # the pool's key of block b is pool_key + b
+    shared_key = pool_key if shared_tiers else -1
+    # Steps in the fleet's time order: a shared cache or pool, or followers of finishing requests.
+    ordered = pooled or closed or shared_tiers
+    if warmup_request >= 0:
+        warmup_s = np.inf  # until that request arrives
+    per_slot, steps_state, routing_state, rest = workspace
+    (req_state, prefill_left, chunk, held, first_done, miss, passes_done, decode_start, admitted_once, rank, stamp,
+     run_prev, run_next, q_next, key, tie, q_left, q_right, f_next, f_prev, f_step, b_next, b_prev, b_step) = per_slot
+    (last_start, last_end, last_in_system, survivors, growing, needs, member_passes, decode_only_s, slope_of, next_tier,
+     hits, arrive_t, arrive_r, pending, feed, busy_size, sizes) = rest
+    # A window whose start comes later: each instance's last step inside the arrival window until it does.
+    window_later = control[C_WINDOW] != WINDOW_GIVEN
+    if window_later:  # (no instance has stepped yet: none to add to)
+        warmup_s = _late_window(control, last_start[:0], last_start[:0], last_end[:0], last_in_system[:0])
+        window_later = warmup_s == np.inf
+    pf_cap = survivors.shape[0]
+    wheel = sizes[0]
+    mask = wheel - 1
+    loaded = min(control[C_FILLED], n)  # requests whose slots are ready
+    track_kv = False  # a static batch's KV is followed only when it costs something
+    for e in range(kv_slope.shape[0]):
+        track_kv = track_kv or kv_slope[e] != 0.0
     (q_head, q_tail, q_len, pf, batch, by_passes, finish_head, block_head, clock, free_blocks, running, decoding,
      kv_sum, kv_rate, dclock, pf_head, pf_len, run_tail, decode_left, static_step_s, static_slope, static_done,
      static_stop, ending, freeing) = steps_state
@@ -716,15 +771,10 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                              f_next, f_prev, f_step, run_prev, run_next, b_next, b_prev, b_step, key, tie, q_left,
                              q_right)
 
-    next_tier = next_tiers(capacity_blocks)
     if caching:
         reset_caches(cache_state, head, tail, count)
-    hits = np.zeros((1, n_tiers), np.int64)
-    # A closed loop's pending arrivals by (time, index): at most one per user, and one per request (users beyond the
-    # requests stay idle).
-    arrive_t = np.empty(max(min(users, n), 1))
-    arrive_r = np.empty(max(min(users, n), 1), np.int64)
-    pending = np.zeros(5, np.int64)
+    hits[:] = 0
+    pending[:] = 0
     status = STATUS_OK
     token_budget = params_int[P_TOKEN_BUDGET]
     chunk_tokens = params_int[P_CHUNK_TOKENS]
@@ -756,10 +806,9 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     fed_alone = pick_given and not ordered
     if fed_alone:
         window_end = -np.inf  # the last arrival, or the end of the steps started before it (below)
-    feed = np.empty(w if fed_alone else 0, np.int64)  # each instance's requests of a round, in order of arrival
     fed_upto = 0  # requests in the feeds of the rounds so far
     horizon = np.inf  # the round's instances run the steps that start before it
-    busy_size = np.zeros(5, np.int64)
+    busy_size[:] = 0
     if closed:
         for r in range(min(users, n)):
             _heap_push(arrive_t, arrive_r, pending, arrival_s[r], r)

@@ -136,6 +136,7 @@ class FleetStream:
         self.last_arrival = -np.inf
         self.status = None
         self._loop = None
+        self._loop_arrays = None
 
     def start_window(self, t: float) -> None:
         """Start the measured window at ``t`` (s), before any request arriving at or after it is put in."""
@@ -254,14 +255,19 @@ class FleetStream:
             table, d_edges, p_edges, slope, ref = self.model
             i, o = self.inputs, self.outputs
             # No cache and no closed loop: the cache and think-time arguments are placeholders the loop never reads.
-            self._loop = kernel.simulate_stream(
-                i["arrival_s"], i["prompt"], i["context"], i["output"], i["passes"], np.zeros(1), i["given"],
-                i["queue_key"], False, np.zeros(2, np.int64), np.zeros(0, np.int64), 1, np.zeros(1, np.int64), False,
-                self.params, self.balance[0], self.balance[1], self.warmup_s, -1, table, d_edges,
-                p_edges, slope, ref, np.empty((0, 4), np.int32), o["arrival_s"], o["instance"], o["first_token_s"],
-                o["finish_s"], o["queue_s"], np.zeros((self.w, 1), np.int64), self.instance_steps, self.stats,
-                self.log["start_s"], self.log["decode_seqs"], self.log["prefill_tokens"], self.log["step_s"],
-                self.log["waiting"], self.slot_of, self.control)
+            no_cache = np.zeros(1, np.int64)
+            args = (i["arrival_s"], i["prompt"], i["context"], i["output"], i["passes"], np.zeros(1), i["given"],
+                    i["queue_key"], False, np.zeros(2, np.int64), np.zeros(0, np.int64), 1, no_cache, False,
+                    self.params, self.balance[0], self.balance[1], self.warmup_s, -1, table, d_edges, p_edges, slope,
+                    ref, np.empty((0, 4), np.int32), o["arrival_s"], o["instance"], o["first_token_s"],
+                    o["finish_s"], o["queue_s"], np.zeros((self.w, 1), np.int64), self.instance_steps, self.stats,
+                    self.log["start_s"], self.log["decode_seqs"], self.log["prefill_tokens"], self.log["step_s"],
+                    self.log["waiting"], self.slot_of, self.control)
+            workspace = kernel.stream_workspace(i["arrival_s"], i["passes"], no_cache, False, self.params, table,
+                                                d_edges, p_edges, slope, self.instance_steps, self.slot_of,
+                                                self.control)
+            self._loop_arrays = (args, workspace)  # every array the loop works in, held while it runs
+            self._loop = kernel.simulate_stream(*args, workspace)
         code = next(self._loop)
         self.ran = True
         if code != kernel.NEED_REQUESTS:
