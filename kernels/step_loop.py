@@ -584,6 +584,52 @@ def simulate(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, th
     return int(next(loop))  # every request filled: the one value it yields is the status
 
 
+@kernel(inline="always")
+def stable_order(keys, n, order, scratch):
+    """``order[:n]`` = the stable ascending order of ``keys[:n]`` (``np.argsort(keys[:n], kind="stable")``), by a
+    bottom-up merge sort in ``scratch`` (``n`` entries): no array allocated.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> order = np.empty(5, np.int64)
+    >>> stable_order(np.array([3, 1, 3, 0, 1]), 5, order, np.empty(5, np.int64))
+    >>> order.tolist()
+    [3, 1, 4, 0, 2]
+    """
+    for j in range(n):
+        order[j] = j
+    width = 1
+    while width < n:
+        lo = 0
+        while lo < n:
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            a = lo
+            b = mid
+            o = lo
+            while a < mid and b < hi:
+                if keys[order[b]] < keys[order[a]]:  # ties from the left run first: stable
+                    scratch[o] = order[b]
+                    b += 1
+                else:
+                    scratch[o] = order[a]
+                    a += 1
+                o += 1
+            while a < mid:
+                scratch[o] = order[a]
+                a += 1
+                o += 1
+            while b < hi:
+                scratch[o] = order[b]
+                b += 1
+                o += 1
+            lo = hi
+        for j in range(n):
+            order[j] = scratch[j]
+        width *= 2
+
+
 @kernel
 def stream_workspace(arrival_s, passes, capacity_blocks, pooled, params_int, step_time_table, decode_edges,
                      prefill_edges, kv_slope, out_instance_steps, slot_of, control):
@@ -650,6 +696,8 @@ def stream_workspace(arrival_s, passes, capacity_blocks, pooled, params_int, ste
     needs = np.empty(pf_cap, np.int64)  # blocks each of them needs
     n_batch = pf_cap if static else 1
     member_passes = np.empty(n_batch, np.int64)
+    order = np.empty(n_batch, np.int64)  # a static batch's members by passes, and the sort's scratch
+    order_scratch = np.empty(n_batch, np.int64)
     loaded = min(control[C_FILLED], n)  # requests whose slots are ready
     max_passes = 0
     for r in range(loaded):  # (the wheel's length changes no result: the first requests set it)
@@ -685,11 +733,12 @@ def stream_workspace(arrival_s, passes, capacity_blocks, pooled, params_int, ste
                 stamp, run_prev, run_next, q_next, key, tie, q_left, q_right, f_next, f_prev, f_step, b_next, b_prev,
                 b_step)
     rest = (last_start, last_end, last_in_system, survivors, growing, needs, member_passes, decode_only_s, slope_of,
-            next_tier, hits, arrive_t, arrive_r, pending, feed, busy_size, np.array([wheel], np.int64))
+            next_tier, hits, arrive_t, arrive_r, pending, feed, busy_size, order, order_scratch,
+            np.array([wheel], np.int64))
     return per_slot, steps_state, routing_state, rest
 
 
-@kernel
+@kernel(refcounts=False)
 def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, passes, think_s, given_instance, queue_key,
                     key_uncached, block_ptr, block_keys, key_stride, capacity_blocks, pooled, params_int, balance,
                     balance_requests, warmup_s, warmup_request, step_time_table, decode_edges, prefill_edges, kv_slope,
@@ -745,7 +794,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     (req_state, prefill_left, chunk, held, first_done, miss, passes_done, decode_start, admitted_once, rank, stamp,
      run_prev, run_next, q_next, key, tie, q_left, q_right, f_next, f_prev, f_step, b_next, b_prev, b_step) = per_slot
     (last_start, last_end, last_in_system, survivors, growing, needs, member_passes, decode_only_s, slope_of, next_tier,
-     hits, arrive_t, arrive_r, pending, feed, busy_size, sizes) = rest
+     hits, arrive_t, arrive_r, pending, feed, busy_size, order, order_scratch, sizes) = rest
     # A window whose start comes later: each instance's last step inside the arrival window until it does.
     window_later = control[C_WINDOW] != WINDOW_GIVEN
     if window_later:  # (no instance has stepped yet: none to add to)
@@ -851,7 +900,8 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                     feed_ptr[given_instance[slot_of[_ring(g, w)]] + 1] += 1
                 for i in range(k):
                     feed_ptr[i + 1] += feed_ptr[i]
-                fill[:] = feed_ptr[:k]
+                for i in range(k):
+                    fill[i] = feed_ptr[i]
                 for g in range(fed_upto, stop):
                     s = slot_of[_ring(g, w)]
                     feed[fill[given_instance[s]]] = s
@@ -1346,7 +1396,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                             kvs += context_tokens[s] + 1
                             kvr += _kv_rate(output_tokens[s], passes[s])
                             member_passes[j] = passes[s]
-                        order = np.argsort(member_passes[:n_running], kind="mergesort")
+                        stable_order(member_passes, n_running, order, order_scratch)
                         for j in range(n_running):
                             by_passes[i, j] = batch[i, order[j]]
                         stop = 0  # members without passes pad the batch from the start

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mcsim.kernels.step_loop import stable_order
 from mcsim.scenario.policies import POLICIES
 from mcsim.reference.batching import simulate_reference
 from mcsim.reference.fleet_batching import simulate_fleet_reference
@@ -131,3 +132,15 @@ def test_replicas_without_a_shared_state_are_independent_instances(name):
             for key in ("first_token_s", "finish_s", "queue_s"):
                 assert [fleet[key][r] for r in mine] == alone[key], f"{key}, seed {seed}, instance {i}"
             assert [row[:5] for row in fleet["log"] if row[5] == i] == alone["log"]
+
+
+def test_stable_order_is_pythons_stable_sort():
+    """The static batch's members by passes: the step loop's merge sort against Python's sorted (stable), with
+    many ties, at every length up to a few merge widths."""
+    rng = np.random.default_rng(7)
+    for n in list(range(0, 20)) + [31, 32, 33, 64, 100]:
+        keys = rng.integers(0, max(n // 3, 1), n + 3)  # longer than n: the tail must not count
+        order, scratch = np.full(n + 2, -9, np.int64), np.full(n + 2, -9, np.int64)
+        stable_order(keys, n, order, scratch)
+        assert order[:n].tolist() == sorted(range(n), key=lambda j: keys[j])
+        assert order[n:].tolist() == [-9, -9]  # nothing written past n
