@@ -630,6 +630,25 @@ def stable_order(keys, n, order, scratch):
         width *= 2
 
 
+@kernel(inline="always")
+def _policy_flags(params_int, capacity_blocks, pooled):
+    """What the step loop and its workspace read of the policy: ``(static, preempt, keyed, users, closed,
+    pick_given, caching, n_tiers, n_private, shared_tiers, ordered)``."""
+    static = params_int[P_POLICY] == POLICY_STATIC
+    preempt = params_int[P_PREEMPT] != 0 and not static
+    keyed = params_int[P_ORDER] == ORDER_KEY and not static
+    users = params_int[P_CLOSED_USERS]
+    closed = users > 0
+    pick_given = params_int[P_ROUTE_PICK] == PICK_GIVEN
+    caching = capacity_blocks[0] > 0
+    n_tiers = capacity_blocks.shape[0]
+    n_private = n_tiers - params_int[P_POOLED_TIERS] if caching and not pooled else n_tiers
+    shared_tiers = n_private < n_tiers  # a pool behind the instances' own tiers
+    # Steps in the fleet's time order: a shared cache or pool, or followers of finishing requests.
+    ordered = pooled or closed or shared_tiers
+    return static, preempt, keyed, users, closed, pick_given, caching, n_tiers, n_private, shared_tiers, ordered
+
+
 @kernel
 def stream_workspace(arrival_s, passes, capacity_blocks, pooled, params_int, step_time_table, decode_edges,
                      prefill_edges, kv_slope, out_instance_steps, slot_of, control):
@@ -641,17 +660,8 @@ def stream_workspace(arrival_s, passes, capacity_blocks, pooled, params_int, ste
     n = control[C_REQUESTS]
     k = out_instance_steps.shape[0]
     max_seqs = params_int[P_MAX_SEQS]
-    static = params_int[P_POLICY] == POLICY_STATIC
-    preempt = params_int[P_PREEMPT] != 0 and not static
-    keyed = params_int[P_ORDER] == ORDER_KEY and not static
-    users = params_int[P_CLOSED_USERS]
-    closed = users > 0
-    pick_given = params_int[P_ROUTE_PICK] == PICK_GIVEN
-    caching = capacity_blocks[0] > 0
-    n_tiers = capacity_blocks.shape[0]
-    n_private = n_tiers - params_int[P_POOLED_TIERS] if caching and not pooled else n_tiers
-    shared_tiers = n_private < n_tiers
-    ordered = pooled or closed or shared_tiers
+    static, preempt, keyed, users, closed, pick_given, caching, n_tiers, n_private, shared_tiers, ordered = \
+        _policy_flags(params_int, capacity_blocks, pooled)
     fed_alone = pick_given and not ordered
     no_instance = np.zeros(0)
     window_later = control[C_WINDOW] != WINDOW_GIVEN and _late_window(control, no_instance, no_instance,
@@ -772,22 +782,12 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     k = out_instance_steps.shape[0]
     max_seqs = params_int[P_MAX_SEQS]
     block_tokens = params_int[P_BLOCK_TOKENS]
-    static = params_int[P_POLICY] == POLICY_STATIC
-    preempt = params_int[P_PREEMPT] != 0 and not static
-    keyed = params_int[P_ORDER] == ORDER_KEY and not static
-    users = params_int[P_CLOSED_USERS]
-    closed = users > 0
-    pick_given = params_int[P_ROUTE_PICK] == PICK_GIVEN
+    static, preempt, keyed, users, closed, pick_given, caching, n_tiers, n_private, shared_tiers, ordered = \
+        _policy_flags(params_int, capacity_blocks, pooled)
     by_free_kv = params_int[P_ROUTE_MEASURE] == MEASURE_FREE_KV
-    caching = capacity_blocks[0] > 0
     by_prefix = params_int[P_ROUTE_PREFIX] != 0 and caching and not pooled
-    n_tiers = capacity_blocks.shape[0]
-    n_private = n_tiers - params_int[P_POOLED_TIERS] if caching and not pooled else n_tiers
-    shared_tiers = n_private < n_tiers  # a pool behind the instances' own tiers
     pool_key = k * key_stride  # the pool's key of block b is pool_key + b
     shared_key = pool_key if shared_tiers else -1
-    # Steps in the fleet's time order: a shared cache or pool, or followers of finishing requests.
-    ordered = pooled or closed or shared_tiers
     if warmup_request >= 0:
         warmup_s = np.inf  # until that request arrives
     per_slot, steps_state, routing_state, rest = workspace

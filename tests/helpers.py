@@ -14,6 +14,8 @@ cases (same seed, same workload).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,12 @@ DENSE_MODEL = SCENARIOS / "dense-model.toml"
 #: A small, fast version of the factory scenario (fewer EP ranks, so that the expert stage is quick).
 SMALL_FACTORY = ["deployment.gpus_per_instance=32", "deployment.prefill_gpus_per_instance=32", "moe.nodes=4",
                  "workload.rate_rps=150"]
+
+
+def python_prints(*lines: str) -> str:
+    """What a fresh Python process running ``lines`` prints (stripped); it fails the test if the process does."""
+    out = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
 
 
 def invoke(*args, **runner_options):

@@ -32,9 +32,9 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.helpers import python_prints
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -292,12 +292,11 @@ def test_imports_inside_functions_are_few_and_say_why():
 
 def test_a_run_imports_no_scipy_stats():
     """scipy.stats (45 MB resident) comes in only when a truncated normal is drawn, which the factory does not."""
-    code = ("import sys\nfrom mcsim.execution import executor, sample\nfrom mcsim.scenario import draw_uncertain, "
-            "load_scenario\nfrom mcsim.scenario.loading import bundled\n"
-            "scn = load_scenario(bundled('factory'))\ndraw_uncertain(scn, [0, 1], 0)\n"
-            "print('scipy.stats' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert python_prints("import sys", "from mcsim.execution import executor, sample",
+                         "from mcsim.scenario import draw_uncertain, load_scenario",
+                         "from mcsim.scenario.loading import bundled",
+                         "draw_uncertain(load_scenario(bundled('factory')), [0, 1], 0)",
+                         "print('scipy.stats' in sys.modules)") == "False"
 
 
 def test_choice_lists_have_one_owner():

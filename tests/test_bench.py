@@ -11,8 +11,6 @@ import json
 import os
 import random
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from mcsim.bench import kernels
 from mcsim.bench import run as bench_run
 from mcsim.bench.report import PNG_SIGNATURE, format_table
 from mcsim.bench.run import run_suite
+from tests.helpers import python_prints
 
 
 #: This process's CPUs before any test ran.
@@ -110,12 +109,11 @@ def test_scaling_parts(suite):
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
 def test_a_pinned_process_and_the_threads_it_starts_run_on_one_core():
-    code = ("import json, os, threading\nfrom mcsim.bench.scaling import pin_to_one_core\n"
-            "before = len(os.sched_getaffinity(0))\npinned = pin_to_one_core()\nseen = []\n"
-            "t = threading.Thread(target=lambda: seen.append(len(os.sched_getaffinity(0))))\nt.start(); t.join()\n"
-            "print(json.dumps([before, pinned, len(os.sched_getaffinity(0)), seen[0]]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    before, pinned, after, in_thread = json.loads(out.stdout)
+    pinned, after, in_thread = json.loads(python_prints(
+        "import json, os, threading", "from mcsim.bench.scaling import pin_to_one_core",
+        "pinned = pin_to_one_core()", "seen = []",
+        "t = threading.Thread(target=lambda: seen.append(len(os.sched_getaffinity(0))))", "t.start(); t.join()",
+        "print(json.dumps([pinned, len(os.sched_getaffinity(0)), seen[0]]))"))
     assert pinned and after == 1 and in_thread == 1
     assert os.sched_getaffinity(0) == AFFINITY  # this process is left as it was
 
