@@ -122,6 +122,8 @@ def scaling_png(result: dict) -> bytes:
     fig.suptitle(f"mcsim bench ({result['suite']}): {m['processor']}, {m['cpu_count']} cores")
 
     ax_time, ax_mem = axes[0]
+    measured = [r for key in ("requests", "requests_light") for r in (sc.get(key) or []) if "seconds" in r]
+    where = "one core" if measured and all(r.get("cores") == 1 for r in measured) else "every core it had"
     for key, label, marker in (("requests", "64-token blocks", "o"), ("requests_light", "512-token blocks", "s")):
         rows = [r for r in (sc.get(key) or []) if "seconds" in r]
         if not rows:
@@ -133,7 +135,7 @@ def scaling_png(result: dict) -> bytes:
         ax_mem.plot(n, [max(r["peak_memory_mib"], 0.1) for r in rows], marker=marker, label=label)
     ax_time.plot([1e6], [END_TO_END_S_PER_M], marker="*", markersize=12, linestyle="none", color="grey",
                  label=f"target: 1 M requests in <= {END_TO_END_S_PER_M:g} s")
-    for ax, ylabel, title in ((ax_time, "seconds per sample", "Cost of one sample (every stage on)"),
+    for ax, ylabel, title in ((ax_time, "seconds per sample", f"Cost of one sample (every stage on, {where})"),
                               (ax_mem, "peak memory growth, MiB", "Peak memory of one sample")):
         ax.set(xscale="log", yscale="log", xlabel="requests per sample", ylabel=ylabel, title=title)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
