@@ -250,10 +250,12 @@ def _first_admission(s, owner, caching, cache_state, head, tail, count, capacity
 def _file(head, nxt, prv, at, base, mask, r, when):
     """File ``r`` under step ``when`` of an instance's timing wheel (ring ``head[base:base + mask + 1]``).
 
-    The wheel's list operations, and the queues' and the running list's below, are written without a branch:
-    Numba prunes the reference counts of an inlined helper's array arguments only within one basic block, and an
-    ``if`` in the body leaves an atomic increment and decrement at every call (on the step loop's hot path, most of
-    its time). Where a list end has no neighbour, the write goes to ``r``'s own link, which is rewritten or unread.
+    The wheel's list operations, and the queues' and the running list's below, are written without a branch: with
+    Numba's runtime, which prunes the reference counts of an inlined helper's array arguments only within one basic
+    block, an ``if`` in the body left an atomic increment and decrement at every call (on the step loop's hot path,
+    most of its time). The loop now compiles without the runtime (``kernel(refcounts=False)``); the branchless form
+    stays, as fast either way. Where a list end has no neighbour, the write goes to ``r``'s own link, which is
+    rewritten or unread.
     """
     at[r] = when
     slot = base + (when & mask)
@@ -976,8 +978,8 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                         if by_prefix and not imbalanced:
                             best_len = -1
                             for j in range(k):
-                                # kv_tiers.cached_prefix(_pooled) written out: an inlined helper with a loop
-                                # costs reference counts at every call (see _file)
+                                # kv_tiers.cached_prefix(_pooled) written out (with Numba's runtime an inlined
+                                # helper with a loop cost reference counts at every call; see _file)
                                 offset = j * key_stride
                                 length = 0
                                 for b in range(block_ptr[rs], block_ptr[rs + 1]):
