@@ -156,22 +156,47 @@ def run_kv_kernel(workload):
     return hits
 
 
+def pooled_kv_workload(n_requests: int, seed: int = 0):
+    """:func:`kv_workload`'s prompts as block ids (one key space, ``key_stride`` of them) on :data:`KV_INSTANCES`
+    instances drawn at random: ``(block_ptr, block_ids, instance, key_stride)``."""
+    block_ptr, block_ids, _, key_stride = kv_workload(n_requests, n_instances=1, seed=seed)
+    instance = np.random.default_rng(seed + 1).integers(0, KV_INSTANCES, n_requests).astype(np.int32)
+    return block_ptr, block_ids, instance, key_stride
+
+
+def run_pooled_kv_kernel(workload):
+    """:func:`run_kv_kernel` with the last of :data:`KV_CAPACITY_BLOCKS`' tiers pooled (one capacity that every
+    instance shares, behind their own two)."""
+    block_ptr, block_ids, instance, key_stride = workload
+    hits = np.zeros((instance.shape[0], 3), np.int64)
+    lookup_tiers(block_ptr, block_ids, instance, KV_INSTANCES, KV_INSTANCES * key_stride, KV_CAPACITY_BLOCKS, hits,
+                 key_stride=key_stride, n_private=2)
+    return hits
+
+
 def kv_tiers_cases(sizes: KernelSizes = FULL) -> list[dict]:
-    """The KV-tier kernel against the ``OrderedDict`` reference (no NumPy version: LRU is sequential)."""
-    fast_workload = kv_workload(sizes.kv_requests)
-    reference_workload = kv_workload(sizes.kv_reference_requests)
-    keys, ptr = reference_workload[1].tolist(), reference_workload[0].tolist()
-    block_lists = [keys[ptr[r] : ptr[r + 1]] for r in range(len(ptr) - 1)]
-    instance = reference_workload[2].tolist()
+    """The KV-tier kernel against the ``OrderedDict`` reference (no NumPy version: LRU is sequential), with every
+    tier each instance's own and with the last one pooled."""
     capacity = tuple(int(c) for c in KV_CAPACITY_BLOCKS)
-    run_kv_kernel(kv_workload(100))  # compile (or load from the cache) outside the timed call
-    return [{
-        "stage": "kv_tiers", "name": "KV tiers, 3 tiers, 4 instances", "unit": "block look-ups",
-        "items_fast": int(fast_workload[1].shape[0]), "fast": lambda: run_kv_kernel(fast_workload),
-        "items_reference": int(reference_workload[1].shape[0]),
-        "reference": lambda: lookup_tiers_reference(block_lists, instance, capacity),
-        "items_numpy": 0, "numpy": None, "target": TARGET_KV_TIERS,
-    }]
+    out = []
+    for name, workload, run, private in (
+            ("KV tiers, 3 tiers, 4 instances", kv_workload, run_kv_kernel, None),
+            ("KV tiers, 2 tiers + 1 pooled, 4 instances", pooled_kv_workload, run_pooled_kv_kernel, 2)):
+        fast_workload = workload(sizes.kv_requests)
+        reference_workload = workload(sizes.kv_reference_requests)
+        keys, ptr = reference_workload[1].tolist(), reference_workload[0].tolist()
+        block_lists = [keys[ptr[r] : ptr[r + 1]] for r in range(len(ptr) - 1)]
+        instance = reference_workload[2].tolist()
+        run(workload(100))  # compile (or load from the cache) outside the timed call
+        out.append({
+            "stage": "kv_tiers", "name": name, "unit": "block look-ups",
+            "items_fast": int(fast_workload[1].shape[0]), "fast": lambda w=fast_workload, run=run: run(w),
+            "items_reference": int(reference_workload[1].shape[0]),
+            "reference": lambda b=block_lists, i=instance, p=private: lookup_tiers_reference(
+                b, i, capacity, n_instances=KV_INSTANCES, n_private=p),
+            "items_numpy": 0, "numpy": None, "target": TARGET_KV_TIERS,
+        })
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------
