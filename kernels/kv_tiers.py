@@ -968,36 +968,43 @@ def admit_blocks(state, head, tail, count, capacity_blocks, next_tier, block_key
     #    at its two ends (the overflow of the last tier is dropped).
     src = 0
     while src >= 0:
-        lst = base + src
         dst = next_tier[src]
-        over = count[lst] - capacity_blocks[src]
-        if over > 0:
-            now = dst if dst >= 0 else _ABSENT
-            last = tail[lst]
-            first = last
-            state[first, _TIER] = now
-            for _ in range(over - 1):
-                first = state[first, _PREV]
-                state[first, _TIER] = now
-            prev = state[first, _PREV]
-            tail[lst] = prev
-            if prev != _NIL:
-                state[prev, _NEXT] = _NIL
-            else:
-                head[lst] = _NIL
-            count[lst] -= over
-            if dst >= 0:
-                to = base + dst
-                old = head[to]
-                state[first, _PREV] = _NIL
-                state[last, _NEXT] = old
-                if old != _NIL:
-                    state[old, _PREV] = last
-                else:
-                    tail[to] = last
-                head[to] = first
-                count[to] += over
+        _demote_chain(state, head, tail, count, base + src, count[base + src] - capacity_blocks[src], base, dst)
         src = dst
+
+
+@kernel(inline="always")
+def _demote_chain(state, head, tail, count, lst, over, base, dst):
+    """Rule 3 for list ``lst``: its ``over`` LRU blocks (none when ``over <= 0``) go to the MRU end of tier ``dst``'s
+    list (``base + dst``) in the order they had, as one chain cut off the tail and spliced at the head, their rows'
+    links untouched but at its two ends; with ``dst`` -1 they are dropped."""
+    if over <= 0:
+        return
+    now = dst if dst >= 0 else _ABSENT
+    last = tail[lst]
+    first = last
+    state[first, _TIER] = now
+    for _ in range(over - 1):
+        first = state[first, _PREV]
+        state[first, _TIER] = now
+    prev = state[first, _PREV]
+    tail[lst] = prev
+    if prev != _NIL:
+        state[prev, _NEXT] = _NIL
+    else:
+        head[lst] = _NIL
+    count[lst] -= over
+    if dst >= 0:
+        to = base + dst
+        old = head[to]
+        state[first, _PREV] = _NIL
+        state[last, _NEXT] = old
+        if old != _NIL:
+            state[old, _PREV] = last
+        else:
+            tail[to] = last
+        head[to] = first
+        count[to] += over
 
 
 @kernel(inline="always")
@@ -1055,6 +1062,10 @@ def admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_
     while 0 <= src < n_private:
         lst = base + src
         dst = next_tier[src]
+        if dst < n_private:  # to the instance's next tier, or dropped: as admit_blocks, one chain
+            _demote_chain(state, head, tail, count, lst, count[lst] - capacity_blocks[src], base, dst)
+            src = dst
+            continue
         while count[lst] > capacity_blocks[src]:
             victim = tail[lst]
             prev = state[victim, _PREV]
@@ -1064,22 +1075,6 @@ def admit_blocks_pooled(state, head, tail, count, capacity_blocks, next_tier, n_
             else:
                 head[lst] = _NIL
             count[lst] -= 1
-            if dst < 0:
-                state[victim, _TIER] = _ABSENT  # overflow of the last tier: dropped
-                continue
-            if dst < n_private:
-                to = base + dst
-                old = head[to]
-                state[victim, _PREV] = _NIL
-                state[victim, _NEXT] = old
-                if old != _NIL:
-                    state[old, _PREV] = victim
-                else:
-                    tail[to] = victim
-                head[to] = victim
-                state[victim, _TIER] = dst
-                count[to] += 1
-                continue
             # Leaves the instance: written to the pool under the block's id.
             state[victim, _TIER] = _ABSENT
             victim = victim - offset + pool_key
