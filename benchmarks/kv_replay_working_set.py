@@ -21,9 +21,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(requests: int = 600_000) -> dict:
+def factory_chunks(requests: int) -> tuple[list, tuple, int]:
+    """The factory's first ``requests`` requests (its first sample's draws) in chunks of 128 Ki, as
+    :meth:`RunCaches.replay` takes them, its three tiers' capacities and its longest prompt in blocks."""
     from mcsim.execution.sample import variant_params
-    from mcsim.kernels import kv_tiers
     from mcsim.perf import factor as perf
     from mcsim.scenario import draw_uncertain, load_scenario
     from mcsim.stages import kvcache, workload
@@ -39,6 +40,13 @@ def main(requests: int = 600_000) -> dict:
     while stream.remaining:
         c = stream.next_chunk(1 << 17)
         chunks.append((c.block_ptr.copy(), c.block_runs.copy(), np.zeros(c.n, np.int32)))
+    return chunks, (hbm, dram, ssd), longest
+
+
+def main(requests: int = 600_000) -> dict:
+    from mcsim.kernels import kv_tiers
+
+    chunks, (hbm, dram, ssd), longest = factory_chunks(requests)
     layouts = {"HBM tier alone": (hbm, 0, 0), "HBM + DRAM": (hbm, dram, 0), "one tier of all three's blocks":
                (hbm + dram + ssd, 0, 0), "the factory's HBM + DRAM + SSD": (hbm, dram, ssd)}
     blocks = sum(int(c[0][-1]) for c in chunks[1:])

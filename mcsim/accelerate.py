@@ -63,9 +63,9 @@ def kernel(*args, refcounts: bool = True, **kwargs):
     fails to compile if it tries; its caller passes every buffer in), and in exchange no array it touches is
     reference-counted. With the runtime, every array handed to an inlined helper is counted up and down again,
     each count an atomic operation behind an indirect call, and Numba's pruning pass does not remove the counts
-    that branches or loops separate (numba/numba#2345, #2350): the KV tiers' replay loop spent 93 % of its time in
-    them (451 ns a request against 32 ns without; benchmarks/README.md). For loops that call helpers over
-    arrays they do not own.
+    that branches or loops separate (numba/numba#2345, #2350): the KV tiers' replay loop ran 12x slower with them
+    on a repeated request and 3.6x on the factory's requests (``python benchmarks/refcounts.py``). For loops that
+    call helpers over arrays they do not own.
     """
     options = {"nogil": True, "cache": CACHE}
     if not refcounts:

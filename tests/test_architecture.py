@@ -291,7 +291,8 @@ def test_imports_inside_functions_are_few_and_say_why():
 
 
 def test_a_run_imports_no_scipy_stats():
-    """scipy.stats (45 MB resident) comes in only when a truncated normal is drawn, which the factory does not."""
+    """scipy.stats (32 MiB more resident) comes in only when a truncated normal is drawn, which the factory does
+    not."""
     assert python_prints("import sys", "from mcsim.execution import executor, sample",
                          "from mcsim.scenario import draw_uncertain, load_scenario",
                          "from mcsim.scenario.loading import bundled",
