@@ -72,7 +72,8 @@ def main(requests: int = 1_000_000) -> dict:
     a, b = out["with the runtime"], out["without (as compiled)"]
     if a["factory_hits"] != b["factory_hits"]:
         raise SystemExit("the two compilations disagree on the hits")
-    print(f"{'':<24} {'incref/decref calls in IR':>26} {'repeated request':>17} {f'factory, {requests:,} requests':>26}")
+    factory = f"factory, {requests:,} requests"
+    print(f"{'':<24} {'incref/decref calls in IR':>26} {'repeated request':>17} {factory:>26}")
     for label, r in out.items():
         print(f"{label:<24} {r['refcount_calls_in_ir']:>26} {r['ns_per_repeated_request']:>14.0f} ns "
               f"{r['factory_s']:>24.3f} s")

@@ -25,6 +25,7 @@ from mcsim.perf.roofline_model import RooflineStepModel
 from mcsim.results.variables import WORKLOAD_CLASS
 from mcsim.scenario.choices import instance_gpus
 from mcsim.scenario.policies import policy_for
+from mcsim.scenario.schema import CHUNK_REQUESTS, STREAM_ABOVE, WINDOW_REQUESTS
 from mcsim.scenario import (
     STREAM_BATCHING,
     STREAM_EXPERTS,
@@ -100,16 +101,6 @@ def expert_stage(inputs: ExpertInputs | None, rng) -> dict:
 #: loop's own per-request state under the policy that keeps the most (preemption and a keyed queue: 179 B), the
 #: stream's inputs, outputs and bookkeeping (129 B) and the columns the replicas carry with each request (13 x 8 B).
 SLOT_BYTES = 412
-#: When ``mc.chunk_requests`` is 0: a sample of more requests than this streams (fewer run whole, their latency
-#: quantiles exact), in chunks of :data:`CHUNK_REQUESTS`.
-STREAM_ABOVE = 1 << 18
-#: Requests per chunk of a streamed sample when ``mc.chunk_requests`` is 0. The chunk sets a streamed sample's memory
-#: and nothing it computes; chunks of a sixteenth of :data:`STREAM_ABOVE` run as fast as chunks of all of it, in less
-#: memory (benchmarks/README.md, Sample memory); smaller ones start to cost time.
-CHUNK_REQUESTS = 1 << 14
-#: The most measured requests the batching simulator replays in a streamed sample when
-#: ``performance.batching_requests`` is 0 (a whole sample replays all of them): the first ones, whatever the chunks.
-WINDOW_REQUESTS = 1 << 18
 
 
 def chunk_requests(p: dict) -> int:

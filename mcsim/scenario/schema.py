@@ -102,6 +102,17 @@ def W(doc):
 #: The values of performance.fidelity; a Field whose ``fidelity`` names one of them is read by that one only.
 FIDELITIES = ("factor", "roofline")
 
+#: When ``mc.chunk_requests`` is 0: a sample of more requests than this streams (fewer run whole, their latency
+#: quantiles exact), in chunks of :data:`CHUNK_REQUESTS` (:mod:`mcsim.execution.sample` reads both).
+STREAM_ABOVE = 1 << 18
+#: Requests per chunk of a streamed sample when ``mc.chunk_requests`` is 0. The chunk sets a streamed sample's memory
+#: and nothing it computes; chunks of a sixteenth of :data:`STREAM_ABOVE` run as fast as chunks of all of it, in less
+#: memory (benchmarks/README.md, Sample memory); smaller ones start to cost time.
+CHUNK_REQUESTS = 1 << 14
+#: The most measured requests the batching simulator replays in a streamed sample when
+#: ``performance.batching_requests`` is 0 (a whole sample replays all of them): the first ones, whatever the chunks.
+WINDOW_REQUESTS = 1 << 18
+
 SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only names it (fidelity=...)
     "meta": {
         "name": S("scenario", "Short name; default output file is outputs/<name>.nc."),
@@ -113,8 +124,8 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "chunk_requests": replace(I(0, "Requests per chunk of a streamed sample: a sample of more requests runs "
                                        "its stages chunk by chunk, in memory that does not grow with mc.requests, "
                                        "where its stages allow (see mcsim.execution.sample.streamed). 0: samples of "
-                                       "more than 262144 requests stream, in chunks of 16384. No figure of a "
-                                       "streamed sample depends on its chunks.",
+                                       f"more than {STREAM_ABOVE} requests stream, in chunks of {CHUNK_REQUESTS}. "
+                                       "No figure of a streamed sample depends on its chunks.",
                                     0, 100_000_000), plain=True),
         "seed": replace(I(0, "Root seed; every random stream is derived from it and the sample index.", 0,
                           2**63 - 1), plain=True),
@@ -386,7 +397,7 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "closed_loop_users": I(0, "Closed-loop arrivals: users that send their next request after the previous "
                                   "one ends plus a think time (0 = open loop).", 0, None),
         "batching_requests": I(0, "Requests given to the batching simulator (0 = all measured requests, the "
-                                   "first 262144 in a streamed sample).", 0, None),
+                                   f"first {WINDOW_REQUESTS} in a streamed sample).", 0, None),
     },
     "host": {
         "request_overhead_s": F(0.002, "Per-request overhead on the host (HTTP, routing, scheduling).", 0, None),
