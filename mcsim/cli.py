@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from pathlib import Path
 
 import click
 
-from mcsim.errors import McsimError
-from mcsim.fileio import atomic_write, not_a_regular_file
+from mcsim.errors import McsimError, OutputError
+from mcsim.fileio import atomic_write, not_a_regular_file, refuse_inputs
 from mcsim.tables import paragraph, table
 from mcsim.text import one_line, safe_filename, strict_json
 
@@ -105,9 +106,10 @@ class _Requests(click.ParamType):
 
     def convert(self, value, param, ctx):
         text = str(value).strip().lower()
-        if text.isdigit() and int(text) >= 1:
+        # ASCII digits only: str.isdigit() is true of '²', which int() refuses
+        if re.fullmatch(r"[0-9]+", text) and int(text) >= 1:
             return int(text)
-        if text == "auto" or (text.startswith("auto:") and text[5:].isdigit() and int(text[5:]) >= 1):
+        if text == "auto" or (re.fullmatch(r"auto:[0-9]+", text) and int(text[5:]) >= 1):
             return text
         self.fail(f"{value!r}: expected a count of requests >= 1, 'auto' or 'auto:N'", param, ctx)
 
@@ -444,7 +446,7 @@ def report(results, out_dir, force, metrics, at):
     chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics is not None else None
     try:
         summary_path = write_report(results, out_dir, metrics=chosen, overwrite=force, at=focus)
-    except (FileExistsError, ReportError):
+    except (FileExistsError, ReportError, OutputError):
         raise  # the command group's one line
     except (OSError, ValueError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -543,6 +545,7 @@ def calibrate(measurements, hardware, dtype, stack, stack_version, replicates, s
     from mcsim.calibration import command as fitting, files
 
     _refuse_non_regular(output)
+    refuse_inputs(output, measurements, "the calibration")
     if output.exists() and not force:
         raise UserError(f"{output}: exists; pass --force to replace it")
     cal, _ = fitting.calibrate(list(measurements), hardware=hardware, dtype=dtype, stack=stack,

@@ -7,12 +7,25 @@ the temporary file is removed and the target is left as it was.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
+import shutil
 import stat
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from mcsim.errors import OutputError
+from mcsim.text import one_line
+
+#: What every temporary name mcsim makes carries, so that cleanup can never take a user's file for its own.
+TEMP_MARK = "mcsim-tmp"
+#: First bytes of what mcsim writes through a temporary file that a later run may clean up: NetCDF-4 (HDF5) and
+#: npz (zip) files. A look-alike name with other content is left alone.
+_OWN_MAGICS = (b"\x89HDF\r\n\x1a\n", b"PK\x03\x04")
 
 
 class NotARegularFile(OSError):
@@ -57,10 +70,11 @@ def readable_kind(path) -> str | None:
 
 
 def _create_temporary(path: Path) -> Path:
-    """A new empty file named ``.<name>.<random>.tmp`` next to ``path``, with the permissions ``open()`` gives a
-    new file (0666 less the umask, applied by the system: the umask is never changed, so threads are safe)."""
+    """A new empty file named ``.<name>.mcsim-tmp-<16 hex>.tmp`` next to ``path``, with the permissions ``open()``
+    gives a new file (0666 less the umask, applied by the system: the umask is never changed, so threads are
+    safe)."""
     for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp = path.with_name(f".{path.name}.{TEMP_MARK}-{secrets.token_hex(8)}.tmp")
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:
@@ -117,3 +131,167 @@ def atomic_write(path, data: str | bytes, *, encoding: str | None = "utf-8", fsy
                 f.flush()
                 os.fsync(f.fileno())
     return Path(path)
+
+
+def stale_temporaries(path) -> list[Path]:
+    """The temporary files a write of ``path`` cut short by a kill left beside it, and only those.
+
+    A file counts as mcsim's own when its name is exactly ``.<name>.mcsim-tmp-<16 hex>.tmp``, it is a regular
+    file (a link is never followed, nor removed) and it is empty or starts as a NetCDF-4 or npz file does. Any
+    other file, whatever its name, belongs to the user and is never touched.
+    """
+    path = Path(path)
+    pattern = re.compile(re.escape(f".{path.name}.{TEMP_MARK}-") + r"[0-9a-f]{16}\.tmp")
+    folder = path.parent if str(path.parent) else Path(".")
+    found = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        if not pattern.fullmatch(name):
+            continue
+        candidate = folder / name
+        try:
+            if not stat.S_ISREG(os.lstat(candidate).st_mode):
+                continue
+            with open(candidate, "rb") as f:
+                head = f.read(8)
+        except OSError:
+            continue
+        if not head or any(head.startswith(magic) for magic in _OWN_MAGICS):
+            found.append(candidate)
+    return found
+
+
+def same_file(a, b) -> bool:
+    """Whether two paths name one file (through links, relative parts and hard links); False when either is
+    missing."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_inputs(output, inputs: Iterable, what: str = "the output") -> None:
+    """Raise :class:`~mcsim.errors.OutputError` when ``output`` is one of the command's own ``inputs``:
+    ``--force`` replaces an earlier result, never what the command reads."""
+    for source in inputs:
+        if source and same_file(output, source):
+            raise OutputError(f"{output}: is an input of this command ({source}); give another path for {what}, "
+                              "--force or not")
+
+
+# -- folders of outputs ------------------------------------------------------------------------------------------
+
+#: The file that lists what an output folder's earlier writer put there: a folder mcsim replaces must hold that
+#: list and nothing else.
+MANIFEST = ".mcsim-manifest.json"
+
+
+def _listed_files(folder: Path, kind: str) -> list[str] | None:
+    """The files the folder's manifest says an earlier ``kind`` wrote, or None without a valid manifest."""
+    path = folder / MANIFEST
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path, encoding="utf-8") as f:
+            listed = json.load(f)
+    except (OSError, ValueError):
+        return None
+    files = listed.get("files") if isinstance(listed, dict) else None
+    if listed.get("kind") != kind or not isinstance(files, list) or not all(
+            isinstance(n, str) and n and "/" not in n and n not in (".", "..") for n in files):
+        return None
+    return files
+
+
+def _stage_name(name: str) -> bool:
+    return bool(re.fullmatch(r"\..*" + re.escape(TEMP_MARK) + r"-[0-9a-z_]+\.tmp", name))
+
+
+def earlier_output_folder(folder, kind: str, overwrite: bool) -> list[str] | None:
+    """What ``folder`` holds of an earlier ``kind`` (a report, say) before one is written into it.
+
+    Returns None where the folder does not exist, ``[]`` where it is empty and the earlier files where it holds
+    only an earlier ``kind`` that mcsim wrote (its manifest lists them). Raises :class:`~mcsim.errors.OutputError`
+    for a link, a file, or a folder holding anything else (the working folder, an input's folder, any user's
+    folder: ``--force`` never empties one), and :class:`FileExistsError` for an earlier ``kind`` without
+    ``overwrite``.
+    """
+    folder = Path(folder)
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(mode):
+        raise OutputError(f"{folder}: is a symbolic link; mcsim writes a {kind} only into a real folder, --force "
+                          "or not")
+    if not stat.S_ISDIR(mode):
+        raise OutputError(f"{folder}: exists and is not a folder")
+    entries = sorted(n for n in os.listdir(folder) if not _stage_name(n))
+    if not entries:
+        return []
+    files = _listed_files(folder, kind)
+    foreign = [n for n in entries if n != MANIFEST and (files is None or n not in files)]
+    if foreign:
+        raise OutputError(f"{folder}: holds files that are not an earlier mcsim {kind} (e.g. "
+                          f"{one_line(foreign[0], 80)!s}); give a new or empty folder, --force or not")
+    for name in files:
+        try:
+            if not stat.S_ISREG(os.lstat(folder / name).st_mode):
+                raise OutputError(f"{folder / one_line(name, 80)}: is not a regular file, so not part of an "
+                                  f"earlier {kind}; give a new or empty folder")
+        except FileNotFoundError:
+            continue
+    if not overwrite:
+        raise FileExistsError(f"{folder} holds an earlier {kind}; use --force to replace it")
+    return files
+
+
+@contextmanager
+def output_folder(folder, kind: str, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty staging folder; when the block ends normally its files become ``folder``'s.
+
+    ``folder`` must be new, empty or hold only an earlier ``kind`` of mcsim's (see
+    :func:`earlier_output_folder`). A new folder is renamed into place whole; into an existing one each file moves
+    by its own rename, the earlier files no longer written are removed, and the manifest is replaced last. Nothing
+    else in the folder is touched, and a failure leaves it as it was.
+
+    Examples
+    --------
+    >>> with output_folder("outputs/r", "report") as stage:  # doctest: +SKIP
+    ...     (stage / "summary.md").write_text("...")
+    """
+    folder = Path(folder)
+    earlier = earlier_output_folder(folder, kind, overwrite)
+    if earlier is None:
+        parent = Path(os.path.abspath(folder)).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{TEMP_MARK}-", suffix=".tmp", dir=parent))
+    else:
+        stage = Path(tempfile.mkdtemp(prefix=f".{TEMP_MARK}-", suffix=".tmp", dir=folder))
+    try:
+        yield stage
+        names = sorted(os.listdir(stage))
+        for name in names:
+            if not stat.S_ISREG(os.lstat(stage / name).st_mode):
+                raise OutputError(f"{stage / name}: an output folder holds regular files only")
+        with open(stage / MANIFEST, "w", encoding="utf-8") as f:
+            json.dump({"kind": kind, "files": names}, f, indent=1)
+        if earlier is None:
+            os.rename(stage, folder)  # fails where the folder appeared meanwhile with something in it
+        else:
+            for name in names:
+                os.replace(stage / name, folder / name)
+            for name in set(earlier) - set(names):
+                try:
+                    if stat.S_ISREG(os.lstat(folder / name).st_mode):
+                        os.unlink(folder / name)
+                except FileNotFoundError:
+                    pass
+            os.replace(stage / MANIFEST, folder / MANIFEST)
+            stage.rmdir()
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise

@@ -199,7 +199,8 @@ def test_a_full_disk_is_a_one_line_error_and_keeps_the_parts(tmp_path, monkeypat
 
 
 def test_a_stale_temporary_of_the_output_is_removed(tmp_path):
-    (tmp_path / ".x.nc.deadbeef.tmp").write_bytes(b"half a netcdf")
+    # mcsim's own name and a NetCDF-4 start: a write cut short by a kill (look-alikes: test_nothing_destroyed.py)
+    (tmp_path / ".x.nc.mcsim-tmp-00112233deadbeef.tmp").write_bytes(b"\x89HDF\r\n\x1a\n half a netcdf")
     assert invoke("run", FACTORY, *SMALL, "-o", tmp_path / "x.nc").exit_code == 0
     assert listing(tmp_path) == {"x.nc"}
 
@@ -219,7 +220,7 @@ def test_a_report_folder_is_not_replaced_without_force(tmp_path):
     assert invoke("report", out, "-o", folder).exit_code == 0
     summary = (folder / "summary.md").read_text()
     assert "<script>" not in summary and "\n# heading" not in summary
-    assert "exists" in one_line_error(invoke("report", out, "-o", folder))
+    assert "earlier report" in one_line_error(invoke("report", out, "-o", folder))
     assert invoke("report", out, "-o", folder, "--force", "--metrics", "gross_margin").exit_code == 0
     assert sorted(p.name for p in folder.glob("dist_*")) == ["dist_gross_margin.png"]  # replaced, not merged
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
@@ -273,7 +274,7 @@ def test_a_trace_rewritten_before_resume_is_detected(tmp_path, monkeypatch):
         np.testing.assert_array_equal(a.cost_usd_per_mtok.values, b.cost_usd_per_mtok.values)
 
 
-def test_an_edited_part_and_a_folder_in_place_of_a_part_are_recomputed(tmp_path, monkeypatch):
+def test_an_edited_part_and_a_removed_part_are_recomputed(tmp_path, monkeypatch):
     trace = _trace(tmp_path / "t.jsonl", 0)
     scenario = _interrupted(tmp_path, monkeypatch, trace)
     parts = sorted((tmp_path / "o.nc.parts").glob("*.npz"))
@@ -283,9 +284,8 @@ def test_an_edited_part_and_a_folder_in_place_of_a_part_are_recomputed(tmp_path,
     name = next(k for k in table if not k.startswith("__") and table[k].dtype.kind == "f")
     table[name] = table[name] + 1.0  # values edited, stamp and checksum kept
     np.savez(parts[0], **table)
-    parts[1].unlink()
-    parts[1].mkdir()
-    out = tmp_path / "o.nc"
+    parts[1].write_bytes(b"PK\x03\x04 cut short")  # a damaged part (a folder in its place is refused, see
+    out = tmp_path / "o.nc"                        # test_nothing_destroyed.py)
     result = invoke("run", scenario, *SMALL, "--chunk-size", "1", "--set", f'workload.trace="{trace}"', "-o", out,
                     "--resume")
     assert result.exit_code == 0, result.output

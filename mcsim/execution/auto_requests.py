@@ -25,12 +25,12 @@ class RequestsError(McsimError, ValueError):
 
 def parse(value, start: int) -> tuple[int, int] | None:
     """``(start, cap)`` for ``"auto"`` or ``"auto:N"``; None for a count (an int, or a string of digits)."""
-    if value is None or isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+    if value is None or isinstance(value, int) or (isinstance(value, str) and value.strip().isascii() and value.strip().isdigit()):
         return None
     text = str(value).strip().lower()
     if text == "auto":
         return start, GROWTH * start
-    if text.startswith("auto:") and text[5:].replace("_", "").isdigit():
+    if text.startswith("auto:") and text[5:].isascii() and text[5:].replace("_", "").isdigit():
         cap = int(text[5:].replace("_", ""))
         if cap < 1:
             raise RequestsError(f"--requests {value}: the cap must be at least 1 request")

@@ -24,9 +24,10 @@ import itertools
 import json
 import logging
 import os
-import shutil
+import re
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -42,14 +43,14 @@ from mcsim import __version__
 from mcsim.errors import McsimError, OutputError
 from mcsim.execution import progress as progress_events
 from mcsim.execution import sample as one_sample
-from mcsim.fileio import atomic_path, not_a_regular_file, readable_kind
+from mcsim.fileio import TEMP_MARK, atomic_path, not_a_regular_file, readable_kind, refuse_inputs, stale_temporaries
 from mcsim.results import dataset as results
 from mcsim.results.attribution import ablation_variants, reduce_row, saved_variants
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
 from mcsim.scenario.grid import Axis, points, pricing_note
 from mcsim.scenario.schema import workload_reads
 from mcsim.stages.workload import resolve_trace_path
-from mcsim.text import si
+from mcsim.text import one_line, si
 
 PART_FORMAT = 2  # 2: parts carry a checksum of their values
 
@@ -120,12 +121,19 @@ class Plan:
                                                   for v in a.values}
         return [resolve_trace_path(t, self.scn.base_dir) for t in sorted(traces) if t]
 
+    def own_inputs(self) -> list:
+        """Every file the run reads, the scenario's own included: none of them may be its output."""
+        return [self.scn.source, *self.input_files()]
+
     def input_files(self) -> list[Path]:
         """Every file the run reads besides the scenario text: its traces and its calibration (their content is
         part of the fingerprint)."""
         files = self.trace_paths()
         if self.scn.calibration is not None and self.scn.calibration.path:
             files.append(Path(self.scn.calibration.path))
+        surfaces = {str(self.scn.values.get("performance.gemm_surface", ""))} | {
+            str(v) for a in self.axes if a.path == "performance.gemm_surface" for v in a.values}
+        files += [Path(s).expanduser() for s in sorted(surfaces) if s not in ("", "none")]
         return files
 
 
@@ -154,14 +162,16 @@ def check_inputs(plan: "Plan") -> None:
         one_sample._read_trace(str(path), plan.scn["workload.trace_format"])
 
 
-def check_output(output: Path, force: bool) -> None:
-    """Refuse, before any work, an output the run could not write: an existing file (without ``force``), a
-    folder, a path under a file, a folder that is missing or not writable."""
+def check_output(output: Path, force: bool, inputs=()) -> None:
+    """Refuse, before any work, an output the run could not write: an existing file (without ``force``), one of
+    the run's own ``inputs`` (with ``force`` too), a folder, a path under a file, a folder that is missing or not
+    writable."""
     if output.is_dir():
         raise OutputError(f"{output}: is a folder; give a file name for the result")
     reason = not_a_regular_file(output)
     if reason:
         raise OutputError(f"{output}: {reason}")
+    refuse_inputs(output, inputs, "the result")
     if output.exists() and not force:
         raise FileExistsError(f"{output} exists; use --force to overwrite it")
     parent = output.parent if str(output.parent) else Path(".")
@@ -233,14 +243,6 @@ def _read_part(path: Path, plan: Plan, point: int, chunk: int, fingerprint: str)
     except (TypeError, ValueError):
         return None
     return table if ok and checksum == _checksum(table) else None
-
-
-def _remove(path: Path) -> None:
-    """Remove a file, link or folder where a part should be."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 #: Seconds to wait for a dask.distributed scheduler to answer once its port accepts connections.
@@ -468,40 +470,94 @@ def open_parts(plan: Plan, tasks: list, fingerprint: str, output: Path | None, r
     Returns ``(parts, parts_dir, reused, recomputed)``: ``{(point, chunk): table}`` of the parts reused (with
     ``resume``), the folder (None without an output), and how many parts were reused and found damaged or foreign
     (removed, to be recomputed). Leftover parts without ``resume`` or ``force`` are refused; ``force`` discards them.
+    A parts folder that is a link, or holds anything but part files, is refused whatever the flags: only files
+    mcsim wrote are ever removed.
     """
     parts: dict = {}
     parts_dir = None
     reused = recomputed = 0
     if output is not None:
-        check_output(output, force)
+        check_output(output, force, inputs=plan.own_inputs())
         parts_dir = output.with_name(output.name + ".parts")
-        for stale in output.parent.glob(f".{output.name}.*.tmp"):  # a final write cut short by a kill
+        for stale in stale_temporaries(output):  # a final write cut short by a kill
             stale.unlink(missing_ok=True)
-        if parts_dir.exists() and not parts_dir.is_dir():
-            raise OutputError(f"{parts_dir}: expected the parts folder of an interrupted run, found a file")
-        held = parts_dir.is_dir() and any(parts_dir.iterdir())
+        held = bool(_part_files(parts_dir))
         if held and resume:
             for p, c in tasks:
                 path = _part_path(parts_dir, p, c)
-                if not path.exists() and not path.is_symlink():
+                if not path.exists():
                     continue
-                part = _read_part(path, plan, p, c, fingerprint) if path.is_file() else None
+                part = _read_part(path, plan, p, c, fingerprint)
                 if part is None:
-                    _remove(path)
+                    path.unlink(missing_ok=True)
                     recomputed += 1
                 else:
                     parts[(p, c)] = part
                     reused += 1
-            for leftover in parts_dir.glob(".*.tmp"):  # a write cut short by a crash
-                _remove(leftover)
+            for leftover in _part_files(parts_dir):  # a write cut short by a crash
+                if not _PART_NAME.fullmatch(leftover.name):
+                    leftover.unlink(missing_ok=True)
         elif held and force:
-            shutil.rmtree(parts_dir)
+            remove_parts(parts_dir)
         elif held:
             raise FileExistsError(f"{parts_dir} holds parts of an interrupted run; use --resume to finish it "
                                   "or --force to start again")
         elif parts_dir.is_dir():
             parts_dir.rmdir()  # empty: nothing to keep
     return parts, parts_dir, reused, recomputed
+
+
+#: A part's file name, and the temporary names its atomic write uses (this version's, and the earlier 8-hex form).
+_PART_NAME = re.compile(r"point\d{6}-chunk\d{6}\.npz")
+_PART_TEMP = re.compile(r"\.point\d{6}-chunk\d{6}\.npz\.(" + TEMP_MARK + r"-[0-9a-f]{16}|[0-9a-f]{8})\.tmp")
+
+
+def _part_files(parts_dir: Path) -> list[Path]:
+    """The files of a parts folder (none where it is missing), after checking that it is mcsim's: a real folder
+    holding only part files and their temporaries, each a regular file. Anything else is refused by name, so a
+    link or a user's file in it is never followed, replaced or removed."""
+    try:
+        mode = os.lstat(parts_dir).st_mode
+    except FileNotFoundError:
+        return []
+    if stat.S_ISLNK(mode):
+        raise OutputError(f"{parts_dir}: is a symbolic link, not the parts folder mcsim makes; move it away, "
+                          "--force or not")
+    if not stat.S_ISDIR(mode):
+        raise OutputError(f"{parts_dir}: expected the parts folder of an interrupted run, found a file")
+    files = []
+    for name in sorted(os.listdir(parts_dir)):
+        path = parts_dir / name
+        ours = (_PART_NAME.fullmatch(name) or _PART_TEMP.fullmatch(name)) and stat.S_ISREG(os.lstat(path).st_mode)
+        if not ours:
+            raise OutputError(f"{parts_dir}: holds {one_line(name, 80)}, which is not a part file mcsim wrote; move "
+                              "it away, --force or not")
+        files.append(path)
+    return files
+
+
+def remove_parts(parts_dir: Path | None) -> None:
+    """Remove a parts folder's part files and then the folder; anything that is not mcsim's stays (and with it
+    the folder)."""
+    if parts_dir is None:
+        return
+    try:
+        mode = os.lstat(parts_dir).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        return
+    for name in os.listdir(parts_dir):
+        path = parts_dir / name
+        try:
+            if (_PART_NAME.fullmatch(name) or _PART_TEMP.fullmatch(name)) and stat.S_ISREG(os.lstat(path).st_mode):
+                path.unlink()
+        except FileNotFoundError:
+            pass
+    try:
+        parts_dir.rmdir()
+    except OSError:
+        pass
 
 
 def run_attrs(plan: Plan, command: str | None, fingerprint: str, reused: int, recomputed: int) -> dict:
@@ -620,7 +676,7 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
         except BaseException:
             # parts are kept for --resume; a folder that never received one is not left behind
             if parts_dir is not None and parts_dir.is_dir() and not any(parts_dir.glob("*.npz")):
-                shutil.rmtree(parts_dir, ignore_errors=True)
+                remove_parts(parts_dir)
             raise
     attrs = run_attrs(plan, command, fingerprint, reused, recomputed)
     try:
@@ -630,7 +686,7 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
     except KeyboardInterrupt:  # every part is saved: the rerun with --resume only assembles them
         raise SweepInterrupted(len(tasks), len(tasks), parts_dir if output is not None else None) from None
     if output is not None:
-        shutil.rmtree(parts_dir, ignore_errors=True)
+        remove_parts(parts_dir)
     return ds
 
 
@@ -699,8 +755,7 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
     except GridPointFailed:
         # the same command would fail at the same point, and a changed one has another fingerprint: no part it
         # kept could be resumed, so none is kept
-        if parts_dir is not None:
-            shutil.rmtree(parts_dir, ignore_errors=True)
+        remove_parts(parts_dir)
         raise
     finally:
         if bar is not None:
@@ -752,7 +807,7 @@ def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, 
     """A :class:`Plan` with the scenario's ``[mc]`` defaults; ``chunk_size`` defaults to about four tasks per
     worker per grid point (at most 64 samples a task)."""
     samples = int(samples or scn["mc.samples"])
-    if isinstance(requests, str) and not requests.strip().isdigit():
+    if isinstance(requests, str) and not (requests.strip().isascii() and requests.strip().isdigit()):
         raise McsimError(f"--requests {requests}: only run, compare and sweep grow the requests until steady; give "
                          "a count of requests per sample")
     requests = int(requests or scn["mc.requests"])

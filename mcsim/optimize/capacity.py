@@ -217,7 +217,7 @@ def capacity(scenario, *, samples=None, requests=None, seed=None, overrides=(), 
     scn = fixed_deployment(_as_scenario(scenario, overrides))
     plan = executor.make_plan(scn, ("factory",), samples=samples, requests=requests, seed=seed, workers=workers)
     if output is not None:
-        executor.check_output(Path(output), force)
+        executor.check_output(Path(output), force, inputs=plan.own_inputs())
     workers = executor.check_workers(plan, workers, processes, scheduler)
     executor.check_inputs(plan)
     draws = draw_uncertain(scn, np.arange(plan.samples), plan.seed, n_samples=plan.samples)

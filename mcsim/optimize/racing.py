@@ -19,7 +19,6 @@ is missing.
 from __future__ import annotations
 
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,7 +167,7 @@ def race(plan: executor.Plan, settings: Settings, *, output=None, resume: bool =
             round_index += 1
     except BaseException:
         if parts_dir is not None and parts_dir.is_dir() and not any(parts_dir.glob("*.npz")):
-            shutil.rmtree(parts_dir, ignore_errors=True)
+            executor.remove_parts(parts_dir)
         raise
     finally:
         if client is not None:
@@ -185,5 +184,5 @@ def race(plan: executor.Plan, settings: Settings, *, output=None, resume: bool =
     except KeyboardInterrupt:  # every part is saved: the rerun with --resume only assembles them
         raise SearchInterrupted(len(parts), len(schedule), parts_dir if output is not None else None) from None
     if output is not None:
-        shutil.rmtree(parts_dir, ignore_errors=True)
+        executor.remove_parts(parts_dir)
     return ds

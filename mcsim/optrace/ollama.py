@@ -98,7 +98,7 @@ def _error_message(status: int, raw: bytes) -> str:
 def _read_body(response, base: str) -> bytes:
     """At most MAX_BODY_BYTES of the body; an error if the server sends more."""
     declared = response.getheader("Content-Length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > MAX_BODY_BYTES:
+    if declared is not None and declared.strip().isascii() and declared.strip().isdigit() and int(declared) > MAX_BODY_BYTES:
         raise OllamaError(f"Ollama at {base} announced a {int(declared):,}-byte answer; at most "
                           f"{MAX_BODY_BYTES:,} bytes are read")
     raw = response.read(MAX_BODY_BYTES + 1)

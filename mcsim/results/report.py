@@ -29,14 +29,12 @@ import csv
 import itertools
 import json
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
+from mcsim.fileio import earlier_output_folder, output_folder, readable_kind
 from mcsim.results import sensitivity
 from mcsim.results.dataset import MODEL_STATEMENT
 from mcsim.results.figures import draw_figures
@@ -79,11 +77,12 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False, at: di
     results : str, os.PathLike or xarray.Dataset
         A result file (NetCDF, as ``mcsim run`` / ``compare`` write it) or the Dataset itself.
     out_dir : str or os.PathLike
-        Folder for the report. The report is written into a temporary folder beside it and renamed into place
-        when whole, so a failed report leaves nothing behind; an existing folder is replaced only with
-        ``overwrite``.
+        Folder for the report: a new or empty folder, or one that holds only an earlier report (its manifest,
+        ``.mcsim-manifest.json``, lists the files). The report is written into a temporary folder and moved into
+        place when whole, so a failed report leaves nothing behind. A folder holding anything else (the working
+        folder, the result's own folder) is refused, ``overwrite`` or not: nothing of the user's is ever removed.
     overwrite : bool
-        Replace an existing report folder.
+        Replace an earlier report in ``out_dir``.
     metrics : sequence of str, optional
         Variables to report instead of the headline ones (quantiles, distributions and sensitivity). A variable
         with a per-request quantile dim is reported at the per-request quantiles 0.5 and 0.99.
@@ -109,10 +108,7 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False, at: di
     """
     ds = _load(results)
     final = Path(out_dir)
-    if final.exists() and not final.is_dir():
-        raise FileExistsError(f"{final} exists and is not a folder")
-    if final.is_dir() and any(final.iterdir()) and not overwrite:
-        raise FileExistsError(f"{final} exists; use --force to replace it")
+    earlier_output_folder(final, "report", overwrite)  # before any work: a folder of the user's is never used
     if not any("sample" in v.dims for v in ds.data_vars.values()):
         raise ValueError("no variable over the 'sample' dimension: nothing to report")
     search = bool(ds.attrs.get("search_result"))  # a search result gets its own report (Pareto fronts, regret)
@@ -121,19 +117,11 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False, at: di
     layout = None if search else _Layout(ds, at)
     if not search:
         _check_metrics(ds, metrics)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    try:
+    with output_folder(final, "report", overwrite=overwrite) as out:
         if search:
             write_search_files(ds, out)
         else:
             _write_report_files(ds, layout, metrics, out)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(out, final)
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
-        raise
     return final / "summary.md"
 
 
@@ -172,6 +160,9 @@ def _load(results) -> xr.Dataset:
     if isinstance(results, xr.Dataset):
         ds = results
     else:
+        kind = readable_kind(results)
+        if kind:  # reading a pipe or a device would block or never end
+            raise ValueError(f"is {kind}, not a NetCDF result file of mcsim")
         with xr.open_dataset(results) as opened:
             ds = opened.load()
     if "sample" not in ds.dims:
