@@ -503,7 +503,7 @@ def trace(model, prompt_tokens, decode_tokens, max_params, dtype, seed, out_dir,
         dtype=dtype, seed=seed, out_dir=out_dir, overwrite=force, bench_seconds=bench_seconds,
         ollama_url=ollama_url, ollama_model=ollama_model, ollama_runs=ollama_runs,
         ollama_timeout_s=ollama_timeout, ollama_weights_gb=ollama_weights_gb, save_calibration=save_calibration,
-        warn=lambda msg: click.echo(msg, err=True))
+        warn=lambda msg: click.echo(one_line(msg), err=True))
     cal, this = result["calibration"], result["this_machine"]
     click.echo(f"this machine (measured): {this.peak_flops / 1e9:,.0f} GFLOP/s GEMM, "
                f"{this.bandwidth_bytes_s / 1e9:,.1f} GB/s memory")

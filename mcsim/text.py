@@ -30,6 +30,38 @@ def one_line(text, limit: int = MAX_LINE) -> str:
     return out if len(out) <= limit else out[:limit] + f"... ({len(out) - limit} more characters)"
 
 
+def shape_of(value, csv_field: bool = False) -> str:
+    """What a value read from a user's file is, by its type and size, never its content (an error message must
+    not echo a file that was not a trace, a key file, say): ``'a text of 12 characters'``, ``'a list of 3
+    items'``. A number is shown, since a number in a numeric field is what the user needs to find and fix; with
+    ``csv_field`` a text that reads as a number (a CSV field is always text) is shown as that number.
+
+    >>> shape_of("SECRET-TOKEN"), shape_of([1, 2]), shape_of(-5)
+    ('a text of 12 characters', 'a list of 2 items', '-5')
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return one_line(repr(value), 40)
+    if isinstance(value, str):
+        if not value.strip():
+            return "an empty text" if not value else "a text of spaces"
+        if csv_field:
+            try:
+                return f"the number {one_line(value.strip(), 40)}" if math.isfinite(float(value)) else \
+                    f"the number {float(value)!r}"  # a field that parses: a negative, a fraction, nan, inf
+            except ValueError:
+                pass
+        return f"a text of {len(value)} character{'' if len(value) == 1 else 's'}"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)} item{'' if len(value) == 1 else 's'}"
+    if isinstance(value, dict):
+        return f"an object of {len(value)} field{'' if len(value) == 1 else 's'}"
+    return f"a {type(value).__name__}"
+
+
 def markdown_text(text) -> str:
     """``text`` shown literally in Markdown: one line, HTML characters as entities, Markdown markup escaped."""
     flat = one_line(" ".join(str(text).split()))  # newlines and tabs become spaces, other controls are escaped

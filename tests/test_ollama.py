@@ -24,6 +24,8 @@ SUCCESS = {
     "eval_count": 64,
     "eval_duration": 1_600_000_000,        # 64 tokens in 1.6 s -> 40 tok/s
 }
+#: What a hostile server answers: colour, a bell, a newline, a carriage return, a terminal title, a NUL.
+HOSTILE = "\x1b[31mRED\x1b[0m\x07bell\nnext line\r\x1b]0;title\x07\x00\x9b2J"
 SLOW_HANDLER_SLEEP_S = 1.0
 CLIENT_TIMEOUT_S = 0.2
 
@@ -87,6 +89,15 @@ class FakeOllama(BaseHTTPRequestHandler):
             self.end_headers()
         elif model == "ansi":
             self._send(500, json.dumps({"error": "\x1b[31mred\x1b[0m " + "x" * 100_000}).encode())
+        elif model.startswith("hostile-"):  # control characters wherever a server's text can reach a message
+            where = model.removeprefix("hostile-")
+            body, status = {"error-500": (json.dumps({"error": HOSTILE}).encode(), 500),
+                            "error-200": (json.dumps({"error": HOSTILE}).encode(), 200),
+                            "not-json": (HOSTILE.encode() * 50, 200),
+                            "html": (HOSTILE.encode(), 502),
+                            "keys": (json.dumps({HOSTILE * 50: 1}).encode(), 200),
+                            "value": (json.dumps({**SUCCESS, "eval_count": HOSTILE * 50}).encode(), 200)}[where]
+            self._send(status, body)
         else:
             self._send(200, json.dumps({**SUCCESS, "model": model}).encode())
 
@@ -289,3 +300,14 @@ def test_server_text_is_cut_short(ollama_url):
     with pytest.raises(OllamaError) as info:
         measure_ollama(url, "ansi")
     assert len(str(info.value)) < 500
+
+
+@pytest.mark.parametrize("where", ["error-500", "error-200", "not-json", "html", "keys", "value"])
+def test_a_hostile_servers_text_reaches_no_terminal_raw(ollama_url, where):
+    # the message itself is safe, so a notebook printing it is as safe as the command line's one-line boundary
+    url, _ = ollama_url
+    with pytest.raises(OllamaError) as info:
+        measure_ollama(url, f"hostile-{where}")
+    message = str(info.value)
+    assert message.isprintable() and len(message) < 500, message  # no ESC, BEL, CR, LF, NUL or CSI, and cut
+    assert "RED" in message or where == "value" or where == "keys"  # the text is shown, escaped

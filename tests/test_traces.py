@@ -236,15 +236,15 @@ def test_trace_rejects_inconsistent_arrays():
         ("[1, 2]", "expected an object"),
         (mooncake_line(drop="output_length"), "missing field 'output_length'"),
         (mooncake_line(drop="hash_ids"), "missing field 'hash_ids'"),
-        (mooncake_line(input_length=1000.5, hash_ids=[1, 2]), "input_length 1000.5; expected a non-negative integer"),
-        (mooncake_line(output_length="7"), "output_length '7'; expected a non-negative integer"),
-        (mooncake_line(output_length=-1), "output_length -1; expected a non-negative integer"),
-        (mooncake_line(output_length=True), "output_length True"),
+        (mooncake_line(input_length=1000.5, hash_ids=[1, 2]), "input_length is 1000.5; expected a non-negative integer"),
+        (mooncake_line(output_length="7"), "output_length is a text of 1 character; expected a non-negative integer"),
+        (mooncake_line(output_length=-1), "output_length is -1; expected a non-negative integer"),
+        (mooncake_line(output_length=True), "output_length is a boolean"),
         (mooncake_line(input_length=2**70, hash_ids=[]), "input_length"),
-        (mooncake_line(timestamp="noon"), "timestamp 'noon'; expected a non-negative number of milliseconds"),
-        (mooncake_line(timestamp=-5), "timestamp -5"),
-        (mooncake_line(hash_ids=[1, "2"]), "hash_ids contains '2'"),
-        (mooncake_line(hash_ids=3), "hash_ids 3"),
+        (mooncake_line(timestamp="noon"), "timestamp is a text of 4 characters; expected a non-negative number of milliseconds"),
+        (mooncake_line(timestamp=-5), "timestamp is -5"),
+        (mooncake_line(hash_ids=[1, "2"]), "hash_ids contains a text of 1 character"),
+        (mooncake_line(hash_ids=3), "hash_ids is 3"),
         (mooncake_line(input_length=1025, hash_ids=[1, 2]), r"2 hash_ids for input_length 1025; expected .* = 3"),
         (mooncake_line(input_length=512, hash_ids=[1, 2]), r"expected ceil\(input_length / 512\) = 1"),
     ],
@@ -260,12 +260,12 @@ def test_mooncake_errors_name_the_line(tmp_path, bad_line, message):
     [
         ("2023-11-16 18:17:05.1,10", "2 fields; expected 3"),
         ("2023-11-16 18:17:05.1,10,3,4", "4 fields; expected 3"),
-        ("yesterday,10,3", "TIMESTAMP 'yesterday'; expected a date and time"),
-        ("NaT,10,3", "TIMESTAMP 'NaT'"),
-        ("2023-11-16 18:17:05.1,ten,3", "ContextTokens 'ten'; expected a non-negative integer"),
-        ("2023-11-16 18:17:05.1,10.5,3", "ContextTokens '10.5'"),
-        ("2023-11-16 18:17:05.1,10,-3", "GeneratedTokens '-3'; expected a non-negative integer"),
-        ("2023-11-16 18:17:05.1,10,", "GeneratedTokens ''"),
+        ("yesterday,10,3", "TIMESTAMP is a text of 9 characters; expected a date and time"),
+        ("NaT,10,3", "TIMESTAMP is a text of 3 characters"),
+        ("2023-11-16 18:17:05.1,ten,3", "ContextTokens is a text of 3 characters; expected a non-negative integer"),
+        ("2023-11-16 18:17:05.1,10.5,3", "ContextTokens is the number 10.5"),
+        ("2023-11-16 18:17:05.1,10,-3", "GeneratedTokens is the number -3; expected a non-negative integer"),
+        ("2023-11-16 18:17:05.1,10,", "GeneratedTokens is an empty text"),
     ],
 )
 def test_azure_errors_name_the_line(tmp_path, bad_line, message):
@@ -283,9 +283,24 @@ def test_azure_errors_name_the_line(tmp_path, bad_line, message):
 )
 def test_azure_wrong_header(tmp_path, header):
     path = write(tmp_path, "bad.csv", [header, "2023-11-16 18:17:04.0,10,3"])
-    expected = r"bad\.csv:line 1: header .*expected 'TIMESTAMP,ContextTokens,GeneratedTokens'"
+    expected = r"bad\.csv:line 1: a first line of \d comma-separated fields.*; expected the header " \
+               r"'TIMESTAMP,ContextTokens,GeneratedTokens'"
     with pytest.raises(TraceError, match=expected):
         read_azure(path)
+
+
+@pytest.mark.parametrize("content", ["SECRET-TOKEN-abc123,xyz\n", "password = hunter2\nSECRET\n",
+                                     '{"api_key": "SECRET-TOKEN-abc123"}\n'])
+@pytest.mark.parametrize("fmt", ["azure", "burstgpt", "mooncake"])
+def test_a_file_that_is_not_a_trace_is_described_not_echoed(tmp_path, content, fmt):
+    path = tmp_path / "key.txt"
+    path.write_text(content)
+    with pytest.raises(TraceError) as info:
+        read_trace(path, format=fmt)
+    message = str(info.value)
+    assert str(path) in message and "expected" in message
+    for secret in ("SECRET", "abc123", "hunter2", "xyz", "api_key"):
+        assert secret not in message, message
 
 
 def test_empty_traces_are_errors(tmp_path):
@@ -293,7 +308,7 @@ def test_empty_traces_are_errors(tmp_path):
         read_mooncake(write(tmp_path, "empty.jsonl", ["", "  "]))
     with pytest.raises(TraceError, match="no requests"):
         read_azure(write(tmp_path, "empty.csv", [AZURE_HEADER_LINE]))
-    with pytest.raises(TraceError, match="line 1: header"):
+    with pytest.raises(TraceError, match="line 1: a first line of 1 comma-separated field, none of them"):
         read_azure(write(tmp_path, "blank.csv", [""]))
 
 
@@ -393,14 +408,14 @@ def test_burstgpt_stats_match_a_plain_csv_reading(tmp_path):
     [
         ("40,ChatGPT,10,3,13", "5 fields; expected 6"),
         ("40,ChatGPT,10,3,13,API log,x", "7 fields; expected 6"),
-        ("noon,ChatGPT,10,3,13,API log", "Timestamp 'noon'; expected a non-negative number of seconds"),
-        ("-1,ChatGPT,10,3,13,API log", "Timestamp '-1'"),
-        ("nan,ChatGPT,10,3,13,API log", "Timestamp 'nan'"),
-        ("inf,ChatGPT,10,3,13,API log", "Timestamp 'inf'"),
-        ("40,ChatGPT,ten,3,13,API log", "Request tokens 'ten'; expected a non-negative integer"),
-        ("40,ChatGPT,10.5,3,13,API log", "Request tokens '10.5'"),
-        ("40,ChatGPT,10,-3,7,API log", "Response tokens '-3'; expected a non-negative integer"),
-        ("40,ChatGPT,10,,10,API log", "Response tokens ''"),
+        ("noon,ChatGPT,10,3,13,API log", "Timestamp is a text of 4 characters; expected a non-negative number of seconds"),
+        ("-1,ChatGPT,10,3,13,API log", "Timestamp is the number -1"),
+        ("nan,ChatGPT,10,3,13,API log", "Timestamp is the number nan"),
+        ("inf,ChatGPT,10,3,13,API log", "Timestamp is the number inf"),
+        ("40,ChatGPT,ten,3,13,API log", "Request tokens is a text of 3 characters; expected a non-negative integer"),
+        ("40,ChatGPT,10.5,3,13,API log", "Request tokens is the number 10.5"),
+        ("40,ChatGPT,10,-3,7,API log", "Response tokens is the number -3; expected a non-negative integer"),
+        ("40,ChatGPT,10,,10,API log", "Response tokens is an empty text"),
     ],
 )
 def test_burstgpt_errors_name_the_line(tmp_path, bad_line, message):
@@ -413,7 +428,8 @@ def test_burstgpt_errors_name_the_line(tmp_path, bad_line, message):
 
 def test_burstgpt_header_and_empty_files(tmp_path):
     path = write(tmp_path, "bad.csv", ["Timestamp,Model,Request tokens,Total tokens,Log Type", "5,ChatGPT,10,13,x"])
-    with pytest.raises(TraceError, match=r"bad\.csv:line 1: header .* lacks 'Response tokens'; expected columns"):
+    with pytest.raises(TraceError, match=r"bad\.csv:line 1: a first line of 5 comma-separated fields, of which 5 are columns of the "
+                                         r"format, without 'Response tokens'; expected columns"):
         read_burstgpt(path)
     with pytest.raises(TraceError, match="no requests"):
         read_burstgpt(write(tmp_path, "empty.csv", [BURSTGPT_HEADER_LINE]))

@@ -42,6 +42,7 @@ from mcsim.perf.hardware import as_hardware
 from mcsim.perf.roofline_model import options
 from mcsim.scenario import catalog
 from mcsim.scenario.loading import draw_uncertain, load_scenario, resolve
+from mcsim.text import one_line
 
 STEP_COLUMNS = ("hardware", "model", "tp", "decode_seqs", "mean_context", "prefill_tokens", "time_ms")
 KINDS = ("vidur-mlp", "vidur-all_reduce", "vidur-send_recv", "steps")
@@ -60,7 +61,7 @@ def kind_of(path) -> str:
         try:
             header = next(csv.reader(line for line in handle if not line.startswith("#")), [])
         except (UnicodeDecodeError, csv.Error) as err:
-            raise MeasurementError(f"{path}:1: not a CSV file ({err})") from None
+            raise MeasurementError(f"{path}:1: not a CSV file ({type(err).__name__})") from None
     names = {h.strip() for h in header}
     if any(n.startswith("time_stats.attn_pre_proj.") for n in names):
         return "vidur-mlp"
@@ -211,7 +212,7 @@ def read_steps(path) -> list[dict]:
             for section, name, names in (("hardware", hardware, sorted(catalog.hardware())),
                                          ("model", model, sorted(catalog.models()))):
                 if name not in names:
-                    raise MeasurementError(f"{path}:{line}: unknown {section} preset {name!r}; known: "
+                    raise MeasurementError(f"{path}:{line}: unknown {section} preset {one_line(name, 40)!r}; known: "
                                            + ", ".join(names))
             rows.append({"hardware": hardware, "model": model, "tp": tp, "decode_seqs": seqs,
                          "mean_context": context, "prefill_tokens": prefill, "time_s": time_ms / 1e3, "line": line})

@@ -88,7 +88,7 @@ def _number(text) -> float:
     past every range check and fail inside the fit)."""
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{text!r} is not a finite number")
+        raise ValueError("not a finite number")
     return value
 
 
@@ -124,7 +124,7 @@ def read_collectives(path) -> CollectiveTimes:
         kinds = {name.split(".")[1] for name in header if name.startswith("time_stats.") and name.count(".") == 2}
         if len(kinds) != 1:
             raise MeasurementError(f"{path}:1: expected time_stats.<collective>.<stat> columns of one collective, "
-                                   f"got {sorted(kinds) or 'none'}")
+                                   f"got columns of {len(kinds) or 'no'} collective{'' if len(kinds) == 1 else 's'}")
         kind = kinds.pop()
         needed = ["size", "num_workers", "devices_per_node"] + [f"time_stats.{kind}.{s}" for s in ("median", "mean",
                                                                                                     "std")]

@@ -40,6 +40,7 @@ import urllib.parse
 from http.client import HTTPException
 
 from mcsim.errors import McsimError
+from mcsim.text import one_line
 
 DEFAULT_PROMPT = ("Explain, in a few plain paragraphs, how a lighthouse keeper in the nineteenth century kept the "
                   "lamp burning through a winter storm.")
@@ -80,8 +81,14 @@ def _base_url(url: str) -> str:
 
 
 def _excerpt(raw: bytes) -> str:
-    text = raw.decode("utf-8", errors="replace").strip()
-    return text if len(text) <= _BODY_EXCERPT_CHARS else text[:_BODY_EXCERPT_CHARS] + "..."
+    """A server's text as it may be printed: one line, control characters escaped, at most
+    ``_BODY_EXCERPT_CHARS`` characters (a hostile server's ANSI escapes, bells and newlines never reach a
+    terminal, whether the message is printed by the command line or by a notebook)."""
+    return _server_text(raw.decode("utf-8", errors="replace").strip())
+
+
+def _server_text(text) -> str:
+    return one_line(text, _BODY_EXCERPT_CHARS)
 
 
 def _error_message(status: int, raw: bytes) -> str:
@@ -90,8 +97,7 @@ def _error_message(status: int, raw: bytes) -> str:
     except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), str):
-        text = body["error"]
-        return text if len(text) <= _BODY_EXCERPT_CHARS else text[:_BODY_EXCERPT_CHARS] + "..."
+        return _server_text(body["error"])
     return _excerpt(raw) or http.client.responses.get(status, "no message")
 
 
@@ -140,7 +146,7 @@ def _generate_once(base: str, model: str, prompt: str, num_predict: int, timeout
         status = response.status
         if 300 <= status < 400:
             raise OllamaError(f"Ollama at {base} answered HTTP {status} (a redirect to "
-                              f"{_excerpt((response.getheader('Location') or '').encode())!r}); redirects are "
+                              f"'{_excerpt((response.getheader('Location') or '').encode())}'); redirects are "
                               "not followed")
         raw = _read_body(response, base)
         if expired.is_set() or time.monotonic() - started > timeout_s:
@@ -167,11 +173,11 @@ def _generate_once(base: str, model: str, prompt: str, num_predict: int, timeout
         body = json.loads(raw)
     except ValueError as err:
         raise OllamaError(f"Ollama at {base} returned a response that is not valid JSON ({err}): "
-                          f"{_excerpt(raw)!r}") from None
+                          f"'{_excerpt(raw)}'") from None
     except RecursionError:
         raise OllamaError(f"Ollama at {base} returned JSON nested too deeply") from None
     if not isinstance(body, dict):
-        raise OllamaError(f"Ollama at {base} returned JSON that is not an object: {_excerpt(raw)!r}")
+        raise OllamaError(f"Ollama at {base} returned JSON that is not an object: '{_excerpt(raw)}'")
     if "error" in body:
         raise OllamaError(f"Ollama at {base} reported an error for model {model!r}: "
                           f"{_error_message(200, json.dumps({'error': str(body['error'])}).encode())}")
@@ -181,12 +187,12 @@ def _generate_once(base: str, model: str, prompt: str, num_predict: int, timeout
 def _count(body: dict, name: str, base: str, required: bool) -> int:
     if name not in body:
         if required:
-            raise OllamaError(f"Ollama at {base} returned no {name!r} (got keys: {', '.join(sorted(body))}); "
+            raise OllamaError(f"Ollama at {base} returned no {name!r} (got keys: {_server_text(', '.join(sorted(body)))}); "
                               f"cannot compute tokens/s")
         return 0
     value = body[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise OllamaError(f"Ollama at {base} returned {name}={value!r}; expected a non-negative number")
+        raise OllamaError(f"Ollama at {base} returned {name}={_server_text(repr(value))}; expected a non-negative number")
     return int(value)
 
 

@@ -61,6 +61,7 @@ import numpy as np
 
 from mcsim.errors import McsimError
 from mcsim.fileio import readable_kind
+from mcsim.text import shape_of
 
 MOONCAKE_BLOCK_TOKENS = 512
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -370,15 +371,15 @@ def _diagnose_mooncake(path: pathlib.Path, records: list, line_numbers: list[int
         if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not (
             math.isfinite(timestamp) and timestamp >= 0
         ):
-            raise TraceError(f"{where}: timestamp {timestamp!r}; expected a non-negative number of milliseconds")
+            raise TraceError(f"{where}: timestamp is {shape_of(timestamp)}; expected a non-negative number of milliseconds")
         for field in ("input_length", "output_length"):
             _check_count(record[field], f"{where}: {field}")
         hash_ids = record["hash_ids"]
         if not isinstance(hash_ids, list):
-            raise TraceError(f"{where}: hash_ids {hash_ids!r}; expected a list of integer block ids")
+            raise TraceError(f"{where}: hash_ids is {shape_of(hash_ids)}; expected a list of integer block ids")
         for block_id in hash_ids:
             if type(block_id) is not int or not _INT64_MIN <= block_id <= _INT64_MAX:
-                raise TraceError(f"{where}: hash_ids contains {block_id!r}; expected 64-bit integer block ids")
+                raise TraceError(f"{where}: hash_ids contains {shape_of(block_id)}; expected 64-bit integer block ids")
         expected_blocks = -(-record["input_length"] // MOONCAKE_BLOCK_TOKENS)
         if len(hash_ids) != expected_blocks:
             raise TraceError(
@@ -391,7 +392,7 @@ def _diagnose_mooncake(path: pathlib.Path, records: list, line_numbers: list[int
 
 def _check_count(value, what: str) -> None:
     if type(value) is not int or not 0 <= value <= _INT64_MAX:
-        raise TraceError(f"{what} {value!r}; expected a non-negative integer")
+        raise TraceError(f"{what} is {shape_of(value)}; expected a non-negative integer")
 
 
 # --- Azure ---------------------------------------------------------------------------------------
@@ -450,13 +451,18 @@ def _csv_fields(path: pathlib.Path, columns: tuple, require_exact: bool):
     # utf-8-sig: tolerate the byte-order mark that spreadsheet exports put before the header.
     lines = path.read_text(encoding="utf-8-sig").splitlines()
     header = [name.strip() for name in lines[0].split(",")] if lines else []
-    found = repr(lines[0]) if lines else "an empty file"
+    # described by its shape, never echoed: a file given by mistake (a key, a password list) stays unprinted
+    known = [name for name in header if name in columns]
+    found = (f"a first line of {len(header)} comma-separated field{'' if len(header) == 1 else 's'}, "
+             + (f"of which {len(known)} {'is a column' if len(known) == 1 else 'are columns'} of the format"
+                if known else "none of them a column of the format, so not the header")) if lines else "an empty file"
     if require_exact and header != list(columns):
-        raise TraceError(f"{path}:line 1: header {found}; expected {','.join(columns)!r}")
+        order = " (the same names in another order)" if sorted(header) == sorted(columns) else ""
+        raise TraceError(f"{path}:line 1: {found}{order}; expected the header {','.join(columns)!r}")
     missing = [name for name in columns if name not in header]
     if missing:
         raise TraceError(
-            f"{path}:line 1: header {found} lacks {', '.join(map(repr, missing))}; expected columns "
+            f"{path}:line 1: {found}, without {', '.join(map(repr, missing))}; expected columns "
             f"{','.join(columns)!r}"
         )
     expected_row = ",".join(header)
@@ -489,7 +495,7 @@ def _parse_timestamps(path: pathlib.Path, column: np.ndarray, line_numbers: np.n
         bad = np.flatnonzero(~np.isnat(wide) & ((wide < NS_RANGE[0]) | (wide > NS_RANGE[1])))
         if bad.size:
             row = bad[0]
-            raise TraceError(f"{path}:line {line_numbers[row]}: TIMESTAMP {str(column[row])!r} is outside "
+            raise TraceError(f"{path}:line {line_numbers[row]}: TIMESTAMP is a date outside "
                              f"{NS_RANGE[0]} .. {NS_RANGE[1]}; {expectation}")
     try:
         timestamps = column.astype("datetime64[ns]")
@@ -498,12 +504,12 @@ def _parse_timestamps(path: pathlib.Path, column: np.ndarray, line_numbers: np.n
             try:
                 np.datetime64(text, "ns")
             except ValueError:
-                raise TraceError(f"{path}:line {line_number}: TIMESTAMP {text!r}; {expectation}") from None
+                raise TraceError(f"{path}:line {line_number}: TIMESTAMP is {shape_of(text, csv_field=True)}; {expectation}") from None
         raise
     missing = np.flatnonzero(np.isnat(timestamps))
     if missing.size:
         row = missing[0]
-        raise TraceError(f"{path}:line {line_numbers[row]}: TIMESTAMP {str(column[row])!r}; {expectation}")
+        raise TraceError(f"{path}:line {line_numbers[row]}: TIMESTAMP is {shape_of(str(column[row]), csv_field=True)}; {expectation}")
     return timestamps
 
 
@@ -516,12 +522,12 @@ def _parse_counts(path: pathlib.Path, column: np.ndarray, line_numbers: np.ndarr
             try:
                 np.array([text]).astype(np.int64)
             except (ValueError, OverflowError):
-                raise TraceError(f"{path}:line {line_number}: {name} {text!r}; {expectation}") from None
+                raise TraceError(f"{path}:line {line_number}: {name} is {shape_of(text, csv_field=True)}; {expectation}") from None
         raise
     negative = np.flatnonzero(counts < 0)
     if negative.size:
         row = negative[0]
-        raise TraceError(f"{path}:line {line_numbers[row]}: {name} {str(column[row])!r}; {expectation}")
+        raise TraceError(f"{path}:line {line_numbers[row]}: {name} is {shape_of(str(column[row]), csv_field=True)}; {expectation}")
     return counts
 
 
@@ -613,12 +619,12 @@ def _parse_seconds(path: pathlib.Path, column: np.ndarray, line_numbers: np.ndar
             try:
                 float(text)
             except ValueError:
-                raise TraceError(f"{path}:line {line_number}: {name} {text!r}; {expectation}") from None
+                raise TraceError(f"{path}:line {line_number}: {name} is {shape_of(text, csv_field=True)}; {expectation}") from None
         raise
     bad = np.flatnonzero(~np.isfinite(seconds) | (seconds < 0))
     if bad.size:
         row = bad[0]
-        raise TraceError(f"{path}:line {line_numbers[row]}: {name} {str(column[row])!r}; {expectation}")
+        raise TraceError(f"{path}:line {line_numbers[row]}: {name} is {shape_of(str(column[row]), csv_field=True)}; {expectation}")
     return seconds
 
 
