@@ -326,9 +326,9 @@ def search(**kw):
 
 @main.command()
 @_common("capacity", skip=("resume", "chunk_size"))
-@click.option("--rtol", type=click.FloatRange(0, 1, min_open=True), default=0.02, show_default=True,
+@click.option("--rtol", type=click.FloatRange(1e-4, 1), default=0.02, show_default=True,
               help="Relative width of each sample's final bracket: the rate that met the SLOs and the rate that "
-                   "broke them differ by at most this.")
+                   "broke them differ by at most this (at least 1e-4; at most 40 bisections).")
 @click.option("--low", type=click.FloatRange(0, min_open=True), metavar="RPS",
               help="Start the bracket here, requests/s (default: the scenario's rate).")
 @click.option("--high", type=click.FloatRange(0, min_open=True), metavar="RPS",

@@ -55,8 +55,14 @@ def test_bad_requests_are_refused_in_one_line(busy_md1, tmp_path):
     assert parse(800, 600) is None and parse("800", 600) is None
     with pytest.raises(RequestsError, match="auto:N"):
         parse("several", 600)
+    # the cap never passes mc.requests' own range: a grown run is never longer than a run the schema accepts
+    assert parse("auto", 90_000_000) == (90_000_000, 100_000_000)
+    with pytest.raises(RequestsError, match="between 1 and 100,000,000"):
+        parse("auto:1000000000000", 600)
     out = tmp_path / "never.nc"
     for args, words in [(["run", "--requests", "autox"], "'auto' or 'auto:N'"),
+                        (["run", "--requests", "auto:10000000000"], "between 1 and 100,000,000"),
+                        (["run", "--requests", "\u00b2"], "expected a count of requests"),
                         (["run", "--requests", "auto", "--resume"], "exclude each other"),
                         (["capacity", "--requests", "auto"], "only run, compare and sweep")]:
         bad = invoke(args[0], busy_md1, *args[1:], "-o", out, "--samples", "1")

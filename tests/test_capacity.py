@@ -96,6 +96,8 @@ def test_capacity_command_prints_the_band_and_refuses_in_one_line(md1, tmp_path)
         (["--set", "performance.closed_loop_users=8"], "closed loop"),
         (["--low", "5", "--high", "2"], "expected low < high"),
         (["--rtol", "2"], "--rtol"),
+        (["--rtol", "1e-300"], "--rtol"),  # a bracket no float can narrow to: refused, never a loop without end
+        (["--rtol", "1e-17"], "--rtol"),
     ]:
         bad = invoke("capacity", str(path), "--samples", "1", "--requests", "200", "-o", str(tmp_path / "x.nc"),
                      *args)
@@ -108,5 +110,7 @@ def test_capacity_command_prints_the_band_and_refuses_in_one_line(md1, tmp_path)
 def test_settings_refuse_nonsense():
     with pytest.raises(CapacityError, match="rtol"):
         Settings(rtol=0)
+    with pytest.raises(CapacityError, match=r"\[0.0001, 1\]"):
+        Settings(rtol=1e-17)
     with pytest.raises(CapacityError, match="--low"):
         Settings(low=float("nan"))

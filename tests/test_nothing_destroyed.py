@@ -190,3 +190,33 @@ def test_a_parts_folder_holding_a_users_file_is_refused(tmp_path, flag):
     before = snapshot(tmp_path)
     refused(invoke("run", DENSE_NODE, *SMALL, "-o", tmp_path / "x.nc", flag), "not a part file mcsim wrote")
     assert snapshot(tmp_path) == before
+
+
+# -- every file a run reads is checked before the first part ------------------------------------------------------
+
+def _surface_with(tmp_path, name, first_log_ratio) -> Path:
+    from mcsim.perf.gemm_surface import bundled_path
+
+    text = bundled_path("h100").read_text()
+    head, sep, tail = text.partition("log_ratio = [")
+    path = tmp_path / name
+    path.write_text(head + sep + f"{first_log_ratio}, " + tail.split(", ", 1)[1])
+    return path
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "search"])
+@pytest.mark.parametrize("surface, words", [
+    ("missing.toml", "missing.toml"),
+    ("garbage.toml", "garbage.toml"),
+    ("huge.toml", "log ratios within"),  # exp(1e6): once an internal error
+])
+def test_a_bad_gemm_surface_in_a_grid_stops_before_any_part(tmp_path, command, surface, words):
+    good = _surface_with(tmp_path, "good.toml", 0.01)
+    _surface_with(tmp_path, "huge.toml", 1e6)
+    (tmp_path / "garbage.toml").write_bytes(b"\x00\x01 not toml [[[")
+    out = tmp_path / "out.nc"
+    grid = ["--space" if command == "search" else "--grid", f"performance.gemm_surface={good},{tmp_path / surface}"]
+    result = invoke(command, DENSE_NODE, *SMALL, "--set", 'hardware.preset="h100"',
+                    "--set", 'performance.fidelity="roofline"', *grid, "-o", out)
+    refused(result, words)
+    assert not out.exists() and not (tmp_path / "out.nc.parts").exists()

@@ -269,3 +269,12 @@ def test_run_exits_2_on_a_bad_profile(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and str(scenario) in lines[0] and "workload.rate_profile" in lines[0], lines
     assert not (tmp_path / "out.nc").exists()
+
+
+def test_huge_relative_rates_are_the_same_profile():
+    # Relative rates: scaling them changes nothing, even where their mean would overflow to inf (it once hung
+    # the run on NaN arrival times).
+    a = arrivals(2000, 3.0, [1e308, 1e308, 5e307], 60.0, 10.0, seed=4)
+    b = arrivals(2000, 3.0, [2.0, 2.0, 1.0], 60.0, 10.0, seed=4)
+    assert np.all(np.isfinite(a))
+    np.testing.assert_allclose(a, b, rtol=1e-12)

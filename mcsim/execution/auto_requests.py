@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from mcsim.errors import McsimError
 from mcsim.results.summary import _trace_supply, steady_state_facts
+from mcsim.scenario.schema import SECTIONS
 
 #: The default cap of ``auto``: this many times the starting requests (four doublings).
 GROWTH = 16
@@ -23,17 +24,24 @@ class RequestsError(McsimError, ValueError):
     """A ``--requests`` value that is neither a count nor ``auto`` / ``auto:N``."""
 
 
+def max_requests() -> int:
+    """The most requests a sample may simulate: ``mc.requests``' upper bound, which a grown run keeps to too."""
+    return int(SECTIONS["mc"]["requests"].hi)
+
+
 def parse(value, start: int) -> tuple[int, int] | None:
     """``(start, cap)`` for ``"auto"`` or ``"auto:N"``; None for a count (an int, or a string of digits)."""
     if value is None or isinstance(value, int) or (isinstance(value, str) and value.strip().isascii() and value.strip().isdigit()):
         return None
     text = str(value).strip().lower()
+    most = max_requests()
     if text == "auto":
-        return start, GROWTH * start
+        return min(start, most), min(GROWTH * start, most)
     if text.startswith("auto:") and text[5:].isascii() and text[5:].replace("_", "").isdigit():
         cap = int(text[5:].replace("_", ""))
-        if cap < 1:
-            raise RequestsError(f"--requests {value}: the cap must be at least 1 request")
+        if not 1 <= cap <= most:
+            raise RequestsError(f"--requests {value}: the cap must be between 1 and {most:,} requests per sample "
+                                "(mc.requests' range)")
         return min(start, cap), cap
     raise RequestsError(f"--requests {value}: expected a count of requests per sample, 'auto' (grow until steady, "
                         f"at most {GROWTH} x mc.requests) or 'auto:N' (at most N)")

@@ -47,6 +47,8 @@ from mcsim.fileio import TEMP_MARK, atomic_path, not_a_regular_file, readable_ki
 from mcsim.results import dataset as results
 from mcsim.results.attribution import ablation_variants, reduce_row, saved_variants
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
+from mcsim.scenario.calibration_file import CalibrationError
+from mcsim.scenario.calibration_file import load as load_calibration
 from mcsim.scenario.grid import Axis, points, pricing_note
 from mcsim.scenario.schema import workload_reads
 from mcsim.stages.workload import resolve_trace_path
@@ -131,10 +133,13 @@ class Plan:
         files = self.trace_paths()
         if self.scn.calibration is not None and self.scn.calibration.path:
             files.append(Path(self.scn.calibration.path))
+        return files + self.surface_paths()
+
+    def surface_paths(self) -> list[Path]:
+        """The GEMM surfaces the run reads: the scenario's and its grid points' ``performance.gemm_surface``."""
         surfaces = {str(self.scn.values.get("performance.gemm_surface", ""))} | {
             str(v) for a in self.axes if a.path == "performance.gemm_surface" for v in a.values}
-        files += [Path(s).expanduser() for s in sorted(surfaces) if s not in ("", "none")]
-        return files
+        return [Path(s).expanduser() for s in sorted(surfaces) if s not in ("", "none")]
 
 
 def _file_digest(path: Path) -> str:
@@ -152,7 +157,14 @@ def _file_digest(path: Path) -> str:
 
 
 def check_inputs(plan: "Plan") -> None:
-    """Read and check every trace the run will replay before any work starts (a bad one is a one-line error)."""
+    """Read and check every trace the run will replay and every GEMM surface it reads before any work starts (a
+    bad one is a one-line error, and no part is written)."""
+    for path in plan.surface_paths():
+        cal = load_calibration(path)  # a CalibrationError naming the file, the key and what was expected
+        if "gemm" not in cal.surfaces:
+            raise CalibrationError(str(path), "performance.gemm_surface: the calibration has no [surfaces.gemm] "
+                                   "table (mcsim calibrate writes one from per-GEMM measurements)",
+                                   key="performance.gemm_surface")
     for path in plan.trace_paths():
         kind = readable_kind(path)
         if kind:

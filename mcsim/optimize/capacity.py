@@ -47,6 +47,13 @@ class CapacityError(McsimError, ValueError):
     """A capacity question that cannot be asked of this scenario (a closed loop, a bad bracket)."""
 
 
+#: The narrowest final bracket: below it a rate's SLO verdict is decided by one sample's noise, and a bracket of
+#: 1e-17 would need more bisections than a float can tell apart (they would never end).
+MIN_RTOL = 1e-4
+#: At most this many bisections, whatever the bracket: from a bracket of 10^6 x, 40 reach 1e-4.
+MAX_BISECTIONS = 40
+
+
 @dataclass(frozen=True)
 class Settings:
     """How the rate is bisected: the relative width of the final bracket, and optional bounds in requests/s."""
@@ -56,8 +63,9 @@ class Settings:
     high: float | None = None
 
     def __post_init__(self):
-        if not 0.0 < self.rtol <= 1.0:
-            raise CapacityError(f"--rtol {self.rtol:g}: expected a relative width in (0, 1], e.g. 0.02")
+        if not MIN_RTOL <= self.rtol <= 1.0:
+            raise CapacityError(f"--rtol {self.rtol:g}: expected a relative width in [{MIN_RTOL:g}, 1], e.g. 0.02 "
+                                "(a sample's own noise is wider than the floor)")
         for name, value in (("--low", self.low), ("--high", self.high)):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise CapacityError(f"{name} {value:g}: expected a positive rate in requests/s")
@@ -156,7 +164,9 @@ def sample_capacity(scn: Scenario, settings: Settings, sample: int, seed: int, r
         return _outcome(trials, None, hi, "SLOs not met at the lowest rate tried", per_rps)
     if hi is None:
         return _outcome(trials, lo, None, "SLOs met at the highest rate tried", per_rps)
-    while hi.value > lo.value * (1 + settings.rtol):
+    for _ in range(MAX_BISECTIONS):
+        if hi.value <= lo.value * (1 + settings.rtol):
+            break
         trial = run(math.sqrt(lo.value * hi.value))
         lo, hi = (trial, hi) if trial.met else (lo, trial)
     return _outcome(trials, lo, hi, "bracketed", per_rps)

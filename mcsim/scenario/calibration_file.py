@@ -331,6 +331,13 @@ def load(path) -> Calibration:
                        notes=notes, path=where, surfaces=surfaces)
 
 
+#: The widest correction a measured GEMM surface may make: ln 100 (every measured GEMM on H100 and A100 lies
+#: within +-0.5 of the fitted curve; 1e6 would make a step take exp(1e6) s, an overflow).
+MAX_LOG_RATIO = math.log(100.0)
+#: The largest GEMM dimension a surface may hold (rows, columns, depth).
+MAX_SURFACE_DIMENSION = 1e9
+
+
 def _check_surface(where: str, name: str, table) -> None:
     """A measured surface: lists ``n``, ``k``, ``rows`` (positive) and ``log_ratio`` (finite), of one length."""
     if not isinstance(table, dict):
@@ -341,8 +348,12 @@ def _check_surface(where: str, name: str, table) -> None:
         if not isinstance(values, list) or not values or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
             _fail(where, f"{name}.{key}", "expected a non-empty list of finite numbers")
-        if key != "log_ratio" and min(values) <= 0:
-            _fail(where, f"{name}.{key}", "expected positive numbers")
+        if key != "log_ratio" and not 0 < min(values) <= max(values) <= MAX_SURFACE_DIMENSION:
+            _fail(where, f"{name}.{key}", f"expected positive numbers of at most {MAX_SURFACE_DIMENSION:g} (a GEMM's "
+                  "rows, columns or depth)")
+        if key == "log_ratio" and max(abs(v) for v in values) > MAX_LOG_RATIO:
+            _fail(where, f"{name}.{key}", f"expected log ratios within +-{MAX_LOG_RATIO:.2f} (a measured GEMM "
+                  "at most 100x slower or faster than the roofline's curve)")
         if length is not None and len(values) != length:
             _fail(where, f"{name}.{key}", f"has {len(values)} values, n has {length}: one per measured GEMM")
         length = len(values)
