@@ -5,9 +5,12 @@ sizes stays short, yet a value past them is refused in one line naming the key a
 weight made the weights' size infinite, and a model of 10^18 attention heads never finished listing its
 tensor-parallel degrees.
 
-Keys whose values are commonly uncertain with an unbounded law (a lognormal price, a normal PUE bounded below only)
-have no upper bound here: a range with one refuses such laws (their support crosses it). Their arithmetic is kept
-finite instead (:mod:`mcsim.stages.economics`, :func:`mcsim.stages.kvcache.capacity_blocks`).
+Every numeric scenario key has a range: the schema's own (a fraction in [0, 1]) or, where the schema states only a
+sign, the physical one of :data:`SCENARIO_UPPER` and :data:`SCENARIO_LOWER` (1e300 turns a session or 1e-300
+requests/s are refused, not run). Keys whose values are commonly uncertain with an unbounded law (a lognormal price,
+a normal PUE bounded below only) keep those laws: a distribution's unbounded tail is judged by its quantiles at
+:data:`DRAW_TAIL` and 1 - :data:`DRAW_TAIL` (a lognormal price of median 30,000 USD and sigma 1 reaches 3.4 million
+there), and a draw beyond the key's range, rarer than that, is clipped to it.
 
 Examples
 --------
@@ -34,8 +37,7 @@ CATALOG_LOWER = {
 
 #: The most a catalog field may be: far beyond any model or accelerator (the catalog's largest are a hundredth of
 #: these or less), so that a model's sizes and an accelerator's rates multiply to finite figures and the searches over
-#: a model's heads (tensor-parallel degrees) and experts stay short; a fraction of a peak is at most 1. The prices
-#: (price_usd, rental_usd_per_hour) have none, as the [economics] prices (see the module's docstring).
+#: a model's heads (tensor-parallel degrees) and experts stay short; a fraction of a peak is at most 1.
 CATALOG_UPPER = {
     **{f"model.{k}": 10_000 for k in ("layers", "dense_layers")},
     "model.mtp_layers": 1_000,
@@ -60,4 +62,95 @@ CATALOG_UPPER = {
                                     "elementwise_bandwidth_fraction")},
     **{f"hardware.{k}": 1e6 for k in ("tdp_w", "idle_w")},
     "hardware.gpus_per_node": 100_000,
+    "hardware.price_usd": 1e9,
+    "hardware.rental_usd_per_hour": 1e6,
+}
+#: The catalog bounds that, as :data:`SCENARIO_UPPER`'s, an unbounded law (a lognormal price) meets at its tails.
+TAIL_CHECKED_CATALOG = ("hardware.price_usd", "hardware.rental_usd_per_hour")
+
+#: The tail probability at which an unbounded distribution of an uncertain input is held to its key's range (see
+#: the module's docstring); a draw beyond the range is rarer than this on either side, and clipped to it.
+DRAW_TAIL = 1e-12
+
+_SECONDS_IN_TEN_YEARS = 3.2e8
+
+#: The most a scenario key whose schema states only a sign may be: far beyond any deployment, each with the unit
+#: of its key (``workload.classes.*`` is every class's key).
+SCENARIO_UPPER = {
+    "deployment.routing_balance": 100.0,           # a relative load guard: 100 x the least loaded
+    "deployment.max_batch_per_gpu": 1_000_000,     # sequences
+    "deployment.tpot_target_s": 600.0,             # a token every ten minutes
+    "deployment.ttft_target_s": 86_400.0,          # a day
+    "workload.trace_time_scale": 1e6,
+    "workload.trace_start_s": _SECONDS_IN_TEN_YEARS,
+    "workload.rate_rps": 1e8,                      # 10^8 requests per second
+    "workload.rate_profile_period_s": _SECONDS_IN_TEN_YEARS,
+    "workload.rate_profile_start_s": _SECONDS_IN_TEN_YEARS,
+    "workload.think_time_s": _SECONDS_IN_TEN_YEARS,
+    "workload.max_context": 1_000_000_000,         # tokens, the catalog's own bound on model.max_context
+    "workload.classes.*.share": 1e9,               # relative shares, normalised
+    "workload.classes.*.turns": 10_000.0,          # mean turns of a session
+    "cache.hbm_gb_per_instance": 1e7,              # GB: 10 PB of GPU memory per instance
+    "cache.dram_gb_per_node": 1e8,
+    "cache.nvme_gb_per_node": 1e9,                 # GB: an exabyte per node
+    "cache.nvme_gb_s_per_node": 1e7,
+    "speculative.draft_cost": 100.0,               # fractions of a decode step
+    "speculative.verify_cost": 100.0,
+    "precision.decode_gain": 1000.0,
+    "precision.prefill_gain": 1000.0,
+    "performance.gemm_half_tokens": 1e9,           # rows
+    "performance.gemm_floor_s": 60.0,
+    "performance.kernel_floor_s": 60.0,
+    "performance.attention_floor_s": 60.0,
+    **{f"performance.{k}_error": 1000.0 for k in ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send",
+                                                  "step")},
+    "performance.collective_latency_s": 60.0,
+    "performance.launch_overhead_s": 60.0,
+    "performance.step_overhead_s": 600.0,
+    "performance.attention_window": 1_000_000_000,  # tokens
+    "performance.sparse_topk": 1_000_000_000,
+    "performance.token_budget": 1_000_000_000,
+    "performance.chunk_tokens": 1_000_000_000,
+    "performance.closed_loop_users": 100_000_000,
+    "performance.batching_requests": 100_000_000,  # mc.requests' own bound
+    "host.request_overhead_s": 3600.0,
+    "host.tokenize_s_per_token": 60.0,
+    "host.detokenize_s_per_token": 60.0,
+    "host.stream_interval_tokens": 1_000_000_000,
+    "efficiency.base_decode_tok_s_per_gpu": 1e9,
+    "efficiency.base_prefill_tok_s_per_gpu": 1e10,
+    "efficiency.batch_half_saturation": 1e7,       # sequences per GPU
+    "efficiency.fused_kernel_gain": 1000.0,
+    "efficiency.comm_overlap_gain": 1000.0,
+    "efficiency.kv_transfer_latency_s": 3600.0,
+    "economics.rental_usd_per_gpu_hour": 1e6,
+    "economics.price_usd": 1e9,                    # USD per GPU
+    "economics.gpu_price_factor": 1e4,
+    "economics.lifetime_years": 1000.0,
+    "economics.electricity_usd_per_kwh": 1e4,
+    "economics.pue": 100.0,
+    **{f"economics.price_{k}_usd_per_mtok": 1e6 for k in ("input_cache_hit", "input_cache_miss", "output")},
+    "cache.tiers.*.gb": 1e9,
+    "cache.tiers.*.gb_s": 1e7,
+    "cache.tiers.*.latency_us": 3.6e9,             # an hour
+}
+
+#: The least a scenario key whose schema excludes 0 only may be: 1e-300 requests/s or a 1e-300 s TPOT target are
+#: not a deployment (a day would hold no request, no step would meet the target), and their arithmetic overflows.
+SCENARIO_LOWER = {
+    "deployment.tpot_target_s": 1e-6,              # a microsecond per token
+    "workload.trace_time_scale": 1e-6,
+    "workload.rate_rps": 1e-6,                     # one request in 11.6 days
+    "workload.rate_profile_period_s": 1e-3,
+    "cache.nvme_gb_s_per_node": 1e-6,
+    "precision.decode_gain": 1e-3,
+    "precision.prefill_gain": 1e-3,
+    **{f"performance.{k}_error": 1e-3 for k in ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send",
+                                                "step")},
+    "efficiency.base_decode_tok_s_per_gpu": 1e-6,
+    "efficiency.base_prefill_tok_s_per_gpu": 1e-6,
+    "efficiency.fused_kernel_gain": 1e-3,
+    "efficiency.comm_overlap_gain": 1e-3,
+    "economics.gpu_price_factor": 1e-6,
+    "economics.lifetime_years": 1e-3,              # nine hours
 }

@@ -23,9 +23,11 @@ Examples
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from mcsim import __version__
 from mcsim.scenario import catalog
+from mcsim.scenario.bounds import SCENARIO_LOWER, SCENARIO_UPPER, TAIL_CHECKED_CATALOG
 from mcsim.scenario.distributions import KINDS
 from mcsim.scenario.grid import MAX_AXIS_VALUES
 from mcsim.scenario.schema import (CLASS_FIELDS, MAX_TIERS, SECTIONS, TIER_FIELDS, TIER_NAME_PATTERN, TIER_REQUIRED,
@@ -128,6 +130,16 @@ def _distributions_name(spec: Field) -> str:
     return name
 
 
+def _laws_range(path: str, spec: Field) -> Field:
+    """The range a key's distribution tables are bounded by here: its own, less the physical bounds that the loader
+    holds an unbounded law's tails to (:data:`mcsim.scenario.bounds.DRAW_TAIL`), which a JSON Schema cannot
+    express; a lognormal price or a normal without ``high`` stays valid, and the loader checks their tails."""
+    key = re.sub(r"^(workload\.classes|cache\.tiers)\.[^.]+\.", r"\1.*.", path)
+    hi = None if key in SCENARIO_UPPER or key in TAIL_CHECKED_CATALOG else spec.hi
+    lo, lo_open = (0, True) if key in SCENARIO_LOWER else (spec.lo, spec.lo_open)
+    return replace(spec, lo=lo, hi=hi, lo_open=lo_open)
+
+
 def value(path: str, spec: Field, description: str, default=None, defs: dict | None = None) -> dict:
     """The schema of a key: its plain value or, where it takes one, a distribution table.
 
@@ -135,9 +147,10 @@ def value(path: str, spec: Field, description: str, default=None, defs: dict | N
     """
     out: dict = {}
     if spec.kind in ("float", "int", "perreq") and not spec.plain:
-        name = _distributions_name(spec)
+        laws = _laws_range(path, spec)
+        name = _distributions_name(laws)
         if defs is not None and name not in defs:
-            tables = [d for kind in KINDS if (d := _distribution(kind, spec, nested=spec.kind == "perreq"))]
+            tables = [d for kind in KINDS if (d := _distribution(kind, laws, nested=spec.kind == "perreq"))]
             defs[name] = {"anyOf": tables}
         out["anyOf"] = [plain(path, spec), {"$ref": f"#/$defs/{name}"}]
     else:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from mcsim.fileio import readable_kind
+from mcsim.scenario.bounds import DRAW_TAIL
 from mcsim.scenario import catalog, distributions, grid
 from mcsim.scenario.calibration_file import CalibrationError, check_regime, regime_of
 from mcsim.scenario.calibration_file import load as load_calibration
@@ -216,6 +217,18 @@ def _support(d: Dist) -> tuple[float, float, bool]:
     return lo, hi, d.kind in ("lognormal", "beta") and lo < hi
 
 
+def _drawn_support(d: Dist) -> tuple[float, float, bool]:
+    """What an uncertain input's draws are held to: its support, with an unbounded end (a lognormal's, a normal's
+    without low or high) replaced by its quantile at :data:`~mcsim.scenario.bounds.DRAW_TAIL` from that end (a
+    draw beyond it is clipped to the key's range by :func:`draw_uncertain`)."""
+    lo, hi, open_lo = _support(d)
+    if d.kind == "lognormal" or lo == -math.inf:
+        lo, open_lo = float(d.ppf(DRAW_TAIL)), False
+    if hi == math.inf:
+        hi = float(d.ppf(1.0 - DRAW_TAIL))
+    return lo, hi, open_lo
+
+
 def _closed_support(d: Dist) -> tuple[float, float]:
     p = d.params
     if d.kind == "fixed":
@@ -265,14 +278,18 @@ def _check_value(spec: Field, path: str, value, source: str):
         d = distributions.parse(value, path, allow_nested=(kind == "perreq"))
     except DistributionError as err:
         raise ScenarioError(source, err.key, err.detail) from None
+    tails = False
     if d.nested():
         lo, hi, open_lo = _nested_support(d, source)
-    else:
+    elif kind == "perreq":
         lo, hi, open_lo = _support(d)
+    else:
+        (lo, hi, open_lo), tails = _drawn_support(d), d.kind in ("lognormal", "normal")
     if (spec.lo is not None and (lo < spec.lo or (spec.lo_open and lo <= spec.lo and not open_lo))) or (
         spec.hi is not None and hi > spec.hi
     ):
-        shown = f"{lo:g}" if d.is_fixed else f"{d.kind} distribution's support [{lo:g}, {hi:g}]"
+        where = f"range between its {DRAW_TAIL:g} quantiles" if tails else "support"
+        shown = f"{lo:g}" if d.is_fixed else f"{d.kind} distribution's {where} [{lo:g}, {hi:g}]"
         fail(f"expected {spec.describe()}, got {shown}")
     if kind == "perreq":
         return d
@@ -754,6 +771,10 @@ def draw_uncertain(scn: Scenario, samples, seed: int, n_samples: int | None = No
             u = np.array([rng_for(seed, int(s), STREAM_PARAMS, key).random() for s in samples])
         values = dist.ppf(u)
         spec = field_for(path)
+        if spec is not None:  # an unbounded law's tail beyond DRAW_TAIL: rarer than 1e-12, held to the key's range
+            lowest = None if spec.lo is None else np.nextafter(spec.lo, np.inf) if spec.lo_open else spec.lo
+            if lowest is not None or spec.hi is not None:
+                values = np.clip(values, lowest, spec.hi)
         if spec is not None and spec.kind == "int":
             values = np.rint(values)
         out[path] = values

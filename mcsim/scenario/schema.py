@@ -25,7 +25,8 @@ from typing import Any
 
 from mcsim.errors import McsimError
 from mcsim.scenario import catalog
-from mcsim.scenario.bounds import CATALOG_LOWER, CATALOG_UPPER, ELEMENT_BYTES, MAX_BURSTINESS, MAX_GPU_MEMORY_GB
+from mcsim.scenario.bounds import (CATALOG_LOWER, CATALOG_UPPER, ELEMENT_BYTES, MAX_BURSTINESS, MAX_GPU_MEMORY_GB,
+                                   SCENARIO_LOWER, SCENARIO_UPPER)
 from mcsim.scenario.choices import (ALLREDUCE_ALGORITHMS, ALLREDUCE_IMPLS, ALLTOALL_ALGORITHMS, FLEET_SIMULATIONS,
                                     ROUTING_POLICIES, SCHEDULERS, STACKS)
 
@@ -531,6 +532,23 @@ TIER_FIELDS: dict[str, Field] = {
                          "it, us; default: its kind's.", 0, None),
 }
 TIER_REQUIRED = ("name", "gb", "scope")
+
+
+def _physical_ranges(fields: dict, prefix: str) -> None:
+    """Give each numeric key of ``fields`` whose range states only a sign its physical range
+    (:data:`mcsim.scenario.bounds.SCENARIO_UPPER` and ``SCENARIO_LOWER``), so that every numeric key is bounded."""
+    for key, f in list(fields.items()):
+        path = prefix + key
+        hi = SCENARIO_UPPER.get(path) if f.hi is None else f.hi
+        lo, lo_open = (SCENARIO_LOWER[path], False) if path in SCENARIO_LOWER else (f.lo, f.lo_open)
+        if (lo, hi, lo_open) != (f.lo, f.hi, f.lo_open):
+            fields[key] = replace(f, lo=lo, hi=hi, lo_open=lo_open)
+
+
+for _section, _fields in SECTIONS.items():
+    _physical_ranges(_fields, f"{_section}.")
+_physical_ranges(CLASS_FIELDS, "workload.classes.*.")
+_physical_ranges(TIER_FIELDS, "cache.tiers.*.")
 
 
 #: What ``compare`` switches off for its baseline (before the scenario's own ``[baseline]`` overrides).
