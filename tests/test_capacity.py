@@ -92,6 +92,18 @@ def test_capacity_command_prints_the_band_and_refuses_in_one_line(md1, tmp_path)
     assert result.exit_code == 0, result.output
     assert "capacity_rps" in result.output and "bracketed: 2 of 2" in result.output
     assert "TTFT p90 <= 1.0 s" in result.output and f"wrote {out}" in result.output
+    # its report (once an internal error on the trial dim): the capacity figure and the capacity's own quantiles
+    report = invoke("report", str(out), "-o", str(tmp_path / "rep"))
+    assert report.exit_code == 0, report.output
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "## Capacity question" in summary and "![capacity](capacity.png)" in summary
+    assert (tmp_path / "rep" / "capacity.png").stat().st_size > 10_000
+    import csv
+    import xarray as xr
+
+    rows = [r for r in csv.DictReader(open(tmp_path / "rep" / "quantiles.csv")) if r["metric"] == "capacity_rps"]
+    with xr.open_dataset(out) as ds:
+        assert float(rows[0]["p50"]) == pytest.approx(float(np.median(ds.capacity_rps.values)), rel=1e-6)
     for args, words in [
         (["--set", "performance.closed_loop_users=8"], "closed loop"),
         (["--low", "5", "--high", "2"], "expected low < high"),

@@ -23,7 +23,7 @@ from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE, WORKLO
 #: Quantiles over Monte Carlo samples written to quantiles.csv.
 LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
 #: Dims that are never grid axes.
-FIXED_DIMS = ("variant", "sample", "tier", "quantile", REQUEST_QUANTILE, WORKLOAD_CLASS, "lever")
+FIXED_DIMS = ("variant", "sample", "tier", "quantile", REQUEST_QUANTILE, WORKLOAD_CLASS, "lever", "trial")
 #: Names the per-request quantile dim has had (the first one present is used; files before 0.2 say "quantile").
 REQUEST_QUANTILE_DIMS = (REQUEST_QUANTILE, "quantile")
 class ReportError(McsimError, ValueError):

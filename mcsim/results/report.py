@@ -66,6 +66,8 @@ REQUEST_QUANTILES = (0.5, 0.99)
 #: Outputs whose sensitivity to the uncertain inputs is reported (those present).
 SENSITIVITY_OUTPUTS = ("gross_margin", "cost_usd_per_mtok", "decode_tok_s_per_gpu", "ttft_s", "tpot_s")
 MAX_TABLE_ROWS = 30
+#: What a capacity result's report leads with.
+CAPACITY_HEADLINE = ("capacity_rps", "breaking_rps")
 BOOTSTRAP = 200
 
 
@@ -127,7 +129,8 @@ def write_report(results, out_dir, metrics=None, overwrite: bool = False, at: di
 
 def _write_report_files(ds, layout, metrics, out: Path) -> None:
     if metrics is None:
-        quantity_names = [n for n in HEADLINE if n in ds] + [n for n in ("ttft_s", "tpot_s") if n in ds]
+        quantity_names = [n for n in CAPACITY_HEADLINE if ds.attrs.get("capacity_result") and n in ds]
+        quantity_names += [n for n in HEADLINE if n in ds] + [n for n in ("ttft_s", "tpot_s") if n in ds]
         # Simulated replicas: how evenly the router spread the requests.
         quantity_names += [n for n in ("instance_load_imbalance",) if n in ds and bool(np.isfinite(ds[n]).any())]
         sensitivity_names = [n for n in SENSITIVITY_OUTPUTS if n in ds]
@@ -325,6 +328,13 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
     if attrs.get("pricing_note"):
         run.append(("pricing", markdown_text(attrs["pricing_note"])))
     lines += ["## Run", ""] + _table(["", ""], run) + [""]
+    if attrs.get("capacity_result"):
+        lines += ["## Capacity question", "",
+                  markdown_text(f"The highest arrival rate ({attrs.get('capacity_knob', '?')}) at which "
+                                f"{attrs.get('capacity_deployment', 'the deployment')} meets "
+                                f"{attrs.get('capacity_slo', 'its SLOs')}, bisected per sample on its own common "
+                                f"random numbers to within {float(attrs.get('capacity_rtol', math.nan)):.0%}. "
+                                "The other figures describe each sample's run at its capacity."), ""]
 
     lines += ["## Headline metrics (modelled)", "",
               ("Cells are median [5 %, 95 %] over Monte Carlo samples. All five quantiles (5/25/50/75/95 %) for "
@@ -376,7 +386,8 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
     lines += ["## Figures (modelled)", ""]
     if len(layout.points) > 1:
         lines += [f"Dims a figure does not show are held at {layout.name(layout.focus)} (choose with `--at`).", ""]
-    sections = [("distributions", "Distributions over samples"),
+    sections = [("capacity", "Capacity (each sample's bisection, and the capacity over samples)"),
+                ("distributions", "Distributions over samples"),
                 ("paired", "Paired comparisons (each sample against itself)"),
                 ("load", "Service level against load"), ("tornado", "Sensitivity (tornado charts)"),
                 ("heatmap", "Medians over two grid axes"), ("waterfall", "Baseline -> factory")]

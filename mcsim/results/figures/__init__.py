@@ -7,7 +7,8 @@ reads without the code:
 - :mod:`~.tornado` — rank correlations with the uncertain inputs;
 - :mod:`~.grid` — heatmaps of medians over two grid axes, and service level against load;
 - :mod:`~.paired` — per-sample comparisons with a reference grid value or variant;
-- :mod:`~.waterfalls` — baseline -> factory steps per lever.
+- :mod:`~.waterfalls` — baseline -> factory steps per lever;
+- :mod:`~.capacity` — a capacity result's bisections and its capacity over samples.
 
 Every figure is drawn at the report's focus point (``--at``) for the dims it does not show. Every figure of
 samples marks the runs that had not reached steady state (hollow points, or a count where it aggregates) and says
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import matplotlib
 
+from mcsim.results.figures.capacity import capacity_figure
 from mcsim.results.figures.common import has_values, save
 from mcsim.results.figures.distributions import distribution
 from mcsim.results.figures.grid import heatmap, load_axis, load_curves
@@ -29,7 +31,7 @@ from mcsim.results.figures.tornado import tornado
 from mcsim.results.figures.waterfalls import waterfall_figure, waterfall_metrics
 
 #: Sections of the report's figures, in the order the summary shows them.
-SECTIONS = ("distributions", "paired", "load", "tornado", "heatmap", "waterfall")
+SECTIONS = ("capacity", "distributions", "paired", "load", "tornado", "heatmap", "waterfall")
 #: Metrics drawn as heatmaps over two grid axes and compared sample by sample (those reported).
 HEATMAP_METRICS = ("gross_margin", "cost_usd_per_mtok")
 PAIRED_METRICS = ("gross_margin", "cost_usd_per_mtok", "decode_tok_s_per_gpu", "ttft_s p99")
@@ -46,6 +48,8 @@ def build_figures(ds, layout, quantities, outputs, focus_sens, series_of=None) -
     # common.log_scale: matplotlib's log tick labels are mathtext)
     with matplotlib.rc_context({"text.parse_math": False}):
         figures = {key: [] for key in SECTIONS}
+        if ds.attrs.get("capacity_result") and "rate_tried_rps" in ds:
+            figures["capacity"].append(capacity_figure(ds))
         for s in quantities:
             if has_values(ds, s):  # an all-NaN metric (payback_months under rental) says so in the summary instead
                 figures["distributions"].append(distribution(ds, layout, s))
