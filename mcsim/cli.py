@@ -187,6 +187,45 @@ def _param_name(decorator) -> str:
     return probe.__click_params__[-1].name
 
 
+#: Set by :func:`console`: this process is the ``mcsim`` command itself and ends with it.
+_STANDALONE = False
+
+
+def console():
+    """The ``mcsim`` console command: :func:`main` in a process of its own (tests drive :func:`main` in theirs)."""
+    global _STANDALONE
+    _STANDALONE = True
+    main()
+
+
+def _numpy_results_only() -> None:
+    """In the ``mcsim`` command's own process, tell xarray that Dask and Pint arrays are absent unless imported.
+
+    xarray asks of every coordinate it indexes and every array it writes whether it is a Dask or a Pint array, and
+    imports ``dask.array`` (0.4 s) and ``pint`` (0.2 s) the first time to find out: a third of a small run's time.
+    mcsim's results are NumPy arrays only, and the process ends with the command, so no array of either kind can
+    meet xarray there. A notebook's or a test's process is never touched (:data:`_STANDALONE`); an xarray without
+    this cache is left as it is.
+    """
+    if not _STANDALONE:
+        return
+    import sys
+
+    try:
+        from packaging.version import Version
+        from xarray.namedarray import pycompat
+
+        cache, module_type = pycompat._cached_duck_array_modules, pycompat.DuckArrayModule
+    except (ImportError, AttributeError):
+        return
+    for name in ("dask", "pint", "cubed", "sparse", "cupy"):
+        if name in sys.modules or name in cache:
+            continue
+        absent = object.__new__(module_type)
+        absent.module, absent.version, absent.type, absent.available = None, Version("0.0.0"), (), False
+        cache[name] = absent
+
+
 @click.group(cls=Mcsim, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mcsim")
 @click.option("--debug", is_flag=True, help="Show the traceback of an internal error instead of one line.")
@@ -226,6 +265,8 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
     from mcsim.execution import api as runner, executor
     from mcsim.results import summary
     from mcsim.scenario import load_scenario
+
+    _numpy_results_only()
 
     if lhs:
         overrides = (*overrides, 'mc.sampling="lhs"')
@@ -321,6 +362,8 @@ def search(**kw):
     # start-up: a search imports NumPy, xarray, SciPy and Dask; `mcsim --help` imports none of the commands
     from mcsim.optimize.command import search_command
 
+    _numpy_results_only()
+
     search_command(command=_command_line(), **kw)
 
 
@@ -340,6 +383,8 @@ def capacity(**kw):
     writes every sample's runs as NetCDF."""
     # start-up: the search imports NumPy, xarray and Dask; `mcsim --help` imports none of the commands
     from mcsim.optimize.capacity_command import capacity_command
+
+    _numpy_results_only()
 
     capacity_command(command=_command_line(), **kw)
 
@@ -435,6 +480,8 @@ def report(results, out_dir, force, metrics, at):
     sweep)."""
     # start-up: a report imports xarray and matplotlib; `mcsim --help` imports none of the commands
     from mcsim.results.report import ReportError, write_report
+
+    _numpy_results_only()
 
     out_dir = out_dir or results.with_name(results.stem + "-report")
     focus = {}

@@ -114,3 +114,17 @@ def test_a_surface_file_must_have_a_surface_and_the_scenarios_gpu(tmp_path):
     a100 = gemm_surface.bundled_path("a100")
     result = invoke("steps", DENSE, "--set", f"performance.gemm_surface={a100}")
     assert result.exit_code == 2 and "measured on 'a100'" in result.stderr
+
+
+def test_the_plain_surface_reader_gives_what_the_toml_parser_gives(tmp_path):
+    import tomllib
+
+    from mcsim.perf.gemm_surface import _plain_surface, bundled_path
+
+    for name in ("h100", "a100"):
+        raw = bundled_path(name).read_bytes()
+        assert _plain_surface(raw) == tomllib.loads(raw.decode())["surfaces"]["gemm"]
+    # any other layout is left to the TOML parser: a comment, a multi-line list, a table after it
+    raw = bundled_path("h100").read_bytes()
+    for edit in (raw + b"# a note\n", raw.replace(b"log_ratio = [", b"log_ratio = [\n"), raw + b"[other]\nx = 1\n"):
+        assert _plain_surface(edit) is None

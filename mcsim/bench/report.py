@@ -62,6 +62,16 @@ def format_kernels(rows: list[dict]) -> list[str]:
 def format_scaling(sc: dict) -> list[str]:
     """Lines of the scaling report (any of its parts may be missing)."""
     lines = []
+    if sc.get("small"):
+        ph, c = sc["small"]["phases"], sc["small"].get("command")
+        head = f"a small run, {ph['requests']:,} requests of dense-node, process start to file"
+        lines += ["", head + (f": {c['cpu_s']:.2f} s of CPU, {c['wall_s']:.2f} s wall (mcsim run, best of "
+                              f"{len(c['runs_cpu_s']) - 1})" if c else ":")]
+        parts = ", ".join(f"{name} {ph[key]:.3f}" for name, key in (
+            ("interpreter", "interpreter_s"), ("imports", "imports_s"), ("kernel load", "kernel_load_s"),
+            ("simulate", "simulate_s"), ("assemble", "assemble_s"), ("write", "write_s")))
+        lines.append(f"  CPU s by phase (one process): {parts}; total {ph['total_s']:.2f} s = "
+                     f"{ph['ratio_to_simulate']:.0f}x the simulation alone")
     for key, label in (("requests", "one sample, every stage on (bench-factory scenario, 64-token blocks)"),
                        ("requests_light", "one sample, 512-token blocks")):
         if sc.get(key):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mcsim.bench import compile_time
 from mcsim.bench import kernels as kernel_cases
-from mcsim.bench import scaling
+from mcsim.bench import scaling, small_run
 from mcsim.bench.report import (END_TO_END_S_PER_M, PARALLEL_EFFICIENCY, PNG_SIGNATURE, format_kernels, format_table,
                                 scaling_png)
 from mcsim.bench.timing import best_of, machine
@@ -37,7 +37,7 @@ from mcsim.text import si
 __all__ = ["PARTS", "PNG_SIGNATURE", "SETTINGS", "bench_command", "format_table", "run_suite"]
 
 DEFAULT_OUT_DIR = Path("outputs") / "bench"
-PARTS = kernel_cases.STAGES + ("requests", "grid", "workers", "overhead", "compile", "frontier")
+PARTS = kernel_cases.STAGES + ("small", "requests", "grid", "workers", "overhead", "compile", "frontier")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class SuiteSettings:
     end_to_end_requests: int = 1_000_000
     frontier_requests: int = 100_000_000  # the frontier day's sample, run only when asked for (parts)
     fresh_processes: bool = True  # each measurement in a process of its own (False: in this one, for ``tiny``)
+    small_requests: int = small_run.REQUESTS  # the small run, process start to file
+    small_command: bool = True  # also time ``mcsim run`` itself as a command of its own
 
 
 SETTINGS = {
@@ -79,7 +81,8 @@ SETTINGS = {
                            overhead_tasks=16, frontier_requests=1_000_000),
     "tiny": SuiteSettings(kernel_cases.TINY, 1, 1, (3_000, 6_000), 0, grid_points=(1, 2), grid_samples=1,
                           grid_requests=2_000, workers_requests=2_000, workers_samples=2, workers_points=1,
-                          overhead_tasks=4, frontier_requests=3_000, fresh_processes=False),
+                          overhead_tasks=4, frontier_requests=3_000, fresh_processes=False, small_requests=1_000,
+                          small_command=False),
 }
 
 
@@ -170,7 +173,16 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
     start = time.perf_counter()
     result = {"suite": size, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
               "kernels": kernel_rows(settings, [s for s in kernel_cases.STAGES if s in chosen], progress)}
-    sc: dict = dict.fromkeys(("requests", "requests_light", "grid", "workers", "overhead", "compile", "frontier"))
+    sc: dict = dict.fromkeys(("small", "requests", "requests_light", "grid", "workers", "overhead", "compile",
+                              "frontier"))
+    if "small" in chosen:
+        progress(f"a small run, process start to file ({settings.small_requests:,} requests of "
+                 f"{small_run.SCENARIO})")
+        sc["small"] = {
+            "phases": scaling.in_subprocess("phases", module="small_run", fresh=settings.fresh_processes,
+                                            requests=settings.small_requests,
+                                            fresh_process=settings.fresh_processes),
+            "command": small_run.whole_command(settings.small_requests) if settings.small_command else None}
     if "requests" in chosen:
         more = f" (and {settings.request_largest:,} if memory allows)" if settings.request_largest else ""
         progress(f"one sample at {', '.join(f'{n:,}' for n in settings.request_sizes)} requests{more}")
@@ -242,6 +254,16 @@ def design_targets(result: dict, settings: SuiteSettings) -> list[dict]:
                 f"{min(r['ratio'] for r in mine):.0f}x")
 
     sc = result["scaling"]
+    small = sc.get("small")
+    label = (f"a small run ({small_run.REQUESTS:,} requests of {small_run.SCENARIO}), process start to file: <= "
+             f"{small_run.TARGET_CPU_S:g} s of CPU once the kernels are cached")
+    if small and small.get("command") and small["command"]["requests"] == small_run.REQUESTS:
+        c, ph = small["command"], small["phases"]
+        add(label, c["cpu_s"] <= small_run.TARGET_CPU_S,
+            f"{c['cpu_s']:.2f} s of CPU ({c['wall_s']:.2f} s wall), {ph['ratio_to_simulate']:.0f}x the simulation "
+            f"alone ({ph['simulate_s']:.3f} s)")
+    else:
+        add(label, None, "not measured")
     n = settings.end_to_end_requests
     at_n = [r for r in (sc["requests"] or []) if r["requests"] == n and "seconds" in r]
     if at_n:

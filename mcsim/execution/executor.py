@@ -682,9 +682,13 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
     if todo:
         check_inputs(plan)
         try:
-            _warm_up(plan)
-            _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress,
-                       len(tasks))
+            if in_process(len(todo), workers, processes, scheduler):
+                _run_in_process(plan, todo, parts, parts_dir, fingerprint, progress, len(tasks))
+            else:
+                if processes or scheduler:
+                    _warm_up(plan)  # other processes load the kernels this one compiled, never racing to write them
+                _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress,
+                           len(tasks))
         except BaseException:
             # parts are kept for --resume; a folder that never received one is not left behind
             if parts_dir is not None and parts_dir.is_dir() and not any(parts_dir.glob("*.npz")):
@@ -700,6 +704,58 @@ def execute(plan: Plan, *, output=None, resume: bool = False, force: bool = Fals
     if output is not None:
         remove_parts(parts_dir)
     return ds
+
+
+def in_process(tasks: int, workers: int, processes: bool, scheduler: str | None) -> bool:
+    """Whether the tasks run in this process, one after another, without Dask: on this machine's threads, where
+    there is one task or one worker (Dask's import and cluster would cost more than the tasks; a small study then
+    takes a fraction of a second)."""
+    return scheduler is None and not processes and (tasks == 1 or workers == 1)
+
+
+def _run_in_process(plan, todo, parts, parts_dir, fingerprint, progress, total):
+    """Run ``todo`` here, in order, saving each part as it finishes; the same tasks and rows as on Dask.
+
+    Kernels compile (or load from the on-disk cache) at their first call: this process is the only one that
+    compiles, so no warm-up is needed. Ctrl-C stops the run between two parts or inside one (whose part is then
+    not written); every part saved is kept for ``--resume``.
+    """
+    chunk_sizes = [len(chunk) for chunk in plan.chunks]
+    bar = _progress_bar(total, total - len(todo)) if progress else None
+    started, simulated = time.perf_counter(), 0
+    shown = [0.0]
+
+    def in_flight(requests):  # a streamed sample's requests so far, shown beside the bar
+        now = time.perf_counter()
+        if bar is not None and now - shown[0] > 1.0:
+            shown[0] = now
+            _show_rate(bar, simulated + requests // max(len(plan.variants), 1), now - started)
+            bar.refresh()
+
+    try:
+        with progress_events.listening(in_flight if bar is not None else None):
+            for p, c in todo:
+                try:
+                    rows = run_task(plan, p, c)
+                except McsimError as err:  # a refusal at one grid point: one line naming it, nothing kept
+                    raise GridPointFailed(plan, p, err) from None
+                table = results.rows_to_table(rows, plan.saved_variants)
+                if parts_dir is not None:
+                    _write_part(_part_path(parts_dir, p, c), table, plan, p, c, fingerprint)
+                parts[(p, c)] = table
+                progress_events.task_done()
+                if bar is not None:
+                    simulated += chunk_sizes[c] * plan.requests
+                    _show_rate(bar, simulated, time.perf_counter() - started)
+                    bar.update(1)
+    except KeyboardInterrupt:
+        raise SweepInterrupted(total - len(todo) + sum(1 for t in todo if t in parts), total, parts_dir) from None
+    except GridPointFailed:
+        remove_parts(parts_dir)  # as on Dask: the same command would fail at the same point
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, scheduler, progress, total,

@@ -2,11 +2,13 @@
 
 A streamed sample (:class:`mcsim.execution.sample.StreamedSample`) calls :func:`report` after each chunk of its
 first pass; on a ``dask.distributed`` worker that is an event of :data:`TOPIC` with the task's key, which
-:class:`InFlight` (subscribed on the client) adds up. Outside a worker it does nothing.
+:class:`InFlight` (subscribed on the client) adds up. A run without Dask (tasks in this process) listens with
+:func:`listening`. Elsewhere it does nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
@@ -14,8 +16,36 @@ import threading
 TOPIC = "mcsim-requests"
 
 
+_listener = None  # a callable of the requests simulated so far by the task running in this process, or None
+_counted = 0
+
+
+@contextlib.contextmanager
+def listening(callback):
+    """Within the block, :func:`report` outside a Dask worker calls ``callback(requests so far in this task)``;
+    the count restarts with each task (:func:`task_done`)."""
+    global _listener, _counted
+    _listener, _counted = callback, 0
+    try:
+        yield
+    finally:
+        _listener, _counted = None, 0
+
+
+def task_done() -> None:
+    """The task running in this process has finished: the next one counts from 0."""
+    global _counted
+    _counted = 0
+
+
 def report(requests: int) -> None:
-    """Count ``requests`` more simulated by the task this runs in (a no-op outside a dask worker)."""
+    """Count ``requests`` more simulated by the task this runs in (a no-op outside a dask worker, unless a run in
+    this process is :func:`listening`)."""
+    global _counted
+    if _listener is not None and threading.current_thread() is threading.main_thread():
+        _counted += int(requests)
+        _listener(_counted)
+        return
     distributed = sys.modules.get("distributed")
     if distributed is None:  # never imported: not in a worker (and importing it costs a second)
         return
