@@ -274,6 +274,7 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
         overrides = (*overrides, f"performance.calibration={json.dumps(str(calibration))}")
     try:
         scn = load_scenario(scenario, overrides=overrides)
+        _compile_kernels(progress=not no_progress and not as_json)  # from cold: once, with a notice
         suffix = {"compare": "-compare", "sweep": "-sweep"}.get(kind, "")
         output = output or Path("outputs") / f"{safe_filename(scn.name)}{suffix}{'-ablate' if ablate else ''}.nc"
         options = dict(samples=samples, requests=requests, seed=seed, workers=workers, output=output, force=force,
@@ -363,7 +364,7 @@ def search(**kw):
     from mcsim.optimize.command import search_command
 
     _numpy_results_only()
-
+    _compile_kernels(progress=not kw.get("no_progress") and not kw.get("as_json"))
     search_command(command=_command_line(), **kw)
 
 
@@ -385,7 +386,7 @@ def capacity(**kw):
     from mcsim.optimize.capacity_command import capacity_command
 
     _numpy_results_only()
-
+    _compile_kernels(progress=not kw.get("no_progress") and not kw.get("as_json"))
     capacity_command(command=_command_line(), **kw)
 
 
@@ -678,12 +679,53 @@ def schema(as_json, output, force):
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for bench.json and scaling.png (default: outputs/bench).")
-def bench(quick, as_json, out_dir):
+@click.option("--compile", "compile_only", is_flag=True,
+              help="Only compile every kernel a run needs into Numba's on-disk cache (once per machine and "
+                   "version; a run does it by itself the first time, with a notice) and say how long it took.")
+def bench(quick, as_json, out_dir, compile_only):
     """Benchmark every kernel against its references, one sample end to end, and sweep scaling (as ratios)."""
+    if compile_only:
+        _compile_kernels(progress=True, always=True)
+        return
     # start-up: the benchmarks import every kernel and Dask; `mcsim --help` imports none of the commands
     from mcsim.bench.run import bench_command
 
     bench_command(quick, as_json, out_dir)
+
+
+def _compile_kernels(progress: bool, always: bool = False) -> None:
+    """Compile every kernel a run needs when this machine has not yet (:mod:`mcsim.execution.precompile`), with a
+    one-line notice and a progress bar on a terminal; ``always`` compiles (or loads) whatever the stamp says."""
+    import sys
+
+    from mcsim.execution import precompile
+
+    if not always and (not _STANDALONE or precompile.is_compiled()):
+        return  # a test's or a notebook's process compiles at first use, as Numba does
+    if not precompile.cache_on():
+        click.echo("mcsim: MCSIM_NUMBA_CACHE=0: nothing is kept, every process compiles its own kernels", err=True)
+    else:
+        click.echo("mcsim: compiling the kernels for this machine, once per version (about a minute from cold; "
+                   "`mcsim bench --compile` does it ahead of time)", err=True)
+    bar = None
+    if progress and sys.stderr.isatty():
+        import tqdm
+
+        bar = tqdm.tqdm(total=len(precompile.PATHS), unit="path", desc="compiling", leave=False, file=sys.stderr)
+
+    def step(done, total, what):
+        if bar is not None:
+            bar.n = done
+            bar.set_postfix_str(what, refresh=True)
+
+    try:
+        times = precompile.compile_all(step)
+    finally:
+        if bar is not None:
+            bar.close()
+    if always:
+        click.echo(f"compiled or loaded every kernel in {times['total_s']:.1f} s: "
+                   + ", ".join(f"{what} {s:.1f} s" for what, s in times["seconds"].items()))
 
 
 @main.command()

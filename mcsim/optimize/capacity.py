@@ -79,8 +79,9 @@ def knob(scn: Scenario) -> str:
 
 
 def fixed_deployment(scn: Scenario) -> Scenario:
-    """The scenario with its fleet held fixed (what ``fleet = "utilization"`` or ``"slo"`` would size to the load is
-    the scenario's ``deployment.instances`` and ``prefill_instances`` as written); a closed loop is refused."""
+    """The scenario, checked for a capacity question: a closed loop, or a disaggregated deployment without its
+    prefill fleet, is refused. A fleet the scenario sizes (``fleet = "utilization"`` or ``"slo"``) is sized per
+    sample at the scenario's own rate and then held fixed (:func:`sample_capacity`)."""
     if scn["performance.closed_loop_users"]:
         raise CapacityError(f"{scn.source}: performance.closed_loop_users = {scn['performance.closed_loop_users']}: "
                             "a closed loop sets its own arrival rate; capacity is asked of open-loop arrivals "
@@ -88,9 +89,7 @@ def fixed_deployment(scn: Scenario) -> Scenario:
     if scn["deployment.disaggregated"] and scn["deployment.prefill_instances"] < 1:
         raise CapacityError(f"{scn.source}: deployment.prefill_instances = 0: a disaggregated deployment's capacity "
                             "needs its prefill fleet (set deployment.prefill_instances >= 1)")
-    if scn["deployment.fleet"] == "fixed":
-        return scn
-    return scn.with_values({"deployment.fleet": "fixed"}, origin="capacity")
+    return scn
 
 
 def slo_met(metrics: dict, p: dict) -> bool:
@@ -123,6 +122,17 @@ def sample_capacity(scn: Scenario, settings: Settings, sample: int, seed: int, r
     # its recorded rate, learnt from the first run (its arrival span scales exactly as 1 / time scale)
     per_rps = None if path == SCALE else 1.0
     trials: list[Trial] = []
+    if scn["deployment.fleet"] != "fixed":
+        # the fleet the scenario deploys for its own load, held fixed while the rate moves: its capacity
+        sized = one_sample.run_sample(scn, {"factory": {}}, sample, seed, requests, draws)
+        fleet = sized["factory"]
+        if not fleet["feasible"]:
+            trials.append(Trial(start, False, sized))
+            return _outcome(trials, None, None, "infeasible", per_rps)
+        held = {"deployment.fleet": "fixed", "deployment.instances": max(1, int(fleet["decode_instances"]))}
+        if scn["deployment.disaggregated"]:
+            held["deployment.prefill_instances"] = max(1, int(fleet["prefill_instances"]))
+        scn = scn.with_values(held, origin="capacity")
 
     def run(value: float) -> Trial:
         nonlocal per_rps
@@ -237,20 +247,38 @@ def capacity(scenario, *, samples=None, requests=None, seed=None, overrides=(), 
         CAPACITY_MARK: 1, "capacity_knob": knob(scn), "capacity_rtol": settings.rtol,
         "capacity_low_rps": math.nan if low is None else float(low),
         "capacity_high_rps": math.nan if high is None else float(high),
-        "capacity_deployment": _deployment(scn),
+        "capacity_deployment": "",
         "capacity_slo": _slo(scn),
     })
     ds = capacity_dataset(outcomes, draws, attrs)
+    ds.attrs["capacity_deployment"] = _deployment(scn, ds)
     if output is not None:
         results.write_netcdf(ds, output, force=force)
     return ds
 
 
-def _deployment(scn: Scenario) -> str:
-    pools = f"{scn['deployment.instances']} decode instance(s)"
+def _deployment(scn: Scenario, ds: xr.Dataset | None = None) -> str:
+    """The fleet whose capacity was asked, in words: as written (``fixed``) or as the scenario sized it per sample
+    (the range over samples, read from the runs at capacity)."""
+    simulation = f"({scn['deployment.fleet_simulation']} simulation)"
+    if scn["deployment.fleet"] == "fixed":
+        pools = f"{scn['deployment.instances']} decode instance(s)"
+        if scn["deployment.disaggregated"]:
+            pools += f" and {scn['deployment.prefill_instances']} prefill instance(s)"
+        return f"fleet = fixed: {pools} {simulation}"
+
+    def span(name):
+        values = ds[name].values[np.isfinite(ds[name].values)] if ds is not None and name in ds else []
+        if len(values) == 0:
+            return "?"
+        lo, hi = int(values.min()), int(values.max())
+        return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+    pools = f"{span('decode_instances')} decode instance(s)"
     if scn["deployment.disaggregated"]:
-        pools += f" and {scn['deployment.prefill_instances']} prefill instance(s)"
-    return f"fleet = fixed: {pools} ({scn['deployment.fleet_simulation']} simulation)"
+        pools += f" and {span('prefill_instances')} prefill instance(s)"
+    return (f"fleet = {scn['deployment.fleet']}, sized per sample at the scenario's own rate and then held fixed: "
+            f"{pools} {simulation}")
 
 
 def _slo(scn: Scenario) -> str:
