@@ -15,10 +15,13 @@ to :data:`mcsim.text.MAX_LINE` characters.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import shlex
+import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -37,13 +40,37 @@ def _os_message(err: OSError) -> str:
     return f"{where}: {what}" if where else what
 
 
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """Within a command, a warning mcsim issues (an implausible value) becomes one ``warning:`` line on stderr,
+    each message once, when the command has done its work: a command that fails prints its one error line alone.
+    Other libraries' warnings keep Python's own handling."""
+    held: list[str] = []
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        # by name: importing mcsim.scenario here would load NumPy for `mcsim run --help`
+        if category.__name__ != "ImplausibleValue" or not category.__module__.startswith("mcsim."):
+            return previous(message, category, filename, lineno, file, line)
+        text = one_line(message)
+        if text not in held:
+            held.append(text)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+    for text in held:
+        click.echo(f"warning: {text}", err=True)
+
+
 class Mcsim(click.Group):
     """The command group: every command runs inside one error boundary (see the module docstring)."""
 
     def invoke(self, ctx):
         debug = bool(ctx.params.get("debug"))
         try:
-            return super().invoke(ctx)
+            with _warnings_as_lines():
+                return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
         except (McsimError, OSError) as err:
@@ -199,31 +226,14 @@ def console():
 
 
 def _numpy_results_only() -> None:
-    """In the ``mcsim`` command's own process, tell xarray that Dask and Pint arrays are absent unless imported.
+    """In the ``mcsim`` command's own process only: xarray need not import Dask and Pint to learn that mcsim's
+    arrays are NumPy's (:func:`mcsim.results.dataset.numpy_arrays_only`); a test's or a notebook's process is never
+    touched."""
+    if _STANDALONE:
+        # start-up: the results' module imports xarray; `mcsim --help` imports none of it
+        from mcsim.results.dataset import numpy_arrays_only
 
-    xarray asks of every coordinate it indexes and every array it writes whether it is a Dask or a Pint array, and
-    imports ``dask.array`` (0.4 s) and ``pint`` (0.2 s) the first time to find out: a third of a small run's time.
-    mcsim's results are NumPy arrays only, and the process ends with the command, so no array of either kind can
-    meet xarray there. A notebook's or a test's process is never touched (:data:`_STANDALONE`); an xarray without
-    this cache is left as it is.
-    """
-    if not _STANDALONE:
-        return
-    import sys
-
-    try:
-        from packaging.version import Version
-        from xarray.namedarray import pycompat
-
-        cache, module_type = pycompat._cached_duck_array_modules, pycompat.DuckArrayModule
-    except (ImportError, AttributeError):
-        return
-    for name in ("dask", "pint", "cubed", "sparse", "cupy"):
-        if name in sys.modules or name in cache:
-            continue
-        absent = object.__new__(module_type)
-        absent.module, absent.version, absent.type, absent.available = None, Version("0.0.0"), (), False
-        cache[name] = absent
+        numpy_arrays_only()
 
 
 @click.group(cls=Mcsim, context_settings={"help_option_names": ["-h", "--help"]})
@@ -696,33 +706,19 @@ def bench(quick, as_json, out_dir, compile_only):
 def _compile_kernels(progress: bool, always: bool = False) -> None:
     """Compile every kernel a run needs when this machine has not yet (:mod:`mcsim.execution.precompile`), with a
     one-line notice and a progress bar on a terminal; ``always`` compiles (or loads) whatever the stamp says."""
-    import sys
-
+    if not always and not _STANDALONE:
+        return  # a test's or a notebook's process compiles at first use, as Numba does
+    # start-up: compiling imports every stage and Numba; `mcsim --help` imports none of it
     from mcsim.execution import precompile
 
-    if not always and (not _STANDALONE or precompile.is_compiled()):
-        return  # a test's or a notebook's process compiles at first use, as Numba does
+    if not always and precompile.is_compiled():
+        return
     if not precompile.cache_on():
         click.echo("mcsim: MCSIM_NUMBA_CACHE=0: nothing is kept, every process compiles its own kernels", err=True)
     else:
         click.echo("mcsim: compiling the kernels for this machine, once per version (about a minute from cold; "
                    "`mcsim bench --compile` does it ahead of time)", err=True)
-    bar = None
-    if progress and sys.stderr.isatty():
-        import tqdm
-
-        bar = tqdm.tqdm(total=len(precompile.PATHS), unit="path", desc="compiling", leave=False, file=sys.stderr)
-
-    def step(done, total, what):
-        if bar is not None:
-            bar.n = done
-            bar.set_postfix_str(what, refresh=True)
-
-    try:
-        times = precompile.compile_all(step)
-    finally:
-        if bar is not None:
-            bar.close()
+    times = precompile.compile_all(bar=progress and sys.stderr.isatty())
     if always:
         click.echo(f"compiled or loaded every kernel in {times['total_s']:.1f} s: "
                    + ", ".join(f"{what} {s:.1f} s" for what, s in times["seconds"].items()))

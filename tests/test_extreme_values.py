@@ -139,3 +139,30 @@ def test_a_value_past_the_edge_is_a_one_line_error_from_the_command_line(tmp_pat
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "precision.weight_bytes: expected a number in [0.125, 8], got 1e+300" in result.output
     assert not (tmp_path / "x.nc").exists()
+
+
+@pytest.mark.parametrize("path, value, words", [
+    ("deployment.tpot_target_s", 50, "milliseconds? 50 ms is 0.05"),
+    ("economics.lifetime_years", 48, "months?"),
+    ("economics.electricity_usd_per_kwh", 8, "cents?"),
+    ("deployment.tpot_target_s", '{dist="uniform", low=20, high=80}', "uniform distribution over [20, 80]"),
+])
+def test_a_unit_slip_runs_with_one_warning_line(tmp_path, path, value, words):
+    result = invoke("run", DENSE_NODE, "--samples", "1", "--requests", "150", "--no-progress", "--set",
+                    f"{path}={value}", "-o", tmp_path / "x.nc")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(lines) == 1 and f"{path} = " in lines[0] and words in lines[0] and "implausible" in lines[0], lines
+
+
+def test_plausible_values_say_nothing(tmp_path):
+    import warnings
+
+    from mcsim.scenario.plausible import ImplausibleValue
+    from mcsim.scenario.loading import bundled
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ImplausibleValue)  # every bundled scenario is quiet
+        for name in ("dense-node", "factory", "frontier-day", "deepseek-disaggregated", "dense-model", "conservative",
+                     "sweep", "this-machine"):
+            load_scenario(bundled(name))

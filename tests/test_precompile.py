@@ -13,7 +13,7 @@ def test_a_cold_run_of_the_command_compiles_first_with_a_notice(monkeypatch, tmp
     monkeypatch.setattr(mcsim.cli, "_STANDALONE", True)  # as the `mcsim` command's own process
     monkeypatch.setattr(precompile, "is_compiled", lambda: False)
     monkeypatch.setattr(precompile, "cache_on", lambda: True)
-    monkeypatch.setattr(precompile, "compile_all", lambda progress=None: calls.append(progress) or
+    monkeypatch.setattr(precompile, "compile_all", lambda progress=None, bar=False: calls.append(bar) or
                         {"seconds": {}, "total_s": 0.0})
     result = invoke("run", DENSE_NODE, "--samples", "1", "--requests", "150", "--no-progress", "-o", tmp_path / "x.nc")
     assert result.exit_code == 0, result.output
@@ -28,7 +28,7 @@ def test_a_cold_run_of_the_command_compiles_first_with_a_notice(monkeypatch, tmp
 
 def test_a_test_or_notebook_process_never_compiles_up_front(monkeypatch, tmp_path):
     monkeypatch.setattr(precompile, "is_compiled", lambda: False)
-    monkeypatch.setattr(precompile, "compile_all", lambda progress=None: (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(precompile, "compile_all", lambda progress=None, bar=False: (_ for _ in ()).throw(AssertionError))
     result = invoke("run", DENSE_NODE, "--samples", "1", "--requests", "150", "--no-progress", "-o", tmp_path / "x.nc")
     assert result.exit_code == 0 and "compiling" not in result.stderr
 

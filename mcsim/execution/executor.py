@@ -60,6 +60,12 @@ PART_FORMAT = 2  # 2: parts carry a checksum of their values
 class GridPointFailed(McsimError):
     """A refusal at run time at one grid point (its values, then the refusal, on one line); the run stops."""
 
+    @classmethod
+    def at(cls, plan: "Plan", point: int, err: McsimError) -> McsimError:
+        """The error to raise for ``err`` at ``point``: this class where the point has grid values to name, the
+        refusal itself (its own type) where the run has no grid."""
+        return cls(plan, point, err) if plan.grid and plan.grid[point] else err
+
     def __init__(self, plan: "Plan", point: int, err: Exception):
         values = plan.grid[point] if plan.grid and plan.grid[point] else {}
         where = ", ".join(f"{k}={v}" for k, v in values.items())
@@ -583,6 +589,9 @@ def run_attrs(plan: Plan, command: str | None, fingerprint: str, reused: int, re
         "parts_recomputed": recomputed,
     })
     attrs["workload"] = _workload_over_grid(plan, attrs["workload"])
+    swept = {a.path: [str(v) for v in a.values] for a in plan.axes}
+    if "hardware.preset" in swept or "performance.fidelity" in swept:
+        attrs.update(results.kernel_data(plan.scn, swept.get("hardware.preset"), swept.get("performance.fidelity")))
     for path, key in (("performance.fidelity", "fidelity"), ("deployment.fleet", "fleet"),
                       ("deployment.fleet_simulation", "fleet_simulation")):
         if any(axis.path == path for axis in plan.axes):
@@ -738,7 +747,9 @@ def _run_in_process(plan, todo, parts, parts_dir, fingerprint, progress, total):
                 try:
                     rows = run_task(plan, p, c)
                 except McsimError as err:  # a refusal at one grid point: one line naming it, nothing kept
-                    raise GridPointFailed(plan, p, err) from None
+                    # (the same command would fail at the same point: no part it kept could be resumed)
+                    remove_parts(parts_dir)
+                    raise GridPointFailed.at(plan, p, err) from None
                 table = results.rows_to_table(rows, plan.saved_variants)
                 if parts_dir is not None:
                     _write_part(_part_path(parts_dir, p, c), table, plan, p, c, fingerprint)
@@ -750,9 +761,6 @@ def _run_in_process(plan, todo, parts, parts_dir, fingerprint, progress, total):
                     bar.update(1)
     except KeyboardInterrupt:
         raise SweepInterrupted(total - len(todo) + sum(1 for t in todo if t in parts), total, parts_dir) from None
-    except GridPointFailed:
-        remove_parts(parts_dir)  # as on Dask: the same command would fail at the same point
-        raise
     finally:
         if bar is not None:
             bar.close()
@@ -805,7 +813,10 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                     except McsimError as err:  # a refusal at one grid point: one line naming it, nothing kept
                         for f in futures:
                             f.cancel()
-                        raise GridPointFailed(plan, p, err) from None
+                        # the same command would fail at the same point, and a changed one has another
+                        # fingerprint: no part it kept could be resumed, so none is kept
+                        remove_parts(parts_dir)
+                        raise GridPointFailed.at(plan, p, err) from None
                     table = results.rows_to_table(rows, plan.saved_variants)
                     if parts_dir is not None:
                         _write_part(_part_path(parts_dir, p, c), table, plan, p, c, fingerprint)
@@ -820,11 +831,6 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
         for f in futures:
             f.cancel()
         raise SweepInterrupted(total - len(todo) + sum(1 for t in todo if t in parts), total, parts_dir) from None
-    except GridPointFailed:
-        # the same command would fail at the same point, and a changed one has another fingerprint: no part it
-        # kept could be resumed, so none is kept
-        remove_parts(parts_dir)
-        raise
     finally:
         if bar is not None:
             bar.close()

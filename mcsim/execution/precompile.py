@@ -20,6 +20,14 @@ import sys
 import time
 from pathlib import Path
 
+import llvmlite.binding
+import numba
+import tqdm
+
+from mcsim import accelerate
+from mcsim.execution import executor
+from mcsim.scenario import bundled, load_scenario
+
 #: The paths compiled, in order: (what, bundled scenario, --set overrides, requests). Small enough that running
 #: them costs a fraction of a second once compiled; together they call every kernel a bundled scenario calls.
 PATHS = (
@@ -36,18 +44,12 @@ PATHS = (
 
 def cache_on() -> bool:
     """Whether compiled kernels are kept on disk (``MCSIM_NUMBA_CACHE``)."""
-    from mcsim import accelerate
-
     return bool(accelerate.CACHE)
 
 
 def stamp_path() -> Path | None:
-    """The stamp that says this machine has compiled this version's kernels (None where nothing is cached)."""
-    import llvmlite.binding
-    import numba
-
-    from mcsim import accelerate  # noqa: F401  (sets numba.config.CACHE_DIR to the kernels' digest folder)
-
+    """The stamp that says this machine has compiled this version's kernels (None where nothing is cached);
+    :mod:`mcsim.accelerate` has set Numba's cache folder to the kernels' digest folder."""
     if not cache_on() or not numba.config.CACHE_DIR:
         return None
     name = (f"mcsim-compiled-numba{numba.__version__}-py{sys.version_info.major}{sys.version_info.minor}-"
@@ -62,32 +64,37 @@ def is_compiled() -> bool:
     return stamp is None or stamp.is_file()
 
 
-def compile_all(progress=None) -> dict:
+def compile_all(progress=None, bar: bool = False) -> dict:
     """Run every path of :data:`PATHS` once (compiling or loading its kernels) and write the stamp.
 
     Parameters
     ----------
     progress : callable, optional
-        ``progress(done, total, what)`` before each path and once at the end (a progress bar's update).
+        ``progress(done, total, what)`` before each path and once at the end.
+    bar : bool
+        Draw a progress bar on stderr.
 
     Returns
     -------
     dict
         ``seconds`` per path (``{what: s}``) and ``total_s``.
     """
-    from mcsim.execution import executor
-    from mcsim.scenario import load_scenario
-    from mcsim.scenario.loading import bundled
-
     seconds = {}
+    shown = tqdm.tqdm(total=len(PATHS), unit="path", desc="compiling", leave=False, file=sys.stderr) if bar else None
     for i, (what, scenario, overrides, requests) in enumerate(PATHS):
         if progress is not None:
             progress(i, len(PATHS), what)
+        if shown is not None:
+            shown.set_postfix_str(what, refresh=True)
         start = time.perf_counter()
         scn = load_scenario(bundled(scenario), overrides=overrides)
         variants = ("baseline", "factory") if scenario == "factory" else ("factory",)
         executor.run_task(executor.make_plan(scn, variants, samples=1, requests=requests), 0, 0)
         seconds[what] = time.perf_counter() - start
+        if shown is not None:
+            shown.update(1)
+    if shown is not None:
+        shown.close()
     if progress is not None:
         progress(len(PATHS), len(PATHS), "done")
     stamp = stamp_path()

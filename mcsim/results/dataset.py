@@ -12,16 +12,20 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
+from packaging.version import Version
+from xarray.namedarray import pycompat as xarray_pycompat
 
 from mcsim import __version__
 from mcsim.fileio import atomic_path
 from mcsim.results.names import dataset_name
+from mcsim.scenario import catalog
 from mcsim.results.units import input_units
 from mcsim.results.variables import (FEASIBLE_REASONS, QUANTILES, REGISTRY, REQUEST_QUANTILE, TIERS, WORKLOAD_CLASS,
                                      attrs_for, check_metrics)
@@ -188,6 +192,47 @@ def workload_description(scn) -> str:
                 "" if has_prefixes else "; no prefix information: cache figures are not meaningful"))
 
 
+def numpy_arrays_only() -> None:
+    """Tell xarray that Dask and Pint arrays are absent unless already imported: for a process of its own that
+    builds and writes mcsim's results only (the ``mcsim`` command, a benchmark's fresh process).
+
+    xarray asks of every coordinate it indexes and every array it writes whether it is a Dask or a Pint array, and
+    imports ``dask.array`` (0.4 s) and ``pint`` (0.2 s) the first time to find out: a third of a small run's time.
+    mcsim's results are NumPy arrays only; a process that may hold other arrays (a notebook, a test) must not call
+    this. An xarray without this cache is left as it is.
+    """
+    cache = getattr(getattr(xarray_pycompat, "_cached_duck_array_modules", None), "setdefault", None)
+    module_type = getattr(xarray_pycompat, "DuckArrayModule", None)
+    if cache is None or module_type is None:
+        return
+    for name in ("dask", "pint", "cubed", "sparse", "cupy"):
+        if name in sys.modules:
+            continue
+        absent = object.__new__(module_type)
+        absent.module, absent.version, absent.type, absent.available = None, Version("0.0.0"), (), False
+        cache(name, absent)
+
+
+def kernel_data(scn, presets=None, fidelities=None) -> dict:
+    """What the step times of a result stand on, per accelerator: ``kernel_data`` (a sentence per preset) and
+    ``kernel_data_unmeasured`` (the presets whose roofline no measurement supports, space-separated; "" where
+    none, or where no roofline ran). ``presets`` and ``fidelities`` default to the scenario's own (a grid passes
+    its axes' values)."""
+    presets = list(dict.fromkeys(presets or [str(scn["hardware.preset"])]))
+    fidelities = set(fidelities or [str(scn["performance.fidelity"])])
+    own = str(scn["hardware.preset"])
+    parts, unmeasured = [], []
+    if "factor" in fidelities:
+        parts.append("factor fidelity: throughputs from the scenario's efficiency.* assumptions, no kernel data")
+    if "roofline" in fidelities:
+        for name in presets:
+            kind, text = catalog.kernel_evidence(name, scn["hardware.gemm_surface"] if name == own else None)
+            parts.append(text)
+            if kind == "none" and getattr(scn, "calibration", None) is None:
+                unmeasured.append(name)
+    return {"kernel_data": "; ".join(parts), "kernel_data_unmeasured": " ".join(unmeasured)}
+
+
 def provenance(scn, seed: int, samples: int, requests: int, command: str | None, extra: dict | None = None) -> dict:
     """CF and mcsim attributes of a result: what produced it, from what, and how to run it again."""
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -222,6 +267,7 @@ def provenance(scn, seed: int, samples: int, requests: int, command: str | None,
         "measured_variables": "",
         "workload": workload_description(scn),
     }
+    attrs.update(kernel_data(scn))
     if getattr(scn, "calibration", None) is not None:
         cal = scn.calibration
         attrs["calibration"] = json.dumps(cal.summary(), sort_keys=True)

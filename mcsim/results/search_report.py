@@ -28,6 +28,7 @@ from mcsim.results.dataset import MODEL_STATEMENT
 from mcsim.results.figures.common import new_figure, save, suptitle
 from mcsim.results.layout import _fmt, _plain
 from mcsim.results.search_dataset import OUTCOMES, candidate_text
+from mcsim.results.summary import kernel_data_note, steady_state_facts
 from mcsim.results.variables import REGISTRY, REQUEST_QUANTILE
 from mcsim.tables import paragraph, table
 from mcsim.text import markdown_text, strict_json
@@ -110,6 +111,13 @@ def _nan_last(x: float) -> float:
     return math.inf if math.isnan(x) else x
 
 
+def _unsettled(ds, c: int) -> int:
+    """Sample runs of candidate ``c`` not at steady state (their figures still depend on mc.requests)."""
+    if "steady_state" not in ds:
+        return 0
+    return int(np.sum(ds["steady_state"].values[c] == 0))
+
+
 def candidate_rows(ds) -> list[dict]:
     """One row per candidate, best first: the robust optimum and the candidates tied with it in the tie-break
     rule's order, then qualified candidates by objective, then the others."""
@@ -132,6 +140,7 @@ def candidate_rows(ds) -> list[dict]:
             "tied_with_best": int(c in tied),
             "best_in_sample_share": float(ds.best_in_sample_share.values[c]),
             "regret_p50": float(ds.regret_p50.values[c]), "regret_p90": float(ds.regret_p90.values[c]),
+            "unsettled_samples": _unsettled(ds, c),
         })
         rows.append(row)
 
@@ -177,13 +186,35 @@ def format_search(ds) -> str:
                        f"{a['search_exhaustive_sample_runs']} an exhaustive sweep needs")
     lines += _tie_lines(ds)
     rows = candidate_rows(ds)
-    header = ["#", "candidate", "samples", "P(met)", f"objective ({units})", "best in", "regret p50/p90"]
-    body = [[r["candidate"], _short(ds, r["candidate"]), r["samples_run"], _pct(r["p_constraints_met"]),
-             _fmt(r["objective_at_quantile"]), _pct(r["best_in_sample_share"]),
+    header = ["#", "candidate", "samples", "unsettled", "P(met)", f"objective ({units})", "best in",
+              "regret p50/p90"]
+    body = [[r["candidate"], _short(ds, r["candidate"]), r["samples_run"], r["unsettled_samples"] or "-",
+             _pct(r["p_constraints_met"]), _fmt(r["objective_at_quantile"]), _pct(r["best_in_sample_share"]),
              f"{_fmt(r['regret_p50'])} / {_fmt(r['regret_p90'])}"] for r in rows[:SHOWN]]
     lines += [""] + table([header, *body])
     if len(rows) > SHOWN:
         lines.append(f"first {SHOWN} of {len(rows)} candidates (all in the result file and the report's regret.csv)")
+    facts = steady_state_facts(ds)
+    if facts is not None:
+        unsettled = [r for r in rows if r["unsettled_samples"]]
+        named = ", ".join(f"#{r['candidate']} {_short(ds, r['candidate'])} ({r['unsettled_samples']} of "
+                          f"{r['samples_run']})" for r in unsettled[:SHOWN])
+        best = int(a["robust_optimum_candidate"])
+        lines += paragraph(f"NOT AT STEADY STATE: {facts['count']} of {facts['runs']} sample runs, in {len(unsettled)} "
+                           f"of {len(rows)} candidates: {named}; their figures, and so the ranking"
+                           + (" and the optimum" if any(r["candidate"] == best for r in unsettled) else "")
+                           + ", still depend on mc.requests"
+                           + (f"; run again with --requests {facts['requests']} (an extrapolation: re-run to check)"
+                              if facts["requests"] else ""))
+    unmeasured = str(a.get("kernel_data_unmeasured", "")).split()
+    if unmeasured:
+        best = int(a["robust_optimum_candidate"])
+        chosen = _short(ds, best) if best >= 0 else ""
+        on_unmeasured = [name for name in unmeasured if name in chosen.split()]
+        caveat = (f"CAVEAT: the optimum runs on {', '.join(on_unmeasured)}, which has no measured kernels: its "
+                  "figures are an idealised roofline, likely optimistic against the measured GPUs it beat. "
+                  if on_unmeasured else "")
+        lines += paragraph(caveat + kernel_data_note(ds)[0])
     lines.append("every figure is modelled")
     return "\n".join(lines)
 

@@ -199,6 +199,16 @@ def infeasible_lines(s: dict) -> list[str]:
     return point_notes(s.get("infeasible_reasons", {}))
 
 
+def kernel_data_note(ds: xr.Dataset) -> list[str]:
+    """A line naming the accelerators whose figures rest on no measurement (an idealised roofline), or none."""
+    unmeasured = str(ds.attrs.get("kernel_data_unmeasured", "")).split()
+    if not unmeasured:
+        return []
+    return [f"UNMEASURED: {', '.join(unmeasured)}: no measured kernels, so {'its' if len(unmeasured) == 1 else 'their'} "
+            "step times are an idealised roofline at the catalog's peaks, likely optimistic; compare them with "
+            "measured GPUs with care (kernel_data attribute)."]
+
+
 def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None) -> str:
     """A plain-text table; every cell is 'median [5 %, 95 %]' over Monte Carlo samples.
 
@@ -228,6 +238,7 @@ def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None)
         foot.append(f"infeasible samples (NaN, left out of every band): {feas}.")
         foot += infeasible_lines(s)
     foot += steady_state_note(ds)
+    foot += kernel_data_note(ds)
     if ds.attrs.get("pricing_note"):
         foot.append(f"pricing: {ds.attrs['pricing_note']}.")
     if "decode_capacity_tok_s_per_gpu" in ds:

@@ -17,6 +17,8 @@ Examples
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import difflib
 import functools
 import tomllib
@@ -361,3 +363,22 @@ def weight_bytes(model: dict, bytes_per_param: float, include_mtp: bool = False)
     """
     total, _ = param_counts(model, include_mtp=include_mtp)
     return total * bytes_per_param
+
+
+def kernel_evidence(name: str, gemm_surface: str | None = None) -> tuple[str, str]:
+    """What the roofline knows of an accelerator's kernels: ``(kind, sentence)``, kind one of ``"measured"`` (its
+    own measured GEMMs, element-wise kernels and collectives), ``"borrowed"`` (another GPU's, of the same SMs
+    and tensor cores, at its own peaks and bandwidths) or ``"none"`` (an idealised roofline at the catalog's
+    peaks: unmeasured, and expected optimistic). ``gemm_surface`` is the scenario's own value where it overrides
+    the catalog's."""
+    surface = hardware_preset(name).get("gemm_surface", "") if gemm_surface is None else gemm_surface
+    surface = str(surface or "")
+    if surface in ("", "none"):
+        return "none", (f"{name}: no measured kernels; an idealised roofline at the catalog's peaks (unmeasured, "
+                        "likely optimistic)")
+    if surface.lower() == name.lower():
+        return "measured", f"{name}: GEMMs, element-wise kernels and NCCL collectives measured (bundled profiles)"
+    if surface.endswith(".toml"):
+        return "measured", f"{name}: GEMMs from the measured surface {Path(surface).name}"
+    return "borrowed", (f"{name}: not measured itself; {surface}'s measured kernels (the same SMs and tensor "
+                        "cores) at its own peaks and bandwidths")

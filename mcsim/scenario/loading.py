@@ -33,6 +33,7 @@ from mcsim.scenario.calibration_file import CalibrationError, check_regime, regi
 from mcsim.scenario.calibration_file import load as load_calibration
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
 from mcsim.scenario.distributions import Dist, DistributionError
+from mcsim.scenario.plausible import warn_implausible
 from mcsim.scenario.schema import (
     CLASS_FIELDS,
     DEFAULT_CLASSES,
@@ -465,6 +466,7 @@ def load_scenario(path, overrides=(), text: str | None = None) -> Scenario:
                 o.split("=", 1)[0].strip() == "performance.gemm_surface" for o in overrides):
             surface_path = path.parent / surface_path
         scn = attach_surface(scn, surface_path)
+    warn_implausible(scn.values, source)  # a unit slip (a TPOT target of 50 s) runs, and is said
     return scn
 
 
