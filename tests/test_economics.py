@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 import pytest
 
 from mcsim.stages import economics
@@ -51,3 +53,17 @@ def test_unprofitable_gpu_never_pays_back():
                            electricity_usd_per_kwh=0.0)
     assert math.isnan(free.cost_profit_margin) and math.isnan(free.cost_usd_per_mtok)
     assert math.isnan(free.energy_j_per_token)
+
+
+def test_delivered_tokens_per_gpu_are_what_the_cost_per_token_is_charged_against():
+    """cost_usd_per_mtok = cost per day / (delivered tokens per GPU-second x GPUs x 86,400) x 10^6, sample by
+    sample; and a colocated fleet delivers less per GPU than a decode GPU does in its decode steps."""
+    import mcsim
+    from helpers import DENSE_NODE
+
+    ds = mcsim.run(DENSE_NODE, samples=3, requests=2000, workers=1)
+    delivered = ds.delivered_output_tok_s_per_gpu.values.ravel()
+    per_day = delivered * ds.gpus.values.ravel() * 86400.0
+    np.testing.assert_allclose(ds.cost_usd_per_day.values.ravel() / per_day * 1e6,
+                               ds.cost_usd_per_mtok.values.ravel(), rtol=1e-9)
+    assert (delivered < ds.decode_tok_s_per_gpu.values.ravel()).all()

@@ -265,3 +265,24 @@ def test_streamed_replicas_do_not_depend_on_the_chunks(pools):
         for key in ("busy_fraction", "cache_hit_rate", "instance_load_imbalance"):
             np.testing.assert_allclose(part[key], whole[key], rtol=0.02, err_msg=key)
         np.testing.assert_allclose(part["ttft_s"], whole["ttft_s"], rtol=0.1)
+
+
+def test_progress_counts_every_pass_of_a_streamed_sample():
+    """The progress shown grows through both passes of a sample whose latencies read every request again (it once
+    froze for the second pass, 37 % of a frontier day) and ends at the sample's requests, whatever the passes."""
+    from helpers import DENSE_NODE
+
+    from mcsim.execution import executor, progress
+    from mcsim.scenario import load_scenario
+
+    cases = {"replicas": (['deployment.fleet_simulation="replicas"', 'deployment.fleet="fixed"',
+                           "deployment.instances=2"], 2),
+             "service times": (["performance.simulate_batching=false", 'deployment.fleet="utilization"'], 2),
+             "simulator window": (["performance.simulate_batching=true", 'deployment.fleet="utilization"'], 1)}
+    for name, (overrides, passes) in cases.items():
+        scn = load_scenario(DENSE_NODE, overrides=["mc.chunk_requests=500", *overrides])
+        counts = []
+        with progress.listening(counts.append):
+            executor.run_task(executor.make_plan(scn, ("factory",), samples=1, requests=3000), 0, 0)
+        assert counts[-1] == 3000 and counts == sorted(counts), name
+        assert len(counts) == passes * 6, name  # 6 chunks of 500 requests, reported in each pass

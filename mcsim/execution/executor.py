@@ -730,6 +730,7 @@ def _run_in_process(plan, todo, parts, parts_dir, fingerprint, progress, total):
     not written); every part saved is kept for ``--resume``.
     """
     chunk_sizes = [len(chunk) for chunk in plan.chunks]
+    all_requests = sum(chunk_sizes[c] for _, c in todo) * plan.requests
     bar = _progress_bar(total, total - len(todo)) if progress else None
     started, simulated = time.perf_counter(), 0
     shown = [0.0]
@@ -738,7 +739,7 @@ def _run_in_process(plan, todo, parts, parts_dir, fingerprint, progress, total):
         now = time.perf_counter()
         if bar is not None and now - shown[0] > 1.0:
             shown[0] = now
-            _show_rate(bar, simulated + requests // max(len(plan.variants), 1), now - started)
+            _show_rate(bar, simulated + requests // max(len(plan.variants), 1), now - started, all_requests)
             bar.refresh()
 
     try:
@@ -757,7 +758,7 @@ def _run_in_process(plan, todo, parts, parts_dir, fingerprint, progress, total):
                 progress_events.task_done()
                 if bar is not None:
                     simulated += chunk_sizes[c] * plan.requests
-                    _show_rate(bar, simulated, time.perf_counter() - started)
+                    _show_rate(bar, simulated, time.perf_counter() - started, all_requests)
                     bar.update(1)
     except KeyboardInterrupt:
         raise SweepInterrupted(total - len(todo) + sum(1 for t in todo if t in parts), total, parts_dir) from None
@@ -779,6 +780,7 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
     futures = []
     try:
         chunk_sizes = [len(chunk) for chunk in plan.chunks]
+        all_requests = sum(chunk_sizes[c] for _, c in todo) * plan.requests
         keys = {(p, c): f"mcsim-{fingerprint[:12]}-{p}-{c}" for p, c in todo}
         bar = _progress_bar(total, total - len(todo)) if progress else None
         inflight = None
@@ -803,7 +805,7 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                     now = time.perf_counter()
                     if inflight is not None and now - shown > 1.0:
                         shown = now
-                        _show_rate(bar, simulated + inflight.requests(), now - started)
+                        _show_rate(bar, simulated + inflight.requests(), now - started, all_requests)
                         bar.refresh()
                     continue
                 for future in batch:
@@ -825,7 +827,7 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                     if bar is not None:
                         inflight.finish(future.key)
                         simulated += chunk_sizes[c] * plan.requests
-                        _show_rate(bar, simulated, time.perf_counter() - started)
+                        _show_rate(bar, simulated, time.perf_counter() - started, all_requests)
                         bar.update(1)
     except KeyboardInterrupt:
         for f in futures:
@@ -840,10 +842,16 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
             cluster.close()
 
 
-def _show_rate(bar, requests: int, seconds: float) -> None:
-    """Requests simulated (requests per sample x samples finished, and what the samples in flight reported), and
-    per second of this run so far, beside the progress bar."""
-    bar.set_postfix_str(f"{si(requests)} requests, {si(requests / max(seconds, 1e-9))} requests/s", refresh=False)
+def _show_rate(bar, requests: int, seconds: float, total: int | None = None) -> None:
+    """Requests simulated (requests per sample x samples finished, and what the samples in flight reported), per
+    second of this run so far and, given the run's ``total``, the time left at that rate, beside the progress bar
+    (tqdm's own estimate counts whole tasks, and a run of one task has none until it ends)."""
+    rate = requests / max(seconds, 1e-9)
+    left = ""
+    if total and 0 < requests < total and rate > 0:
+        remaining = int((total - requests) / rate)
+        left = f", about {remaining // 3600}:{remaining % 3600 // 60:02d}:{remaining % 60:02d} left"
+    bar.set_postfix_str(f"{si(requests)} requests, {si(rate)} requests/s{left}", refresh=False)
 
 
 def _progress_bar(total: int, done: int, stream=None):

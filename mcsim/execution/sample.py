@@ -181,6 +181,10 @@ class StreamedSample:
         self.cache_in = kvcache.Inputs.from_params(p, int(p["cache.block_tokens"]), perf.kv_bytes(p))
         self.spec_in = SpeculativeInputs.from_params(p)
         self.cache_steady = None
+        # Progress: a sample whose latencies read every request again (the replicas, or service times without the
+        # simulator: stage 5's second pass) shows half of each request's work in each pass, else all in the first.
+        simulated = p["performance.simulate_batching"] or p["deployment.fleet"] in ("fixed", "slo")
+        self.two_passes = p["deployment.fleet_simulation"] == "replicas" or not simulated
         sums, first, last = None, math.nan, math.nan
         steady = kvcache.SteadyStream(n_requests, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"])
         limit = window_requests(p)
@@ -225,6 +229,7 @@ class StreamedSample:
     def _chunks(self):
         """The measured requests chunk by chunk, from the stages again: ``(requests, cached_tokens, passes)``."""
         for every, skip, every_cached, passes in self._every_chunk():
+            progress.report(every.n // 2 if self.two_passes else 0)  # the second pass, the stages run again
             yield (every.tail(skip), every_cached[skip:], passes) if skip else (every, every_cached, passes)
 
     def _every_chunk(self, steady=None):
@@ -253,9 +258,9 @@ class StreamedSample:
                 every_cached = cached.result()
                 if following is not None:
                     cached = replay.submit(cache.cached_tokens, following)
-                if steady is not None:  # the first pass: requests simulated
+                if steady is not None:  # the first pass (see two_passes)
                     steady.add(every_cached, every.prompt_tokens)
-                    progress.report(every.n)
+                    progress.report(every.n - every.n // 2 if self.two_passes else every.n)
                 yield every, skip, every_cached, passes
                 every = following
 
@@ -289,6 +294,7 @@ class StreamedSample:
             yield from self._chunks()
             return
         for _, block, skip in self._spilled():
+            progress.report(len(block) // 2 if self.two_passes else 0)  # the second pass
             columns = block[skip:].astype(np.int64)
             passes = None if self.spec_in.draft_tokens == 0 else np.ascontiguousarray(columns[:, 2])
             yield (SpilledChunk(np.ascontiguousarray(columns[:, 0]), np.ascontiguousarray(columns[:, 1]),
@@ -310,6 +316,7 @@ class StreamedSample:
             (every.arrival_s, _columns(every, skip, cached, passes), skip)
             for every, skip, cached, passes in self._every_chunk())
         for arrival, block, skip in source:
+            progress.report(len(arrival) // 2 if self.two_passes else 0)  # the second pass
             measured = np.ones(len(arrival), bool)
             measured[:skip] = False
             columns = block.astype(np.int64)
@@ -342,7 +349,7 @@ def _open_spill():
 
 
 MONEY_OUTPUTS = ("cost_usd_per_day", "revenue_usd_per_day", "gross_margin", "cost_profit_margin",
-                 "cost_usd_per_mtok", "energy_j_per_token", "payback_months")
+                 "cost_usd_per_mtok", "energy_j_per_token", "payback_months", "delivered_output_tok_s_per_gpu")
 
 
 def money(p: dict, fleet_result: fleet.Performance) -> dict:
@@ -378,6 +385,9 @@ def money(p: dict, fleet_result: fleet.Performance) -> dict:
         "cost_usd_per_mtok": e.cost_usd_per_mtok,
         "energy_j_per_token": e.energy_j_per_token,
         "payback_months": e.payback_months,
+        # what the money is charged against: the output tokens served per second of the trace, per deployed GPU
+        "delivered_output_tok_s_per_gpu": f.output_tokens * f.served_fraction / f.duration_s / f.gpus
+        if f.duration_s > 0 and f.gpus > 0 else math.nan,
     }
 
 

@@ -242,8 +242,10 @@ def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None)
     if ds.attrs.get("pricing_note"):
         foot.append(f"pricing: {ds.attrs['pricing_note']}.")
     if "decode_capacity_tok_s_per_gpu" in ds:
-        foot.append("decode_tok_s_per_gpu is what a GPU does at the deployed load; *_capacity_tok_s_per_gpu what "
-                    "one sustains (decode at the largest batch meeting the TPOT target, prefill at full steps).")
+        foot.append("decode_tok_s_per_gpu is what a decode GPU does in its decode steps at the deployed load; "
+                    "*_capacity_tok_s_per_gpu what one sustains (decode at the largest batch meeting the TPOT target, "
+                    "prefill at full steps); delivered_output_tok_s_per_gpu what the whole fleet serves per GPU over "
+                    "the trace (prefill GPUs and idle time included): what a token's cost is charged against.")
     foot.append(f"{n} samples x {simulated_requests(ds)}; cells are median [5 %, 95 %] "
                 "over samples (of GPUs and instances, samples' own whole counts: of two middle samples, the "
                 "lower); every figure is modelled.")

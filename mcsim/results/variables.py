@@ -40,10 +40,16 @@ _VARS = [
     # performance
     Variable("decode_tok_s_per_gpu", (), "tokens/s/GPU", "decode throughput per GPU at load",
              "Output tokens per second per decode GPU at the operating point the deployed load sets (its batch, all "
-             "factors applied): what the fleet does, not what a GPU can do (decode_capacity_tok_s_per_gpu).", True),
+             "factors applied), during decode steps: what the fleet does per step, not what a GPU can do "
+             "(decode_capacity_tok_s_per_gpu), nor what the fleet delivers over the day "
+             "(delivered_output_tok_s_per_gpu).", True),
     Variable("prefill_tok_s_per_gpu", (), "tokens/s/GPU", "prefill throughput per GPU",
              "Input tokens (cached ones included) served per prefill GPU-second; cached tokens cost only their "
              "restore time.", True),
+    Variable("delivered_output_tok_s_per_gpu", (), "tokens/s/GPU", "output tokens delivered per GPU-second",
+             "Output tokens the fleet served per second of the trace, per GPU deployed (prefill GPUs, idle time and "
+             "every step's prefill share included): what cost_usd_per_mtok is charged against. "
+             "decode_tok_s_per_gpu is larger: per decode GPU, during its decode steps.", True),
     Variable("decode_capacity_tok_s_per_gpu", (), "tokens/s/GPU", "decode capacity per GPU",
              "Output tokens per second one decode GPU sustains at the largest batch that meets the TPOT target, "
              "fits its KV memory and deployment.max_batch_per_gpu: what a GPU can do, to compare with published "
