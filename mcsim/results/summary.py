@@ -326,7 +326,9 @@ def steady_state_facts(ds: xr.Dataset) -> dict | None:
                   for i in np.flatnonzero(per_point.values)]
     needed = ds["requests_for_steady_state"].where(unsteady).values.astype(float)
     finite = needed[np.isfinite(needed)]
-    return {"count": count, "runs": int(unsteady.size), "points": points,
+    flags = ds["steady_state"].values.astype(float)
+    ran = int(np.sum(np.isfinite(flags) & (flags >= 0)))  # a search's candidates dropped early ran fewer (-1, NaN)
+    return {"count": count, "runs": ran, "points": points,
             "requests": int(finite.max()) if finite.size else None, "saturated": int(np.isinf(needed).sum())}
 
 
