@@ -255,9 +255,12 @@ class RateProfile:
         if profile.size == 0:
             return None
         period = float(p["workload.rate_profile_period_s"])
-        relative = profile / profile.max()  # first to at most 1: the mean of [1e308, 1e308] overflows to inf
+        with np.errstate(over="ignore"):
+            overflows = not np.isfinite(profile.mean())
+        if overflows:  # the mean of [1e308, 1e308] overflows: to at most 1 first
+            profile = profile / profile.max()
         # a drawn start may reach the period's end, the same time of the period as 0
-        return cls(relative / relative.mean(), period, float(p["workload.rate_profile_start_s"]) % period)
+        return cls(profile / profile.mean(), period, float(p["workload.rate_profile_start_s"]) % period)
 
     def _edges(self) -> tuple[np.ndarray, np.ndarray]:
         """Slice edges of one period from its start, wall-clock and operational (``m + 1`` each)."""
