@@ -135,8 +135,9 @@ def test_short_form_makes_hbm_dram_nvme(tmp_path):
     scn = scenario(tmp_path, tiers="hbm_gb_per_instance = 10\n")
     p = resolve(scn, {})
     assert scn["cache.tiers"] == ()
-    assert kvcache.tiers_of(p) == (kvcache.Tier("hbm", 10.0, "instance"), kvcache.Tier("dram", 1024.0, "node"),
-                                   kvcache.Tier("nvme", 8000.0, "node"))
+    assert kvcache.tiers_of(p) == (kvcache.Tier("hbm", 10.0, "instance"),
+                                   kvcache.Tier("dram", 1024.0, "node", usd_per_gb_month=0.10),
+                                   kvcache.Tier("nvme", 8000.0, "node", usd_per_gb_month=0.0025))
 
 
 def test_a_tier_of_unknown_kind_gives_its_rates(tmp_path):
@@ -361,3 +362,39 @@ def test_replicas_restore_time_charges_each_tier_rate_and_its_latency_once():
     cached = np.array([[32, 0, 0, 0], [0, 100, 0, 0], [16, 10, 20, 1]])
     expected = [0.0, 100 * 1e-6 + 5e-6, 10 * 1e-6 + 20 * 4e-6 + 1e-5 + 5e-6 + 80e-6 + 1e-3]
     np.testing.assert_allclose(_restore_s(w, cached), expected, rtol=1e-12)
+
+
+# -- what a tier costs and saves ---------------------------------------------------------------------------------
+
+PRICED = POOLED.replace('name = "dram"\ngb = 0.5\nscope = "node"', 'name = "dram"\ngb = 0.5\nscope = "node"\n'
+                        'usd_per_gb_month = 3.0')
+
+
+def test_a_tiers_cost_is_its_fleet_capacity_at_its_price_and_nothing_else_moves(tmp_path):
+    """kv_tier_gb and kv_tier_cost_usd_per_day against their closed forms (per instance x instances, per node x
+    nodes x instances, a pool once; at the price per GB-month over 365.25/12 days), and a price sweep moves the
+    tier's cost and nothing else: the money of a tier stands beside cost_usd_per_day, not in it."""
+    scn = scenario(tmp_path, tiers=PRICED)
+    ds = mcsim.sweep(scn, ["cache.tiers.dram.usd_per_gb_month=3,6"], samples=2, requests=1500, workers=1)
+    p = resolve(scn, {})
+    names = list(ds.tier.values)
+    per = {t.name: t for t in kvcache.tiers_of(p)}
+    instances = ds.decode_instances.values[0]  # colocated: every instance holds its caches
+    nodes = kvcache.prefix_cache_nodes(p)
+    for i, name in enumerate(names):
+        t = per[name]
+        expected = t.gb if t.scope == "pooled" else t.gb * instances * (nodes if t.scope == "node" else 1)
+        np.testing.assert_allclose(ds.kv_tier_gb.values[0, :, i], expected, rtol=1e-12)
+    dram = names.index("dram")
+    for j, price in enumerate((3.0, 6.0)):
+        np.testing.assert_allclose(ds.kv_tier_cost_usd_per_day.values[j, :, dram],
+                                   ds.kv_tier_gb.values[j, :, dram] * price * 12 / 365.25, rtol=1e-12)
+    assert (ds.kv_tier_cost_usd_per_day.values[:, :, names.index("hbm")] == 0).all()  # paid with the GPUs
+    for name in ("cost_usd_per_day", "gross_margin", "decode_tok_s_per_gpu", "kv_tier_recompute_saved_usd_per_day"):
+        np.testing.assert_array_equal(ds[name].values[0], ds[name].values[1])
+    # what the hits saved is proportional to each tier's hit rate (one price per token of prefill)
+    saved, rate = ds.kv_tier_recompute_saved_usd_per_day.values[0], ds.cache_hit_rate_by_tier.values[0]
+    assert (rate > 0).sum() >= 2
+    for s in range(saved.shape[0]):
+        hit = rate[s] > 0
+        np.testing.assert_allclose(saved[s, hit] / rate[s, hit], (saved[s, hit] / rate[s, hit])[0], rtol=1e-9)

@@ -64,8 +64,10 @@ def test_keys_of_a_section_with_type_default_range_distribution_and_fidelity():
     result = invoke("list", "keys", "cache")
     assert result.exit_code == 0, result.output
     assert fits(result.stdout)
-    assert row_of(result.stdout, "block_tokens") == ["block_tokens", "integer", "64", "[1, 1000000]", "yes", "both"]
-    assert row_of(result.stdout, "enabled") == ["enabled", "bool", "true", "true, false", "no", "both"]
+    wide = invoke("list", "keys", "cache", columns=120).stdout  # one line a row, to read its cells
+    assert row_of(wide, "block_tokens") == ["block_tokens", "integer", "64", "[1, 1000000]", "yes", "both"]
+    assert row_of(wide, "enabled") == ["enabled", "bool", "true", "true, false", "no", "both"]
+    assert row_of(wide, "dram_usd_per_gb_month")[:4] == ["dram_usd_per_gb_month", "number", "0.1", "[0, 10000]"]
     performance = invoke("list", "keys", "performance").stdout
     assert row_of(performance, "gemm_floor_s")[-1] == "roofline"
     efficiency = invoke("list", "keys", "efficiency").stdout

@@ -358,7 +358,7 @@ def money(p: dict, fleet_result: fleet.Performance) -> dict:
     loaded past its capacity)."""
     f = fleet_result
     if not f.feasible:
-        return {name: math.nan for name in MONEY_OUTPUTS}
+        return {name: math.nan for name in MONEY_OUTPUTS} | tier_money(p, f)
     per_day = 86400.0 / f.duration_s * f.served_fraction
     pricing = p["economics.pricing"]
     # An economics price is one price for whatever GPU runs, charged as written (a hardware sweep must pin it
@@ -388,7 +388,37 @@ def money(p: dict, fleet_result: fleet.Performance) -> dict:
         # what the money is charged against: the output tokens served per second of the trace, per deployed GPU
         "delivered_output_tok_s_per_gpu": f.output_tokens * f.served_fraction / f.duration_s / f.gpus
         if f.duration_s > 0 and f.gpus > 0 else math.nan,
-    }
+    } | tier_money(p, f, e.cost_usd_per_day, per_day)
+
+
+#: Days in a month, for prices per GB-month (365.25 / 12).
+DAYS_PER_MONTH = 30.4375
+
+
+def tier_money(p: dict, f: fleet.Performance, cost_usd_per_day: float = math.nan, per_day: float = math.nan) -> dict:
+    """What each KV tier costs a day and what it saves (NaN arrays when the sample could not run).
+
+    ``kv_tier_gb``: the tier's capacity in the deployed fleet (per instance x the instances that hold caches, per
+    node x their nodes, or the pool's); ``kv_tier_cost_usd_per_day``: that capacity at the tier's price per
+    GB-month; ``kv_tier_recompute_saved_usd_per_day``: the prefill the tier's hits spared, priced as the fleet's
+    GPU time (its tokens at prefill_capacity_tok_s_per_gpu, at the fleet's cost per GPU-second). Neither enters
+    cost_usd_per_day (accelerators and electricity): they stand beside it, so a tier's money and its saved
+    recompute can be compared.
+    """
+    tiers = kvcache.tiers_of(p)
+    nan = np.full(len(tiers), math.nan)
+    if not f.feasible:
+        return {"kv_tier_gb": nan, "kv_tier_cost_usd_per_day": nan, "kv_tier_recompute_saved_usd_per_day": nan}
+    m = f.metrics
+    holders = m["prefill_instances"] if p["deployment.disaggregated"] else m["decode_instances"]
+    gb = kvcache.fleet_tier_gb(p, int(holders)) if p["cache.enabled"] else np.zeros(len(tiers))
+    prices = np.array([t.usd_per_gb_month for t in tiers])
+    hits_per_day = np.asarray(m["cache_hit_rate_by_tier"], dtype=float) * (f.hit_tokens + f.miss_tokens) * per_day
+    gpu_s_per_token = 1.0 / m["prefill_capacity_tok_s_per_gpu"] if m["prefill_capacity_tok_s_per_gpu"] > 0 \
+        else math.nan
+    usd_per_gpu_s = cost_usd_per_day / (f.gpus * 86400.0) if f.gpus > 0 else math.nan
+    return {"kv_tier_gb": gb, "kv_tier_cost_usd_per_day": gb * prices / DAYS_PER_MONTH,
+            "kv_tier_recompute_saved_usd_per_day": hits_per_day * gpu_s_per_token * usd_per_gpu_s}
 
 
 def variant_specs(scn: Scenario, variants) -> dict[str, dict]:

@@ -84,6 +84,17 @@ _VARS = [
              "Cached input tokens / all input tokens (a token fraction, not a request fraction).", True, percent=True),
     Variable("cache_hit_rate_by_tier", ("tier",), "1", "prefix cache hit rate by tier",
              "Input tokens reused from each tier (the scenario's, in order) / all input tokens.", percent=True),
+    Variable("kv_tier_gb", ("tier",), "GB", "KV tier capacity in the fleet",
+             "Capacity of each tier the deployed fleet holds: per instance x the instances that hold prefix caches, "
+             "per node x their nodes, or the pooled tier's once."),
+    Variable("kv_tier_cost_usd_per_day", ("tier",), "USD/day", "KV tier cost per day",
+             "kv_tier_gb at the tier's price per GB-month (cache.tiers.<name>.usd_per_gb_month, or the short form's "
+             "dram_usd_per_gb_month, nvme_usd_per_gb_month; the first tier's HBM is paid with the GPUs). Not in "
+             "cost_usd_per_day, which counts accelerators and electricity."),
+    Variable("kv_tier_recompute_saved_usd_per_day", ("tier",), "USD/day", "prefill saved by the tier's hits per day",
+             "Input tokens restored from the tier per day, priced as the prefill GPU time they would have taken "
+             "(prefill_capacity_tok_s_per_gpu) at the fleet's cost per GPU-second: what the tier's hits are worth, "
+             "beside kv_tier_cost_usd_per_day (modelled)."),
     Variable("restore_gb_per_request_by_tier", ("tier",), "GB/request", "KV restored per request by tier",
              "Prefix KV bytes brought back to the first tier from each tier, per request (the first tier's hits "
              "move nothing)."),

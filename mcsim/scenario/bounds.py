@@ -133,6 +133,9 @@ SCENARIO_UPPER = {
     "cache.tiers.*.gb": 1e9,
     "cache.tiers.*.gb_s": 1e7,
     "cache.tiers.*.latency_us": 3.6e9,             # an hour
+    "cache.tiers.*.usd_per_gb_month": 1e4,         # USD per GB-month
+    "cache.dram_usd_per_gb_month": 1e4,
+    "cache.nvme_usd_per_gb_month": 1e4,
 }
 
 #: The least a scenario key whose schema excludes 0 only may be: 1e-300 requests/s or a 1e-300 s TPOT target are

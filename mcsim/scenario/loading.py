@@ -42,9 +42,11 @@ from mcsim.scenario.schema import (
     SECTIONS,
     TIER_FIELDS,
     TIER_KINDS,
+    TIER_PRICES,
     TIER_NAME_PATTERN,
     TIER_REQUIRED,
     TIER_SHORT_FORM,
+    TIER_SHORT_FORM_PRICES,
     Field,
     ScenarioError,
     baseline_overrides,
@@ -176,7 +178,7 @@ def _check_tier_path(path: str, values: dict, source: str, origin: str):
     """A dotted path into ``cache.tiers.<name>`` must name one of the scenario's ``[[cache.tiers]]``, and the short
     form's keys cannot be set on a scenario that has them (the tiers would be given twice)."""
     names = values.get("cache.tiers") or ()
-    if names and path in TIER_SHORT_FORM:
+    if names and path in TIER_SHORT_FORM + TIER_SHORT_FORM_PRICES:
         raise ScenarioError(source, path, f"{origin} cannot set the short form of the tiers: the scenario has "
                             f"[[cache.tiers]] ({', '.join(names)}); set cache.tiers.<name>.gb instead")
     parts = path.split(".")
@@ -522,10 +524,11 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
         body = dict(raw.get(section, {}))
         classes_raw = body.pop("classes", None) if section == "workload" else None
         tiers_raw = body.pop("tiers", None) if section == "cache" else None
-        given = [path for path in TIER_SHORT_FORM if section == "cache" and path.split(".")[1] in body]
+        given = [path for path in TIER_SHORT_FORM + TIER_SHORT_FORM_PRICES
+                 if section == "cache" and path.split(".")[1] in body]
         if tiers_raw is not None and given:
             raise ScenarioError(source, given[0], "the short form of the tiers cannot be given with [[cache.tiers]]: "
-                                "give each tier's gb (and gb_s) in its own table")
+                                "give each tier's gb (and gb_s, usd_per_gb_month) in its own table")
         for key, spec in fields.items():
             values[f"{section}.{key}"] = _check_value(spec, f"{section}.{key}", body.pop(key, spec.default), source)
         if section in ("model", "hardware"):
@@ -650,6 +653,9 @@ def _validate_tiers(tiers_raw, source: str) -> dict:
             if key not in body:
                 raise ScenarioError(source, f"{prefix}.{key}", f"missing: a tier needs {', '.join(TIER_REQUIRED)}")
         kind = TIER_KINDS.get(name)
+        price = f"{prefix}.usd_per_gb_month"
+        out[price] = (_check_value(TIER_FIELDS["usd_per_gb_month"], price, body["usd_per_gb_month"], source)
+                      if "usd_per_gb_month" in body else TIER_PRICES.get(name, (0.0, ""))[0])
         for key in ("gb", "scope", "gb_s", "latency_us"):
             spec = TIER_FIELDS[key]
             if key in body:

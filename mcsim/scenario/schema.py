@@ -266,6 +266,10 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                                       "GPU's hardware.host_link_gb_s).", 0, None),
         "nvme_gb_per_node": F(8000.0, "NVMe for KV per node, GB (0 = no NVMe tier; short form).", 0, None),
         "nvme_gb_s_per_node": F(25.0, "NVMe read bandwidth per node, GB/s (short form).", 0, None, lo_open=True),
+        "dram_usd_per_gb_month": F(0.10, "Price of the DRAM tier's capacity, USD per GB-month (short form; the "
+                                         "dram kind's estimate: 4.5 USD/GB over 48 months).", 0, None),
+        "nvme_usd_per_gb_month": F(0.0025, "Price of the NVMe tier's capacity, USD per GB-month (short form; the "
+                                           "nvme kind's estimate: 0.12 USD/GB over 48 months).", 0, None),
     },
     "speculative": {
         "enabled": B(True, "Speculative decoding / MTP (lever)."),
@@ -486,6 +490,8 @@ MAX_TIERS = 8
 #: The keys of today's three tiers (hbm, dram, nvme): the short form, which [[cache.tiers]] replaces.
 TIER_SHORT_FORM = ("cache.hbm_gb_per_instance", "cache.dram_gb_per_node", "cache.nvme_gb_per_node",
                    "cache.nvme_gb_s_per_node")
+#: The short form's prices (read by the economics, not by the step model, unlike :data:`TIER_SHORT_FORM`).
+TIER_SHORT_FORM_PRICES = ("cache.dram_usd_per_gb_month", "cache.nvme_usd_per_gb_month")
 #: A tier's name: the ``tier`` coordinate of the results and the third part of its keys (cache.tiers.<name>.gb).
 TIER_NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_-]{0,31}"
 
@@ -514,6 +520,18 @@ TIER_KINDS: dict[str, tuple[str, float, str]] = {
 }
 TIER_KINDS["pool"] = TIER_KINDS["remote"]
 
+#: A tier kind's default price, USD per GB-month of capacity, and where it comes from: the purchase price of the
+#: medium spread over four years (economics.lifetime_years' default), 30.44 days a month. Estimates, to be replaced
+#: by a provider's own (``usd_per_gb_month``); a tier of another name costs 0 unless given one.
+TIER_PRICES: dict[str, tuple[float, str]] = {
+    "hbm": (0.0, "the GPUs' own memory: paid for with the GPUs (economics)"),
+    "dram": (0.10, "server DDR5 RDIMMs at about 4.5 USD/GB (2025 street prices of 64 GB modules), over 48 months"),
+    "cxl": (0.14, "DRAM behind a CXL expander: dram's modules plus the expander card, about 40 % more per GB"),
+    "nvme": (0.0025, "enterprise TLC NVMe drives at about 0.12 USD/GB (2025 street prices), over 48 months"),
+    "remote": (0.01, "a pooled store on NVMe servers (drives, CPUs, NICs and chassis: about 4x the drives alone)"),
+}
+TIER_PRICES["pool"] = TIER_PRICES["remote"]
+
 #: Fields of each ``[[cache.tiers]]`` table: the cache as an ordered list of exclusive tiers, first (the GPUs'
 #: memory, where blocks are used) to last. ``name``, ``gb`` and ``scope`` are required; ``gb_s`` and ``latency_us``
 #: default to the kind the name selects (:data:`TIER_KINDS`) and must be given for another name (except for the
@@ -530,6 +548,9 @@ TIER_FIELDS: dict[str, Field] = {
                    "default: its kind's.", 0, None, lo_open=True),
     "latency_us": F(0.0, "Time to the first byte of a restore from the tier, once per request that restores from "
                          "it, us; default: its kind's.", 0, None),
+    "usd_per_gb_month": F(0.0, "Price of the tier's capacity, USD per GB-month, charged on every GB the deployed "
+                               "fleet holds (kv_tier_cost_usd_per_day); default: its kind's (mcsim list keys cache), "
+                               "0 for a name of no known kind.", 0, None),
 }
 TIER_REQUIRED = ("name", "gb", "scope")
 
