@@ -164,6 +164,55 @@ def wheel_length(k, max_passes, pf_cap):
     return wheel
 
 
+@kernel(inline="always")
+def _tree_leaves(k):
+    """Leaves of the least-load router's tournament tree: the smallest power of two >= ``k``."""
+    kpow = 1
+    while kpow < k:
+        kpow *= 2
+    return kpow
+
+
+@kernel(inline="always")
+def _least_build(tree, load, k):
+    """The tournament tree over ``load[:k]``: node ``p`` holds the instance of least load below it (the lowest
+    index among equals, as a scan from 0 finds it); leaves ``kpow + j`` hold ``j``, or -1 past ``k``."""
+    kpow = tree.shape[0] // 2
+    for j in range(kpow):
+        tree[kpow + j] = j if j < k else -1
+    for pos in range(kpow - 1, 0, -1):
+        a = tree[2 * pos]
+        b = tree[2 * pos + 1]
+        tree[pos] = a if b < 0 or (a >= 0 and load[a] <= load[b]) else b
+
+
+@kernel(inline="always")
+def _least_set(tree, load, j, value):
+    """Set instance ``j``'s load and replay its path to the root: O(log K)."""
+    load[j] = value
+    pos = (tree.shape[0] // 2 + j) >> 1
+    while pos >= 1:
+        a = tree[2 * pos]
+        b = tree[2 * pos + 1]
+        winner = a if b < 0 or (a >= 0 and load[a] <= load[b]) else b
+        if winner == tree[pos] and winner != j:
+            break  # this subtree's winner and its load are as they were: so is every winner above it
+        tree[pos] = winner
+        pos >>= 1
+
+
+@kernel(inline="always")
+def _least_refresh(tree, load, exp_t, exp_i, exp_state, marked, j, t_next, q_len, running, ending, clock):
+    """Instance ``j``'s load as the router sees it at an arrival at ``t_next`` (its queue, its running sequences,
+    and those finishing at the end of a step still running then), into the tree; a step still running then is
+    remembered in the expiry heap, whose entry drops its finishing sequences once the arrivals pass its end."""
+    late = clock[j] > t_next
+    _least_set(tree, load, j, q_len[j] + running[j] + (ending[j] if late else 0))
+    if late and ending[j] > 0 and marked[j] == 0:
+        marked[j] = 1
+        _heap_push(exp_t, exp_i, exp_state, clock[j], j)
+
+
 @kernel
 def instance_arrays(k, pf_cap, static, wheel, preempt, n_lists, kv_blocks):
     """Every array of :func:`simulate` whose size grows with the ``k`` instances, as the loop starts:
@@ -174,9 +223,10 @@ def instance_arrays(k, pf_cap, static, wheel, preempt, n_lists, kv_blocks):
     running, decoding, KV sum and rate, decode clock, ring head and length, running tail, the static batch's decode
     steps left, step time, KV slope, steps done and stopped members, finishing requests and their blocks), the
     prefix caches' LRU lists (head, tail as int32, count; ``n_lists`` of them), each instance's feed (pointers,
-    fill), the router's view (load, free KV), the busy instances' heap (time, index) and each instance's own sums of
+    fill), the router's view (load, free KV), the busy instances' heap (time, index), each instance's own sums of
     the measured window (requests in system over time, step time): summed per instance and then over the instances in
-    order, a fleet's figures do not depend on the order in which its instances' steps run.
+    order, a fleet's figures do not depend on the order in which its instances' steps run; and the least-load
+    router's tournament tree, the heap of the steps whose end it waits for, and their marks.
 
     :func:`instance_bytes` is their size; a test holds the two equal. Two tuples (queues, ring, batch, wheels and
     scalars; then lists, feed, router and heap): Numba cannot build a tuple of more than 30 items in one literal.
@@ -191,9 +241,12 @@ def instance_arrays(k, pf_cap, static, wheel, preempt, n_lists, kv_blocks):
              np.zeros(k, np.int64), np.zeros(k, np.int64), np.full(k, -1, np.int64), np.full(k, -1, np.int64),
              np.zeros(k), np.zeros(k), np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64),
              np.zeros(k, np.int64))
+    kpow = _tree_leaves(k)
     routing = (np.empty(n_lists, np.int32), np.empty(n_lists, np.int32), np.empty(n_lists, np.int64),
                np.zeros(k + 1, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64),
-               np.empty(k), np.empty(k, np.int64), np.zeros(k), np.zeros(k))
+               np.empty(k), np.empty(k, np.int64), np.zeros(k), np.zeros(k),
+               np.full(2 * kpow, -1, np.int64), np.empty(k), np.empty(k, np.int64), np.zeros(5, np.int64),
+               np.zeros(k, np.int64))
     return steps, routing
 
 
@@ -202,12 +255,14 @@ def instance_bytes(k: int, pf_cap: int, static: bool, wheel: int, preempt: bool,
 
     Examples
     --------
-    >>> instance_bytes(1, 1, False, 2, True, 3)  # 28 scalars, feed pointers, ring, batch rows, wheels, lists
-    336
+    >>> instance_bytes(1, 1, False, 2, True, 3)  # 28 scalars, feed pointers, ring, batch rows, wheels, lists, tree
+    416
     """
     k, pf_cap, wheel, n_lists = int(k), int(pf_cap), int(wheel), int(n_lists)
     batch = (k if static else 1) * (pf_cap if static else 1)
-    return 8 * (28 * k + 1 + k * pf_cap + 2 * batch + k * wheel + (k * wheel if preempt else 1)) + 16 * n_lists
+    least = 2 * _tree_leaves(k) + 3 * k + 5  # the least-load router's tree, its expiry heap and marks
+    return (8 * (28 * k + 1 + k * pf_cap + 2 * batch + k * wheel + (k * wheel if preempt else 1) + least)
+            + 16 * n_lists)
 
 
 @kernel
@@ -788,6 +843,15 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
         _policy_flags(params_int, capacity_blocks, pooled)
     by_free_kv = params_int[P_ROUTE_MEASURE] == MEASURE_FREE_KV
     by_prefix = params_int[P_ROUTE_PREFIX] != 0 and caching and not pooled
+    # Least outstanding, open loop: the loads live in a tournament tree updated as instances change (O(log K) an
+    # arrival, not a scan of every instance); a closed loop's next arrival can come earlier than the one in hand,
+    # and the cache-aware and least-KV rules read every instance, so they scan.
+    by_tree = not pick_given and not by_free_kv and not by_prefix and not closed and k > 1
+    # The next instance to run from the busy instances' heap (O(log K)) rather than a sweep of every instance: in
+    # the fleet's time order, one step at a time, where it matters (ordered); else each picked instance runs every
+    # step before the arrival, as the sweep does (the same steps: nothing an instance does reaches another before
+    # the arrival).
+    heap_pick = ordered or by_tree
     pool_key = k * key_stride  # the pool's key of block b is pool_key + b
     shared_key = pool_key if shared_tiers else -1
     if warmup_request >= 0:
@@ -812,9 +876,15 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
     (q_head, q_tail, q_len, pf, batch, by_passes, finish_head, block_head, clock, free_blocks, running, decoding,
      kv_sum, kv_rate, dclock, pf_head, pf_len, run_tail, decode_left, static_step_s, static_slope, static_done,
      static_stop, ending, freeing) = steps_state
-    head, tail, count, feed_ptr, fill, load, free_now, busy_t, busy_i, own_in_system, own_step_s = routing_state
+    (head, tail, count, feed_ptr, fill, load, free_now, busy_t, busy_i, own_in_system, own_step_s, least_tree,
+     expire_t, expire_i, expire_state, expire_marked) = routing_state
     out_instance_steps[:] = 0
     out_stats[:] = 0.0
+    if by_tree:
+        load[:] = 0
+        expire_marked[:] = 0
+        expire_state[:] = 0
+        _least_build(least_tree, load, k)
     # a slot then holds the sequences of one step only
     full_wheel = _load_slots(0, loaded, slot_of, closed, caching, wheel, arrival_s, passes, out_arrival_s,
                              out_first_token_s, out_finish_s, out_queue_s, out_cached, req_state, first_done, held,
@@ -933,7 +1003,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
             # every step before the arrival, which runs the same steps (nothing an instance does reaches another
             # before the arrival) and keeps each instance's cache rows warm.
             i = -1
-            if ordered:
+            if heap_pick:
                 if busy_size[_HEAP_SIZE] > 0 and busy_t[0] < t_next:
                     i = busy_i[0]
             else:
@@ -954,6 +1024,15 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                 chosen = 0
                 if pick_given:
                     chosen = given_instance[rs]
+                elif by_tree:
+                    # steps that ended by this arrival no longer hold their finishing sequences
+                    while expire_state[_HEAP_SIZE] > 0 and expire_t[0] <= t_next:
+                        j = expire_i[0]
+                        _heap_pop(expire_t, expire_i, expire_state)
+                        expire_marked[j] = 0
+                        _least_refresh(least_tree, load, expire_t, expire_i, expire_state, expire_marked, j, t_next,
+                                       q_len, running, ending, clock)
+                    chosen = least_tree[1]
                 elif k > 1:
                     # The instances as they are at the arrival: a step still running holds its finishing requests.
                     for j in range(k):
@@ -995,7 +1074,7 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                 out_instance[rs] = chosen
                 if running[chosen] == 0 and q_len[chosen] == 0:
                     clock[chosen] = max(clock[chosen], t_next)
-                    if ordered:
+                    if heap_pick:
                         _heap_push(busy_t, busy_i, busy_size, clock[chosen], chosen)
                 if keyed:
                     _keyed_enqueue(rs, chosen, released, key_uncached and caching, 0 if pooled else chosen, queue_key,
@@ -1004,6 +1083,9 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
                 else:
                     _fcfs_push(rs, chosen, q_head, q_tail, q_len, q_next)
                     req_state[rs] = _WAITING
+                if by_tree:
+                    _least_refresh(least_tree, load, expire_t, expire_i, expire_state, expire_marked, chosen, t_next,
+                                   q_len, running, ending, clock)
                 released += 1
                 if released == n:
                     waiting_at_end = 0
@@ -1468,10 +1550,13 @@ def simulate_stream(arrival_s, prompt_tokens, context_tokens, output_tokens, pas
         decode_left[i] = dleft
         ending[i] = end_count
         freeing[i] = free_count
+        if by_tree:
+            _least_refresh(least_tree, load, expire_t, expire_i, expire_state, expire_marked, i, t_next, q_len,
+                           running, ending, clock)
         out_instance_steps[i] = own_steps
         own_in_system[i] = in_system_integral
         own_step_s[i] = window_step_s_sum
-        if not fed_alone and ordered:
+        if not fed_alone and heap_pick:
             _heap_pop(busy_t, busy_i, busy_size)  # i was the top
             if running[i] + q_len[i] > 0:
                 _heap_push(busy_t, busy_i, busy_size, clock[i], i)

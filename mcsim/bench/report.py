@@ -62,6 +62,15 @@ def format_kernels(rows: list[dict]) -> list[str]:
 def format_scaling(sc: dict) -> list[str]:
     """Lines of the scaling report (any of its parts may be missing)."""
     lines = []
+    if sc.get("routing"):
+        rows = sc["routing"]["rows"]
+        lines += ["", "least-outstanding routing (tournament tree) vs round-robin, us per simulated request, 80 % load "
+                      "per instance:"]
+        for r in rows:
+            lines.append(f"  {r['instances']:>4} instances ({r['requests']:,} requests): least-outstanding "
+                         f"{r['least-outstanding'] * 1e6:.2f}, round-robin {r['round-robin'] * 1e6:.2f}")
+        lines.append(f"  largest / smallest fleet: {sc['routing']['ratio']:.2f}x (round-robin "
+                     f"{sc['routing']['ratio_round_robin']:.2f}x)")
     if sc.get("small"):
         ph, c = sc["small"]["phases"], sc["small"].get("command")
         head = f"a small run, {ph['requests']:,} requests of dense-node, process start to file"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mcsim.bench import compile_time
 from mcsim.bench import kernels as kernel_cases
-from mcsim.bench import scaling, small_run
+from mcsim.bench import routing, scaling, small_run
 from mcsim.bench.report import (END_TO_END_S_PER_M, PARALLEL_EFFICIENCY, PNG_SIGNATURE, format_kernels, format_table,
                                 scaling_png)
 from mcsim.bench.timing import best_of, machine
@@ -37,7 +37,7 @@ from mcsim.text import si
 __all__ = ["PARTS", "PNG_SIGNATURE", "SETTINGS", "bench_command", "format_table", "run_suite"]
 
 DEFAULT_OUT_DIR = Path("outputs") / "bench"
-PARTS = kernel_cases.STAGES + ("small", "requests", "grid", "workers", "overhead", "compile", "frontier")
+PARTS = kernel_cases.STAGES + ("small", "routing", "requests", "grid", "workers", "overhead", "compile", "frontier")
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ class SuiteSettings:
     fresh_processes: bool = True  # each measurement in a process of its own (False: in this one, for ``tiny``)
     small_requests: int = small_run.REQUESTS  # the small run, process start to file
     small_command: bool = True  # also time ``mcsim run`` itself as a command of its own
+    routing_requests: int = 400  # requests per instance of the routing curve
+    routing_instances: tuple = routing.INSTANCES
 
 
 SETTINGS = {
@@ -78,11 +80,11 @@ SETTINGS = {
     "quick": SuiteSettings(kernel_cases.QUICK, 2, 1, (10_000, 100_000, 1_000_000), 1,
                            grid_points=(1, 4), grid_samples=2, grid_requests=10_000,
                            workers_requests=20_000, workers_samples=4, workers_points=2, workers_repeats=1,
-                           overhead_tasks=16, frontier_requests=1_000_000),
+                           overhead_tasks=16, frontier_requests=1_000_000, routing_requests=200),
     "tiny": SuiteSettings(kernel_cases.TINY, 1, 1, (3_000, 6_000), 0, grid_points=(1, 2), grid_samples=1,
                           grid_requests=2_000, workers_requests=2_000, workers_samples=2, workers_points=1,
                           overhead_tasks=4, frontier_requests=3_000, fresh_processes=False, small_requests=1_000,
-                          small_command=False),
+                          small_command=False, routing_requests=20, routing_instances=(2, 8)),
 }
 
 
@@ -173,16 +175,25 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
     start = time.perf_counter()
     result = {"suite": size, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
               "kernels": kernel_rows(settings, [s for s in kernel_cases.STAGES if s in chosen], progress)}
-    sc: dict = dict.fromkeys(("small", "requests", "requests_light", "grid", "workers", "overhead", "compile",
-                              "frontier"))
+    sc: dict = dict.fromkeys(("small", "routing", "requests", "requests_light", "grid", "workers", "overhead",
+                              "compile", "frontier"))
     if "small" in chosen:
         progress(f"a small run, process start to file ({settings.small_requests:,} requests of "
                  f"{small_run.SCENARIO})")
+        def phases():
+            return scaling.in_subprocess("phases", module="small_run", fresh=settings.fresh_processes,
+                                         requests=settings.small_requests, fresh_process=settings.fresh_processes)
+
+        if settings.fresh_processes:
+            phases()  # once the kernels are cached: a first process may still compile a path
         sc["small"] = {
-            "phases": scaling.in_subprocess("phases", module="small_run", fresh=settings.fresh_processes,
-                                            requests=settings.small_requests,
-                                            fresh_process=settings.fresh_processes),
+            "phases": phases(),
             "command": small_run.whole_command(settings.small_requests) if settings.small_command else None}
+    if "routing" in chosen:
+        progress(f"least-outstanding routing at {', '.join(map(str, settings.routing_instances))} instances")
+        sc["routing"] = scaling.in_subprocess("routing_curve", module="routing", fresh=settings.fresh_processes,
+                                              requests_per_instance=settings.routing_requests,
+                                              instances=list(settings.routing_instances))
     if "requests" in chosen:
         more = f" (and {settings.request_largest:,} if memory allows)" if settings.request_largest else ""
         progress(f"one sample at {', '.join(f'{n:,}' for n in settings.request_sizes)} requests{more}")
@@ -262,6 +273,16 @@ def design_targets(result: dict, settings: SuiteSettings) -> list[dict]:
         add(label, c["cpu_s"] <= small_run.TARGET_CPU_S,
             f"{c['cpu_s']:.2f} s of CPU ({c['wall_s']:.2f} s wall), {ph['ratio_to_simulate']:.0f}x the simulation "
             f"alone ({ph['simulate_s']:.3f} s)")
+    else:
+        add(label, None, "not measured")
+    curve = sc.get("routing")
+    label = (f"least-outstanding routing: per request at {routing.INSTANCES[-1]} instances <= "
+             f"{routing.TARGET_RATIO:g}x at {routing.INSTANCES[0]} (the same load per instance)")
+    if curve and tuple(r["instances"] for r in curve["rows"]) == routing.INSTANCES:
+        rows = curve["rows"]
+        add(label, curve["ratio"] <= routing.TARGET_RATIO,
+            f"{curve['ratio']:.2f}x ({rows[0]['least-outstanding'] * 1e6:.2f} -> "
+            f"{rows[-1]['least-outstanding'] * 1e6:.2f} us a request; round-robin {curve['ratio_round_robin']:.2f}x)")
     else:
         add(label, None, "not measured")
     n = settings.end_to_end_requests
