@@ -722,6 +722,21 @@ def in_process(tasks: int, workers: int, processes: bool, scheduler: str | None)
     return scheduler is None and not processes and (tasks == 1 or workers == 1)
 
 
+def _keep_part(plan, point: int, chunk: int, rows, parts: dict, parts_dir, fingerprint: str) -> None:
+    """One finished task's rows as a table, saved as its part file (with an output) and kept in ``parts``."""
+    table = results.rows_to_table(rows, plan.saved_variants)
+    if parts_dir is not None:
+        _write_part(_part_path(parts_dir, point, chunk), table, plan, point, chunk, fingerprint)
+    parts[(point, chunk)] = table
+
+
+def _refused(plan, point: int, err: McsimError, parts_dir) -> McsimError:
+    """The error to raise for a refusal at one grid point, its parts removed first: the same command would fail
+    at the same point, and a changed one has another fingerprint, so no part it kept could be resumed."""
+    remove_parts(parts_dir)
+    return GridPointFailed.at(plan, point, err)
+
+
 def _run_in_process(plan, todo, parts, parts_dir, fingerprint, progress, total):
     """Run ``todo`` here, in order, saving each part as it finishes; the same tasks and rows as on Dask.
 
@@ -747,14 +762,9 @@ def _run_in_process(plan, todo, parts, parts_dir, fingerprint, progress, total):
             for p, c in todo:
                 try:
                     rows = run_task(plan, p, c)
-                except McsimError as err:  # a refusal at one grid point: one line naming it, nothing kept
-                    # (the same command would fail at the same point: no part it kept could be resumed)
-                    remove_parts(parts_dir)
-                    raise GridPointFailed.at(plan, p, err) from None
-                table = results.rows_to_table(rows, plan.saved_variants)
-                if parts_dir is not None:
-                    _write_part(_part_path(parts_dir, p, c), table, plan, p, c, fingerprint)
-                parts[(p, c)] = table
+                except McsimError as err:
+                    raise _refused(plan, p, err, parts_dir) from None
+                _keep_part(plan, p, c, rows, parts, parts_dir, fingerprint)
                 progress_events.task_done()
                 if bar is not None:
                     simulated += chunk_sizes[c] * plan.requests
@@ -812,17 +822,11 @@ def _run_tasks(plan, todo, parts, parts_dir, fingerprint, workers, processes, sc
                     p, c = (int(x) for x in future.key.rsplit("-", 2)[1:])
                     try:
                         rows = future.result()
-                    except McsimError as err:  # a refusal at one grid point: one line naming it, nothing kept
+                    except McsimError as err:
                         for f in futures:
                             f.cancel()
-                        # the same command would fail at the same point, and a changed one has another
-                        # fingerprint: no part it kept could be resumed, so none is kept
-                        remove_parts(parts_dir)
-                        raise GridPointFailed.at(plan, p, err) from None
-                    table = results.rows_to_table(rows, plan.saved_variants)
-                    if parts_dir is not None:
-                        _write_part(_part_path(parts_dir, p, c), table, plan, p, c, fingerprint)
-                    parts[(p, c)] = table
+                        raise _refused(plan, p, err, parts_dir) from None
+                    _keep_part(plan, p, c, rows, parts, parts_dir, fingerprint)
                     future.release()
                     if bar is not None:
                         inflight.finish(future.key)
