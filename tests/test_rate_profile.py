@@ -278,3 +278,19 @@ def test_huge_relative_rates_are_the_same_profile():
     b = arrivals(2000, 3.0, [2.0, 2.0, 1.0], 60.0, 10.0, seed=4)
     assert np.all(np.isfinite(a))
     np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_a_rate_profiles_drift_is_not_extrapolated_into_a_request_count():
+    """Under a rate profile the last two quarters see different loads: the summary says the drift may be the
+    profile's and gives no extrapolated count (a whole day once advised 700 million requests)."""
+    import xarray as xr
+
+    from mcsim.results.summary import steady_state_note
+
+    ds = xr.Dataset({"steady_state": ("sample", np.array([0.0, 1.0])),
+                     "requests_for_steady_state": ("sample", np.array([7e8, 2000.0]))},
+                    attrs={"workload": "generated; arrival rate of a 24-slice profile over 86400 s, from 0 into it"})
+    text = " ".join(steady_state_note(ds))
+    assert "may be the profile's own" in text and "700000000" not in text and "may still depend" in text
+    ds.attrs["workload"] = "generated"
+    assert "--set mc.requests=700000000" in " ".join(steady_state_note(ds))

@@ -417,7 +417,12 @@ def _steady_state_section(ds) -> list[str]:
         lines += ["", "Grid points: " + "; ".join(markdown_text(p) for p in facts["points"][:MAX_TABLE_ROWS])
                   + (f" and {len(facts['points']) - MAX_TABLE_ROWS} more." if len(facts["points"]) > MAX_TABLE_ROWS
                      else ".")]
-    if facts["requests"] is not None:
+    if "-slice profile" in str(ds.attrs.get("workload", "")):
+        lines += ["", "Under `workload.rate_profile` the last two quarters of a run arrive at different rates: part or "
+                  "all of this drift may be the profile's own, not a start-up transient, and the check does not yet "
+                  "compare like loads, so no request count is extrapolated. Compare two runs at different "
+                  "`mc.requests` instead."]
+    elif facts["requests"] is not None:
         lines += ["", f"Estimated requests per sample for steady state: `--set mc.requests={facts['requests']}` "
                   "(`requests_for_steady_state`, an extrapolation from how the drift shrinks; re-run to check)."]
     if facts["saturated"]:

@@ -362,10 +362,20 @@ def steady_state_note(ds: xr.Dataset, max_points: int = 5) -> list[str]:
     points = facts["points"]
     where = ("; at " + "; ".join(points[:max_points])
              + (f" and {len(points) - max_points} more grid points" if len(points) > max_points else "")) if points else ""
+    profiled = "-slice profile" in str(ds.attrs.get("workload", ""))
+    depends = ("their figures may still depend on mc.requests" if profiled else
+               "their figures still depend on mc.requests")
     lines = [f"NOT AT STEADY STATE: {facts['count']} of {facts['runs']} sample runs (cache hit rate, or the batching "
-             f"simulator's queue wait, still drifting between the last two quarters of the requests){where}; their "
-             "figures still depend on mc.requests (see steady_state, cache_hit_rate_drift, queue_wait_drift)."]
-    if facts["requests"] is not None:
+             f"simulator's queue wait, still drifting between the last two quarters of the requests){where}; "
+             f"{depends} (see steady_state, cache_hit_rate_drift, queue_wait_drift)."]
+    if profiled:
+        # the check compares the last two quarters of a run; under a rate profile they see different loads
+        lines.append("  under workload.rate_profile the last two quarters of a run arrive at different rates, so "
+                     "part or all of this drift may be the profile's own, not a start-up transient, and an "
+                     "extrapolated request count would mislead: the check does not yet compare like loads. Compare "
+                     "two runs at different mc.requests (or sample the hour you study, rate_profile_start_s) "
+                     "instead.")
+    elif facts["requests"] is not None:
         held = _trace_supply(ds)
         if held is not None and facts["requests"] > held:
             lines.append(f"  steady state would need about {facts['requests']} requests per sample "
