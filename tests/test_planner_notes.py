@@ -16,6 +16,10 @@ def test_an_unmeasured_gpu_is_named_in_the_result_and_the_summary(tmp_path):
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "UNMEASURED: mi300x: no measured kernels" in text and "h100," not in text.split("UNMEASURED")[1][:30]
+    report = invoke("report", out, "-o", tmp_path / "rep")
+    assert report.exit_code == 0, report.output
+    summary = (tmp_path / "rep" / "summary.md").read_text()
+    assert "## Unmeasured accelerators" in summary and "mi300x: no measured kernels" in summary
     with xr.open_dataset(out) as ds:
         assert ds.attrs["kernel_data_unmeasured"] == "mi300x"
         facts = ds.attrs["kernel_data"]

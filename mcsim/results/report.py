@@ -342,6 +342,13 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
     lines += _headline_table(ds, layout, quantities, quantile_rows) + [""]
     lines += _infeasible_section(ds)
     lines += _steady_state_section(ds)
+    unmeasured = str(ds.attrs.get("kernel_data_unmeasured", "")).split()
+    if unmeasured:
+        lines += ["## Unmeasured accelerators", "",
+                  markdown_text(f"{', '.join(unmeasured)}: no measured kernels, so the step times are an idealised "
+                                "roofline at the catalog's peaks, likely optimistic; compare them with measured GPUs "
+                                "with care."), "", markdown_text(f"What each accelerator's figures stand on: "
+                                                                 f"{ds.attrs.get('kernel_data', '')}."), ""]
 
     lines += ["## Sensitivity to the uncertain inputs", ""]
     if not inputs:
