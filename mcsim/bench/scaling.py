@@ -359,7 +359,8 @@ def _efficiency(counts, seconds) -> dict:
 
 
 def task_overhead(requests: int = 200, tasks: int = 40, repeats: int = 2) -> dict:
-    """Dask's cost per task: ``tasks`` one-sample tasks through ``execute`` (one worker) and in a plain loop."""
+    """Dask's cost per task: ``tasks`` one-sample tasks through ``execute`` on a local cluster of one thread, and in
+    a plain loop."""
     plan = sweep_plan(requests, tasks, 1)
     executor.run_task(plan, 0, 0)
 
@@ -368,6 +369,10 @@ def task_overhead(requests: int = 200, tasks: int = 40, repeats: int = 2) -> dic
             executor.run_task(plan, 0, c)
 
     direct_s = best_of(direct, repeats)
-    dask_s = best_of(lambda: executor.execute(plan, workers=1), repeats)
+    # on a cluster of one thread: execute() runs one worker's tasks in its own process, without Dask
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster:
+        executor.execute(plan, scheduler=cluster.scheduler_address)  # the client's and the worker's start-up
+        dask_s = best_of(lambda: executor.execute(plan, scheduler=cluster.scheduler_address), repeats)
     return {"tasks": tasks, "requests": requests, "direct_s": direct_s, "dask_s": dask_s,
             "overhead_ms_per_task": 1e3 * (dask_s - direct_s) / tasks}
