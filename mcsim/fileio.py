@@ -199,7 +199,9 @@ def _listed_files(folder: Path, kind: str) -> list[str] | None:
             listed = json.load(f)
     except (OSError, ValueError):
         return None
-    files = listed.get("files") if isinstance(listed, dict) else None
+    if not isinstance(listed, dict):
+        return None
+    files = listed.get("files")
     if listed.get("kind") != kind or not isinstance(files, list) or not all(
             isinstance(n, str) and n and "/" not in n and n not in (".", "..") for n in files):
         return None
@@ -233,7 +235,8 @@ def earlier_output_folder(folder, kind: str, overwrite: bool) -> list[str] | Non
     if not entries:
         return []
     files = _listed_files(folder, kind)
-    foreign = [n for n in entries if n != MANIFEST and (files is None or n not in files)]
+    # without a valid manifest every entry is the user's, a file named like the manifest included
+    foreign = entries if files is None else [n for n in entries if n != MANIFEST and n not in files]
     if foreign:
         raise OutputError(f"{folder}: holds files that are not an earlier mcsim {kind} (e.g. "
                           f"{one_line(foreign[0], 80)!s}); give a new or empty folder, --force or not")

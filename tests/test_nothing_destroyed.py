@@ -223,3 +223,14 @@ def test_a_bad_gemm_surface_in_a_grid_stops_before_any_part(tmp_path, command, s
                     "--set", 'performance.fidelity="roofline"', *grid, "-o", out)
     refused(result, words)
     assert not out.exists() and not (tmp_path / "out.nc.parts").exists()
+
+
+@pytest.mark.parametrize("manifest", [b"[1, 2]", b"not json", b'{"kind": "report", "files": ["../x"]}',
+                                      b'{"kind": "trace", "files": []}'])
+def test_a_manifest_mcsim_did_not_write_makes_the_folder_the_users(result_file, tmp_path, manifest):
+    folder = tmp_path / "rep"
+    folder.mkdir()
+    (folder / ".mcsim-manifest.json").write_bytes(manifest)
+    before = snapshot(folder)
+    refused(invoke("report", result_file, "-o", folder, "--force"), "not an earlier mcsim report")
+    assert snapshot(folder) == before
