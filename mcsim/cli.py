@@ -716,7 +716,7 @@ def _compile_kernels(progress: bool, always: bool = False) -> None:
     if not precompile.cache_on():
         click.echo("mcsim: MCSIM_NUMBA_CACHE=0: nothing is kept, every process compiles its own kernels", err=True)
     else:
-        click.echo("mcsim: compiling the kernels for this machine, once per version (about a minute from cold; "
+        click.echo("mcsim: compiling the kernels for this machine, once per version (about 90 s from cold; "
                    "`mcsim bench --compile` does it ahead of time)", err=True)
     times = precompile.compile_all(bar=progress and sys.stderr.isatty())
     if always:

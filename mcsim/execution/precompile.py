@@ -99,6 +99,9 @@ def compile_all(progress=None, bar: bool = False) -> dict:
         progress(len(PATHS), len(PATHS), "done")
     stamp = stamp_path()
     if stamp is not None:
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(f"compiled in {sum(seconds.values()):.1f} s\n")
+        try:
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(f"compiled in {sum(seconds.values()):.1f} s\n")
+        except OSError:  # a cache folder this user cannot write: the next run compiles (loads) up front again
+            pass
     return {"seconds": seconds, "total_s": sum(seconds.values())}
