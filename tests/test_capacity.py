@@ -138,3 +138,12 @@ def test_a_sized_fleet_is_the_one_the_scenario_deploys_at_its_rate(md1):
     np.testing.assert_array_equal(ds.decode_instances.values, deployed.decode_instances.values.ravel())
     assert "sized per sample at the scenario's own rate" in ds.attrs["capacity_deployment"]
     assert (ds.capacity_rps.values >= 2.5 * 0.98).all()  # the fleet sized to meet the SLOs at 2.5 meets them there
+    # a run at capacity that has not settled is said (it once said nothing), with the requests it would need
+    from mcsim.results.capacity_dataset import format_capacity
+
+    unsettled = ds.copy()
+    unsettled["steady_state"] = ("sample", np.array([0, 1], dtype=ds.steady_state.dtype))
+    unsettled["requests_for_steady_state"] = ("sample", np.array([4200.0, 600.0]))
+    text = " ".join(format_capacity(unsettled, width=200).split())
+    assert "NOT AT STEADY STATE: 1 of 2 samples' runs at capacity" in text and "mc.requests=4200" in text
+    assert "NOT AT STEADY STATE" not in format_capacity(ds.assign(steady_state=ds.steady_state * 0 + 1))
