@@ -240,3 +240,17 @@ def test_the_frontier_day_runs_only_when_asked_and_reports_its_rate(tmp_path):
 def test_the_default_suite_leaves_the_frontier_day_out(suite):
     result, _ = suite
     assert result["scaling"]["frontier"] is None
+
+
+def test_a_run_is_compared_with_the_one_before_in_its_folder(tmp_path):
+    """The second run in a folder reports each figure the first also has as a speed-up over it (its own two
+    values recomputed here); the first has none to compare with."""
+    first = run_suite(False, tmp_path, size="tiny", parts=["frontier"], progress=None)
+    assert first["against_previous"] is None
+    second = run_suite(False, tmp_path, size="tiny", parts=["frontier"], progress=None)
+    rows = {r["figure"]: r for r in second["against_previous"]["rows"]}
+    day = rows["the frontier day's sample, s"]
+    assert day["before"] == first["scaling"]["frontier"]["seconds"]
+    assert day["now"] == second["scaling"]["frontier"]["seconds"]
+    assert day["speedup"] == pytest.approx(day["before"] / day["now"], rel=1e-12)
+    assert "against the run before in this folder" in format_table(second)

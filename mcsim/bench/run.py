@@ -234,10 +234,57 @@ def run_suite(quick: bool, out_dir=None, *, size: str | None = None, parts=None,
     out_dir = Path(DEFAULT_OUT_DIR if out_dir is None else out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "bench.json", "png": out_dir / "scaling.png"}
+    result["against_previous"] = against_previous(_previous(paths["json"], size), result)
     atomic_write(paths["json"], (json.dumps(result, indent=2) + "\n").encode())
     atomic_write(paths["png"], scaling_png(result))
     result["paths"] = {k: str(v) for k, v in paths.items()}
     return result
+
+
+def _previous(path: Path, size: str) -> dict | None:
+    """The run before this one in the same folder, of the same size (None without one, or when it cannot be
+    read)."""
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return previous if isinstance(previous, dict) and previous.get("suite") == size else None
+
+
+def _figures(result: dict) -> dict:
+    """``{name: (value, higher_is_better)}`` of a run's figures that a later run is compared with."""
+    out = {}
+    for row in result.get("kernels") or []:
+        out[f"{row['name']} ({row['unit']}/s)"] = (row["fast"], True)
+    sc = result.get("scaling") or {}
+    small = sc.get("small") or {}
+    if small.get("command"):
+        out["a small run, CPU s"] = (small["command"]["cpu_s"], False)
+    if sc.get("routing"):
+        out["least-outstanding, largest / smallest fleet"] = (sc["routing"]["ratio"], False)
+        out["least-outstanding at the largest fleet, s a request"] = (sc["routing"]["rows"][-1]["least-outstanding"],
+                                                                       False)
+    for row in sc.get("requests") or []:
+        if "seconds" in row:
+            out[f"one sample of {row['requests']:,} requests, s"] = (row["seconds"], False)
+    if sc.get("frontier"):
+        out["the frontier day's sample, s"] = (sc["frontier"]["seconds"], False)
+    return out
+
+
+def against_previous(previous: dict | None, result: dict) -> dict | None:
+    """Each figure of ``result`` that ``previous`` (the run before, same folder and size) also has, as a speed-up
+    over it (> 1: faster now, or a smaller ratio), with both values; None without a run before."""
+    if previous is None:
+        return None
+    before, now = _figures(previous), _figures(result)
+    rows = []
+    for name, (value, higher) in now.items():
+        if name not in before or not before[name][0] or not value:
+            continue
+        speedup = value / before[name][0] if higher else before[name][0] / value
+        rows.append({"figure": name, "before": before[name][0], "now": value, "speedup": speedup})
+    return {"created": previous.get("created", ""), "rows": rows}
 
 
 def design_targets(result: dict, settings: SuiteSettings) -> list[dict]:
