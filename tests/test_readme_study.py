@@ -1,0 +1,61 @@
+"""The README's capacity study, run as written: its commands work and print the figures the README quotes.
+
+The README walks a study end to end (search, capacity, report) and quotes what each command printed. This runs the
+commands of its code block, with their outputs in a temporary folder, and checks each quoted figure against what
+they print now, so that the README and the program cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+from helpers import ROOT, invoke
+
+README = ROOT / "README.md"
+
+
+def study_commands() -> list[list[str]]:
+    """The ``mcsim`` commands of the README's "A capacity study, end to end" code block, as argument lists."""
+    text = README.read_text()
+    section = text[text.index("## A capacity study, end to end"):]
+    block = section[section.index("```bash") + len("```bash"):section.index("```", section.index("```bash") + 7)]
+    lines = block.replace("\\\n", " ").strip().splitlines()
+    return [shlex.split(line)[1:] for line in lines if line.startswith("mcsim ")]
+
+
+def section_text() -> str:
+    text = README.read_text()
+    start = text.index("## A capacity study, end to end")
+    return " ".join(text[start:text.index("\n## ", start + 10)].split())
+
+
+@pytest.mark.slow
+def test_the_readme_capacity_study_runs_as_written_and_prints_what_it_quotes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the commands' outputs/ folder
+    commands = study_commands()
+    assert [c[0] for c in commands] == ["search", "capacity", "report", "report"]
+    scenario = str(ROOT / "scenarios" / "dense-node.toml")
+    printed = {}
+    for args in commands:
+        args = [scenario if a == "scenarios/dense-node.toml" else a for a in args]
+        result = invoke(*args)
+        assert result.exit_code == 0, result.output
+        printed[args[0]] = printed.get(args[0], "") + " ".join(result.output.split())
+    quoted = section_text()
+    search, capacity = printed["search"], printed["capacity"]
+    # the search: the optimum and each candidate's median objective, as the README quotes them
+    assert "robust optimum: hardware.preset=h100, deployment.tp=4 (cost_usd_per_mtok at quantile 0.5: 1.36" in search
+    for candidate, value in (("h200 tp=4", "1.89"), ("h100 tp=8", "2.02"), ("h200 tp=8", "2.83")):
+        assert re.search(rf"{candidate} \d+ - 100 % {value}", search), (candidate, value)
+        assert f"({value})" in quoted
+    assert "20 sample runs of the 32 an exhaustive sweep needs" in search and "NOT AT STEADY STATE" not in search
+    # the capacity: its band, the fleet it held and the cost there
+    band = re.search(r"capacity_rps requests/s ([\d.]+) \[([\d.]+), ([\d.]+)\]", capacity).groups()
+    assert f"{band[0]} requests/s median [{band[1]}, {band[2]}]" in quoted
+    assert "2 decode instance(s)" in capacity and "gpus at capacity GPUs 16 [16, 16]" in capacity
+    cost = re.search(r"cost_usd_per_mtok at capacity USD/Mtok ([\d.]+)", capacity).group(1)
+    assert f"{float(cost):.2f} USD/Mtok there" in quoted
+    assert (tmp_path / "outputs" / "study-capacity-report" / "capacity.png").is_file()
+    assert (tmp_path / "outputs" / "study-search-report" / "summary.md").is_file()
