@@ -59,3 +59,19 @@ def test_the_readme_capacity_study_runs_as_written_and_prints_what_it_quotes(tmp
     assert f"{float(cost):.2f} USD/Mtok there" in quoted
     assert (tmp_path / "outputs" / "study-capacity-report" / "capacity.png").is_file()
     assert (tmp_path / "outputs" / "study-search-report" / "summary.md").is_file()
+
+
+@pytest.mark.slow
+def test_the_readme_rate_profile_example_prints_what_it_quotes(tmp_path):
+    text = " ".join(README.read_text().split())
+    start = text.index("`mcsim run scenarios/dense-node.toml --set deployment.fleet=slo --set 'workload.rate_profile")
+    command = text[start + 1:text.index("`", start + 1)]
+    args = [str(ROOT / "scenarios" / "dense-node.toml") if a == "scenarios/dense-node.toml" else a
+            for a in shlex.split(command)[1:]]
+    result = invoke(*args, "-o", tmp_path / "day.nc", "--no-progress")
+    assert result.exit_code == 0, result.output
+    printed = " ".join(result.output.split())
+    night, day = re.findall(r"(10,800|54,000) [\d.]+ \[[^]]*\] ([\d.]+) \[", printed)[-2:]
+    quoted = re.search(r"\(([\d.]+) against ([\d.]+) USD/Mtok, medians over samples", text).groups()
+    assert (night[0], day[0]) == ("10,800", "54,000") and (night[1], day[1]) == quoted
+    assert "NOT AT STEADY STATE: 4 of 8 sample runs" in printed and "may be the profile's own" in printed
