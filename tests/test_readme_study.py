@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 
+import numpy as np
 import pytest
 from helpers import ROOT, invoke
 
@@ -75,3 +76,24 @@ def test_the_readme_rate_profile_example_prints_what_it_quotes(tmp_path):
     quoted = re.search(r"\(([\d.]+) against ([\d.]+) USD/Mtok, medians over samples", text).groups()
     assert (night[0], day[0]) == ("10,800", "54,000") and (night[1], day[1]) == quoted
     assert "NOT AT STEADY STATE: 4 of 8 sample runs" in printed and "may be the profile's own" in printed
+
+
+@pytest.mark.slow
+def test_the_readme_kv_tier_money_is_what_the_factory_prints(tmp_path):
+    text = " ".join(README.read_text().split())
+    start = text.index("On the factory (`mcsim run")
+    command = text[start + len("On the factory (`"):text.index("`", start + len("On the factory (`"))]
+    args = [str(ROOT / "scenarios" / "factory.toml") if a == "scenarios/factory.toml" else a
+            for a in shlex.split(command)[1:]]
+    assert invoke(*args, "-o", tmp_path / "f.nc", "--no-progress").exit_code == 0
+    import xarray as xr
+
+    with xr.open_dataset(tmp_path / "f.nc") as ds:
+        dram = ds.sel(tier="dram")
+        gb = sorted(int(round(v)) for v in dram.kv_tier_gb.values.ravel())
+        order = np.argsort(dram.kv_tier_gb.values.ravel())
+        cost = [int(round(v)) for v in dram.kv_tier_cost_usd_per_day.values.ravel()[order]]
+        saved = [int(round(v)) for v in dram.kv_tier_recompute_saved_usd_per_day.values.ravel()[order]]
+    quoted = text[start:start + 400]
+    assert f"{gb[0]:,} and {gb[1]:,} GB" in quoted and f"cost {cost[0]} and {cost[1]} USD a day" in quoted
+    assert f"saved {saved[0]:,} and {saved[1]:,} USD of prefill" in quoted
