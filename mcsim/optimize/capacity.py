@@ -86,7 +86,8 @@ def fixed_deployment(scn: Scenario) -> Scenario:
         raise CapacityError(f"{scn.source}: performance.closed_loop_users = {scn['performance.closed_loop_users']}: "
                             "a closed loop sets its own arrival rate; capacity is asked of open-loop arrivals "
                             "(set performance.closed_loop_users = 0)")
-    if scn["deployment.disaggregated"] and scn["deployment.prefill_instances"] < 1:
+    fixed = scn["deployment.fleet"] == "fixed"  # a sized fleet sizes its prefill pool too
+    if fixed and scn["deployment.disaggregated"] and scn["deployment.prefill_instances"] < 1:
         raise CapacityError(f"{scn.source}: deployment.prefill_instances = 0: a disaggregated deployment's capacity "
                             "needs its prefill fleet (set deployment.prefill_instances >= 1)")
     return scn
