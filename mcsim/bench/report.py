@@ -34,7 +34,8 @@ def format_table(result: dict) -> str:
     previous = result.get("against_previous")
     if previous and previous["rows"]:
         lines += ["", f"against the run before in this folder ({previous['created']}; > 1x: faster now):"]
-        lines += [f"  {r['figure']}: {r['speedup']:.2f}x ({r['before']:.4g} -> {r['now']:.4g})" for r in previous["rows"]]
+        lines += [f"  {r['figure']}: {r['speedup']:.2f}x ({r['before']:.4g} -> {r['now']:.4g})"
+                  for r in previous["rows"]]
     lines += ["", "Performance targets (benchmarks/README.md):"]
     for t in result["targets"]:
         verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "NOT met")

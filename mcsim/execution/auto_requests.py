@@ -31,7 +31,8 @@ def max_requests() -> int:
 
 def parse(value, start: int) -> tuple[int, int] | None:
     """``(start, cap)`` for ``"auto"`` or ``"auto:N"``; None for a count (an int, or a string of digits)."""
-    if value is None or isinstance(value, int) or (isinstance(value, str) and value.strip().isascii() and value.strip().isdigit()):
+    digits = isinstance(value, str) and value.strip().isascii() and value.strip().isdigit()
+    if value is None or isinstance(value, int) or digits:
         return None
     text = str(value).strip().lower()
     most = max_requests()

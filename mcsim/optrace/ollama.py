@@ -104,7 +104,8 @@ def _error_message(status: int, raw: bytes) -> str:
 def _read_body(response, base: str) -> bytes:
     """At most MAX_BODY_BYTES of the body; an error if the server sends more."""
     declared = response.getheader("Content-Length")
-    if declared is not None and declared.strip().isascii() and declared.strip().isdigit() and int(declared) > MAX_BODY_BYTES:
+    counted = declared is not None and declared.strip().isascii() and declared.strip().isdigit()
+    if counted and int(declared) > MAX_BODY_BYTES:
         raise OllamaError(f"Ollama at {base} announced a {int(declared):,}-byte answer; at most "
                           f"{MAX_BODY_BYTES:,} bytes are read")
     raw = response.read(MAX_BODY_BYTES + 1)
@@ -187,12 +188,14 @@ def _generate_once(base: str, model: str, prompt: str, num_predict: int, timeout
 def _count(body: dict, name: str, base: str, required: bool) -> int:
     if name not in body:
         if required:
-            raise OllamaError(f"Ollama at {base} returned no {name!r} (got keys: {_server_text(', '.join(sorted(body)))}); "
+            keys = _server_text(", ".join(sorted(body)))
+            raise OllamaError(f"Ollama at {base} returned no {name!r} (got keys: {keys}); "
                               f"cannot compute tokens/s")
         return 0
     value = body[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise OllamaError(f"Ollama at {base} returned {name}={_server_text(repr(value))}; expected a non-negative number")
+        raise OllamaError(f"Ollama at {base} returned {name}={_server_text(repr(value))}; expected a non-negative "
+                          "number")
     return int(value)
 
 
