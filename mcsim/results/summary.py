@@ -204,7 +204,8 @@ def kernel_data_note(ds: xr.Dataset) -> list[str]:
     unmeasured = str(ds.attrs.get("kernel_data_unmeasured", "")).split()
     if not unmeasured:
         return []
-    return [f"UNMEASURED: {', '.join(unmeasured)}: no measured kernels, so {'its' if len(unmeasured) == 1 else 'their'} "
+    whose = "its" if len(unmeasured) == 1 else "their"
+    return [f"UNMEASURED: {', '.join(unmeasured)}: no measured kernels, so {whose} "
             "step times are an idealised roofline at the catalog's peaks, likely optimistic; compare them with "
             "measured GPUs with care (kernel_data attribute)."]
 
