@@ -135,9 +135,9 @@ def test_short_form_makes_hbm_dram_nvme(tmp_path):
     scn = scenario(tmp_path, tiers="hbm_gb_per_instance = 10\n")
     p = resolve(scn, {})
     assert scn["cache.tiers"] == ()
-    assert kvcache.tiers_of(p) == (kvcache.Tier("hbm", 10.0, "instance"),
-                                   kvcache.Tier("dram", 1024.0, "node", usd_per_gb_month=0.10),
-                                   kvcache.Tier("nvme", 8000.0, "node", usd_per_gb_month=0.0025))
+    assert kvcache.tiers_of(p) == (kvcache.Tier("hbm", 10.0, "instance"), kvcache.Tier("dram", 1024.0, "node"),
+                                   kvcache.Tier("nvme", 8000.0, "node"))
+    assert kvcache.tier_prices(p).tolist() == [0.0, 0.10, 0.0025]  # the kinds' estimates; HBM paid with the GPUs
 
 
 def test_a_tier_of_unknown_kind_gives_its_rates(tmp_path):
@@ -376,15 +376,13 @@ def test_a_tiers_cost_is_its_fleet_capacity_at_its_price_and_nothing_else_moves(
     tier's cost and nothing else: the money of a tier stands beside cost_usd_per_day, not in it."""
     scn = scenario(tmp_path, tiers=PRICED)
     ds = mcsim.sweep(scn, ["cache.tiers.dram.usd_per_gb_month=3,6"], samples=2, requests=1500, workers=1)
-    p = resolve(scn, {})
     names = list(ds.tier.values)
-    per = {t.name: t for t in kvcache.tiers_of(p)}
     instances = ds.decode_instances.values[0]  # colocated: every instance holds its caches
-    nodes = kvcache.prefix_cache_nodes(p)
+    # PRICED: hbm 0.3 GB per instance, dram 0.5 GB per node (an 8-GPU instance spans one 8-GPU H100 node), a pool
+    # of 2 GB
+    expected = {"hbm": 0.3 * instances, "dram": 0.5 * instances, "remote": 2.0}
     for i, name in enumerate(names):
-        t = per[name]
-        expected = t.gb if t.scope == "pooled" else t.gb * instances * (nodes if t.scope == "node" else 1)
-        np.testing.assert_allclose(ds.kv_tier_gb.values[0, :, i], expected, rtol=1e-12)
+        np.testing.assert_allclose(ds.kv_tier_gb.values[0, :, i], expected[name], rtol=1e-12)
     dram = names.index("dram")
     for j, price in enumerate((3.0, 6.0)):
         np.testing.assert_allclose(ds.kv_tier_cost_usd_per_day.values[j, :, dram],

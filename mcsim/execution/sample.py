@@ -183,8 +183,9 @@ class StreamedSample:
         self.cache_steady = None
         # Progress: a sample whose latencies read every request again (the replicas, or service times without the
         # simulator: stage 5's second pass) shows half of each request's work in each pass, else all in the first.
-        simulated = p["performance.simulate_batching"] or p["deployment.fleet"] in ("fixed", "slo")
-        self.two_passes = p["deployment.fleet_simulation"] == "replicas" or not simulated
+        replicas = p["deployment.fleet_simulation"] == "replicas"
+        self.two_passes = replicas or not fleet.runs_simulator(p["performance.simulate_batching"],
+                                                               p["deployment.fleet"], replicas)
         sums, first, last = None, math.nan, math.nan
         steady = kvcache.SteadyStream(n_requests, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"])
         limit = window_requests(p)
@@ -391,34 +392,22 @@ def money(p: dict, fleet_result: fleet.Performance) -> dict:
     } | tier_money(p, f, e.cost_usd_per_day, per_day)
 
 
-#: Days in a month, for prices per GB-month (365.25 / 12).
-DAYS_PER_MONTH = 30.4375
-
-
-def tier_money(p: dict, f: fleet.Performance, cost_usd_per_day: float = math.nan, per_day: float = math.nan) -> dict:
-    """What each KV tier costs a day and what it saves (NaN arrays when the sample could not run).
-
-    ``kv_tier_gb``: the tier's capacity in the deployed fleet (per instance x the instances that hold caches, per
-    node x their nodes, or the pool's); ``kv_tier_cost_usd_per_day``: that capacity at the tier's price per
-    GB-month; ``kv_tier_recompute_saved_usd_per_day``: the prefill the tier's hits spared, priced as the fleet's
-    GPU time (its tokens at prefill_capacity_tok_s_per_gpu, at the fleet's cost per GPU-second). Neither enters
-    cost_usd_per_day (accelerators and electricity): they stand beside it, so a tier's money and its saved
-    recompute can be compared.
-    """
-    tiers = kvcache.tiers_of(p)
-    nan = np.full(len(tiers), math.nan)
+def tier_money(p: dict, f: fleet.Performance, cost_usd_per_day: float = math.nan,
+               per_day: float = math.nan) -> dict:
+    """What each KV tier costs a day and what it saves (:func:`mcsim.stages.economics.kv_tier_money`; NaN arrays
+    when the sample could not run): ``kv_tier_gb`` (:func:`mcsim.stages.kvcache.fleet_tier_gb` of the instances
+    that hold caches), ``kv_tier_cost_usd_per_day`` and ``kv_tier_recompute_saved_usd_per_day``."""
+    n_tiers = len(kvcache.tiers_of(p))
     if not f.feasible:
+        nan = np.full(n_tiers, math.nan)
         return {"kv_tier_gb": nan, "kv_tier_cost_usd_per_day": nan, "kv_tier_recompute_saved_usd_per_day": nan}
     m = f.metrics
     holders = m["prefill_instances"] if p["deployment.disaggregated"] else m["decode_instances"]
-    gb = kvcache.fleet_tier_gb(p, int(holders)) if p["cache.enabled"] else np.zeros(len(tiers))
-    prices = np.array([t.usd_per_gb_month for t in tiers])
+    gb = kvcache.fleet_tier_gb(p, int(holders)) if p["cache.enabled"] else np.zeros(n_tiers)
     hits_per_day = np.asarray(m["cache_hit_rate_by_tier"], dtype=float) * (f.hit_tokens + f.miss_tokens) * per_day
-    gpu_s_per_token = 1.0 / m["prefill_capacity_tok_s_per_gpu"] if m["prefill_capacity_tok_s_per_gpu"] > 0 \
-        else math.nan
-    usd_per_gpu_s = cost_usd_per_day / (f.gpus * 86400.0) if f.gpus > 0 else math.nan
-    return {"kv_tier_gb": gb, "kv_tier_cost_usd_per_day": gb * prices / DAYS_PER_MONTH,
-            "kv_tier_recompute_saved_usd_per_day": hits_per_day * gpu_s_per_token * usd_per_gpu_s}
+    cost, saved = economics.kv_tier_money(gb, kvcache.tier_prices(p), hits_per_day,
+                                          m["prefill_capacity_tok_s_per_gpu"], cost_usd_per_day, f.gpus)
+    return {"kv_tier_gb": gb, "kv_tier_cost_usd_per_day": cost, "kv_tier_recompute_saved_usd_per_day": saved}
 
 
 def variant_specs(scn: Scenario, variants) -> dict[str, dict]:

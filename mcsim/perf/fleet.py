@@ -197,6 +197,13 @@ class Performance:
     cache_steady_state: object = None
 
 
+def runs_simulator(simulate_batching: bool, fleet_mode: str, replicas: bool) -> bool:
+    """Whether stage 5 runs the batching simulator: asked for, or what a fixed or SLO-sized fleet's latencies and
+    the replicas need. A streamed sample that does not (and one of replicas, run request by request) reads every
+    request again in a second pass."""
+    return bool(simulate_batching) or fleet_mode in ("fixed", "slo") or replicas
+
+
 def smallest_fleet(meets, known_short: int, cap: int):
     """Smallest whole ``n`` in ``[known_short + 1, cap]`` with ``meets(n)``, for ``meets`` false below a
     threshold and true from it on (doubling, then bisection); None when even ``cap`` does not meet it."""
@@ -469,7 +476,7 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
     stream_replicas = streamed and replicas
     if stream_replicas and (mode == "slo" or requests.replay is None):
         raise ValueError("a streamed sample's replicas run in the utilization and fixed fleet modes only")
-    simulate = (inputs.simulate_batching or mode in ("fixed", "slo") or replicas) and not stream_replicas
+    simulate = runs_simulator(inputs.simulate_batching, mode, replicas) and not stream_replicas
     sim = None
     max_seqs = max(int(round(b_cap * g)), 1)
     mean_blocks = math.ceil(model.decode_context / block_tokens)

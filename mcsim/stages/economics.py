@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 HOURS_PER_YEAR = 8760.0
 DAYS_PER_MONTH = 365.25 / 12
 
@@ -94,3 +96,17 @@ def daily(gpus: float, busy_fraction: float, *, hit_tokens_per_day: float, miss_
     else:
         payback = price_usd / monthly_net_per_gpu if monthly_net_per_gpu > 0 else math.nan  # never pays back
     return Economics(cost, revenue, margin, cost_profit, per_mtok, energy_per_token, payback)
+
+
+def kv_tier_money(gb, usd_per_gb_month, hit_tokens_per_day, prefill_tok_s_per_gpu: float, cost_usd_per_day: float,
+                  gpus: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per KV tier: what its capacity costs a day, and what the prefill its hits spared is worth a day.
+
+    ``cost = gb x usd_per_gb_month / DAYS_PER_MONTH``; ``saved = hit_tokens_per_day / prefill_tok_s_per_gpu x
+    cost_usd_per_day / (gpus x 86,400)``: the GPU-seconds the restored tokens would have taken to compute, at the
+    fleet's cost per GPU-second. Neither is part of ``cost_usd_per_day`` (accelerators and electricity).
+    """
+    cost = np.asarray(gb, dtype=float) * np.asarray(usd_per_gb_month, dtype=float) / DAYS_PER_MONTH
+    gpu_s_per_token = 1.0 / prefill_tok_s_per_gpu if prefill_tok_s_per_gpu > 0 else math.nan
+    usd_per_gpu_s = cost_usd_per_day / (gpus * 86400.0) if gpus > 0 else math.nan
+    return cost, np.asarray(hit_tokens_per_day, dtype=float) * gpu_s_per_token * usd_per_gpu_s

@@ -49,8 +49,6 @@ class Tier:
         Read bandwidth per unit of ``scope``, GB/s; 0 = the default of the tier's kind (:func:`restore_rates`).
     latency_us : float
         Time to the first byte of a restore from this tier, once per request that restores from it, µs.
-    usd_per_gb_month : float
-        Price of its capacity (the economics' only: the cache's replay never reads it).
     """
 
     name: str
@@ -58,7 +56,6 @@ class Tier:
     scope: str
     gb_s: float = 0.0
     latency_us: float = 0.0
-    usd_per_gb_month: float = 0.0
 
 
 def tiers_of(p: dict) -> tuple[Tier, ...]:
@@ -68,13 +65,20 @@ def tiers_of(p: dict) -> tuple[Tier, ...]:
     names = p.get("cache.tiers") or ()
     if names:
         return tuple(Tier(name, p[f"cache.tiers.{name}.gb"], p[f"cache.tiers.{name}.scope"],
-                          p[f"cache.tiers.{name}.gb_s"], p[f"cache.tiers.{name}.latency_us"],
-                          p.get(f"cache.tiers.{name}.usd_per_gb_month", 0.0)) for name in names)
+                          p[f"cache.tiers.{name}.gb_s"], p[f"cache.tiers.{name}.latency_us"]) for name in names)
     return (Tier("hbm", p["cache.hbm_gb_per_instance"], "instance"),
-            Tier("dram", p["cache.dram_gb_per_node"], "node",
-                 usd_per_gb_month=p.get("cache.dram_usd_per_gb_month", 0.0)),
-            Tier("nvme", p["cache.nvme_gb_per_node"], "node",
-                 usd_per_gb_month=p.get("cache.nvme_usd_per_gb_month", 0.0)))
+            Tier("dram", p["cache.dram_gb_per_node"], "node"),
+            Tier("nvme", p["cache.nvme_gb_per_node"], "node"))
+
+
+def tier_prices(p: dict) -> np.ndarray:
+    """USD per GB-month of each tier's capacity, in the order of :func:`tiers_of` (the economics read them; the
+    cache and the step model never do): ``cache.tiers.<name>.usd_per_gb_month``, or the short form's
+    ``cache.dram_usd_per_gb_month`` and ``nvme_usd_per_gb_month`` (its HBM is paid with the GPUs)."""
+    names = p.get("cache.tiers") or ()
+    if names:
+        return np.array([p[f"cache.tiers.{name}.usd_per_gb_month"] for name in names], dtype=float)
+    return np.array([0.0, p["cache.dram_usd_per_gb_month"], p["cache.nvme_usd_per_gb_month"]])
 
 
 def private_tiers(tiers) -> int:
@@ -112,11 +116,11 @@ def prefix_cache_nodes(p: dict) -> int:
 
 
 def fleet_tier_gb(p: dict, cache_holding_instances: int) -> np.ndarray:
-    """GB of each tier the deployed fleet holds: per instance x the instances that hold caches, per node x their
-    nodes, or the pool's own capacity (once for the fleet)."""
+    """GB of each tier the deployed fleet holds: one cache's (:func:`tier_bytes`) for each instance that holds
+    caches, or a pooled tier's once."""
     nodes = prefix_cache_nodes(p)
-    return np.array([t.gb if t.scope == "pooled" else
-                     t.gb * cache_holding_instances * (nodes if t.scope == "node" else 1) for t in tiers_of(p)])
+    return np.array([tier_bytes(t, nodes) / 1e9 * (1 if t.scope == "pooled" else cache_holding_instances)
+                     for t in tiers_of(p)])
 
 
 def tier_bytes(tier: Tier, nodes: int) -> float:
