@@ -289,8 +289,8 @@ def test_a_rate_profiles_drift_is_not_extrapolated_into_a_request_count():
 
     ds = xr.Dataset({"steady_state": ("sample", np.array([0.0, 1.0])),
                      "requests_for_steady_state": ("sample", np.array([7e8, 2000.0]))},
-                    attrs={"workload": "generated; arrival rate of a 24-slice profile over 86400 s, from 0 into it"})
+                    attrs={"rate_profile_slices": 24})
     text = " ".join(steady_state_note(ds))
     assert "may be the profile's own" in text and "700000000" not in text and "may still depend" in text
-    ds.attrs["workload"] = "generated"
+    ds.attrs["rate_profile_slices"] = 0
     assert "--set mc.requests=700000000" in " ".join(steady_state_note(ds))

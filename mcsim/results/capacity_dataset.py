@@ -113,8 +113,8 @@ def format_capacity(ds: xr.Dataset, width: int | None = None) -> str:
     if s["outcomes"]["SLOs met at the highest rate tried"]:
         lines += paragraph("capacity_rps is a lower bound where the SLOs held at the highest rate tried (raise "
                            "--high, or drop it).", width)
-    for note in steady_state_note(ds) + kernel_data_note(ds):  # of each sample's run at its capacity
-        lines += paragraph(note.replace("sample runs", "samples' runs at capacity", 1), width)
+    for note in steady_state_note(ds, runs="samples' runs at capacity") + kernel_data_note(ds):
+        lines += paragraph(note, width)
     lines += paragraph(f"{n} samples x {s['requests_per_sample']} requests; each sample bisected on its own common "
                        f"random numbers until the rate that met and the rate that broke the SLOs are within "
                        f"{100 * s['rtol']:g} % (rtol); cells are median [5 %, 95 %] over samples; every figure is "

@@ -197,7 +197,7 @@ def numpy_arrays_only() -> None:
     builds and writes mcsim's results only (the ``mcsim`` command, a benchmark's fresh process).
 
     xarray asks of every coordinate it indexes and every array it writes whether it is a Dask or a Pint array, and
-    imports ``dask.array`` (0.4 s) and ``pint`` (0.2 s) the first time to find out: a third of a small run's time.
+    imports ``dask.array`` and ``pint`` the first time to find out (``mcsim bench``'s small run shows the imports).
     mcsim's results are NumPy arrays only; a process that may hold other arrays (a notebook, a test) must not call
     this. An xarray without this cache is left as it is.
     """
@@ -266,6 +266,9 @@ def provenance(scn, seed: int, samples: int, requests: int, command: str | None,
         "modelled_vs_measured": MODEL_STATEMENT,
         "measured_variables": "",
         "workload": workload_description(scn),
+        # slices of workload.rate_profile (0: a constant rate): the steady-state check's quarters then see
+        # different loads (mcsim.results.summary.under_rate_profile)
+        "rate_profile_slices": 0 if scn["workload.trace"] else len(scn["workload.rate_profile"] or ()),
     }
     attrs.update(kernel_data(scn))
     if getattr(scn, "calibration", None) is not None:

@@ -57,7 +57,8 @@ from mcsim.results.layout import (  # quantiles, waterfall_steps, ReportError an
     quantiles,
     request_quantile_dim,
 )
-from mcsim.results.summary import infeasible_lines, infeasible_summary, simulated_requests, steady_state_facts
+from mcsim.results.summary import (PROFILE_DRIFT, infeasible_lines, infeasible_summary, simulated_requests,
+                                   steady_state_facts, under_rate_profile)
 from mcsim.results.variables import HEADLINE, WORKLOAD_CLASS
 from mcsim.results.waterfall import waterfall_steps
 
@@ -424,11 +425,8 @@ def _steady_state_section(ds) -> list[str]:
         lines += ["", "Grid points: " + "; ".join(markdown_text(p) for p in facts["points"][:MAX_TABLE_ROWS])
                   + (f" and {len(facts['points']) - MAX_TABLE_ROWS} more." if len(facts["points"]) > MAX_TABLE_ROWS
                      else ".")]
-    if "-slice profile" in str(ds.attrs.get("workload", "")):
-        lines += ["", "Under `workload.rate_profile` the last two quarters of a run arrive at different rates: part or "
-                  "all of this drift may be the profile's own, not a start-up transient, and the check does not yet "
-                  "compare like loads, so no request count is extrapolated. Compare two runs at different "
-                  "`mc.requests` instead."]
+    if under_rate_profile(ds):
+        lines += ["", markdown_text(PROFILE_DRIFT[0].upper() + PROFILE_DRIFT[1:])]
     elif facts["requests"] is not None:
         lines += ["", f"Estimated requests per sample for steady state: `--set mc.requests={facts['requests']}` "
                   "(`requests_for_steady_state`, an extrapolation from how the drift shrinks; re-run to check)."]

@@ -111,6 +111,18 @@ def _nan_last(x: float) -> float:
     return math.inf if math.isnan(x) else x
 
 
+def _optimum_accelerator(ds, unmeasured: list[str]) -> str | None:
+    """The robust optimum's ``hardware.preset``: its search axis's value, or the one preset of a search that does
+    not vary it (None without an optimum, or where it cannot be told)."""
+    best = int(ds.attrs["robust_optimum_candidate"])
+    if best < 0:
+        return None
+    for name in str(ds.attrs.get("search_axes", "")).split():
+        if ds[name].attrs.get("path") == "hardware.preset":
+            return str(_plain(ds[name].values[best]))
+    return unmeasured[0] if len(unmeasured) == 1 else None
+
+
 def _unsettled(ds, c: int) -> int:
     """Sample runs of candidate ``c`` not at steady state (their figures still depend on mc.requests)."""
     if "steady_state" not in ds:
@@ -208,9 +220,7 @@ def format_search(ds) -> str:
                               if facts["requests"] else ""))
     unmeasured = str(a.get("kernel_data_unmeasured", "")).split()
     if unmeasured:
-        best = int(a["robust_optimum_candidate"])
-        chosen = _short(ds, best) if best >= 0 else ""
-        on_unmeasured = [name for name in unmeasured if name in chosen.split()]
+        on_unmeasured = [name for name in unmeasured if name == _optimum_accelerator(ds, unmeasured)]
         caveat = (f"CAVEAT: the optimum runs on {', '.join(on_unmeasured)}, which has no measured kernels: its "
                   "figures are an idealised roofline, likely optimistic against the measured GPUs it beat. "
                   if on_unmeasured else "")

@@ -354,7 +354,19 @@ def _trace_supply(ds: xr.Dataset) -> int | None:
     return int(round(measured / (1.0 - float(warmup)))) if float(warmup) < 1 else measured
 
 
-def steady_state_note(ds: xr.Dataset, max_points: int = 5) -> list[str]:
+#: Why a steady-state flag under a rate profile gives no request count (the summary's and the report's words).
+PROFILE_DRIFT = ("under workload.rate_profile the last two quarters of a run arrive at different rates, so part or "
+                 "all of this drift may be the profile's own, not a start-up transient, and an extrapolated request "
+                 "count would mislead: the check does not yet compare like loads. Compare two runs at different "
+                 "mc.requests (or sample the hour you study, rate_profile_start_s) instead.")
+
+
+def under_rate_profile(ds: xr.Dataset) -> bool:
+    """Whether the result's arrivals followed a rate profile (its ``rate_profile_slices`` attribute)."""
+    return int(ds.attrs.get("rate_profile_slices", 0)) > 0
+
+
+def steady_state_note(ds: xr.Dataset, max_points: int = 5, runs: str = "sample runs") -> list[str]:
     """Lines of the summary that say which samples have not reached steady state and the requests per sample
     they would need (none when every sample is steady)."""
     facts = steady_state_facts(ds)
@@ -363,19 +375,15 @@ def steady_state_note(ds: xr.Dataset, max_points: int = 5) -> list[str]:
     points = facts["points"]
     where = ("; at " + "; ".join(points[:max_points])
              + (f" and {len(points) - max_points} more grid points" if len(points) > max_points else "")) if points else ""
-    profiled = "-slice profile" in str(ds.attrs.get("workload", ""))
+    profiled = under_rate_profile(ds)
     depends = ("their figures may still depend on mc.requests" if profiled else
                "their figures still depend on mc.requests")
-    lines = [f"NOT AT STEADY STATE: {facts['count']} of {facts['runs']} sample runs (cache hit rate, or the batching "
+    lines = [f"NOT AT STEADY STATE: {facts['count']} of {facts['runs']} {runs} (cache hit rate, or the batching "
              f"simulator's queue wait, still drifting between the last two quarters of the requests){where}; "
              f"{depends} (see steady_state, cache_hit_rate_drift, queue_wait_drift)."]
     if profiled:
         # the check compares the last two quarters of a run; under a rate profile they see different loads
-        lines.append("  under workload.rate_profile the last two quarters of a run arrive at different rates, so "
-                     "part or all of this drift may be the profile's own, not a start-up transient, and an "
-                     "extrapolated request count would mislead: the check does not yet compare like loads. Compare "
-                     "two runs at different mc.requests (or sample the hour you study, rate_profile_start_s) "
-                     "instead.")
+        lines.append("  " + PROFILE_DRIFT)
     elif facts["requests"] is not None:
         held = _trace_supply(ds)
         if held is not None and facts["requests"] > held:
