@@ -260,7 +260,8 @@ def instance_bytes(k: int, pf_cap: int, static: bool, wheel: int, preempt: bool,
     """
     k, pf_cap, wheel, n_lists = int(k), int(pf_cap), int(wheel), int(n_lists)
     batch = (k if static else 1) * (pf_cap if static else 1)
-    least = 2 * _tree_leaves(k) + 3 * k + 5  # the least-load router's tree, its expiry heap and marks
+    leaves = 1 << max(k - 1, 0).bit_length()  # _tree_leaves(k)
+    least = 2 * leaves + 3 * k + 5  # the least-load router's tree, its expiry heap and marks
     return (8 * (28 * k + 1 + k * pf_cap + 2 * batch + k * wheel + (k * wheel if preempt else 1) + least)
             + 16 * n_lists)
 

@@ -276,15 +276,13 @@ def _execute(kind, scenario, samples, requests, seed, overrides, output, force, 
     from mcsim.results import summary
     from mcsim.scenario import load_scenario
 
-    _numpy_results_only()
-
     if lhs:
         overrides = (*overrides, 'mc.sampling="lhs"')
     if calibration is not None:
         overrides = (*overrides, f"performance.calibration={json.dumps(str(calibration))}")
     try:
         scn = load_scenario(scenario, overrides=overrides)
-        _compile_kernels(progress=not no_progress and not as_json)  # from cold: once, with a notice
+        _ready_to_run(progress=not no_progress and not as_json)
         suffix = {"compare": "-compare", "sweep": "-sweep"}.get(kind, "")
         output = output or Path("outputs") / f"{safe_filename(scn.name)}{suffix}{'-ablate' if ablate else ''}.nc"
         options = dict(samples=samples, requests=requests, seed=seed, workers=workers, output=output, force=force,
@@ -373,8 +371,7 @@ def search(**kw):
     # start-up: a search imports NumPy, xarray, SciPy and Dask; `mcsim --help` imports none of the commands
     from mcsim.optimize.command import search_command
 
-    _numpy_results_only()
-    _compile_kernels(progress=not kw.get("no_progress") and not kw.get("as_json"))
+    _ready_to_run(progress=not kw.get("no_progress") and not kw.get("as_json"))
     search_command(command=_command_line(), **kw)
 
 
@@ -395,8 +392,7 @@ def capacity(**kw):
     # start-up: the search imports NumPy, xarray and Dask; `mcsim --help` imports none of the commands
     from mcsim.optimize.capacity_command import capacity_command
 
-    _numpy_results_only()
-    _compile_kernels(progress=not kw.get("no_progress") and not kw.get("as_json"))
+    _ready_to_run(progress=not kw.get("no_progress") and not kw.get("as_json"))
     capacity_command(command=_command_line(), **kw)
 
 
@@ -703,6 +699,13 @@ def bench(quick, as_json, out_dir, compile_only):
     bench_command(quick, as_json, out_dir)
 
 
+def _ready_to_run(progress: bool) -> None:
+    """What a command that simulates does first in its own process: xarray told its arrays are NumPy's, and the
+    kernels compiled from cold with a notice (:func:`_numpy_results_only`, :func:`_compile_kernels`)."""
+    _numpy_results_only()
+    _compile_kernels(progress)
+
+
 def _compile_kernels(progress: bool, always: bool = False) -> None:
     """Compile every kernel a run needs when this machine has not yet (:mod:`mcsim.execution.precompile`), with a
     one-line notice and a progress bar on a terminal; ``always`` compiles (or loads) whatever the stamp says."""
@@ -716,7 +719,7 @@ def _compile_kernels(progress: bool, always: bool = False) -> None:
     if not precompile.cache_on():
         click.echo("mcsim: MCSIM_NUMBA_CACHE=0: nothing is kept, every process compiles its own kernels", err=True)
     else:
-        click.echo("mcsim: compiling the kernels for this machine, once per version (about 90 s from cold; "
+        click.echo("mcsim: compiling the kernels for this machine, once per version (a minute or two from cold; "
                    "`mcsim bench --compile` does it ahead of time)", err=True)
     times = precompile.compile_all(bar=progress and sys.stderr.isatty())
     if always:

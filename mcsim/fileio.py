@@ -133,6 +133,12 @@ def atomic_write(path, data: str | bytes, *, encoding: str | None = "utf-8", fsy
     return Path(path)
 
 
+def temporary_pattern(name_pattern: str) -> str:
+    """The regular expression of the temporary names :func:`atomic_path` gives a file whose name matches
+    ``name_pattern`` (itself a regular expression)."""
+    return r"\." + name_pattern + r"\." + re.escape(TEMP_MARK) + r"-[0-9a-f]{16}\.tmp"
+
+
 def stale_temporaries(path) -> list[Path]:
     """The temporary files a write of ``path`` cut short by a kill left beside it, and only those.
 
@@ -141,7 +147,7 @@ def stale_temporaries(path) -> list[Path]:
     other file, whatever its name, belongs to the user and is never touched.
     """
     path = Path(path)
-    pattern = re.compile(re.escape(f".{path.name}.{TEMP_MARK}-") + r"[0-9a-f]{16}\.tmp")
+    pattern = re.compile(temporary_pattern(re.escape(path.name)))
     folder = path.parent if str(path.parent) else Path(".")
     found = []
     try:

@@ -43,7 +43,8 @@ from mcsim import __version__
 from mcsim.errors import McsimError, OutputError
 from mcsim.execution import progress as progress_events
 from mcsim.execution import sample as one_sample
-from mcsim.fileio import TEMP_MARK, atomic_path, not_a_regular_file, readable_kind, refuse_inputs, stale_temporaries
+from mcsim.fileio import (atomic_path, not_a_regular_file, readable_kind, refuse_inputs, stale_temporaries,
+                          temporary_pattern)
 from mcsim.results import dataset as results
 from mcsim.results.attribution import ablation_variants, reduce_row, saved_variants
 from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
@@ -165,7 +166,10 @@ def _file_digest(path: Path) -> str:
 def check_inputs(plan: "Plan") -> None:
     """Read and check every trace the run will replay and every GEMM surface it reads before any work starts (a
     bad one is a one-line error, and no part is written)."""
+    own = str(plan.scn.values.get("performance.gemm_surface", ""))
     for path in plan.surface_paths():
+        if str(path) == own:
+            continue  # read and checked when the scenario loaded (loading.attach_surface)
         cal = load_calibration(path)  # a CalibrationError naming the file, the key and what was expected
         if "gemm" not in cal.surfaces:
             raise CalibrationError(str(path), "performance.gemm_surface: the calibration has no [surfaces.gemm] "
@@ -499,7 +503,7 @@ def open_parts(plan: Plan, tasks: list, fingerprint: str, output: Path | None, r
         parts_dir = output.with_name(output.name + ".parts")
         for stale in stale_temporaries(output):  # a final write cut short by a kill
             stale.unlink(missing_ok=True)
-        held = bool(_part_files(parts_dir))
+        held = _part_files(parts_dir)
         if held and resume:
             for p, c in tasks:
                 path = _part_path(parts_dir, p, c)
@@ -512,7 +516,7 @@ def open_parts(plan: Plan, tasks: list, fingerprint: str, output: Path | None, r
                 else:
                     parts[(p, c)] = part
                     reused += 1
-            for leftover in _part_files(parts_dir):  # a write cut short by a crash
+            for leftover in held:  # a write cut short by a crash
                 if not _PART_NAME.fullmatch(leftover.name):
                     leftover.unlink(missing_ok=True)
         elif held and force:
@@ -527,7 +531,17 @@ def open_parts(plan: Plan, tasks: list, fingerprint: str, output: Path | None, r
 
 #: A part's file name, and the temporary names its atomic write uses (this version's, and the earlier 8-hex form).
 _PART_NAME = re.compile(r"point\d{6}-chunk\d{6}\.npz")
-_PART_TEMP = re.compile(r"\.point\d{6}-chunk\d{6}\.npz\.(" + TEMP_MARK + r"-[0-9a-f]{16}|[0-9a-f]{8})\.tmp")
+_PART_TEMP = re.compile(temporary_pattern(_PART_NAME.pattern) + r"|\." + _PART_NAME.pattern + r"\.[0-9a-f]{8}\.tmp")
+
+
+def _is_part_file(path: Path) -> bool:
+    """A part file or one of its temporaries, as a regular file (a link or a folder of that name is not)."""
+    if not (_PART_NAME.fullmatch(path.name) or _PART_TEMP.fullmatch(path.name)):
+        return False
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _part_files(parts_dir: Path) -> list[Path]:
@@ -543,14 +557,11 @@ def _part_files(parts_dir: Path) -> list[Path]:
                           "--force or not")
     if not stat.S_ISDIR(mode):
         raise OutputError(f"{parts_dir}: expected the parts folder of an interrupted run, found a file")
-    files = []
-    for name in sorted(os.listdir(parts_dir)):
-        path = parts_dir / name
-        ours = (_PART_NAME.fullmatch(name) or _PART_TEMP.fullmatch(name)) and stat.S_ISREG(os.lstat(path).st_mode)
-        if not ours:
-            raise OutputError(f"{parts_dir}: holds {one_line(name, 80)}, which is not a part file mcsim wrote; move "
-                              "it away, --force or not")
-        files.append(path)
+    files = [parts_dir / name for name in sorted(os.listdir(parts_dir))]
+    for path in files:
+        if not _is_part_file(path):
+            raise OutputError(f"{parts_dir}: holds {one_line(path.name, 80)}, which is not a part file mcsim wrote; "
+                              "move it away, --force or not")
     return files
 
 
@@ -566,12 +577,8 @@ def remove_parts(parts_dir: Path | None) -> None:
     if not stat.S_ISDIR(mode):
         return
     for name in os.listdir(parts_dir):
-        path = parts_dir / name
-        try:
-            if (_PART_NAME.fullmatch(name) or _PART_TEMP.fullmatch(name)) and stat.S_ISREG(os.lstat(path).st_mode):
-                path.unlink()
-        except FileNotFoundError:
-            pass
+        if _is_part_file(parts_dir / name):
+            (parts_dir / name).unlink(missing_ok=True)
     try:
         parts_dir.rmdir()
     except OSError:

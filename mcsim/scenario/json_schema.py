@@ -31,7 +31,7 @@ from mcsim.scenario.bounds import SCENARIO_LOWER, SCENARIO_UPPER, TAIL_CHECKED_C
 from mcsim.scenario.distributions import KINDS
 from mcsim.scenario.grid import MAX_AXIS_VALUES
 from mcsim.scenario.schema import (CLASS_FIELDS, MAX_TIERS, SECTIONS, TIER_FIELDS, TIER_NAME_PATTERN, TIER_REQUIRED,
-                                   TIER_SHORT_FORM, TIER_SHORT_FORM_PRICES, Field, field_for,
+                                   TIER_SHORT_FORM, TIER_SHORT_FORM_KEYS, Field, field_for,
                                    workload_reads)
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -259,10 +259,10 @@ def scenario_schema() -> dict:
                 "type": "array", "minItems": 1, "maxItems": MAX_TIERS, "items": tier_table,
                 "description": "The cache as an ordered list of exclusive tiers, first (the GPUs' memory) to last, "
                                "one [[cache.tiers]] table each; replaces the short form's keys "
-                               "(" + ", ".join(p.split(".")[1] for p in TIER_SHORT_FORM + TIER_SHORT_FORM_PRICES)
+                               "(" + ", ".join(p.split(".")[1] for p in TIER_SHORT_FORM_KEYS)
                                + ")."}
             table["dependentSchemas"] = {"tiers": {"not": {"anyOf": [
-                {"required": [p.split(".")[1]]} for p in TIER_SHORT_FORM + TIER_SHORT_FORM_PRICES]}}}
+                {"required": [p.split(".")[1]]} for p in TIER_SHORT_FORM_KEYS]}}}
             sweep_body["tiers"] = {"type": "object", "additionalProperties": tier_axis_table}
             base_body["tiers"] = {"type": "object", "additionalProperties": tier_override_table}
         if section == "workload":

@@ -46,7 +46,7 @@ from mcsim.scenario.schema import (
     TIER_NAME_PATTERN,
     TIER_REQUIRED,
     TIER_SHORT_FORM,
-    TIER_SHORT_FORM_PRICES,
+    TIER_SHORT_FORM_KEYS,
     Field,
     ScenarioError,
     baseline_overrides,
@@ -178,7 +178,7 @@ def _check_tier_path(path: str, values: dict, source: str, origin: str):
     """A dotted path into ``cache.tiers.<name>`` must name one of the scenario's ``[[cache.tiers]]``, and the short
     form's keys cannot be set on a scenario that has them (the tiers would be given twice)."""
     names = values.get("cache.tiers") or ()
-    if names and path in TIER_SHORT_FORM + TIER_SHORT_FORM_PRICES:
+    if names and path in TIER_SHORT_FORM_KEYS:
         raise ScenarioError(source, path, f"{origin} cannot set the short form of the tiers: the scenario has "
                             f"[[cache.tiers]] ({', '.join(names)}); set cache.tiers.<name>.gb instead")
     parts = path.split(".")
@@ -287,7 +287,8 @@ def _check_value(spec: Field, path: str, value, source: str):
     elif kind == "perreq":
         lo, hi, open_lo = _support(d)
     else:
-        (lo, hi, open_lo), tails = _drawn_support(d), d.kind in ("lognormal", "normal")
+        lo, hi, open_lo = _drawn_support(d)
+        tails = (lo, hi) != _closed_support(d)  # an unbounded end judged at its DRAW_TAIL quantile
     if (spec.lo is not None and (lo < spec.lo or (spec.lo_open and lo <= spec.lo and not open_lo))) or (
         spec.hi is not None and hi > spec.hi
     ):
@@ -524,7 +525,7 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
         body = dict(raw.get(section, {}))
         classes_raw = body.pop("classes", None) if section == "workload" else None
         tiers_raw = body.pop("tiers", None) if section == "cache" else None
-        given = [path for path in TIER_SHORT_FORM + TIER_SHORT_FORM_PRICES
+        given = [path for path in TIER_SHORT_FORM_KEYS
                  if section == "cache" and path.split(".")[1] in body]
         if tiers_raw is not None and given:
             raise ScenarioError(source, given[0], "the short form of the tiers cannot be given with [[cache.tiers]]: "

@@ -492,6 +492,8 @@ TIER_SHORT_FORM = ("cache.hbm_gb_per_instance", "cache.dram_gb_per_node", "cache
                    "cache.nvme_gb_s_per_node")
 #: The short form's prices (read by the economics, not by the step model, unlike :data:`TIER_SHORT_FORM`).
 TIER_SHORT_FORM_PRICES = ("cache.dram_usd_per_gb_month", "cache.nvme_usd_per_gb_month")
+#: Every key of the short form, which [[cache.tiers]] replaces.
+TIER_SHORT_FORM_KEYS = TIER_SHORT_FORM + TIER_SHORT_FORM_PRICES
 #: A tier's name: the ``tier`` coordinate of the results and the third part of its keys (cache.tiers.<name>.gb).
 TIER_NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_-]{0,31}"
 
@@ -520,15 +522,15 @@ TIER_KINDS: dict[str, tuple[str, float, str]] = {
 }
 TIER_KINDS["pool"] = TIER_KINDS["remote"]
 
-#: A tier kind's default price, USD per GB-month of capacity, and where it comes from: the purchase price of the
-#: medium spread over four years (economics.lifetime_years' default), 30.44 days a month. Estimates, to be replaced
-#: by a provider's own (``usd_per_gb_month``); a tier of another name costs 0 unless given one.
+#: A tier kind's default price, USD per GB-month of capacity, and how it was estimated: a purchase price of the
+#: medium spread over four years (economics.lifetime_years' default). Estimates, not quotes or measurements, to be
+#: replaced by a provider's own (``usd_per_gb_month``); a tier of another name costs 0 unless given one.
 TIER_PRICES: dict[str, tuple[float, str]] = {
     "hbm": (0.0, "the GPUs' own memory: paid for with the GPUs (economics)"),
-    "dram": (0.10, "server DDR5 RDIMMs at about 4.5 USD/GB (2025 street prices of 64 GB modules), over 48 months"),
-    "cxl": (0.14, "DRAM behind a CXL expander: dram's modules plus the expander card, about 40 % more per GB"),
-    "nvme": (0.0025, "enterprise TLC NVMe drives at about 0.12 USD/GB (2025 street prices), over 48 months"),
-    "remote": (0.01, "a pooled store on NVMe servers (drives, CPUs, NICs and chassis: about 4x the drives alone)"),
+    "dram": (0.10, "estimate: server DDR5 RDIMMs at about 4.5 USD/GB, over 48 months"),
+    "cxl": (0.14, "estimate: dram's modules plus a CXL expander card, taken as 40 % more per GB"),
+    "nvme": (0.0025, "estimate: enterprise TLC NVMe drives at about 0.12 USD/GB, over 48 months"),
+    "remote": (0.01, "estimate: a pooled store on NVMe servers, taken as 4x the drives alone (CPUs, NICs, chassis)"),
 }
 TIER_PRICES["pool"] = TIER_PRICES["remote"]
 
