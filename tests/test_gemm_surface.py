@@ -128,3 +128,15 @@ def test_the_plain_surface_reader_gives_what_the_toml_parser_gives(tmp_path):
     raw = bundled_path("h100").read_bytes()
     for edit in (raw + b"# a note\n", raw.replace(b"log_ratio = [", b"log_ratio = [\n"), raw + b"[other]\nx = 1\n"):
         assert _plain_surface(edit) is None
+
+
+def test_the_bundled_surfaces_sit_well_inside_the_bound_on_log_ratios():
+    """calibration_file.MAX_LOG_RATIO (ln 100) refuses absurd surfaces; every measured correction is far inside it."""
+    import tomllib
+
+    from mcsim.perf.gemm_surface import bundled_path
+    from mcsim.scenario.calibration_file import MAX_LOG_RATIO
+
+    for name in ("h100", "a100"):
+        ratios = np.abs(tomllib.loads(bundled_path(name).read_text())["surfaces"]["gemm"]["log_ratio"])
+        assert 0.5 < ratios.max() <= 0.7 < MAX_LOG_RATIO, (name, ratios.max())

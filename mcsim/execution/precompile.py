@@ -3,7 +3,8 @@
 Numba compiles a kernel at its first call and keeps the machine code in its on-disk cache
 (:mod:`mcsim.accelerate`); from then on a process loads it in milliseconds. From cold, the first run of a path
 (the one-instance simulator, the streamed sample, the replicas of a fleet, the roofline, the KV tiers, the expert
-and speculative stages) would otherwise stop for 10-60 s without a word. :func:`compile_all` runs each path once
+and speculative stages) would otherwise stop without a word while it compiles (``mcsim bench``'s "Numba,
+fresh process" row times it). :func:`compile_all` runs each path once
 on a few hundred requests, with a progress bar, and leaves a stamp beside the cache; the ``mcsim`` command runs it
 with a one-line notice when the stamp is missing, and ``mcsim bench --compile`` runs it on demand (a container
 image or a cluster's workers can be built warm).

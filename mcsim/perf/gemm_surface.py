@@ -181,8 +181,8 @@ _SURFACE_KEYS = {"n", "k", "rows", "log_ratio"}
 def _plain_surface(raw: bytes) -> dict | None:
     """The ``[surfaces.gemm]`` table read straight from a file as :func:`mcsim.scenario.calibration_file.save`
     writes it (the table last, four one-line lists of plain numbers), or None for any other layout, which
-    tomllib then reads. A bundled surface holds 43,000 numbers: tomllib takes 0.1 s over them, a sixth of a small
-    run; this takes a few milliseconds and gives the same floats (a test compares them)."""
+    tomllib then reads. A bundled surface holds 43,000 numbers, which tomllib parses token by token; this splits
+    four lines and gives the same floats (a test compares them; ``mcsim bench``'s small run times the whole run)."""
     _, found, rest = raw.partition(b"\n[surfaces.gemm]\n")
     if not found:
         return None

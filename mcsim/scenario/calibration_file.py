@@ -331,8 +331,8 @@ def load(path) -> Calibration:
                        notes=notes, path=where, surfaces=surfaces)
 
 
-#: The widest correction a measured GEMM surface may make: ln 100 (every measured GEMM on H100 and A100 lies
-#: within +-0.5 of the fitted curve; 1e6 would make a step take exp(1e6) s, an overflow).
+#: The widest correction a measured GEMM surface may make: ln 100 (the bundled H100 and A100 surfaces stay within
+#: +-0.7, tests/test_gemm_surface.py; 1e6 would make a step take exp(1e6) s, an overflow).
 MAX_LOG_RATIO = math.log(100.0)
 #: The largest GEMM dimension a surface may hold (rows, columns, depth).
 MAX_SURFACE_DIMENSION = 1e9

@@ -45,8 +45,8 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 def _special():
     """``scipy.special``, imported when a lognormal's or a beta's quantiles are first needed."""
-    # start-up: scipy.special takes 0.1 s to import, a tenth of a small run's imports, and most scenarios'
-    # uncertain inputs (uniform, triangular, choice) never need it
+    # start-up: most scenarios' uncertain inputs (uniform, triangular, choice) never need scipy.special, and a
+    # small run pays its import (tests/test_architecture.py holds that dense-node's does not)
     from scipy import special
 
     return special

@@ -1,8 +1,8 @@
 """Values that are allowed but implausible for their unit: a unit slip, said in one line, never refused.
 
 A TPOT target of 50 is a legal number of seconds and almost surely meant as 50 ms; a lifetime of 48 years was
-meant as months; electricity at 8 USD/kWh was meant as cents. The ranges below are what deployments publish and
-use, wide enough that a deliberate study (a slow CPU host, a night tariff) stays quiet; a value outside them runs
+meant as months; electricity at 8 USD/kWh was meant as cents. The ranges below are judgements, not measurements:
+wide enough that a deliberate study (a slow CPU host, a night tariff) stays quiet; a value outside them runs
 as written, with an :class:`ImplausibleValue` warning that names the key, the value, the usual range and the slip
 it looks like. The command line prints each as one ``warning:`` line; Python shows it as a warning.
 """
