@@ -242,3 +242,107 @@ def test_a_stream_of_chunks_is_the_sample_whatever_the_chunks(extra):
         prompts = whole.prompt_tokens[whole.session_id == s]
         assert np.all(np.diff(prompts) > 0)
     assert np.all(whole.prompt_tokens + whole.output_tokens <= 2000)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The generator's kernels against their plain-Python reference (mcsim.reference.workload)
+# ---------------------------------------------------------------------------------------------------------------
+
+FIELDS = ("t", "acceptance", "class", "prompt", "output", "session", "nblocks", "sys_full", "sys_base", "own_base")
+
+
+def _kernel_rows(t, acceptance, ints, kept):
+    from mcsim.kernels import workload as kw
+    columns = {"class": kw.COL_CLASS, "prompt": kw.COL_PROMPT, "output": kw.COL_OUTPUT, "session": kw.COL_SESSION,
+               "nblocks": kw.COL_NBLOCKS, "sys_full": kw.COL_SYS_FULL, "sys_base": kw.COL_SYS_BASE,
+               "own_base": kw.COL_OWN_BASE}
+    return [{"t": float(t[r]), "acceptance": float(acceptance[r]),
+             **{name: int(ints[r, col]) for name, col in columns.items()}} for r in range(kept)]
+
+
+def _random_block(g):
+    """A block of sessions whose draws reach every branch: rounding at halves and below 1, answers over half the
+    context, first turns clipped, later turns dropped, acceptance outside [0, 1], turns before time 0."""
+    m, classes = int(g.integers(1, 40)), int(g.integers(1, 4))
+    session_class = g.integers(0, classes, m)
+    turns = g.geometric(1 / g.uniform(1, 5), m).astype(np.int64)
+    per_class = np.bincount(session_class, weights=turns, minlength=classes).astype(np.int64)
+    rows = int(turns.sum())
+
+    def draws(scale):
+        x = g.lognormal(np.log(scale), 1.2, rows)
+        halves = g.random(rows) < 0.15  # exact halves: rounded to the even neighbour
+        x[halves] = g.integers(0, 200, int(halves.sum())) + 0.5
+        return np.where(g.random(rows) < 0.1, g.uniform(0, 1.6, rows), x)
+
+    max_context = int(g.choice([64, 300, 2000, 100_000]))
+    block = int(g.choice([1, 16, 512]))
+    return dict(
+        session_class=session_class.astype(np.int64), turns=turns,
+        sys_len=np.where(g.random(m) < 0.5, g.integers(1, 2 * max_context, m), 0).astype(np.int64),
+        sys_base=g.integers(0, 1000, m).astype(np.int64),
+        class_first=np.concatenate([[0], np.cumsum(per_class)[:-1]]).astype(np.int64),
+        user_draws=draws(80), output_draws=draws(60), acceptance_draws=g.uniform(-0.3, 1.3, rows),
+        start=np.sort(g.uniform(-50, 50, m)), think_s=g.exponential(5, rows), max_context=max_context,
+        block_tokens=block, drop_before_zero=bool(g.random() < 0.5), first_session=int(g.integers(0, 100)),
+        next_base=int(g.integers(0, 10_000)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_session_rows_kernel_matches_the_reference(seed):
+    from mcsim.kernels.workload import N_INT_COLUMNS, session_rows
+    from mcsim.reference import workload as ref
+
+    g = np.random.default_rng(seed)
+    for _ in range(40):
+        block = _random_block(g)
+        rows = int(block["turns"].sum())
+        t, acceptance = np.empty(rows), np.empty(rows)
+        ints = np.empty((rows, N_INT_COLUMNS), dtype=np.int64)
+        kept, base = session_rows(*block.values(), t, acceptance, ints)
+        expected, expected_base = ref.session_rows(*block.values())
+        assert base == expected_base
+        assert _kernel_rows(t, acceptance, ints, kept) == expected
+
+
+def test_session_rows_reach_each_rule():
+    """The random blocks above do reach the rules they are meant to check (so a rule left out would be caught)."""
+    from mcsim.reference import workload as ref
+
+    g = np.random.default_rng(0)
+    seen = {"dropped later turn": 0, "clipped first turn": 0, "before zero": 0, "one-token floor": 0}
+    for _ in range(200):
+        block = _random_block(g)
+        rows, _ = ref.session_rows(*block.values())
+        kept = sum(1 for r in rows)
+        seen["dropped later turn"] += kept < int(block["turns"].sum()) and not block["drop_before_zero"]
+        seen["clipped first turn"] += any(r["prompt"] + r["output"] > block["max_context"] for r in rows)
+        seen["before zero"] += block["drop_before_zero"] and any(block["start"] < 0)
+        seen["one-token floor"] += any(r["output"] == 1 for r in rows)
+    assert all(count > 5 for count in seen.values()), seen
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merge_rows_kernel_matches_the_reference(seed):
+    from mcsim.kernels.workload import N_INT_COLUMNS, merge_rows
+    from mcsim.reference import workload as ref
+
+    g = np.random.default_rng(seed)
+    for _ in range(30):
+        a, b = int(g.integers(0, 60)), int(g.integers(0, 60))
+        old_t = np.sort(g.integers(0, 20, a).astype(float))  # whole numbers: ties between and within old and new
+        old_acc, old_int = g.random(a), g.integers(0, 10**6, (a, N_INT_COLUMNS))
+        new_t = g.integers(0, 20, b).astype(float)
+        new_acc, new_int = g.random(b), g.integers(0, 10**6, (b, N_INT_COLUMNS))
+        order = np.argsort(new_t, kind="stable")
+        old_from = int(g.integers(0, a + 1))
+        total = a - old_from + b
+        out_t, out_acc, out_int = np.empty(total), np.empty(total), np.empty((total, N_INT_COLUMNS), np.int64)
+        merge_rows(old_t, old_acc, old_int, old_from, new_t, new_acc, new_int, order, out_t, out_acc, out_int)
+
+        def rows(t, acc, ints, index):
+            return [{"t": float(t[r]), "acceptance": float(acc[r]), "ints": ints[r].tolist()} for r in index]
+
+        expected = ref.merge_rows(rows(old_t, old_acc, old_int, range(old_from, a)),
+                                  rows(new_t, new_acc, new_int, range(b)))
+        assert rows(out_t, out_acc, out_int, range(total)) == expected

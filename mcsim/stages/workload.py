@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mcsim.kernels.workload import fill_block_ids, turn_times
+from mcsim.kernels.workload import (COL_CLASS, COL_NBLOCKS, COL_OUTPUT, COL_OWN_BASE, COL_PROMPT, COL_SESSION,
+                                    COL_SYS_FULL, N_INT_COLUMNS, fill_block_ids, merge_rows, session_rows)
 from mcsim.scenario import ScenarioError
 from mcsim.scenario.distributions import Dist
 from mcsim.scenario.schema import workload_reads as reads  # the keys are declared with the schema
@@ -439,48 +440,33 @@ class RequestStream:
         self.next_base = int(self.sys_base[-1])  # the next session's first block id
         self.start_sum = 0.0  # running sum of the sessions' start gaps (operational seconds)
         self.horizon = -np.inf  # no turn generated later can come before it
-        self.pending = None  # turns generated, not yet handed out, by time then generation (a dict of arrays)
+        # Turns generated, not yet handed out (from pending_at on), by time then generation: times, acceptance
+        # and the integer columns of kernels.workload (COL_*).
+        self.pending_t, self.pending_acceptance = np.zeros(0), np.zeros(0)
+        self.pending_int = np.zeros((0, N_INT_COLUMNS), dtype=np.int64)
+        self.pending_at = 0
         self.arrival_sum = None  # running sum of the arrival gaps; None before the first arrival
         self.arrival_first = 0.0
         self.emitted = 0
 
     def _generate_sessions(self, m: int) -> None:
-        """Generate the next ``m`` sessions and add their turns to the pending pool."""
-        p, classes, rng, block = self.params, self.classes, self.rng, self.block
-        max_context = self.max_context
-        session_class = rng["session_class"].choice(len(classes), size=m, p=self.session_shares).astype(np.int32)
+        """Generate the next ``m`` sessions and add their turns to the pending pool.
+
+        The draws come from the streams in their own order (NumPy's samplers); one kernel
+        (:func:`mcsim.kernels.workload.session_rows`) turns them into rows, and another merges those, sorted by
+        time, into the pool.
+        """
+        p, classes, rng = self.params, self.classes, self.rng
+        session_class = rng["session_class"].choice(len(classes), size=m, p=self.session_shares)
         turns = rng["turns"].geometric(1.0 / self.mean_turns[session_class]).astype(np.int64)
         uses_prompt = rng["uses_system_prompt"].random(m) < self.sys_share[session_class]
         prompt_of_session = rng["system_prompt"].choice(self.n_prompts, size=m, p=self.zipf)
-        sys_len = np.where(uses_prompt, self.prompt_len[prompt_of_session], 0)
-
-        # Flatten turns: one row per (session, turn).
+        sys_len = np.where(uses_prompt, self.prompt_len[prompt_of_session], 0).astype(np.int64)
         rows = int(turns.sum())
-        session = np.repeat(np.arange(m), turns)
-        first_row = np.concatenate([[0], np.cumsum(turns)[:-1]])
-        turn = np.arange(rows) - np.repeat(first_row, turns)
-        cls = session_class[session]
-        user = _tokens(self._per_class("prompt_tokens", cls))
-        output = _tokens(self._per_class("output_tokens", cls))
-        acceptance = np.clip(self._per_class("acceptance", cls), 0.0, 1.0)
-
-        # Context limits: a first turn is clipped to fit (its output first, to what its system prompt leaves);
-        # later turns that do not fit end their session.
-        output = np.minimum(output, max(max_context // 2, 1))
-        first = turn == 0
-        output = np.where(first, np.minimum(output, np.maximum(max_context - sys_len[session] - 1, 1)), output)
-        user = np.where(first, np.minimum(user, np.maximum(max_context - output - sys_len[session], 1)), user)
-        exchange = user + output
-        cum_exchange = np.cumsum(exchange)  # integers: exact whatever the block
-        before = cum_exchange - exchange - np.repeat(cum_exchange[first_row] - exchange[first_row], turns)
-        prompt = sys_len[session] + before + user
-        keep = (prompt + output <= max_context) | (turn == 0)
-        del user, exchange, cum_exchange, before, turn
-        # A dropped turn drops every later turn of its session: keep only a leading run per session.
-        bad = np.cumsum((~keep).astype(np.int64))
-        keep = bad - np.repeat(bad[first_row] - (~keep[first_row]).astype(np.int64), turns) == 0
-        del bad
-        last_kept = first_row + np.add.reduceat(keep.astype(np.int64), first_row) - 1  # turn 0 is always kept
+        # Each class's per-turn fields come from its own streams, in the order of its turns.
+        per_class = np.bincount(session_class, weights=turns, minlength=len(classes)).astype(np.int64)
+        class_first = np.concatenate([[0], np.cumsum(per_class)[:-1]]).astype(np.int64)
+        draws = [self._per_class(key, per_class) for key in PER_CLASS_STREAMS]
 
         # Virtual times: sessions start as a Poisson process, turns follow after exponential think times. Sessions
         # start from -lead_s, and the window takes the turns from time 0 on, so it opens on the steady mix of first
@@ -494,57 +480,37 @@ class RequestStream:
         if self.profile is not None:
             start = self.profile.wall(start)
         think = rng["think_time"].exponential(p["workload.think_time_s"], rows)
-        t_virtual = np.empty(rows)
-        turn_times(start, turns, think, t_virtual)
-        del think
-        if self.lead_s > 0:
-            keep &= t_virtual >= 0.0
 
-        # Block identities: block k of system prompt j, or block k of session s's conversation (each session's
-        # ids after the last one's, as many as its longest prompt within the context limit has blocks: its last).
-        nblocks = prompt // block
-        bases = np.cumsum(np.concatenate([[self.next_base], nblocks[last_kept]]))
-        self.next_base = int(bases[-1])
-        kept = np.flatnonzero(keep)
-        s = session[kept]
-        new = {
-            "t": t_virtual[kept], "class_id": cls[kept], "prompt": prompt[kept], "output": output[kept],
-            "acceptance": acceptance[kept], "session": self.sessions + s, "nblocks": nblocks[kept],
-            "sys_full": np.where(uses_prompt[s], sys_len[s] // block, 0),
-            "sys_base": self.sys_base[prompt_of_session[s]], "own_base": bases[:-1][s],
-        }
+        new_t, new_acceptance = np.empty(rows), np.empty(rows)
+        new_int = np.empty((rows, N_INT_COLUMNS), dtype=np.int64)
+        kept, self.next_base = session_rows(
+            session_class.astype(np.int64), turns, sys_len,
+            np.ascontiguousarray(self.sys_base[prompt_of_session], dtype=np.int64), class_first, *draws,
+            np.ascontiguousarray(start, dtype=np.float64), think, self.max_context, self.block, self.lead_s > 0,
+            self.sessions, self.next_base, new_t, new_acceptance, new_int)
         self.sessions += m
         self.horizon = float(start[-1])
         # Kept in time order (ties in generation order): merged, not sorted again at every chunk.
-        order = np.argsort(new["t"], kind="stable")
-        new = {k: v[order] for k, v in new.items()}
-        if self.pending is None or len(self.pending["t"]) == 0:
-            self.pending = new
-        else:
-            old = self.pending
-            at = np.searchsorted(old["t"], new["t"], side="right") + np.arange(len(new["t"]))
-            total = len(old["t"]) + len(new["t"])
-            was = np.ones(total, dtype=bool)
-            was[at] = False
-            merged = {}
-            for k, v in new.items():
-                both = np.empty(total, dtype=np.result_type(v, old[k]))
-                both[at] = v
-                both[was] = old[k]
-                merged[k] = both
-            self.pending = merged
+        order = np.argsort(new_t[:kept], kind="stable")
+        total = len(self.pending_t) - self.pending_at + kept
+        merged_t, merged_acceptance = np.empty(total), np.empty(total)
+        merged_int = np.empty((total, N_INT_COLUMNS), dtype=np.int64)
+        merge_rows(self.pending_t, self.pending_acceptance, self.pending_int, self.pending_at, new_t, new_acceptance,
+                   new_int, order, merged_t, merged_acceptance, merged_int)
+        self.pending_t, self.pending_acceptance, self.pending_int = merged_t, merged_acceptance, merged_int
+        self.pending_at = 0
 
-    def _per_class(self, key: str, class_of: np.ndarray) -> np.ndarray:
-        """The per-turn field ``key``: for each class, the next values of its own stream, in turn order."""
-        out = np.empty(len(class_of), dtype=float)
-        for c, name in enumerate(self.classes):
-            rows = np.flatnonzero(class_of == c)
-            dist: Dist = self.params[f"workload.classes.{name}.{key}"]
-            out[rows] = dist.sample(self.class_rng[key][c], len(rows))
-        return out
+    def _per_class(self, key: str, per_class: np.ndarray) -> np.ndarray:
+        """The per-turn field ``key``: for each class, the next ``per_class[c]`` values of its own stream, class
+        after class."""
+        return np.concatenate([
+            np.asarray(self.params[f"workload.classes.{name}.{key}"].sample(self.class_rng[key][c], int(count)),
+                       dtype=np.float64)
+            for c, (name, count) in enumerate(zip(self.classes, per_class))] + [np.zeros(0)])
 
     def _ready(self) -> int:
-        return 0 if self.pending is None else int(np.searchsorted(self.pending["t"], self.horizon, side="left"))
+        pending = self.pending_t[self.pending_at:]
+        return int(np.searchsorted(pending, self.horizon, side="left"))
 
     def _arrivals(self, m: int) -> np.ndarray:
         """The next ``m`` arrival times (:func:`profiled_arrivals`, continued)."""
@@ -577,25 +543,20 @@ class RequestStream:
         while self._ready() < m:
             lead = max(self.lead_s * self.session_rate - self.sessions, 0.0)  # sessions before the window
             self._generate_sessions(max(SESSION_BLOCK, int(1.25 * (m - self._ready()) / self.mean_turns_all + lead)))
-        pend = self.pending
-        if pend is not None:  # the first m are ready: the pool is in time order
-            chunk = {k: v[:m] for k, v in pend.items()}
-            self.pending = {k: v[m:] for k, v in pend.items()}
-        else:
-            chunk = {k: np.zeros(0) for k in ("class_id", "prompt", "output", "acceptance", "session", "nblocks",
-                                              "sys_full", "sys_base", "own_base")}
+        a = self.pending_at
+        self.pending_at = a + m
+        ints = self.pending_int[a:a + m]
         self.emitted += m
-        runs = np.stack([chunk["sys_full"], chunk["sys_base"], chunk["own_base"]], axis=1).astype(np.int64)
         return Requests(
             arrival_s=self._arrivals(m) if m else np.zeros(0),
-            class_id=chunk["class_id"].astype(np.int32),
-            prompt_tokens=chunk["prompt"].astype(np.int64),
-            output_tokens=chunk["output"].astype(np.int64),
-            acceptance=chunk["acceptance"].astype(np.float64),
-            block_ptr=np.concatenate([[0], np.cumsum(chunk["nblocks"])]).astype(np.int64),
-            block_runs=runs.reshape(-1, 3),
+            class_id=ints[:, COL_CLASS].astype(np.int32),
+            prompt_tokens=ints[:, COL_PROMPT].copy(),
+            output_tokens=ints[:, COL_OUTPUT].copy(),
+            acceptance=self.pending_acceptance[a:a + m].copy(),
+            block_ptr=np.concatenate([[0], np.cumsum(ints[:, COL_NBLOCKS])]).astype(np.int64),
+            block_runs=ints[:, COL_SYS_FULL:COL_OWN_BASE + 1].copy(),
             block_tokens=self.block,
-            session_id=chunk["session"].astype(np.int64),
+            session_id=ints[:, COL_SESSION].copy(),
             class_names=self.classes,
         )
 
