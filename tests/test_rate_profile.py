@@ -281,8 +281,9 @@ def test_huge_relative_rates_are_the_same_profile():
 
 
 def test_a_rate_profiles_drift_is_not_extrapolated_into_a_request_count():
-    """Under a rate profile the last two quarters see different loads: the summary says the drift may be the
-    profile's and gives no extrapolated count (a whole day once advised 700 million requests)."""
+    """A result written before the checks compared whole periods (no ``steady_state_windows`` attribute): under a
+    rate profile its last two quarters saw different loads, so the summary says the drift may be the profile's and
+    gives no extrapolated count (a whole day once advised 700 million requests)."""
     import xarray as xr
 
     from mcsim.results.summary import steady_state_note

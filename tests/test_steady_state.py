@@ -4,6 +4,7 @@ simulator's queue-wait drift on a stable and a saturated queue."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -179,3 +180,116 @@ def test_queue_drift_stable_and_saturated():
     assert check.drift == pytest.approx(reference_queue_drift(overloaded), rel=1e-9)
     assert check.drift == pytest.approx(0.25, rel=0.05)
     assert not check.steady and math.isinf(check.requests_needed)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Under a rate profile: whole periods against whole periods (mcsim.stages.steady_state.time_windows)
+# ---------------------------------------------------------------------------------------------------------------
+
+# One request a second at t = 0.5, 1.5, ..., 1099.5 s, a period of 400 s and a warm-up of 20 %: the measured window
+# is [220.5, 1099.5] s, 879 s, so each window is one whole period: [700, 1100) s and [300, 700) s. Every request
+# has 100 prompt tokens; the first half of each period reuses 100 of them, the second half 20 (a hit rate that
+# follows the hour, as a profile's load makes it).
+PERIOD_S, N_PERIODIC = 400.0, 1100
+
+
+def periodic_requests(cold_until_s=0.0):
+    t = np.arange(N_PERIODIC) + 0.5
+    cached = np.where(t % PERIOD_S < PERIOD_S / 2, 100, 20)
+    cached = np.where(t < cold_until_s, cached // 2, cached)  # a cache still filling reuses half
+    return t, cached.astype(np.int64), np.full(N_PERIODIC, 100, np.int64)
+
+
+def test_a_profiles_own_swing_is_not_drift_a_cold_start_is():
+    t, cached, prompt = periodic_requests()
+    # The quarters of the measured requests (t 660.5-879.5 and 880.5-1099.5) sit at other hours: by hand, 80 and
+    # 120 of their 220 requests in the first half of the period, hit rates 0.2 + 0.8 x 80/220 and 0.2 + 0.8 x
+    # 120/220: a drift of 0.8 x 40 / 220 that is the profile's alone.
+    quarters = kvcache.steady_state(cached, prompt, 0.2, 0.02)
+    assert quarters.drift == pytest.approx(0.8 * 40 / 220, rel=1e-12) and not quarters.steady
+    periods = kvcache.steady_state(cached, prompt, 0.2, 0.02, t, PERIOD_S)
+    assert periods.drift == 0.0 and periods.steady
+    assert math.isnan(periods.half_drift)  # the first half spans 439 s, fewer than two periods
+
+    # A cache that reuses half as much before t = 500 s. By hand, per 100 requests of [300, 700): 10 + 50 + 100 +
+    # 20 cached tokens of 400 x 100 (0.45), and of [700, 1100): 20 + 200 + 20 (0.6).
+    t, cached, prompt = periodic_requests(cold_until_s=500.0)
+    cold = kvcache.steady_state(cached, prompt, 0.2, 0.02, t, PERIOD_S)
+    assert cold.drift == pytest.approx(0.60 - 0.45, rel=1e-12) and not cold.steady
+
+
+def test_a_run_of_fewer_than_two_periods_is_not_judged():
+    t, cached, prompt = periodic_requests(cold_until_s=500.0)
+    short = kvcache.steady_state(cached, prompt, 0.2, 0.02, t, PERIOD_S * 1.2)  # 879 s < 2 x 480 s
+    assert math.isnan(short.drift) and short.steady and short.requests_needed == N_PERIODIC
+
+
+def test_profile_bins_merge_and_chunks_change_nothing(monkeypatch):
+    """Chunks of any size, and bins merged pairwise when a run outgrows them, give the same verdict (integer sums;
+    windows of whole bins)."""
+    from mcsim.stages import steady_state as steady
+
+    t, cached, prompt = periodic_requests(cold_until_s=500.0)
+    whole = kvcache.steady_state(cached, prompt, 0.2, 0.02, t, PERIOD_S)
+    monkeypatch.setattr(steady, "MAX_BINS", 300)  # 704 bins needed: two merges, 64 bins a period
+    sizes = np.random.default_rng(5)
+    stream, at = kvcache.SteadyStream(N_PERIODIC, 0.2, 0.02, PERIOD_S), 0
+    while at < N_PERIODIC:
+        step = int(sizes.integers(1, 200))
+        stream.add(cached[at:at + step, None], prompt[at:at + step], t[at:at + step])  # per tier, one tier
+        at += step
+    assert stream.bins.merges == 2
+    np.testing.assert_equal(dataclasses.astuple(stream.result()), dataclasses.astuple(whole))
+    assert whole.drift == pytest.approx(0.15, rel=1e-12)
+
+
+def reference_profile_queue_drift(arrival, queue, start, end, period_s, scale):
+    """Mean wait of the arrivals in the last k whole periods of ``(start, end]`` minus the k before, / scale, with
+    k a quarter of the span in whole periods (at least 1), from the definition."""
+    k = max(int((end - start) // (4 * period_s)), 1)
+    mean = lambda lo, hi: np.mean([q for a, q in zip(arrival, queue) if lo < a <= hi])  # noqa: E731
+    length = k * period_s
+    return (mean(end - length, end) - mean(end - 2 * length, end - length)) / scale
+
+
+def test_queue_drift_under_a_profile_compares_whole_periods():
+    from mcsim.perf.batching import queue_steady_state
+
+    rng = np.random.default_rng(2)
+    arrival = np.sort(rng.uniform(0.0, 3000.0, 6000))
+    periodic_wait = 0.5 + 0.4 * np.sin(2 * np.pi * arrival / 250.0)  # the profile's own swing, period 250 s
+    summary = {"window_s": (600.0, float(arrival[-1])), "mean_time_in_system_s": 2.0, "measured_requests": 4800,
+               "saturated": False}
+    for growth in (0.0, 1e-4):  # a queue that grows by 0.1 ms a second on top
+        queue = periodic_wait + growth * arrival
+        check = queue_steady_state({"arrival_s": arrival, "queue_s": queue}, summary, 0.05, 250.0)
+        expected = reference_profile_queue_drift(arrival, queue, 600.0, float(arrival[-1]), 250.0, 2.0)
+        assert check.drift == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    # k = 2 periods (a span of 2400 s): the growth moves the later 500 s by 0.05 s, a drift of 0.025 of 2 s; the
+    # swing moves it by less than the sampling noise of ~1000 waits
+    assert check.drift == pytest.approx(0.025, abs=0.004)
+    flat = queue_steady_state({"arrival_s": arrival, "queue_s": periodic_wait}, summary, 0.05, 250.0)
+    quarters = queue_steady_state({"arrival_s": arrival, "queue_s": periodic_wait}, summary, 0.05)
+    assert abs(flat.drift) < 0.004 < abs(quarters.drift)
+
+
+def test_a_run_under_a_profile_says_which_windows_and_what_was_not_judged(tmp_path):
+    from mcsim.results.report import write_report
+    from mcsim.stages.steady_state import STEADY_WINDOWS_PROFILE
+
+    profile = ["workload.system_prompts=3", "workload.rate_profile=[1, 3]"]
+    judged = mcsim.run(SCENARIOS / "dense-node.toml", samples=2, requests=6000,
+                       overrides=COLD + profile + ["workload.rate_profile_period_s=60"])
+    assert judged.attrs["steady_state_windows"] == STEADY_WINDOWS_PROFILE
+    assert np.isfinite(judged["cache_hit_rate_drift"]).all() and (judged["steady_state"] == 1).all()
+    assert "STEADY STATE" not in format_table(judged)
+
+    # About 1,300 s of arrivals against a period of 6,000 s: nothing to compare like with like.
+    unjudged = mcsim.run(SCENARIOS / "dense-node.toml", samples=2, requests=6000,
+                         overrides=COLD + profile + ["workload.rate_profile_period_s=6000"])
+    assert np.isnan(unjudged["cache_hit_rate_drift"]).all()
+    text = format_table(unjudged)
+    assert "STEADY STATE NOT JUDGED: 2 of 2 sample runs" in text and "NOT AT STEADY STATE" not in text
+    unjudged.to_netcdf(tmp_path / "r.nc")
+    summary = write_report(tmp_path / "r.nc", tmp_path / "report")
+    assert "2 of 2 sample runs were not judged" in summary.read_text()

@@ -187,7 +187,8 @@ class StreamedSample:
         self.two_passes = replicas or not fleet.runs_simulator(p["performance.simulate_batching"],
                                                                p["deployment.fleet"], replicas)
         sums, first, last = None, math.nan, math.nan
-        steady = kvcache.SteadyStream(n_requests, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"])
+        steady = kvcache.SteadyStream(n_requests, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"],
+                                      workload.profile_period_s(p))
         limit = window_requests(p)
         window, held = [], 0
         self._spill, self._spill_rows = _open_spill(), []
@@ -260,7 +261,7 @@ class StreamedSample:
                 if following is not None:
                     cached = replay.submit(cache.cached_tokens, following)
                 if steady is not None:  # the first pass (see two_passes)
-                    steady.add(every_cached, every.prompt_tokens)
+                    steady.add(every_cached, every.prompt_tokens, every.arrival_s)
                     progress.report(every.n - every.n // 2 if self.two_passes else every.n)
                 yield every, skip, every_cached, passes
                 every = following
@@ -466,7 +467,7 @@ def variant_stages(scn: Scenario, variant: str, overrides: dict, sample: int, se
     shared["cache_steady_state"] = once(
         ("steady", cache_in, p["mc.warmup_fraction"], p["mc.steady_state_tolerance"]),
         lambda: kvcache.steady_state(every, requests.prompt_tokens, p["mc.warmup_fraction"],
-                                     p["mc.steady_state_tolerance"]))
+                                     p["mc.steady_state_tolerance"], requests.arrival_s, workload.profile_period_s(p)))
     spec_in = SpeculativeInputs.from_params(p)
     passes = once(spec_in, lambda: speculative_stage(spec_in, measured, rng_for(seed, sample, STREAM_SPECULATIVE)))
     expert_in = None

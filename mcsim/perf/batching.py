@@ -93,8 +93,10 @@ def _as_int(values, name, n):
     return array
 
 
-def queue_steady_state(per: dict, summary: dict, tolerance: float):
-    """Queue-wait drift between the third and last quarter (by arrival time) of the measured window.
+def queue_steady_state(per: dict, summary: dict, tolerance: float, period_s: float = 0.0):
+    """Queue-wait drift between the third and last quarter (by arrival time) of the measured window, or, under a
+    rate profile of period ``period_s``, between the window's last whole periods and as many periods before them
+    (:func:`mcsim.stages.steady_state.time_windows`; NaN where the window spans fewer than two periods).
 
     The drift is normalised by the window's mean time in system, so it is a share (a growing queue gives a drift
     of the order of the window's length over the time in system). The run's first half, taken as a run of its
@@ -108,13 +110,13 @@ def queue_steady_state(per: dict, summary: dict, tolerance: float):
     scale = summary["mean_time_in_system_s"]
     if not (end > start and scale > 0) or summary["measured_requests"] < steady.MIN_MEASURED:
         return steady.not_checked(n)
-    first = float(arrival[0])
-    half_end = first + 0.5 * (end - first)
-    half_start = first + (start - first) / (end - first) * (half_end - first)
     windows = []
-    for lo, hi in ((start, end), (half_start, half_end)):
-        edges = np.searchsorted(arrival, [lo + 0.5 * (hi - lo), lo + 0.75 * (hi - lo), hi], side="right")
-        windows += [(int(edges[0]), int(edges[1])), (int(edges[1]), int(edges[2]))]
+    for lo, hi in steady.time_windows(float(arrival[0]), start, end, period_s):
+        if math.isnan(lo):
+            windows.append((0, 0))  # too short to compare like with like: an empty window, a NaN ratio
+        else:
+            edges = np.searchsorted(arrival, [lo, hi], side="right")
+            windows.append((int(edges[0]), int(edges[1])))
     result = steady.check(queue / scale, np.ones(n), windows, tolerance)
     if summary["saturated"]:
         return steady.SteadyState(result.drift, result.half_drift, False, math.inf)

@@ -50,6 +50,7 @@ from mcsim.perf.params import Params
 from mcsim.perf.search import integer_boundary, largest
 from mcsim.scenario.choices import REPLICA_KEYS, replica_mismatch
 from mcsim.stages.kvcache import restore_rates, steady_state, tiers_of, warmup_requests
+from mcsim.stages.workload import profile_period_s
 
 #: Figures that describe a deployment that ran; NaN when it could not.
 PERFORMANCE_OUTPUTS = (
@@ -67,7 +68,7 @@ SIMULATOR_KEYS = (
     "deployment.fleet_simulation", "deployment.routing", "deployment.routing_balance",
     "deployment.routing_balance_requests", "performance.batching_requests", "performance.chunk_tokens",
     "performance.token_budget", "performance.preempt", "performance.closed_loop_users", "workload.think_time_s",
-    "mc.queue_steady_state_tolerance")
+    "mc.queue_steady_state_tolerance", "workload.rate_profile", "workload.rate_profile_period_s")
 
 
 @dataclass(frozen=True)
@@ -567,7 +568,8 @@ def performance(inputs: Inputs, requests, cached_tokens: np.ndarray, passes: np.
             prefill_load = prefill_gpu_s / duration
             if all_requests is not requests:
                 cache_steady = steady_state(every, all_requests.prompt_tokens, inputs.warmup_fraction,
-                                            inputs.steady_state_tolerance)
+                                            inputs.steady_state_tolerance, all_requests.arrival_s,
+                                            profile_period_s(inputs.simulator))
     decode_gpus, prefill_gpus = float(n_d * g), float(n_p * gp)
     available = decode_gpus - (0.0 if disagg else prefill_load)
     b_little = largest(lambda b: throughput(b) * max(available, 1e-9) <= demand, 1e-6, b_cap)

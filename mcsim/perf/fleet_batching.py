@@ -144,6 +144,7 @@ def simulate_batching(
     warmup_s: float = 0.0,
     max_steps: int = 0,
     steady_tolerance: float = 0.1,
+    steady_period_s: float = 0.0,
 ) -> dict:
     """Simulate one serving instance and summarise latency, throughput and queueing.
 
@@ -206,6 +207,9 @@ def simulate_batching(
         Record the first ``max_steps`` steps in ``step_log`` (0: no log).
     steady_tolerance : float
         Largest queue-wait drift (share of the mean time in system) that counts as steady.
+    steady_period_s : float
+        The period of the arrivals' rate profile in this simulation's time, s (0: a constant rate): the drift
+        then compares whole periods (:func:`mcsim.stages.steady_state.time_windows`).
 
     Returns
     -------
@@ -240,7 +244,8 @@ def simulate_batching(
         kv_ref_context=kv_ref_context, token_budget=token_budget, max_seqs=max_seqs, kv_blocks=kv_blocks,
         block_tokens=block_tokens, chunk_tokens=chunk_tokens, verify_tokens=verify_tokens, preempt=preempt,
         max_new_per_step=max_new_per_step, policy=policy, priority=priority, closed_users=closed_users,
-        think_s=think_s, warmup_s=warmup_s, steady_tolerance=steady_tolerance, max_steps=max_steps)
+        think_s=think_s, warmup_s=warmup_s, steady_tolerance=steady_tolerance, steady_period_s=steady_period_s,
+        max_steps=max_steps)
     log = result["step_log"]
     return {"per_request": _without(result["per_request"], ("instance", "cached_tokens")),
             "summary": _without(result["summary"], FLEET_SUMMARY_KEYS),
@@ -288,6 +293,7 @@ def simulate_fleet_batching(
     measured_from: int | None = None,
     measured=None,
     steady_tolerance: float = 0.1,
+    steady_period_s: float = 0.0,
     max_steps: int = 0,
     instances_key: str = "deployment.instances",
 ) -> dict:
@@ -322,7 +328,7 @@ def simulate_fleet_batching(
         ``"cache-aware"``'s imbalance thresholds (``deployment.routing_balance``,
         ``deployment.routing_balance_requests``).
     step_time_table, decode_edges, prefill_edges, kv_slope, kv_ref_context, token_budget, max_seqs, kv_blocks,
-    block_tokens, chunk_tokens, verify_tokens, warmup_s, steady_tolerance
+    block_tokens, chunk_tokens, verify_tokens, warmup_s, steady_tolerance, steady_period_s
         Per instance, as in :func:`simulate_batching` (``kv_blocks`` is one instance's pool;
         default: room for every request at once; ``block_tokens`` is also the cache's block).
     preempt : bool
@@ -490,7 +496,8 @@ def simulate_fleet_batching(
     window = summary["window_s"][1] - summary["window_s"][0]
     summary["busy_fraction"] = min(stats[slots.STAT_WINDOW_STEP_S_SUM] / (k * window), 1.0) \
         if window > 0 else float("nan")
-    summary["queue_steady_state"] = queue_steady_state(per_request, summary, float(steady_tolerance))
+    summary["queue_steady_state"] = queue_steady_state(per_request, summary, float(steady_tolerance),
+                                                       float(steady_period_s))
     summary.update(requests_per_instance=served, instance_steps=instance_steps,
                    instance_load_imbalance=float(served.max() / served.mean()) if served.sum() > 0 else float("nan"))
     return {"per_request": per_request, "summary": summary, "step_log": _fleet_log(log, instance_steps, cap)}

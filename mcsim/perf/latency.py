@@ -28,6 +28,7 @@ import numpy as np
 
 from mcsim.scenario import policies
 from mcsim.perf.fleet_batching import DECODE_ROUTERS, simulate_batching, simulate_fleet_batching
+from mcsim.stages.workload import profile_period_s
 
 #: The simulated requests are at least this many times one instance's largest concurrency ...
 MIN_TURNOVER = 30
@@ -196,7 +197,8 @@ def _run(p, w: Workload, arrive, prefill_tokens, outputs, decode, table, d_edges
         preempt=bool(p["performance.preempt"]),
         closed_users=w.users,
         think_s=None if w.think is None else w.think[order] * n_instances,
-        steady_tolerance=p["mc.queue_steady_state_tolerance"])
+        steady_tolerance=p["mc.queue_steady_state_tolerance"],
+        steady_period_s=profile_period_s(p) * n_instances)  # one instance's share of the arrivals: times scaled
     requests = (scaled[order], prefill_tokens[order], w.context[order], outputs[order], decode[order])
     warmup = float(np.quantile(scaled, 1 / 3))
     if w.users:
@@ -303,7 +305,8 @@ class PoolSimulator(PoolSettings):
             kv_blocks=self.kv_blocks, block_tokens=w.block, chunk_tokens=self.chunk, verify_tokens=self.verify,
             preempt=bool(p["performance.preempt"]), max_new_per_step=self.max_new, policy=self.policy.name,
             priority=w.priority, closed_users=w.users, think_s=w.think, measured_from=w.measured_from,
-            steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
+            steady_tolerance=p["mc.queue_steady_state_tolerance"],
+            steady_period_s=profile_period_s(p), max_steps=max_steps)
         fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=fleet["step_log"])
         restore = _restore_s(w, fp["cached_tokens"])
         out = self._result(fp["ttft_s"] + restore, fp["e2e_s"] + restore, fp["queue_s"], fp["measured"], summary,
@@ -346,7 +349,7 @@ class PoolSimulator(PoolSettings):
             prefill_edges=p_edges, token_budget=budget, max_seqs=max(min(m, budget), 1), block_tokens=w.block,
             chunk_tokens=chunk, max_new_per_step=self.max_new, policy=self.prefill_policy(), priority=w.priority,
             measured_from=w.measured_from, steady_tolerance=p["mc.queue_steady_state_tolerance"],
-            instances_key="deployment.prefill_instances")
+            steady_period_s=profile_period_s(p), instances_key="deployment.prefill_instances")
         fp, summary = fleet["per_request"], fleet["summary"]
         restore = _restore_s(w, fp["cached_tokens"])
         return {"handoff": fp["ttft_s"] + restore + w.transfer_s, "queue": fp["queue_s"], "measured": fp["measured"],
@@ -373,7 +376,8 @@ class PoolSimulator(PoolSettings):
             chunk_tokens=self.chunk, verify_tokens=self.verify, preempt=bool(p["performance.preempt"]),
             max_new_per_step=self.max_new, policy=self.policy.name, priority=w.priority[order],
             measured=prefill["measured"][order],
-            steady_tolerance=p["mc.queue_steady_state_tolerance"], max_steps=max_steps)
+            steady_tolerance=p["mc.queue_steady_state_tolerance"],
+            steady_period_s=profile_period_s(p), max_steps=max_steps)
         back = np.empty_like(order)
         back[order] = np.arange(m)
         fp, summary = fleet["per_request"], dict(fleet["summary"], step_log=fleet["step_log"])

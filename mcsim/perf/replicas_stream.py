@@ -39,6 +39,7 @@ from mcsim.perf.fleet_batching import DECODE_ROUTERS, _fleet_log
 from mcsim.perf.fleet_stream import OUTPUTS, FleetStream
 from mcsim.perf.latency import decode_steps, edges, every_passes, step_table
 from mcsim.stages import steady_state as steady
+from mcsim.stages.workload import profile_period_s
 
 #: Bins of the time histograms (see the module docstring).
 BINS = 1 << 16
@@ -111,7 +112,7 @@ class PoolWindow:
             self.output_in_window += int(np.sum(output[finish >= t]))
         self.held = []
 
-    def summary(self, stats, tolerance: float) -> dict:
+    def summary(self, stats, tolerance: float, period_s: float = 0.0) -> dict:
         """The pool's figures from its stream's statistics."""
         k = len(self.served)
         start = math.nan if self.start_s is None else self.start_s
@@ -142,24 +143,26 @@ class PoolWindow:
             "busy_fraction": min(stats[indices.STAT_WINDOW_STEP_S_SUM] / (k * window), 1.0) if window > 0 else nan,
             "instance_load_imbalance": float(self.served.max() / self.served.mean()) if self.measured else nan,
         }
-        out["queue_steady_state"] = self._steady(out, tolerance)
+        out["queue_steady_state"] = self._steady(out, tolerance, period_s)
         return out
 
-    def _steady(self, summary: dict, tolerance: float):
-        """The queue-wait drift of :func:`mcsim.perf.batching.queue_steady_state`, from the histograms."""
+    def _steady(self, summary: dict, tolerance: float, period_s: float):
+        """The queue-wait drift of :func:`mcsim.perf.batching.queue_steady_state`, from the histograms (each pair's
+        later window takes the bin its end falls in)."""
         start, end = summary["window_s"]
         scale = summary["mean_time_in_system_s"]
         if not (end > start and scale > 0) or summary["measured_requests"] < steady.MIN_MEASURED:
             return steady.not_checked(self.requests)
-        first = self.first_arrival
-        half_end = first + 0.5 * (end - first)
-        half_start = first + (start - first) / (end - first) * (half_end - first)
         ratios = []
-        for lo, hi in ((start, end), (half_start, half_end)):
-            cuts = self._bin([lo + 0.5 * (hi - lo), lo + 0.75 * (hi - lo), hi])
-            for a, b in ((cuts[0], cuts[1]), (cuts[1], cuts[2] + 1)):
-                count = self.arrivals[a:b].sum()
-                ratios.append(self.queue_sums[a:b].sum() / 1e9 / scale / count if count else math.nan)
+        windows = steady.time_windows(self.first_arrival, start, end, period_s)
+        for w, (lo, hi) in enumerate(windows):
+            if math.isnan(lo):
+                ratios.append(math.nan)  # too short to compare like with like
+                continue
+            a, b = self._bin([lo, hi])
+            b += w % 2  # the later window of a pair takes its end's bin
+            count = self.arrivals[a:b].sum()
+            ratios.append(self.queue_sums[a:b].sum() / 1e9 / scale / count if count else math.nan)
         result = steady.verdict(np.array(ratios), self.requests, tolerance)
         if summary["saturated"]:
             return steady.SteadyState(result.drift, result.half_drift, False, math.inf)
@@ -208,6 +211,7 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
     s, p = settings, settings.p
     routing = p["deployment.routing"]
     tolerance = p["mc.queue_steady_state_tolerance"]
+    period_s = profile_period_s(p)
     hi = span_s * 1.02 + 600.0  # the histograms' span: arrivals, and finishes a little after the last of them
     common = {"kv_ref_context": s.model.decode_context, "max_new_per_step": s.max_new,
               "balance": p["deployment.routing_balance"], "balance_requests": p["deployment.routing_balance_requests"]}
@@ -317,7 +321,7 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
         worker.shutdown(wait=True, cancel_futures=True)
     finish_decode(decode.finish(), float(decode.stats[indices.STAT_WINDOW_END_S]))
 
-    summary = decode_window.summary(decode.stats, tolerance)
+    summary = decode_window.summary(decode.stats, tolerance, period_s)
     saturated = summary["saturated"]
     steady_state = summary["queue_steady_state"]
     imbalance = summary["instance_load_imbalance"]
@@ -326,7 +330,7 @@ def run(settings, replay, n_requests: int, span_s: float, start_s: float, n_deco
            "throughput_tok_s": float(summary["throughput_tok_s"]) / n_decode,
            "step_log": _fleet_log(decode.log, decode.instance_steps, max_steps)}
     if n_prefill:
-        pre = prefill_window.summary(prefill.stats, tolerance)
+        pre = prefill_window.summary(prefill.stats, tolerance, period_s)
         saturated = saturated or pre["saturated"]
         steady_state = min((pre["queue_steady_state"], steady_state), key=lambda x: (x.steady, -x.requests_needed))
         out["prefill_busy_fraction"] = float(pre["busy_fraction"])

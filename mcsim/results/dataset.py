@@ -26,6 +26,7 @@ from mcsim import __version__
 from mcsim.fileio import atomic_path
 from mcsim.results.names import dataset_name
 from mcsim.scenario import catalog
+from mcsim.stages.steady_state import STEADY_WINDOWS_PROFILE, STEADY_WINDOWS_QUARTERS
 from mcsim.results.units import input_units
 from mcsim.results.variables import (FEASIBLE_REASONS, QUANTILES, REGISTRY, REQUEST_QUANTILE, TIERS, WORKLOAD_CLASS,
                                      attrs_for, check_metrics)
@@ -266,10 +267,11 @@ def provenance(scn, seed: int, samples: int, requests: int, command: str | None,
         "modelled_vs_measured": MODEL_STATEMENT,
         "measured_variables": "",
         "workload": workload_description(scn),
-        # slices of workload.rate_profile (0: a constant rate): the steady-state check's quarters then see
-        # different loads (mcsim.results.summary.under_rate_profile)
+        # slices of workload.rate_profile (0: a constant rate; mcsim.results.summary.under_rate_profile)
         "rate_profile_slices": 0 if scn["workload.trace"] else len(scn["workload.rate_profile"] or ()),
     }
+    # the windows the steady-state checks compared (mcsim.stages.steady_state.time_windows)
+    attrs["steady_state_windows"] = STEADY_WINDOWS_PROFILE if attrs["rate_profile_slices"] else STEADY_WINDOWS_QUARTERS
     attrs.update(kernel_data(scn))
     if getattr(scn, "calibration", None) is not None:
         cal = scn.calibration

@@ -57,8 +57,9 @@ from mcsim.results.layout import (  # quantiles, waterfall_steps, ReportError an
     quantiles,
     request_quantile_dim,
 )
-from mcsim.results.summary import (PROFILE_DRIFT, infeasible_lines, infeasible_summary, simulated_requests,
-                                   steady_state_facts, under_rate_profile)
+from mcsim.results.summary import (NOT_JUDGED, PROFILE_DRIFT, compares_like_hours, infeasible_lines,
+                                   infeasible_summary, not_judged_facts, simulated_requests, steady_state_facts,
+                                   under_rate_profile)
 from mcsim.results.variables import HEADLINE, WORKLOAD_CLASS
 from mcsim.results.waterfall import waterfall_steps
 
@@ -412,26 +413,34 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
 
 
 def _steady_state_section(ds) -> list[str]:
-    """A section that says which samples have not reached steady state (nothing when all have)."""
-    facts = steady_state_facts(ds)
-    if facts is None:
+    """A section that says which samples have not reached steady state, or could not be judged (nothing when all
+    have)."""
+    facts, unjudged = steady_state_facts(ds), not_judged_facts(ds)
+    if facts is None and unjudged is None:
         return []
-    lines = ["## Steady state", "",
-             f"**{facts['count']} of {facts['runs']} sample runs have not reached steady state**: their cache hit rate "
-             "(or the batching simulator's queue wait) still drifts between the third and the last quarter of their "
-             "requests (`steady_state`, `cache_hit_rate_drift`, `queue_wait_drift`), so their figures still depend on "
-             "the number of requests per sample."]
-    if facts["points"]:
-        lines += ["", "Grid points: " + "; ".join(markdown_text(p) for p in facts["points"][:MAX_TABLE_ROWS])
-                  + (f" and {len(facts['points']) - MAX_TABLE_ROWS} more." if len(facts["points"]) > MAX_TABLE_ROWS
-                     else ".")]
-    if under_rate_profile(ds):
-        lines += ["", markdown_text(PROFILE_DRIFT[0].upper() + PROFILE_DRIFT[1:])]
-    elif facts["requests"] is not None:
-        lines += ["", f"Estimated requests per sample for steady state: `--set mc.requests={facts['requests']}` "
-                  "(`requests_for_steady_state`, an extrapolation from how the drift shrinks; re-run to check)."]
-    if facts["saturated"]:
-        lines += ["", f"{facts['saturated']} of them saturate the simulated queue: no request count settles it."]
+    lines = ["## Steady state"]
+    if facts is not None:
+        windows = ("the last whole periods of their measured window and as many periods before them"
+                   if compares_like_hours(ds) else "the third and the last quarter of their requests")
+        lines += ["",
+                  f"**{facts['count']} of {facts['runs']} sample runs have not reached steady state**: their cache "
+                  f"hit rate (or the batching simulator's queue wait) still drifts between {windows} "
+                  "(`steady_state`, `cache_hit_rate_drift`, `queue_wait_drift`), so their figures still depend on "
+                  "the number of requests per sample."]
+        if facts["points"]:
+            lines += ["", "Grid points: " + "; ".join(markdown_text(p) for p in facts["points"][:MAX_TABLE_ROWS])
+                      + (f" and {len(facts['points']) - MAX_TABLE_ROWS} more."
+                         if len(facts["points"]) > MAX_TABLE_ROWS else ".")]
+        if under_rate_profile(ds) and not compares_like_hours(ds):
+            lines += ["", markdown_text(PROFILE_DRIFT[0].upper() + PROFILE_DRIFT[1:])]
+        elif facts["requests"] is not None:
+            lines += ["", f"Estimated requests per sample for steady state: `--set mc.requests={facts['requests']}` "
+                      "(`requests_for_steady_state`, an extrapolation from how the drift shrinks; re-run to check)."]
+        if facts["saturated"]:
+            lines += ["", f"{facts['saturated']} of them saturate the simulated queue: no request count settles it."]
+    if unjudged is not None:
+        lines += ["", f"**{unjudged['count']} of {unjudged['runs']} sample runs were not judged**: "
+                  + markdown_text(NOT_JUDGED) + "."]
     return lines + [""]
 
 

@@ -28,7 +28,7 @@ from mcsim.results.dataset import MODEL_STATEMENT
 from mcsim.results.figures.common import new_figure, save, suptitle
 from mcsim.results.layout import _fmt, _plain
 from mcsim.results.search_dataset import OUTCOMES, candidate_text
-from mcsim.results.summary import kernel_data_note, steady_state_facts
+from mcsim.results.summary import NOT_JUDGED, kernel_data_note, not_judged_facts, steady_state_facts
 from mcsim.results.variables import REGISTRY, REQUEST_QUANTILE
 from mcsim.tables import paragraph, table
 from mcsim.text import markdown_text, strict_json
@@ -218,6 +218,10 @@ def format_search(ds) -> str:
                            + ", still depend on mc.requests"
                            + (f"; run again with --requests {facts['requests']} (an extrapolation: re-run to check)"
                               if facts["requests"] else ""))
+    unjudged = not_judged_facts(ds)
+    if unjudged is not None:
+        lines += paragraph(f"STEADY STATE NOT JUDGED: {unjudged['count']} of {unjudged['runs']} sample runs: "
+                           f"{NOT_JUDGED}")
     unmeasured = str(a.get("kernel_data_unmeasured", "")).split()
     if unmeasured:
         on_unmeasured = [name for name in unmeasured if name == _optimum_accelerator(ds, unmeasured)]

@@ -12,6 +12,7 @@ from mcsim.results.layout import FIXED_DIMS, request_quantile_dim
 from mcsim.results.names import path_of
 from mcsim.results.variables import HEADLINE, REGISTRY, REQUEST_QUANTILE
 from mcsim.stages.kvcache import warmup_requests
+from mcsim.stages.steady_state import STEADY_WINDOWS_PROFILE
 from mcsim.tables import paragraph, table, terminal_width
 
 #: Metrics compared as factory - baseline (a ratio of margins or of a rate that may be 0 says nothing).
@@ -354,11 +355,13 @@ def _trace_supply(ds: xr.Dataset) -> int | None:
     return int(round(measured / (1.0 - float(warmup)))) if float(warmup) < 1 else measured
 
 
-#: Why a steady-state flag under a rate profile gives no request count (the summary's and the report's words).
+#: Why a steady-state flag of a result written before the checks compared like hours gives no request count (the
+#: summary's and the report's words).
 PROFILE_DRIFT = ("under workload.rate_profile the last two quarters of a run arrive at different rates, so part or "
                  "all of this drift may be the profile's own, not a start-up transient, and an extrapolated request "
-                 "count would mislead: the check does not yet compare like loads. Compare two runs at different "
-                 "mc.requests (or sample the hour you study, rate_profile_start_s) instead.")
+                 "count would mislead: this result's check did not compare like loads (later versions compare the "
+                 "same hours in whole periods). Compare two runs at different mc.requests (or sample the hour you "
+                 "study, rate_profile_start_s) instead.")
 
 
 def under_rate_profile(ds: xr.Dataset) -> bool:
@@ -366,23 +369,61 @@ def under_rate_profile(ds: xr.Dataset) -> bool:
     return int(ds.attrs.get("rate_profile_slices", 0)) > 0
 
 
+def compares_like_hours(ds: xr.Dataset) -> bool:
+    """Whether the result's steady-state checks compared whole periods of a rate profile (its
+    ``steady_state_windows`` attribute), as they do under a rate profile."""
+    return ds.attrs.get("steady_state_windows") == STEADY_WINDOWS_PROFILE
+
+
+def not_judged_facts(ds: xr.Dataset) -> dict | None:
+    """Under a rate profile, the runs whose measured window was too short to compare the same hours one period
+    apart (every drift NaN): ``{count, runs}``; None when there are none, or the result's checks were not of that
+    kind."""
+    if not compares_like_hours(ds) or "steady_state" not in ds:
+        return None
+    drifts = [ds[name] for name in ("cache_hit_rate_drift", "queue_wait_drift") if name in ds]
+    if not drifts:
+        return None
+    flags = ds["steady_state"]
+    ran = np.isfinite(flags.values.astype(float)) & (flags.values.astype(float) >= 0)
+    unjudged = ran.copy()
+    for drift in drifts:
+        unjudged &= np.isnan(drift.broadcast_like(flags).values.astype(float))
+    count = int(unjudged.sum())
+    return {"count": count, "runs": int(ran.sum())} if count else None
+
+
+#: The words for runs too short to judge under a rate profile.
+NOT_JUDGED = ("under workload.rate_profile the check compares the last whole periods of the measured window with "
+              "as many periods before them, and their measured window spans fewer than two periods "
+              "(workload.rate_profile_period_s), so a cold start cannot be told from the profile's own swing: "
+              "raise mc.requests past two periods of arrivals to judge them")
+
+
 def steady_state_note(ds: xr.Dataset, max_points: int = 5, runs: str = "sample runs") -> list[str]:
     """Lines of the summary that say which samples have not reached steady state and the requests per sample
-    they would need (none when every sample is steady)."""
-    facts = steady_state_facts(ds)
-    if facts is None:
-        return []
+    they would need, and, under a rate profile, which could not be judged (none when every sample is steady)."""
+    facts, unjudged = steady_state_facts(ds), not_judged_facts(ds)
+    lines = [] if facts is None else _unsteady_lines(ds, facts, max_points, runs)
+    if unjudged is not None:
+        lines.append(f"STEADY STATE NOT JUDGED: {unjudged['count']} of {unjudged['runs']} {runs}: {NOT_JUDGED}.")
+    return lines
+
+
+def _unsteady_lines(ds: xr.Dataset, facts: dict, max_points: int, runs: str) -> list[str]:
     points = facts["points"]
     where = ("; at " + "; ".join(points[:max_points])
              + (f" and {len(points) - max_points} more grid points" if len(points) > max_points else "")) if points else ""
-    profiled = under_rate_profile(ds)
+    profiled = under_rate_profile(ds) and not compares_like_hours(ds)  # an older result's quarters
     depends = ("their figures may still depend on mc.requests" if profiled else
                "their figures still depend on mc.requests")
+    windows = ("the last whole periods and as many before them" if compares_like_hours(ds) else "the last two quarters of the "
+               "requests")
     lines = [f"NOT AT STEADY STATE: {facts['count']} of {facts['runs']} {runs} (cache hit rate, or the batching "
-             f"simulator's queue wait, still drifting between the last two quarters of the requests){where}; "
+             f"simulator's queue wait, still drifting between {windows}){where}; "
              f"{depends} (see steady_state, cache_hit_rate_drift, queue_wait_drift)."]
     if profiled:
-        # the check compares the last two quarters of a run; under a rate profile they see different loads
+        # an older result under a rate profile: its check compared the last two quarters, of different loads
         lines.append("  " + PROFILE_DRIFT)
     elif facts["requests"] is not None:
         held = _trace_supply(ds)

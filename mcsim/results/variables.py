@@ -134,14 +134,19 @@ _VARS = [
              "1 when the cache hit rate of the last quarter of the measured requests is within "
              "mc.steady_state_tolerance of the third quarter's and, when the batching simulator runs, its mean queue "
              "wait moved by at most mc.queue_steady_state_tolerance of the mean time in system between the same "
-             "quarters of its window; 0: the figures still depend on mc.requests.", dtype="int8"),
+             "quarters of its window; under workload.rate_profile the windows are the last whole periods and as "
+             "many periods before them (the result's steady_state_windows attribute), and a run shorter than two "
+             "periods is not judged (1, with NaN drifts); 0: the figures still depend on mc.requests.",
+             dtype="int8"),
     Variable("cache_hit_rate_drift", (), "1", "cache hit rate drift",
-             "Token hit rate of the last quarter of the measured requests minus that of the third quarter; ~0 once "
-             "the cache is warm."),
+             "Token hit rate of the last quarter of the measured requests minus that of the third quarter (under "
+             "workload.rate_profile: of the last whole periods minus as many periods before them, NaN when the run "
+             "is shorter than two periods); ~0 once the cache is warm."),
     Variable("queue_wait_drift", (), "1", "queue wait drift of the batching simulator",
              "Mean queue wait of the requests arriving in the last quarter of the simulator's measured window minus "
-             "the third quarter's, / the mean time in system; ~0 for a settled queue, large for a growing one (NaN "
-             "without the simulator, or when its measured window holds too few requests to compare)."),
+             "the third quarter's (under workload.rate_profile: of the last whole periods minus as many periods "
+             "before them), / the mean time in system; ~0 for a settled queue, large for a growing one (NaN "
+             "without the simulator, or when its measured window is too short to compare)."),
     Variable("requests_for_steady_state", (), "requests", "requests per sample for steady state (estimate)",
              "Requests per sample at which the drifts would fall to their tolerances (mc.requests when steady): the "
              "drift of the run and of its first half (as a run of its own) fitted by a power law in the run length, "

@@ -473,8 +473,10 @@ def warmup_requests(n: int, warmup_fraction: float) -> int:
     return min(int(warmup_fraction * n), n - 1)
 
 
-def steady_state(cached_tokens: np.ndarray, prompt_tokens: np.ndarray, warmup_fraction: float, tolerance: float):
-    """Has the cache reached steady state? Token hit rate of the last quarter of measured requests vs the third.
+def steady_state(cached_tokens: np.ndarray, prompt_tokens: np.ndarray, warmup_fraction: float, tolerance: float,
+                 arrival_s: np.ndarray | None = None, period_s: float = 0.0):
+    """Has the cache reached steady state? Token hit rate of the last quarter of measured requests vs the third, or,
+    under a rate profile, of the last whole periods vs as many periods before them.
 
     Parameters
     ----------
@@ -485,17 +487,25 @@ def steady_state(cached_tokens: np.ndarray, prompt_tokens: np.ndarray, warmup_fr
         ``mc.warmup_fraction``: the leading share of requests left out of the statistics.
     tolerance : float
         ``mc.steady_state_tolerance``: largest absolute hit-rate drift that counts as steady.
+    arrival_s : float64[n], optional
+        Arrival times, s: read under a rate profile.
+    period_s : float
+        The rate profile's period, s (0: a constant rate); see :class:`mcsim.stages.steady_state.ProfileBins`.
 
     Returns
     -------
     mcsim.stages.steady_state.SteadyState
-        ``drift`` is the last-quarter minus third-quarter hit rate; ``requests_needed`` the requests per sample
-        at which the drift would fall to the tolerance (see :mod:`mcsim.stages.steady_state` for the estimate).
+        ``drift`` is the later window's hit rate minus the earlier one's; ``requests_needed`` the requests per
+        sample at which the drift would fall to the tolerance (see :mod:`mcsim.stages.steady_state`).
     """
     cached = np.asarray(cached_tokens)
     cached = cached.sum(axis=1) if cached.ndim == 2 else cached
     n = len(prompt_tokens)
-    windows = steady_windows(n, warmup_fraction)
+    check = SteadyStream(n, warmup_fraction, tolerance, period_s)
+    if period_s > 0:
+        check.add(cached, prompt_tokens, arrival_s)
+        return check.result()
+    windows = check.windows
     if windows is None:
         return steady.not_checked(n)
     return steady.check(cached.astype(np.float64), np.asarray(prompt_tokens, dtype=np.float64), windows, tolerance)
@@ -516,22 +526,32 @@ def steady_windows(n: int, warmup_fraction: float):
 
 class SteadyStream:
     """:func:`steady_state` over a sample's requests chunk by chunk: the windows' token sums, added as the chunks
-    pass (integers, so the verdict is the one of the whole arrays)."""
+    pass (integers, so the verdict is the one of the whole arrays). Under a rate profile (``period_s`` > 0) the
+    sums are kept per time bin (:class:`mcsim.stages.steady_state.ProfileBins`), since the windows are known only
+    once the last arrival is."""
 
-    def __init__(self, n: int, warmup_fraction: float, tolerance: float):
+    def __init__(self, n: int, warmup_fraction: float, tolerance: float, period_s: float = 0.0):
         self.n, self.tolerance = int(n), float(tolerance)
         self.windows = steady_windows(self.n, warmup_fraction)
+        self.bins = None
+        if period_s > 0 and self.windows is not None:
+            self.bins = steady.ProfileBins(self.n, warmup_requests(self.n, warmup_fraction),
+                                           warmup_requests(max(self.n // 2, 1), warmup_fraction), period_s)
         self.cached = np.zeros(4, np.int64)
         self.prompt = np.zeros(4, np.int64)
         self.at = 0
 
-    def add(self, cached_tokens: np.ndarray, prompt_tokens: np.ndarray) -> None:
-        """The next chunk's reused tokens (per tier) and prompt tokens."""
+    def add(self, cached_tokens: np.ndarray, prompt_tokens: np.ndarray, arrival_s: np.ndarray | None = None) -> None:
+        """The next chunk's reused tokens (per tier, or summed) and prompt tokens (and arrival times, s, under a
+        rate profile)."""
         lo, hi = self.at, self.at + len(prompt_tokens)
         self.at = hi
         if self.windows is None:
             return
-        cached = cached_tokens.sum(axis=1)
+        cached = cached_tokens.sum(axis=1) if cached_tokens.ndim == 2 else cached_tokens
+        if self.bins is not None:
+            self.bins.add(arrival_s, cached, prompt_tokens)
+            return
         for w, (start, stop) in enumerate(self.windows):
             a, b = max(start, lo) - lo, min(stop, hi) - lo
             if a < b:
@@ -541,6 +561,8 @@ class SteadyStream:
     def result(self):
         if self.windows is None:
             return steady.not_checked(self.n)
+        if self.bins is not None:
+            return steady.verdict(self.bins.ratios(), self.n, self.tolerance)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratios = np.where(self.prompt > 0, self.cached / np.maximum(self.prompt, 1), np.nan)
         return steady.verdict(ratios, self.n, self.tolerance)

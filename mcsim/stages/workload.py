@@ -296,6 +296,12 @@ class RateProfile:
         return periods * self.period_s + edges[i] + within - self.start_s
 
 
+def profile_period_s(p: dict) -> float:
+    """The period of a sample's rate profile, s, or 0 for a constant rate: what the steady-state checks compare
+    like with like over (:func:`mcsim.stages.steady_state.time_windows`)."""
+    return float(p["workload.rate_profile_period_s"]) if len(p["workload.rate_profile"]) else 0.0
+
+
 def profiled_arrivals(n: int, rate_rps: float, arrivals: str, burstiness: float, rng,
                       profile: RateProfile | None) -> np.ndarray:
     """Arrival times starting at 0: :func:`renewal_arrivals` in operational time, mapped through ``profile``.
