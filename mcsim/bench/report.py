@@ -82,8 +82,9 @@ def format_scaling(sc: dict) -> list[str]:
         lines += ["", head + (f": {c['cpu_s']:.2f} s of CPU, {c['wall_s']:.2f} s wall (mcsim run, best of "
                               f"{len(c['runs_cpu_s']) - 1})" if c else ":")]
         parts = ", ".join(f"{name} {ph[key]:.3f}" for name, key in (
-            ("interpreter", "interpreter_s"), ("imports", "imports_s"), ("kernel load", "kernel_load_s"),
-            ("simulate", "simulate_s"), ("assemble", "assemble_s"), ("write", "write_s")))
+            ("interpreter", "interpreter_s"), ("imports", "imports_s"), ("scenario", "scenario_s"),
+            ("Numba's runtime", "numba_runtime_s"), ("kernel load", "kernel_load_s"), ("simulate", "simulate_s"),
+            ("assemble", "assemble_s"), ("write", "write_s")) if key in ph)
         lines.append(f"  CPU s by phase (one process): {parts}; total {ph['total_s']:.2f} s = "
                      f"{ph['ratio_to_simulate']:.0f}x the simulation alone")
     for key, label in (("requests", "one sample, every stage on (bench-factory scenario, 64-token blocks)"),
