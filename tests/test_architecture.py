@@ -56,9 +56,9 @@ TODO_UPWARD: set = set()
 TODO_DEFERRED: tuple = ()
 #: The most imports inside functions the other modules may keep.
 # one per command of the command line (capacity the latest), the few in the executor, truncnorm, scipy.special, the
-# timed imports of the two benchmarks that measure what a fresh process pays (compile_time, small_run), and the
-# command line's own compile-up-front and lean-xarray steps
-MAX_DEFERRED = 29
+# timed imports of the two benchmarks that measure what a fresh process pays (compile_time, small_run, whose
+# first cached kernel times Numba's runtime apart), and the command line's own compile-up-front and lean-xarray steps
+MAX_DEFERRED = 30
 
 #: Choice lists a performance module still defines as a copy of mcsim.scenario.choices' (it should import them).
 TODO_CHOICE_COPIES: dict = {}

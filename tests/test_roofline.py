@@ -16,6 +16,7 @@ from mcsim.perf.roofline import (
     step_cost,
 )
 from mcsim.scenario import catalog
+from helpers import DENSE_NODE
 
 # A dense GQA model small enough to cost by hand.
 TINY = {
@@ -558,3 +559,46 @@ def test_measured_gemm_shapes_are_priced_at_their_measured_times():
     measured = next(float(r["time_stats.mlp_up_proj.median"]) + float(r["time_stats.mlp_down_proj.median"])
                     for r in rows if r["num_tokens"] == "464" and r["num_tensor_parallel_workers"] == "1")
     assert plain.breakdown["dense_ffn"]["t"] * 1e3 > 1.2 * measured
+
+
+def test_an_unmeasured_accelerator_draws_its_gemm_efficiency_a_measured_one_keeps_its_fit():
+    """B200 and MI300X have no measured GEMMs: their roofline efficiencies are uncertain inputs drawn per sample
+    (recorded in the result), the figures each sample's step model uses; H100 keeps its fitted figures and draws
+    nothing, and a scenario that states the fraction draws nothing either."""
+    import mcsim
+    from mcsim.perf.hardware import performance_defaults
+    from mcsim.scenario import draw_uncertain, load_scenario, resolve
+    from mcsim.scenario.schema import UNMEASURED_FLOPS_FRACTION
+
+    def params(preset, *extra):
+        scn = load_scenario(DENSE_NODE, overrides=[
+            'performance.fidelity="roofline"', f'hardware.preset="{preset}"', *extra])
+        draws = draw_uncertain(scn, np.arange(64), 7)
+        return scn, draws, [performance_defaults(resolve(scn, {k: v[i] for k, v in draws.items()}))
+                            for i in range(64)]
+
+    scn, draws, ps = params("mi300x")
+    flops = draws["performance.unmeasured_flops_fraction"]
+    assert [p["performance.flops_fraction"] for p in ps] == list(flops)
+    assert [p["performance.bandwidth_fraction"] for p in ps] == list(draws["performance.unmeasured_bandwidth_fraction"])
+    law = UNMEASURED_FLOPS_FRACTION
+    assert law["low"] <= flops.min() and flops.max() <= law["high"] and np.ptp(flops) > 0.1  # spread over samples
+    # the triangular law's median (its mode lies below the middle): low + sqrt((high - low)(mode - low) / 2)
+    median = law["low"] + np.sqrt(0.5 * (law["high"] - law["low"]) * (law["mode"] - law["low"]))
+    assert abs(np.median(flops) - median) < 0.03
+
+    scn, draws, ps = params("h100")
+    assert not any("unmeasured" in k for k in draws)
+    assert {p["performance.flops_fraction"] for p in ps} == {catalog.hardware_preset("h100")["gemm_flops_fraction"]}
+    scn, draws, ps = params("mi300x", "performance.flops_fraction=0.5")
+    assert "performance.unmeasured_flops_fraction" not in draws and "performance.unmeasured_bandwidth_fraction" in draws
+    assert {p["performance.flops_fraction"] for p in ps} == {0.5}
+
+    # A sweep over the accelerator draws the stand-ins for every point; the H100 point reads none of them, so its
+    # figures are those of the H100 run alone (each input has its own stream).
+    swept = mcsim.sweep(DENSE_NODE, ["hardware.preset=h100,mi300x"], samples=2, requests=1500,
+                        overrides=['performance.fidelity="roofline"'])
+    alone = mcsim.run(DENSE_NODE, samples=2, requests=1500, overrides=['performance.fidelity="roofline"'])
+    assert "performance_unmeasured_flops_fraction" in swept and "performance_unmeasured_flops_fraction" not in alone
+    np.testing.assert_array_equal(swept["decode_tok_s_per_gpu"].sel(hardware_preset="h100").values,
+                                  alone["decode_tok_s_per_gpu"].values)

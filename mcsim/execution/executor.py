@@ -51,7 +51,7 @@ from mcsim.scenario import Scenario, ScenarioError, draw_uncertain
 from mcsim.scenario.calibration_file import CalibrationError
 from mcsim.scenario.calibration_file import load as load_calibration
 from mcsim.scenario.grid import Axis, points, pricing_note
-from mcsim.scenario.schema import workload_reads
+from mcsim.scenario.schema import READS_CHANGING_KEYS, workload_reads
 from mcsim.stages.workload import resolve_trace_path
 from mcsim.text import one_line, si
 
@@ -213,7 +213,7 @@ def run_task(plan: Plan, point: int, chunk: int) -> list[dict]:
     point_scn = scn.with_values(overrides, origin="--grid") if overrides else scn
     indices = plan.chunks[chunk]
     # Draws come from the unswept scenario, so every grid point sees the same uncertain values.
-    draws = draw_uncertain(scn, indices, plan.seed, n_samples=plan.samples, include_unused=_fidelity_swept(plan))
+    draws = draw_uncertain(scn, indices, plan.seed, n_samples=plan.samples, include_unused=_reads_swept(plan))
     rows = []
     for j, sample in enumerate(indices):
         row = one_sample.run_sample(point_scn, plan.variants, int(sample), plan.seed, plan.requests,
@@ -454,7 +454,7 @@ def _assemble(plan: Plan, parts: dict, attrs: dict) -> xr.Dataset:
             out[name].attrs.update(results.grid_axis_attrs(path))
     swept = set(paths)
     draws = draw_uncertain(plan.scn, np.arange(plan.samples), plan.seed, n_samples=plan.samples,
-                           include_unused=_fidelity_swept(plan))
+                           include_unused=_reads_swept(plan))
     for path, values in draws.items():
         if path in swept:
             continue
@@ -890,9 +890,10 @@ def _stop_on_sigint():
         signal.signal(signal.SIGINT, previous)
 
 
-def _fidelity_swept(plan) -> bool:
-    """A grid over the fidelity draws every fidelity's inputs (each grid point reads its own)."""
-    return any(axis.path == "performance.fidelity" for axis in plan.axes)
+def _reads_swept(plan) -> bool:
+    """A grid over the fidelity, or over what says whether the hardware's GEMMs are measured, draws every input
+    (each grid point reads its own)."""
+    return any(axis.path in READS_CHANGING_KEYS for axis in plan.axes)
 
 
 def make_plan(scn: Scenario, variants, *, axes=(), samples=None, requests=None, seed=None, chunk_size=None,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from mcsim.scenario.schema import UNMEASURED_STAND_INS
+
 #: Number formats from the narrowest up; a format the hardware lacks falls back to the next wider one.
 FORMATS = ("fp4", "fp8", "bf16", "fp32")
 
@@ -165,25 +167,32 @@ def performance_defaults(p: dict) -> dict:
       kernels of those files;
     * ``performance.attention_floor_s``: :data:`ATTENTION_CALL_KERNELS` kernel floors (an assumption: the bundled
       data does not time the attention kernel; a whole-step calibration fits it);
+    * for an accelerator without fitted GEMM figures, ``performance.unmeasured_flops_fraction`` and
+      ``unmeasured_bandwidth_fraction`` (drawn per sample: uncertain, not measured);
     * otherwise :data:`GENERIC`.
     """
     keys = [k for k in GENERIC if p.get(k, None) == 0]
     attention = p.get("performance.attention_floor_s", None) == 0
     if not keys and not attention:
         return p
-    out = {**p, **{key: value for key, value in gemm_figures(as_hardware(p)).items() if key in keys}}
+    figures = gemm_figures(as_hardware(p), unmeasured={
+        own: p[stand_in] for stand_in, (own, _) in UNMEASURED_STAND_INS.items()
+        if isinstance(p.get(stand_in), (int, float))})
+    out = {**p, **{key: value for key, value in figures.items() if key in keys}}
     if attention:  # from the kernel floor in force, the scenario's own or the hardware's
         out["performance.attention_floor_s"] = ATTENTION_CALL_KERNELS * out.get("performance.kernel_floor_s", 0.0)
     return out
 
 
-def gemm_figures(hw: Hardware) -> dict:
-    """The roofline's fitted kernel inputs for ``hw`` (``performance.*`` keys): its fitted figures,
-    :data:`GENERIC` where it has none."""
+def gemm_figures(hw: Hardware, unmeasured: dict | None = None) -> dict:
+    """The roofline's fitted kernel inputs for ``hw`` (``performance.*`` keys): its fitted figures, where it has
+    none ``unmeasured``'s (a sample's draws of the stand-ins, by the key they stand in for), else
+    :data:`GENERIC`."""
     fitted = {"performance.flops_fraction": hw.gemm_flops_fraction,
               "performance.bandwidth_fraction": hw.gemm_bandwidth_fraction,
               "performance.gemm_half_tokens": hw.gemm_half_tokens,
               "performance.gemm_floor_s": hw.gemm_floor_us * 1e-6,
               "performance.kernel_floor_s": hw.kernel_floor_us * 1e-6,
               "performance.elementwise_bandwidth_fraction": hw.elementwise_bandwidth_fraction}
-    return {key: value if value > 0 else GENERIC[key] for key, value in fitted.items()}
+    fallback = {**GENERIC, **(unmeasured or {})}
+    return {key: value if value > 0 else fallback[key] for key, value in fitted.items()}

@@ -347,9 +347,10 @@ def _summary(ds, layout: _Layout, quantities, quantile_rows, outputs, focus_sens
     unmeasured = str(ds.attrs.get("kernel_data_unmeasured", "")).split()
     if unmeasured:
         lines += ["## Unmeasured accelerators", "",
-                  markdown_text(f"{', '.join(unmeasured)}: no measured kernels, so the step times are an idealised "
-                                "roofline at the catalog's peaks, likely optimistic; compare them with measured GPUs "
-                                "with care."), "", markdown_text(f"What each accelerator's figures stand on: "
+                  markdown_text(f"{', '.join(unmeasured)}: no measured kernels, so the step times are a roofline "
+                                "at the catalog's peaks with uncertain efficiencies (performance.unmeasured_"
+                                "flops_fraction and unmeasured_bandwidth_fraction, drawn per sample: a judgement), "
+                                "likely optimistic; compare them with measured GPUs with care."), "", markdown_text(f"What each accelerator's figures stand on: "
                                                                  f"{ds.attrs.get('kernel_data', '')}."), ""]
 
     lines += ["## Sensitivity to the uncertain inputs", ""]

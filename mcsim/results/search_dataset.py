@@ -23,6 +23,7 @@ from mcsim.results.names import dataset_name
 from mcsim.results.units import variable_units
 from mcsim.results.variables import REGISTRY, Variable
 from mcsim.scenario import draw_uncertain
+from mcsim.scenario.schema import READS_CHANGING_KEYS
 
 #: Marks a search result (``mcsim report`` writes the search report for it).
 SEARCH_MARK = "search_result"
@@ -147,7 +148,7 @@ def search_dataset(plan, settings, state, decision, schedule, history, parts, at
     swept = {a.path for a in plan.axes}
 
     draws = draw_uncertain(plan.scn, np.arange(plan.samples), plan.seed, n_samples=plan.samples,
-                           include_unused="performance.fidelity" in swept)
+                           include_unused=bool(swept & set(READS_CHANGING_KEYS)))
     for path, drawn in draws.items():
         if path not in swept:
             name, variable = results.input_variable(path, drawn)

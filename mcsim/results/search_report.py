@@ -226,7 +226,8 @@ def format_search(ds) -> str:
     if unmeasured:
         on_unmeasured = [name for name in unmeasured if name == _optimum_accelerator(ds, unmeasured)]
         caveat = (f"CAVEAT: the optimum runs on {', '.join(on_unmeasured)}, which has no measured kernels: its "
-                  "figures are an idealised roofline, likely optimistic against the measured GPUs it beat. "
+                  "figures are a roofline with uncertain efficiencies, likely optimistic against the measured "
+                  "GPUs it beat. "
                   if on_unmeasured else "")
         lines += paragraph(caveat + kernel_data_note(ds)[0])
     lines.append("every figure is modelled")

@@ -201,14 +201,16 @@ def infeasible_lines(s: dict) -> list[str]:
 
 
 def kernel_data_note(ds: xr.Dataset) -> list[str]:
-    """A line naming the accelerators whose figures rest on no measurement (an idealised roofline), or none."""
+    """A line naming the accelerators whose figures rest on no measurement (a roofline with uncertain
+    efficiencies), or none."""
     unmeasured = str(ds.attrs.get("kernel_data_unmeasured", "")).split()
     if not unmeasured:
         return []
     whose = "its" if len(unmeasured) == 1 else "their"
     return [f"UNMEASURED: {', '.join(unmeasured)}: no measured kernels, so {whose} "
-            "step times are an idealised roofline at the catalog's peaks, likely optimistic; compare them with "
-            "measured GPUs with care (kernel_data attribute)."]
+            "step times are a roofline at the catalog's peaks with uncertain efficiencies (drawn per sample: "
+            "performance.unmeasured_flops_fraction, unmeasured_bandwidth_fraction), likely optimistic; compare "
+            "them with measured GPUs with care (kernel_data attribute)."]
 
 
 def format_table(ds: xr.Dataset, max_points: int = 60, width: int | None = None) -> str:

@@ -368,14 +368,15 @@ def weight_bytes(model: dict, bytes_per_param: float, include_mtp: bool = False)
 def kernel_evidence(name: str, gemm_surface: str | None = None) -> tuple[str, str]:
     """What the roofline knows of an accelerator's kernels: ``(kind, sentence)``, kind one of ``"measured"`` (its
     own measured GEMMs, element-wise kernels and collectives), ``"borrowed"`` (another GPU's, of the same SMs
-    and tensor cores, at its own peaks and bandwidths) or ``"none"`` (an idealised roofline at the catalog's
-    peaks: unmeasured, and expected optimistic). ``gemm_surface`` is the scenario's own value where it overrides
+    and tensor cores, at its own peaks and bandwidths) or ``"none"`` (a roofline at the catalog's peaks whose
+    efficiencies are uncertain inputs, ``performance.unmeasured_*``: unmeasured, and expected optimistic). ``gemm_surface`` is the scenario's own value where it overrides
     the catalog's."""
     surface = hardware_preset(name).get("gemm_surface", "") if gemm_surface is None else gemm_surface
     surface = str(surface or "")
     if surface in ("", "none"):
-        return "none", (f"{name}: no measured kernels; an idealised roofline at the catalog's peaks (unmeasured, "
-                        "likely optimistic)")
+        return "none", (f"{name}: no measured kernels; a roofline at the catalog's peaks with uncertain "
+                        "efficiencies (performance.unmeasured_flops_fraction and unmeasured_bandwidth_fraction, "
+                        "drawn per sample: a judgement; unmeasured, likely optimistic)")
     if surface.lower() == name.lower():
         return "measured", f"{name}: GEMMs, element-wise kernels and NCCL collectives measured (bundled profiles)"
     if surface.endswith(".toml"):

@@ -47,10 +47,12 @@ from mcsim.scenario.schema import (
     TIER_REQUIRED,
     TIER_SHORT_FORM,
     TIER_SHORT_FORM_KEYS,
+    UNMEASURED_STAND_INS,
     Field,
     ScenarioError,
     baseline_overrides,
     read_by,
+    reads_stand_in,
     workload_reads,
     field_for,
 )
@@ -115,6 +117,8 @@ class Scenario:
         fidelity = self.values["performance.fidelity"]
         for path, v in self.values.items():
             if not include_unused and not read_by(path, fidelity):
+                continue
+            if not include_unused and path in UNMEASURED_STAND_INS and not reads_stand_in(path, self.values):
                 continue
             if isinstance(v, Dist):
                 if _is_perreq(path):
@@ -804,8 +808,9 @@ def resolve(scn: Scenario, draws: dict[str, float]) -> dict[str, Any]:
             elif path in draws:
                 x = float(draws[path])
                 params[path] = int(x) if field_for(path).kind == "int" else x
-            elif not read_by(path, scn.values["performance.fidelity"]):
-                params[path] = v  # not read by this fidelity, so not drawn
+            elif not read_by(path, scn.values["performance.fidelity"]) or (
+                    path in UNMEASURED_STAND_INS and not reads_stand_in(path, scn.values)):
+                params[path] = v  # not read by this fidelity (or on this hardware), so not drawn
             else:
                 raise KeyError(f"no draw for the uncertain input {path}")
         else:

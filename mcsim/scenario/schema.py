@@ -100,6 +100,27 @@ def W(doc):
     return Field("weights", (), doc, 0)  # empty by default: the key is off
 
 
+#: Defaults of the roofline's GEMM efficiency on an accelerator with no measured GEMMs: uncertain, around the
+#: figures such an accelerator used to get as points (0.6 of peak FLOP/s, 0.8 of HBM bandwidth).
+UNMEASURED_FLOPS_FRACTION = {"dist": "triangular", "low": 0.45, "mode": 0.6, "high": 0.78}
+UNMEASURED_BANDWIDTH_FRACTION = {"dist": "triangular", "low": 0.65, "mode": 0.8, "high": 0.95}
+#: Each of them, the scenario key it stands in for, and the catalog's fitted figure that makes it unneeded.
+UNMEASURED_STAND_INS = {
+    "performance.unmeasured_flops_fraction": ("performance.flops_fraction", "hardware.gemm_flops_fraction"),
+    "performance.unmeasured_bandwidth_fraction": ("performance.bandwidth_fraction", "hardware.gemm_bandwidth_fraction"),
+}
+#: Swept keys after which a grid point may read inputs the scenario itself does not (every one is drawn then).
+READS_CHANGING_KEYS = ("performance.fidelity", "hardware.preset",
+                       *(key for pair in UNMEASURED_STAND_INS.values() for key in pair))
+
+
+def reads_stand_in(path: str, values: dict) -> bool:
+    """Whether a scenario (its flat ``values``) reads the unmeasured-GPU stand-in ``path``: the scenario leaves the
+    key it stands in for at 0 and the hardware has no fitted figure for it."""
+    own, fitted = UNMEASURED_STAND_INS[path]
+    return values.get(own, 0) == 0 and not values.get(fitted, 0)
+
+
 #: The values of performance.fidelity; a Field whose ``fidelity`` names one of them is read by that one only.
 FIDELITIES = ("factor", "roofline")
 
@@ -316,10 +337,24 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                                       "TTFT/TPOT/E2E quantiles) instead of service times."),
         "flops_fraction": F(0.0, "Largest achievable fraction of peak FLOP/s of a GEMM (and the fraction of attention "
                                  "and routers); 0 = the hardware catalog's, fitted to measured GEMM times where it "
-                                 "has one (hardware.gemm_flops_fraction), else 0.6.", 0, 1, fidelity="roofline"),
+                                 "has one (hardware.gemm_flops_fraction), else performance.unmeasured_flops_fraction.",
+                            0, 1, fidelity="roofline"),
         "bandwidth_fraction": F(0.0, "Achievable fraction of HBM bandwidth; 0 = the hardware catalog's, fitted to "
                                      "measured GEMM times where it has one (hardware.gemm_bandwidth_fraction), else "
-                                     "0.8.", 0, 1, fidelity="roofline"),
+                                     "performance.unmeasured_bandwidth_fraction.", 0, 1, fidelity="roofline"),
+        "unmeasured_flops_fraction": F(UNMEASURED_FLOPS_FRACTION,
+                                       "What performance.flops_fraction is on an accelerator with no measured GEMMs "
+                                       "(the catalog's gemm_flops_fraction 0: B200, MI300X): an uncertain input, "
+                                       "drawn per sample, since nothing measured says it. The default spans the "
+                                       "bundled fits (A100 0.74, H100 0.76 of peak) and below, as a new "
+                                       "generation's or another vendor's kernels often reach less of a higher peak "
+                                       "(a judgement, not a measurement); read only where it applies.", 0, 1,
+                                       fidelity="roofline"),
+        "unmeasured_bandwidth_fraction": F(UNMEASURED_BANDWIDTH_FRACTION,
+                                           "What performance.bandwidth_fraction is on an accelerator with no measured "
+                                           "GEMMs: an uncertain input, drawn per sample. The default spans the "
+                                           "bundled fits (A100 0.81, H100 0.97 of HBM) and below (a judgement); read "
+                                           "only where it applies.", 0, 1, fidelity="roofline"),
         "gemm_half_tokens": F(0.0, "Rows (tokens) at which a GEMM reaches half its largest FLOP share: small GEMMs "
                                    "cannot fill the tensor cores; 0 = the hardware catalog's "
                                    "(hardware.gemm_half_tokens), none where it has none.", 0, None,
