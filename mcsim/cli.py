@@ -452,6 +452,15 @@ def steps(scenario, decode_seqs, context, prefill_tokens, prefill_context, pool,
     ran = {name: op["implementation"] for name, op in step["ops"].items() if op.get("implementation")}
     for name, implementation in ran.items():
         click.echo(f"{name} ran as: {implementation}")
+    hidden = {name: op["hidden_s"] for name, op in step["ops"].items() if op.get("hidden_s", 0) > 0}
+    if hidden:
+        each = ", ".join(f"{name} {1e3 * s:.4g} of {1e3 * (s + step['ops'][name]['t_s']):.4g} ms" for name, s in
+                         hidden.items())
+        full = sum(hidden.values()) >= step["compute_s"] * (1 - 1e-9)
+        click.echo("\n".join(paragraph(
+            f"hidden behind compute: {each} (two micro-batches, each communicating while the other computes; "
+            f"the step computes {1e3 * step['compute_s']:.4g} ms"
+            + (", all of it hiding communication: no more can hide)" if full else ")"))))
     click.echo("")
     mem_rows = [[pool_name, f"{m['weights_gb_per_gpu']:.2f}", f"{m['kv_gb_per_sequence'] * 1e3:.2f}",
                  f"{m['free_kv_gb']:.2f}", f"{m['max_sequences']:,}", m["reason"]]

@@ -602,3 +602,26 @@ def test_an_unmeasured_accelerator_draws_its_gemm_efficiency_a_measured_one_keep
     assert "performance_unmeasured_flops_fraction" in swept and "performance_unmeasured_flops_fraction" not in alone
     np.testing.assert_array_equal(swept["decode_tok_s_per_gpu"].sel(hardware_preset="h100").values,
                                   alone["decode_tok_s_per_gpu"].values)
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.4, 0.7, 0.9, 1.0])
+def test_communication_hides_behind_no_more_than_the_steps_compute(overlap):
+    """A DeepSeek-V3 prefill step on 32 GPUs (EP32, as a disaggregated prefill instance runs it) whose all-to-all
+    outweighs its compute: two micro-batches hide at most what the step computes, so the step is never shorter
+    than its communication, and below the cap the share hidden is the overlap's."""
+    model, hw = catalog.model_preset("deepseek-v3"), catalog.hardware_preset("h800")
+    parallel = Parallelism(tp=1, attention_dp=32, ep=32)
+    common = dict(prefill_tokens=16384, prefill_context=4000, decode_seqs=0, decode_context=0, parallel=parallel,
+                  achievable=Achievable(step_overhead_s=0.0, launch_overhead_s=0.0))
+    plain = step_cost(model, hw, collectives=Collectives(overlap=0.0), **common)
+    cost = step_cost(model, hw, collectives=Collectives(overlap=overlap), **common)
+    alltoall = plain.breakdown["ep_alltoall"]["t"]
+    compute = plain.t_step - plain.t_comm_exposed
+    assert alltoall > compute > 0  # the case where an unbounded overlap made the step shorter than its all-to-all
+    hidden = min(overlap * alltoall, compute)  # closed form
+    assert cost.breakdown["ep_alltoall"]["hidden"] == pytest.approx(hidden, rel=1e-12)
+    assert cost.breakdown["ep_alltoall"]["t"] == pytest.approx(alltoall - hidden, rel=1e-12)
+    assert cost.t_step == pytest.approx(compute + alltoall - hidden, rel=1e-12)
+    assert cost.t_step >= alltoall * (1 - 1e-12) and cost.t_step >= compute
+    if overlap == 1.0:
+        assert cost.t_step == pytest.approx(max(alltoall, compute), rel=1e-12)

@@ -251,9 +251,13 @@ def step_time(scenario, *, decode_seqs: float = 1.0, context: float | None = Non
         "verify_tokens": model.verify_tokens, "step_s": total,
         "ops": {name: {"t_s": op["t"], "share": op["t"] / total if total > 0 else float("nan"),
                        "floor_s": op["floor"], "flops": op["flops"], "bytes": op["bytes"], "bound": op["bound"],
-                       **({"implementation": op["impl"]} if op.get("impl") else {})}
+                       **({"implementation": op["impl"]} if op.get("impl") else {}),
+                       **({"hidden_s": op["hidden"]} if "hidden" in op else {})}
                 for name, op in step.ops.items()},
         "memory": pools,
+        # what communication can hide behind: the step's compute (every op but the collectives, overheads, drafting)
+        "compute_s": sum(op["t"] for name, op in step.ops.items()
+                         if "hidden" not in op and name not in ("overhead", "drafting")),
         "modelled": "every figure is modelled from the scenario's assumptions, none is measured",
     }
 

@@ -64,7 +64,9 @@ a dispatch and a combine all-to-all per MoE layer (the hot rank receives ``hot_r
 mean), and one activation send per pipeline boundary; formulas in :mod:`mcsim.perf.collectives`. The TP all-reduce
 runs as a serving engine runs it (``Collectives.allreduce_impl``: its own one-shot / two-shot kernels inside a node,
 NCCL beyond) and is exposed whole unless ``allreduce_overlap`` says a fused kernel hides some of it; a fraction
-``overlap`` of the all-to-all and the sends hides behind compute.
+``overlap`` of the all-to-all and the sends hides behind compute (two micro-batches, each communicating while the
+other computes), but never more in all than the step's compute: a step is never shorter than its communication
+(:func:`hidden_communication`).
 
 Kernel floors and overheads. Every kernel has a minimum GPU time however small its work (launch latency on the
 GPU, ramp-up and tail of too few thread blocks): ``gemm_floor_s`` per GEMM, ``kernel_floor_s`` per element-wise
@@ -355,7 +357,8 @@ class StepCost:
         Step time: sum over ops of the per-op roofline + t_comm_exposed + t_overhead, s.
     breakdown : dict
         op -> {"flops", "bytes", "t", "floor", "bound"} for each name in :data:`OPS`; communication ops give
-        their bytes sent and their *exposed* time, so the ``t`` values add up to ``t_step``; ``floor`` is the part
+        their bytes sent and their *exposed* time, so the ``t`` values add up to ``t_step``, and ``hidden``, the
+        seconds hidden behind compute (:func:`hidden_communication`); ``floor`` is the part
         of ``t`` that is the kernels' fixed time (GEMM, element-wise and attention floors); ``bound`` says what
         sets the time ("compute", "memory", "floor" when the fixed time is the larger part, "network" or
         "overhead").
@@ -556,7 +559,7 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
 
     Examples
     --------
-    >>> from mcsim import catalog
+    >>> from mcsim.scenario import catalog
     >>> cost = step_cost(catalog.model_preset("llama-3.1-8b"), catalog.hardware_preset("h100"),
     ...                  decode_seqs=1, decode_context=1000)
     >>> cost.t_memory > cost.t_compute  # batch-1 decode streams the weights
@@ -740,16 +743,39 @@ def _bound(name: str, op: dict, peak_linear: float, peak_attention: float, bandw
     return "compute" if compute >= memory else "memory"
 
 
+def hidden_communication(comm: dict, compute_s: float, overlap: float, allreduce_overlap: float) -> dict:
+    """Seconds of each collective hidden behind compute: a share ``allreduce_overlap`` of the TP all-reduce (a GEMM
+    fused with it) and ``overlap`` of the others (two micro-batches, each communicating while the other computes),
+    never more in all than the step's compute, ``compute_s``, the only work there is to hide behind (the TP
+    all-reduce's claim first, the others' shrunk in proportion).
+
+    Examples
+    --------
+    >>> hidden_communication({"tp_allreduce": 0.0, "ep_alltoall": 10.0, "pp_send": 0.0}, 4.0, 0.7, 0.0)
+    {'tp_allreduce': 0.0, 'ep_alltoall': 4.0, 'pp_send': 0.0}
+    >>> hidden_communication({"tp_allreduce": 0.0, "ep_alltoall": 10.0, "pp_send": 0.0}, 40.0, 0.7, 0.0)
+    {'tp_allreduce': 0.0, 'ep_alltoall': 7.0, 'pp_send': 0.0}
+    """
+    allreduce = min(allreduce_overlap * comm["tp_allreduce"], compute_s)
+    wanted = {name: overlap * t for name, t in comm.items() if name != "tp_allreduce"}
+    room = compute_s - allreduce
+    scale = min(1.0, room / sum(wanted.values())) if sum(wanted.values()) > 0 else 1.0
+    return {"tp_allreduce": allreduce, **{name: t * scale for name, t in wanted.items()}}
+
+
 def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: float, overlap: float,
               allreduce_overlap: float = 0.0) -> StepCost:
-    """Totals and breakdown from the per-op accumulators; communication ``t`` becomes its exposed part (the TP
-    all-reduce's at ``allreduce_overlap``, the others' at ``overlap``)."""
+    """Totals and breakdown from the per-op accumulators; communication ``t`` becomes its exposed part, less what
+    :func:`hidden_communication` hides behind the step's compute."""
     for name, value in (("overlap", overlap), ("allreduce_overlap", allreduce_overlap)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"collectives.{name} must be in [0, 1], got {value}")
     t_comm = sum(ops[name]["t"] for name in COMM_OPS)
+    hidden = hidden_communication({name: ops[name]["t"] for name in COMM_OPS},
+                                  sum(ops[name]["t"] for name in _COMPUTE_OPS), overlap, allreduce_overlap)
     for name in COMM_OPS:
-        ops[name]["t"] *= 1.0 - (allreduce_overlap if name == "tp_allreduce" else overlap)
+        ops[name]["hidden"] = hidden[name]
+        ops[name]["t"] -= hidden[name]
     t_compute = t_memory = 0.0
     for name in _COMPUTE_OPS:
         op = ops[name]
@@ -763,6 +789,8 @@ def _assemble(ops: dict, peak_linear: float, peak_attention: float, bandwidth: f
                  "floor": op["floor"], "bound": _bound(name, op, peak_linear, peak_attention, bandwidth)}
         if "impl" in op:
             entry["impl"] = op["impl"]
+        if name in COMM_OPS:
+            entry["hidden"] = op["hidden"]
         breakdown[name] = entry
     return StepCost(
         flops=sum(op["flops"] for op in ops.values()),

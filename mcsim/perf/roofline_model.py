@@ -105,7 +105,9 @@ class RooflineStepModel(StepModel):
         ops = dict(cost.breakdown) if pp == 1 else {
             name: {"t": pp * entry["t"], "flops": pp * entry["flops"], "bytes": pp * entry["bytes"],
                    "floor": pp * entry["floor"], "bound": entry["bound"],
-                   **({"impl": entry["impl"]} if "impl" in entry else {})} for name, entry in cost.breakdown.items()}
+                   **({"impl": entry["impl"]} if "impl" in entry else {}),
+                   **({"hidden": pp * entry["hidden"]} if "hidden" in entry else {})}
+            for name, entry in cost.breakdown.items()}
         if decode_seqs > 0 and self.draft_tokens:
             nan = float("nan")
             ops["drafting"] = {"t": self.draft_tokens * self.draft_cost * self._plain_at(decode_seqs, decode_context),

@@ -403,7 +403,8 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                                        "5 us.", 0, None, fidelity="roofline"),
         "overlap_fraction": F(0.7, "Share of the EP all-to-all and PP send time hidden behind compute when the "
                                    "comm_overlap lever is on (0 when off): two micro-batches, one computing while "
-                                   "the other communicates (DeepSeek's dual-batch overlap).", 0, 1,
+                                   "the other communicates (DeepSeek's dual-batch overlap); never more in all than "
+                                   "the step's compute, the only work there is to hide behind.", 0, 1,
                               fidelity="roofline"),
         "stack": C("vllm", "The serving engine that runs the steps (mcsim.perf.stacks): its TP all-reduce "
                            "(vllm, sglang, trtllm: their own kernels inside a node; generic: NCCL) and whether its "
