@@ -625,3 +625,28 @@ def test_communication_hides_behind_no_more_than_the_steps_compute(overlap):
     assert cost.t_step >= alltoall * (1 - 1e-12) and cost.t_step >= compute
     if overlap == 1.0:
         assert cost.t_step == pytest.approx(max(alltoall, compute), rel=1e-12)
+
+
+@pytest.mark.parametrize("decodes, prefill", [(27, 512), (8, 2048), (64, 256), (200, 1000)])
+def test_a_mixed_step_is_one_gemm_of_all_its_rows_plus_each_sequences_attention(decodes, prefill):
+    """One step, one price: a step of d decodes and p prefill tokens costs a prefill step of d + p tokens (every
+    GEMM once at M = d + p rows, on the measured H100 surface) plus the decodes' own attention over their context,
+    within 1 %, the rest being the prefill attention of d more tokens."""
+    from mcsim.perf import gemm_surface
+    from mcsim.perf.hardware import as_hardware, gemm_figures
+
+    model, hw = catalog.model_preset("llama-3.1-70b"), catalog.hardware_preset("h100")
+    fig = gemm_figures(as_hardware(hw))
+    achievable = Achievable(flops_fraction=fig["performance.flops_fraction"],
+                            bandwidth_fraction=fig["performance.bandwidth_fraction"],
+                            gemm_half_tokens=fig["performance.gemm_half_tokens"],
+                            gemm_floor_s=fig["performance.gemm_floor_s"],
+                            gemm_surface=gemm_surface.for_hardware(as_hardware(hw).gemm_surface))
+    common = dict(achievable=achievable, parallel=Parallelism(tp=4), prefill_context=500)
+    mixed = step_cost(model, hw, decode_seqs=decodes, decode_context=2000, prefill_tokens=prefill, **common)
+    as_prefill = step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=decodes + prefill, **common)
+    decode = step_cost(model, hw, decode_seqs=decodes, decode_context=2000, **common)
+    for op in ("attention_proj", "dense_ffn", "tp_allreduce", "elementwise"):  # the same rows, the same price
+        assert mixed.breakdown[op]["t"] == pytest.approx(as_prefill.breakdown[op]["t"], rel=1e-12), op
+    expected = as_prefill.t_step + decode.breakdown["attention_core"]["t"]
+    assert mixed.t_step == pytest.approx(expected, rel=0.01)
