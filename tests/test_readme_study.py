@@ -1,8 +1,9 @@
-"""The README's capacity study, run as written: its commands work and print the figures the README quotes.
+"""The README's examples, run as written: their commands work and print the figures the README quotes.
 
-The README walks a study end to end (search, capacity, report) and quotes what each command printed. This runs the
-commands of its code block, with their outputs in a temporary folder, and checks each quoted figure against what
-they print now, so that the README and the program cannot drift apart.
+The README walks a study end to end (search, capacity, report), runs a node over a day's rate profile, prices a KV
+tier and finds a deployment's capacity, quoting what each command printed. This runs those commands, with their
+outputs in a temporary folder, and checks each quoted figure against what they print now, so that the README and
+the program cannot drift apart. (Speed figures come from the benchmarks, which say so where they are quoted.)
 """
 
 from __future__ import annotations
@@ -97,3 +98,34 @@ def test_the_readme_kv_tier_money_is_what_the_factory_prints(tmp_path):
     quoted = text[start:start + 400]
     assert f"{gb[0]:,} and {gb[1]:,} GB" in quoted and f"cost {cost[0]} and {cost[1]} USD a day" in quoted
     assert f"saved {saved[0]:,} and {saved[1]:,} USD of prefill" in quoted
+
+
+@pytest.mark.slow
+def test_the_readme_capacity_figures_are_what_the_commands_print(tmp_path):
+    """The Capacity section: `mcsim capacity scenarios/dense-node.toml` prints the band the README quotes, and the
+    fixed-fleet sweep it quotes meets the SLOs in the quoted number of samples at each rate (the test a capacity
+    bisection puts each rate to: feasible, not saturated, TTFT and TPOT at the SLO quantile within their targets)."""
+    import xarray as xr
+
+    from mcsim.scenario import load_scenario
+
+    text = " ".join(README.read_text().split())
+    section = text[text.index("## Capacity: the highest rate within the SLOs"):text.index("## A capacity study")]
+    scenario = str(ROOT / "scenarios" / "dense-node.toml")
+    result = invoke("capacity", scenario, "-o", tmp_path / "c.nc", "--no-progress")
+    assert result.exit_code == 0, result.output
+    band = re.search(r"capacity_rps requests/s ([\d.]+ \[[\d.]+, [\d.]+\])", " ".join(result.output.split())).group(1)
+    assert f"For `dense-node.toml` it prints {band} requests/s" in section
+
+    command = re.search(r"`(mcsim run scenarios/dense-node.toml --set deployment.fleet=fixed [^`]*)`", section).group(1)
+    args = [scenario if a == "scenarios/dense-node.toml" else a for a in shlex.split(command)[1:]]
+    assert invoke(*args, "-o", tmp_path / "f.nc", "--no-progress").exit_code == 0
+    p = load_scenario(scenario)
+    ttft, tpot = float(p["deployment.ttft_target_s"]), float(p["deployment.tpot_target_s"])
+    with xr.open_dataset(tmp_path / "f.nc") as ds:
+        met = ((ds.feasible == 1) & (ds.saturated == 0) & (ds.tpot_at_slo_quantile_s <= tpot)
+               & ((ds.ttft_at_slo_quantile_s <= ttft) if ttft > 0 else True))
+        counts = [int(c) for c in met.sum("sample").values]
+        samples = ds.sizes["sample"]
+    quoted = re.search(r"meets the SLOs in ([\d, and]+) of the (\d+) samples", section).groups()
+    assert [int(c) for c in re.findall(r"\d+", quoted[0])] == counts and int(quoted[1]) == samples
