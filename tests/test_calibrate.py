@@ -345,3 +345,75 @@ def test_files_measured_on_one_gpu_are_not_calibrated_as_another(tmp_path):
     result = CliRunner().invoke(main, ["calibrate", str(plain), "--hardware", "h200", "-o", str(tmp_path / "c.toml"),
                                        "--replicates", "2"])
     assert result.exit_code == 0, result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# AIConfigurator's GEMM tables (mcsim.calibration.aiconfigurator)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _aiconfigurator_table(tmp_path, truth_bf16, truth_fp8):
+    """A GEMM table as the database lays it out (a CSV export): BF16 and FP8 rows over layer shapes, timed by the
+    hand formula at known figures on H100, plus rows the reader must leave out (a tiny K, a 32,768-row GEMM, a
+    dtype it does not fit)."""
+    from mcsim.scenario import catalog
+
+    hw = catalog.hardware_preset("h100")
+    rng = np.random.default_rng(3)
+    lines = ["framework,gemm_dtype,m,n,k,latency,kernel_source"]
+    for dtype, truth, peak, wb in (("bfloat16", truth_bf16, hw["bf16_tflops"], 2), ("fp8", truth_fp8,
+                                                                                    hw["fp8_tflops"], 1)):
+        for n in (1024, 4096, 8192, 28672):
+            for k in (1024, 8192):
+                for m in (1, 8, 64, 256, 1024, 4096, 16384, 32768):
+                    flops, nbytes = 2.0 * m * n * k, wb * n * k + wb * m * k + 2 * m * n  # one kernel:
+                    f, b, half, floor = truth
+                    t = floor + max(flops / (peak * 1e12 * f * m / (m + half)), nbytes / (hw["hbm_tb_s"] * 1e12 * b))
+                    lines.append(f"VLLM,{dtype},{m},{n},{k},{t * 1e3 * math.exp(rng.normal(0, 0.005))},x")
+    lines += ["VLLM,fp8,64,4096,64,0.01,x", "VLLM,int8,64,4096,4096,0.01,x"]
+    path = tmp_path / "gemm_perf.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_aiconfigurator_gemm_fit_per_dtype_recovers_known_figures(tmp_path):
+    from mcsim.calibration import aiconfigurator as aic
+    from mcsim.scenario import catalog
+
+    bf16, fp8 = (0.78, 0.84, 60.0, 4e-6), (0.45, 0.86, 90.0, 8e-6)
+    table = aic.read_table(_aiconfigurator_table(tmp_path, bf16, fp8))
+    hw = catalog.hardware_preset("h100")
+    obs = aic.gemm_observations(table, hw, "fp8")
+    assert len(obs) == 4 * 2 * 7 and obs.shape.max() + 1 == 8  # 32,768 rows, K = 64 and int8 left out
+    for dtype, truth in (("bfloat16", bf16), ("fp8", fp8)):
+        fitted = aic.fit_dtype(table, hw, dtype)
+        got = [fitted[key] for key in aic.PARAMETER_KEYS]
+        assert got[0] == pytest.approx(truth[0], rel=0.02) and got[1] == pytest.approx(truth[1], rel=0.02), dtype
+        assert got[2] == pytest.approx(truth[2], rel=0.15) and got[3] == pytest.approx(truth[3], rel=0.15), dtype
+        assert fitted["mape"] < 0.01 and fitted["rows"] == 56 and fitted["shapes"] == 8
+
+
+def test_aiconfigurator_tables_refused_in_one_line(tmp_path):
+    from mcsim.calibration import aiconfigurator as aic
+
+    bad = tmp_path / "t.csv"
+    bad.write_text("m,n,k\n1,2,3\n")
+    with pytest.raises(ValueError, match="expected a GEMM table with columns"):
+        aic.read_table(bad)
+    table = aic.read_table(_aiconfigurator_table(tmp_path, (0.7, 0.8, 50.0, 5e-6), (0.4, 0.8, 50.0, 5e-6)))
+    with pytest.raises(ValueError, match="no nvfp4 GEMM"):
+        aic.gemm_observations(table, {"bf16_tflops": 989.4, "fp4_tflops": 0.0, "hbm_tb_s": 3.35}, "nvfp4")
+
+
+def test_aiconfigurator_parquet_reads_as_its_csv(tmp_path):
+    """The parquet file and its CSV export read the same (where a parquet reader is installed: the optional extra)."""
+    fastparquet = pytest.importorskip("fastparquet")
+    import pandas as pd
+
+    from mcsim.calibration import aiconfigurator as aic
+
+    csv_path = _aiconfigurator_table(tmp_path, (0.7, 0.8, 50.0, 5e-6), (0.4, 0.8, 50.0, 5e-6))
+    fastparquet.write(str(tmp_path / "gemm_perf.parquet"), pd.read_csv(csv_path))
+    from_csv, from_parquet = aic.read_table(csv_path), aic.read_table(tmp_path / "gemm_perf.parquet")
+    for column in aic.COLUMNS:
+        np.testing.assert_array_equal(from_parquet[column], from_csv[column], err_msg=column)

@@ -1,0 +1,121 @@
+"""GEMM tables of AIConfigurator's kernel database (NVIDIA's ``aiconfigurator``, Apache-2.0): GEMMs timed one by one
+on a real GPU under a serving engine, by dtype and shape, read as the GEMM op class of :mod:`mcsim.calibration.fit`.
+
+A table (``systems/data/<gpu>/gemm/<engine>/<version>/gemm_perf.parquet`` in the database) has one row per timed
+GEMM: ``gemm_dtype`` (``bfloat16``, ``fp8`` per-tensor scaled, ``fp8_block`` block-scaled, ``nvfp4`` where
+measured), ``m`` (rows: tokens), ``n``, ``k`` and ``latency`` (milliseconds), with the kernel that ran it
+(``kernel_source``). :func:`gemm_observations` turns the rows of one dtype into observations priced as the
+roofline prices a GEMM (``2 m n k`` FLOPs at the dtype's peak; the weights at the dtype's width, the input at the
+compute width and the output in BF16), so :func:`fit_dtype` fits the four figures the catalog keeps per dtype
+(``hardware.gemm_<dtype>_*``).
+
+Reading the parquet file needs a parquet library (``pip install "mcsim[aiconfigurator]"``); a CSV export of a table
+(the same columns) needs none. Nothing of the database ships with mcsim: the catalog keeps the fitted figures, with
+their source in ``mcsim/data/measurements/aiconfigurator/README.md``.
+
+    python -m mcsim.calibration.aiconfigurator gemm_perf.parquet --hardware h100
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from mcsim.calibration.fit import PARAMETERS, Observations, fit_point, predict
+
+try:  # optional: the database is an extra, never a dependency (pip install "mcsim[aiconfigurator]")
+    import fastparquet
+except ImportError:
+    fastparquet = None
+try:  # optional, the other parquet reader
+    import pyarrow.parquet as pyarrow_parquet
+except ImportError:
+    pyarrow_parquet = None
+from mcsim.perf.hardware import as_hardware
+from mcsim.scenario import catalog
+
+#: The database's dtype names -> (the roofline's compute dtype, weight bytes, input bytes per element).
+DTYPES = {"bfloat16": ("bf16", 2.0, 2.0), "fp8": ("fp8", 1.0, 1.0), "fp8_block": ("fp8", 1.0, 1.0),
+          "nvfp4": ("fp4", 0.5, 0.5)}
+#: Output bytes per element (BF16, as the engines' scaled GEMMs write it).
+OUTPUT_BYTES = 2.0
+#: The shapes a transformer's layers have: at least this many columns and this depth, and at most this many rows.
+MIN_N = MIN_K = 512
+MAX_M = 16384
+COLUMNS = ("gemm_dtype", "m", "n", "k", "latency")
+PARAMETER_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction", "performance.gemm_half_tokens",
+                  "performance.gemm_floor_s")
+
+
+def read_table(path) -> dict:
+    """The columns :data:`COLUMNS` of a GEMM table: a parquet file (with ``fastparquet`` or ``pyarrow``) or a
+    CSV export; numbers as float64 arrays, the dtype as an array of str."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        missing = [c for c in COLUMNS if rows and c not in rows[0]]
+        if not rows or missing:
+            raise ValueError(f"{path}: expected a GEMM table with columns {', '.join(COLUMNS)}")
+        return {c: np.array([r[c] for r in rows], dtype=str if c == "gemm_dtype" else float) for c in COLUMNS}
+    if fastparquet is not None:
+        frame = fastparquet.ParquetFile(str(path)).to_pandas(columns=list(COLUMNS))
+    elif pyarrow_parquet is not None:
+        frame = pyarrow_parquet.read_table(str(path), columns=list(COLUMNS)).to_pandas()
+    else:
+        raise ValueError(f"{path}: reading parquet needs fastparquet or pyarrow "
+                         "(pip install \"mcsim[aiconfigurator]\"), or give a CSV export")
+    return {c: frame[c].to_numpy(dtype=str if c == "gemm_dtype" else float) for c in COLUMNS}
+
+
+def gemm_observations(table: dict, hw, dtype: str) -> Observations:
+    """The rows of ``dtype`` (a name of :data:`DTYPES`) with transformer-layer shapes, as GEMM observations on
+    ``hw`` (a catalog entry or :class:`~mcsim.perf.hardware.Hardware`); each measured ``(n, k)`` is one shape."""
+    compute, weight_bytes, input_bytes = DTYPES[dtype]
+    hw = as_hardware(hw)
+    keep = ((table["gemm_dtype"] == dtype) & (table["n"] >= MIN_N) & (table["k"] >= MIN_K) & (table["m"] <= MAX_M)
+            & (table["latency"] > 0))
+    m, n, k = table["m"][keep], table["n"][keep], table["k"][keep]
+    if m.size == 0:
+        raise ValueError(f"no {dtype} GEMM of a transformer layer's shape in the table")
+    shape = np.unique(np.stack([n, k], axis=1), axis=0, return_inverse=True)[1].astype(np.int64).ravel()
+    data = {"flops": 2.0 * m * n * k, "bytes": weight_bytes * n * k + input_bytes * m * k + OUTPUT_BYTES * m * n,
+            "rows": m, "n": n, "k": k, "tp": np.ones_like(m), "kernels": np.ones_like(m),
+            "peak": np.full(m.size, hw.peak_flops(compute)), "hbm": np.full(m.size, hw.hbm_bytes_s)}
+    return Observations("gemm", table["latency"][keep] * 1e-3, shape, data, PARAMETER_KEYS)
+
+
+def fit_dtype(table: dict, hw, dtype: str) -> dict:
+    """The four GEMM figures of ``dtype`` fitted to the table (key units: fractions, rows, seconds), with the fit's
+    ``rows``, ``shapes`` and in-sample ``mape`` (one curve per dtype, no surface by shape)."""
+    obs = gemm_observations(table, hw, dtype)
+    fitted = dict(zip(obs.active, (float(x) for x in fit_point(obs))))  # in the fit's units (the floor in us)
+    modelled = predict(obs, fitted)
+    units = {key: unit for key, unit, *_ in PARAMETERS["gemm"]}
+    return {**{key: value * units[key] for key, value in fitted.items()}, "rows": int(len(obs)),
+            "shapes": int(obs.shape.max() + 1), "mape": float(np.mean(np.abs(modelled / obs.measured_s - 1.0)))}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="Fit the roofline's GEMM figures per dtype to a GEMM table of "
+                                                 "AIConfigurator's database.")
+    parser.add_argument("table", help="gemm_perf.parquet (or a CSV export of it)")
+    parser.add_argument("--hardware", required=True, help="the catalog's accelerator the table was measured on")
+    args = parser.parse_args(argv)
+    table = read_table(args.table)
+    hw = catalog.hardware_preset(args.hardware)
+    for dtype in DTYPES:
+        if not np.any(table["gemm_dtype"] == dtype):
+            continue
+        fit = fit_dtype(table, hw, dtype)
+        print(f"{dtype}: flops_fraction {fit['performance.flops_fraction']:.4f}, bandwidth_fraction "
+              f"{fit['performance.bandwidth_fraction']:.4f}, half_tokens {fit['performance.gemm_half_tokens']:.1f}, "
+              f"floor_us {fit['performance.gemm_floor_s'] * 1e6:.3f} ({fit['rows']:,} GEMMs of {fit['shapes']} "
+              f"shapes, in-sample MAPE {fit['mape']:.3f})")
+
+
+if __name__ == "__main__":
+    main()
