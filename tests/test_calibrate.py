@@ -417,3 +417,16 @@ def test_aiconfigurator_parquet_reads_as_its_csv(tmp_path):
     from_csv, from_parquet = aic.read_table(csv_path), aic.read_table(tmp_path / "gemm_perf.parquet")
     for column in aic.COLUMNS:
         np.testing.assert_array_equal(from_parquet[column], from_csv[column], err_msg=column)
+
+
+def test_calibrate_reads_an_aiconfigurator_table_for_the_dtype_asked():
+    """`mcsim calibrate` takes an AIConfigurator GEMM table (here the measured rows of tests/data) and fits the rows
+    of --dtype only: the FP8 calibration's regime says FP8 and its GEMMs reach far less of their peak than BF16's."""
+    table = Path(__file__).parent / "data" / "aiconfigurator" / "h100_vllm_0.24.0_llama70b_tp8_gemms.csv"
+    assert measurements.kind_of(table) == "aiconfigurator-gemm"
+    fits = {}
+    for dtype in ("bf16", "fp8"):
+        cal, class_fits = calibrate([table], hardware="h100", dtype=dtype, replicates=4, cross_validation=False)
+        assert cal.regime["dtype"] == dtype and [f.cls for f in class_fits] == ["gemm"]
+        fits[dtype] = class_fits[0].estimate["performance.flops_fraction"]
+    assert fits["fp8"] < 0.75 * fits["bf16"]  # of the doubled peak: FP8 is not twice BF16's speed

@@ -48,15 +48,20 @@ def test_the_readme_capacity_study_runs_as_written_and_prints_what_it_quotes(tmp
     quoted = section_text()
     search, capacity = printed["search"], printed["capacity"]
     # the search: the optimum and each candidate's median objective, as the README quotes them
-    assert "robust optimum: hardware.preset=h100, deployment.tp=4 (cost_usd_per_mtok at quantile 0.5: 1.36" in search
-    for candidate, value in (("h200 tp=4", "1.89"), ("h100 tp=8", "2.02"), ("h200 tp=8", "2.83")):
-        assert re.search(rf"{candidate} \d+ - 100 % {value}", search), (candidate, value)
-        assert f"({value})" in quoted
-    assert "20 sample runs of the 32 an exhaustive sweep needs" in search and "NOT AT STEADY STATE" not in search
+    figures = re.search(r"robust optimum at ([\d.]+) USD/Mtok median, ahead of H200 TP4 \(([\d.]+)\), H100 TP8 "
+                        r"\(([\d.]+)\) and H200 TP8 \(([\d.]+)\); (\d+) sample runs of the (\d+)", quoted).groups()
+    assert ("robust optimum: hardware.preset=h100, deployment.tp=4 (cost_usd_per_mtok at quantile 0.5: "
+            f"{figures[0]} USD/Mtok)") in search
+    for candidate, value in zip(("h200 tp=4", "h100 tp=8", "h200 tp=8"), figures[1:4]):
+        assert re.search(rf"{candidate} \d+ - 100 % {value} ", search), (candidate, value)
+    assert f"{figures[4]} sample runs of the {figures[5]} an exhaustive sweep needs" in search
+    assert "NOT AT STEADY STATE" not in search
     # the capacity: its band, the fleet it held and the cost there
     band = re.search(r"capacity_rps requests/s ([\d.]+) \[([\d.]+), ([\d.]+)\]", capacity).groups()
     assert f"{band[0]} requests/s median [{band[1]}, {band[2]}]" in quoted
-    assert "2 decode instance(s)" in capacity and "gpus at capacity GPUs 16 [16, 16]" in capacity
+    instances, low, high = re.search(r"([\d-]+) decode instance\(s\)", capacity).group(1), *re.search(
+        r"gpus at capacity GPUs [\d.]+ \[([\d.]+), ([\d.]+)\]", capacity).groups()
+    assert f"({instances} instances, {float(low):.0f}-{float(high):.0f} GPUs)" in quoted
     cost = re.search(r"cost_usd_per_mtok at capacity USD/Mtok ([\d.]+)", capacity).group(1)
     assert f"{float(cost):.2f} USD/Mtok there" in quoted
     assert (tmp_path / "outputs" / "study-capacity-report" / "capacity.png").is_file()
@@ -73,9 +78,11 @@ def test_the_readme_rate_profile_example_prints_what_it_quotes(tmp_path):
     result = invoke(*args, "-o", tmp_path / "day.nc", "--no-progress")
     assert result.exit_code == 0, result.output
     printed = " ".join(result.output.split())
-    night, day = re.findall(r"(10,800|54,000) [\d.]+ \[[^]]*\] ([\d.]+) \[", printed)[-2:]
+    # the table whose first column is USD/Mtok: its two rows, night then day
+    night, day = re.search(r"rate_profile_start_s USD/Mtok [^\n]*?10,800 ([\d.]+) \[[^]]*\][^\n]*?54,000 ([\d.]+) \[",
+                           printed).groups()
     quoted = re.search(r"\(([\d.]+) against ([\d.]+) USD/Mtok, medians over samples", text).groups()
-    assert (night[0], day[0]) == ("10,800", "54,000") and (night[1], day[1]) == quoted
+    assert (night, day) == quoted
     assert "STEADY STATE NOT JUDGED: 8 of 8 sample runs" in printed and "NOT AT STEADY STATE" not in printed
 
 

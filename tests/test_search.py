@@ -206,14 +206,15 @@ TIE_SPACE = ["deployment.instances=1,2", "deployment.tp=4,8"]
 
 
 def test_search_prints_and_records_exact_ties(tmp_path):
-    """A fixed fleet at dense-node's own light load meets every SLO whatever the recipe, so maximizing SLO
+    """A fixed fleet at a light load (2 requests/s) meets every SLO whatever the recipe, so maximizing SLO
     attainment ties all four candidates exactly (1 in every sample). One 8-GPU instance beats two; of the two
     one-instance recipes the one with the higher median decode throughput per GPU wins."""
     from helpers import invoke
 
     out = tmp_path / "ties.nc"
     result = invoke("search", SCENARIO, *[x for s in TIE_SPACE for x in ("--space", s)], "--objective",
-                    "slo_attainment", "--maximize", "--set", "deployment.fleet=fixed", "--samples", "2",
+                    "slo_attainment", "--maximize", "--set", "deployment.fleet=fixed", "--set", "workload.rate_rps=2",
+                    "--samples", "2",
                     "--requests", "200", "--first-round", "2", "--workers", "1", "--no-progress", "-o", out)
     assert result.exit_code == 0, result.output
     with xr.open_dataset(out) as ds:

@@ -40,6 +40,9 @@ from mcsim.scenario import catalog
 #: The database's dtype names -> (the roofline's compute dtype, weight bytes, input bytes per element).
 DTYPES = {"bfloat16": ("bf16", 2.0, 2.0), "fp8": ("fp8", 1.0, 1.0), "fp8_block": ("fp8", 1.0, 1.0),
           "nvfp4": ("fp4", 0.5, 0.5)}
+#: The table's dtype that ``mcsim calibrate --dtype`` fits (FP8: the per-tensor scaled GEMMs a checkpoint in FP8
+#: runs by default; block-scaled ones are ``fp8_block``).
+TABLE_DTYPE = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4", "fp32": "float32"}
 #: Output bytes per element (BF16, as the engines' scaled GEMMs write it).
 OUTPUT_BYTES = 2.0
 #: The shapes a transformer's layers have: at least this many columns and this depth, and at most this many rows.
@@ -71,9 +74,11 @@ def read_table(path) -> dict:
     return {c: frame[c].to_numpy(dtype=str if c == "gemm_dtype" else float) for c in COLUMNS}
 
 
-def gemm_observations(table: dict, hw, dtype: str) -> Observations:
+def gemm_observations(table: dict, hw, dtype: str, source: str = "") -> Observations:
     """The rows of ``dtype`` (a name of :data:`DTYPES`) with transformer-layer shapes, as GEMM observations on
     ``hw`` (a catalog entry or :class:`~mcsim.perf.hardware.Hardware`); each measured ``(n, k)`` is one shape."""
+    if dtype not in DTYPES:
+        raise ValueError(f"no {dtype} GEMM the roofline prices (its dtypes: {', '.join(DTYPES)})")
     compute, weight_bytes, input_bytes = DTYPES[dtype]
     hw = as_hardware(hw)
     keep = ((table["gemm_dtype"] == dtype) & (table["n"] >= MIN_N) & (table["k"] >= MIN_K) & (table["m"] <= MAX_M)
@@ -85,7 +90,8 @@ def gemm_observations(table: dict, hw, dtype: str) -> Observations:
     data = {"flops": 2.0 * m * n * k, "bytes": weight_bytes * n * k + input_bytes * m * k + OUTPUT_BYTES * m * n,
             "rows": m, "n": n, "k": k, "tp": np.ones_like(m), "kernels": np.ones_like(m),
             "peak": np.full(m.size, hw.peak_flops(compute)), "hbm": np.full(m.size, hw.hbm_bytes_s)}
-    return Observations("gemm", table["latency"][keep] * 1e-3, shape, data, PARAMETER_KEYS)
+    return Observations("gemm", table["latency"][keep] * 1e-3, shape, data, PARAMETER_KEYS,
+                        sources=[source] if source else [])
 
 
 def fit_dtype(table: dict, hw, dtype: str) -> dict:

@@ -17,6 +17,7 @@ from mcsim.calibration import fit as fitting
 from mcsim.calibration import measurements
 from mcsim.calibration.files import Calibration, CalibrationError, build
 from mcsim.calibration.vidur import MeasurementError
+from mcsim.calibration import aiconfigurator
 from mcsim.scenario import catalog
 
 #: Fitting order: the step class is fitted last, on top of the others' point fits.
@@ -88,6 +89,13 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
                 parts["allreduce_nodes"].append(nodes)
         elif kind == "vidur-send_recv":
             parts["send"].append(measurements.send_observations(path))
+        elif kind == "aiconfigurator-gemm":
+            try:
+                table = aiconfigurator.read_table(path)
+                parts["gemm"].append(aiconfigurator.gemm_observations(table, hw, aiconfigurator.TABLE_DTYPE[dtype],
+                                                                      source=str(path)))
+            except ValueError as err:
+                raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
     fits = []
     for cls in ORDER[:-1]:
         if parts[cls]:

@@ -57,6 +57,8 @@ def shape_ids(*columns) -> np.ndarray:
 def kind_of(path) -> str:
     """Which of :data:`KINDS` a measurement file is, from its header (a :class:`MeasurementError` otherwise)."""
     path = Path(path)
+    if path.suffix == ".parquet":  # AIConfigurator's database keeps its tables so
+        return "aiconfigurator-gemm"
     with _open(path) as handle:
         try:
             header = next(csv.reader(line for line in handle if not line.startswith("#")), [])
@@ -71,8 +73,11 @@ def kind_of(path) -> str:
         return "vidur-send_recv"
     if set(STEP_COLUMNS) <= names:
         return "steps"
+    if {"gemm_dtype", "m", "n", "k", "latency"} <= names:
+        return "aiconfigurator-gemm"
     raise MeasurementError(f"{path}:1: not a measurement file mcsim reads: expected Vidur's mlp.csv, all_reduce.csv "
-                           f"or send_recv.csv columns, or the step CSV columns {', '.join(STEP_COLUMNS)}")
+                           f"or send_recv.csv columns, AIConfigurator's gemm_perf table, or the step CSV columns "
+                           f"{', '.join(STEP_COLUMNS)}")
 
 
 def _dense_model(hidden: int, heads: int, kv_heads: int, ffn: int) -> dict:

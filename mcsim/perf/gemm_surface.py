@@ -23,9 +23,10 @@ measured ``(N, K)`` as a curve over ``log2 M``. The correction of a GEMM is ``ex
 ``SIGMA`` and ``W0`` were chosen on the bundled data by fitting on TP 1 and 4 and predicting TP 2 and 8, shapes the
 fit has not seen; ``mcsim validate`` reports that split, each measured row left out, and each model left out.
 
-Measured in BF16; a low-precision GEMM takes the same correction (an assumption: its tiles and waves differ). A GPU
-without measurements of its own uses the surface of one with the same SMs (the catalog's ``gemm_surface`` names
-it), whose residuals then scale that GPU's own roofline.
+A surface belongs to one dtype: the catalog's ``gemm_surface`` is BF16's, and ``gemm_fp8_surface`` (where FP8
+GEMMs were measured) FP8's, whose kernels tile and wave differently; a low-precision GEMM on a GPU without its own
+surface takes the BF16 one (an assumption). A GPU without measurements of its own uses the surface of one with the
+same SMs (the catalog names it), whose residuals then scale that GPU's own roofline.
 
 Surfaces are written by ``mcsim calibrate`` into calibration files (``[surfaces.gemm]``); the catalog's come from
 the bundled calibrations in ``mcsim/data/calibrations/``.

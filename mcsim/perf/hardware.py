@@ -56,6 +56,11 @@ class Hardware:
     gemm_surface : str
         The bundled calibration whose GEMM surface corrects each GEMM by its shape ("" where none; see
         :mod:`mcsim.perf.gemm_surface`).
+    gemm_fp8_flops_fraction, gemm_fp8_bandwidth_fraction, gemm_fp8_half_tokens, gemm_fp8_floor_us : float
+        The same four figures fitted to measured FP8 GEMMs (0 where not measured: FP8 GEMMs then take the BF16
+        figures at the FP8 peak).
+    gemm_fp8_surface : str
+        The bundled calibration whose FP8 GEMM surface corrects each FP8 GEMM by its shape ("" where none).
     kernel_floor_us, elementwise_bandwidth_fraction : float
         Fitted element-wise kernel figures: the fixed time of one kernel and the share of HBM bandwidth the
         kernels reach (0 where not measured).
@@ -89,6 +94,11 @@ class Hardware:
     gemm_half_tokens: float = 0.0
     gemm_floor_us: float = 0.0
     gemm_surface: str = ""
+    gemm_fp8_flops_fraction: float = 0.0
+    gemm_fp8_bandwidth_fraction: float = 0.0
+    gemm_fp8_half_tokens: float = 0.0
+    gemm_fp8_floor_us: float = 0.0
+    gemm_fp8_surface: str = ""
     kernel_floor_us: float = 0.0
     elementwise_bandwidth_fraction: float = 0.0
     tdp_w: float = 0.0
@@ -127,9 +137,11 @@ def as_hardware(entry) -> Hardware:
     if any(k.startswith("hardware.") for k in entry):  # a sample's parameters: keep the hardware section
         entry = {k.split(".", 1)[1]: v for k, v in entry.items() if k.startswith("hardware.")}
     numbers = {f.name: float(entry.get(f.name, 0.0))  # every other field is a figure, 0 where not given
-               for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node", "gemm_surface")}
+               for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node", "gemm_surface",
+                                                           "gemm_fp8_surface")}
     return Hardware(name=str(entry.get("name", entry.get("preset", ""))),
                     gemm_surface=str(entry.get("gemm_surface", "")),
+                    gemm_fp8_surface=str(entry.get("gemm_fp8_surface", "")),
                     tflops={dtype: float(entry.get(f"{dtype}_tflops", 0.0)) for dtype in FORMATS},
                     gpus_per_node=int(entry.get("gpus_per_node", 1)), **numbers)
 

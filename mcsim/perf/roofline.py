@@ -256,6 +256,10 @@ class Achievable:
         Multiplier on the whole step (a calibration's residual against measured whole steps; 1 = none).
     gemm_surface : mcsim.perf.gemm_surface.GemmSurface, optional
         Measured correction of each GEMM's time by its shape (None: the roofline alone).
+    linear : LinearGemms, optional
+        The figures of the linear layers' GEMMs where their compute dtype has its own measured ones (FP8 on a GPU
+        whose FP8 GEMMs were measured); None: the figures above, at the compute dtype's peak. Attention, the router
+        and element-wise kernels keep the figures above.
     """
 
     flops_fraction: float = 0.6
@@ -273,6 +277,18 @@ class Achievable:
     attention_floor_s: float = 0.0
     errors: dict = field(default_factory=dict, hash=False)
     step_error: float = 1.0
+    gemm_surface: object = field(default=None, hash=False, compare=False)
+    linear: "LinearGemms | None" = None
+
+
+@dataclass(frozen=True)
+class LinearGemms:
+    """GEMM figures measured for one compute dtype (the fields of :class:`Achievable` of the same names)."""
+
+    flops_fraction: float
+    bandwidth_fraction: float
+    gemm_half_tokens: float
+    gemm_floor_s: float
     gemm_surface: object = field(default=None, hash=False, compare=False)
 
 
@@ -583,15 +599,19 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     h = model["hidden_size"]
     a, wb, kvb = precision.activation_bytes, precision.weight_bytes, precision.kv_bytes
     unfused = 0.0 if achievable.fused else 1.0
-    peak_linear = _peak_flops(hw, precision.compute) * achievable.flops_fraction
+    linear = achievable.linear or LinearGemms(achievable.flops_fraction, achievable.bandwidth_fraction,
+                                              achievable.gemm_half_tokens, achievable.gemm_floor_s,
+                                              achievable.gemm_surface)
+    peak_linear = _peak_flops(hw, precision.compute) * linear.flops_fraction
     peak_attention = hw.peak_flops("bf16") * achievable.flops_fraction
     bandwidth = hw.hbm_bytes_s * achievable.bandwidth_fraction
+    linear_bandwidth = hw.hbm_bytes_s * linear.bandwidth_fraction
     elementwise_bw = hw.hbm_bytes_s * achievable.elementwise_bandwidth_fraction
     n = tokens / adp  # tokens per attention-DP group: what every GPU of a TP group processes
     has_prefill = 1.0 if prefill_tokens > 0 else 0.0
     layers, dense_layers, moe_layers = _layer_counts(model, pp)
-    half, floor = achievable.gemm_half_tokens, achievable.gemm_floor_s
-    surface = achievable.gemm_surface
+    bf16 = LinearGemms(achievable.flops_fraction, achievable.bandwidth_fraction, achievable.gemm_half_tokens,
+                       achievable.gemm_floor_s, achievable.gemm_surface)
 
     def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear):
         """``count`` times an op that is not a GEMM (its roofline alone)."""
@@ -602,12 +622,15 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         op["act"] += count * act
         op["t"] += count * gemm_seconds(flops, weight + kv + act, peak, bandwidth, kernels=0)
 
-    def add_gemms(name, count, rows, shapes, *, groups=1.0, weight_bytes=wb, peak=peak_linear, extra_weight=0.0):
+    def add_gemms(name, count, rows, shapes, *, groups=1.0, weight_bytes=wb, figures=linear, peak=peak_linear,
+                  gemm_bandwidth=linear_bandwidth, extra_weight=0.0):
         """``count`` times the GEMMs ``shapes`` (``(N, K)`` each) over ``rows`` rows; a grouped GEMM spreads its rows
         over ``groups`` weight matrices (experts), each GEMM of ``rows / groups`` rows. Each kernel pays its floor,
-        its roofline at its rows' FLOP share and its shape's measured correction (:func:`gemm_seconds`);
-        ``extra_weight`` bytes (a layer's norm weights) ride on the first."""
+        its roofline at its rows' FLOP share and its shape's measured correction (:func:`gemm_seconds`), all from
+        ``figures`` (the linear layers' by default); ``extra_weight`` bytes (a layer's norm weights) ride on the
+        first."""
         op = ops[name]
+        half, floor, surface = figures.gemm_half_tokens, figures.gemm_floor_s, figures.gemm_surface
         each = rows / max(groups, 1.0)
         for j, (n_cols, depth) in enumerate(shapes):
             flops = 2.0 * rows * n_cols * depth
@@ -618,7 +641,7 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
             op["weight"] += count * weight
             op["act"] += count * act
             op["floor"] += count * floor * factor
-            op["t"] += count * gemm_seconds(flops, weight + act, peak, bandwidth, rows=each, half_tokens=half,
+            op["t"] += count * gemm_seconds(flops, weight + act, peak, gemm_bandwidth, rows=each, half_tokens=half,
                                             floor_s=floor, factor=factor)
 
     def add_elementwise(count, kernels, act):
@@ -668,8 +691,8 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     # MoE layers: router, shared experts, routed experts on the slowest EP rank
     if moe_layers > 0:
         experts, top_k = model["experts"], model["active_experts"]
-        add_gemms("router", moe_layers, n, [(experts, h)], weight_bytes=ROUTER_WEIGHT_BYTES,
-                  peak=hw.peak_flops("bf16") * achievable.flops_fraction)
+        add_gemms("router", moe_layers, n, [(experts, h)], weight_bytes=ROUTER_WEIGHT_BYTES, figures=bf16,
+                  peak=hw.peak_flops("bf16") * achievable.flops_fraction, gemm_bandwidth=bandwidth)
         add_elementwise(moe_layers, 2, n * a * 5 * h)  # RMSNorm, residual add
         if model["shared_experts"] > 0:
             fs = model["shared_experts"] * model["expert_ffn"] / tp

@@ -17,7 +17,7 @@ from mcsim.perf import gemm_surface as surfaces
 from mcsim.perf import roofline
 from mcsim.perf.stacks import stack_entry
 from mcsim.perf.capacity import _instance_step_time
-from mcsim.perf.hardware import Hardware, as_hardware, performance_defaults
+from mcsim.perf.hardware import Hardware, as_hardware, gemm_figures, performance_defaults
 from mcsim.perf.factor import StepModel, StepTime, _model, parallelism, precision
 
 
@@ -27,6 +27,7 @@ def _hardware(p: dict) -> Hardware:
 
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
     """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
+    linear = linear_gemms(p)
     p = performance_defaults(p)
     stack = stack_entry(p["performance.stack"])
     impl = stack.allreduce_impl if p["performance.allreduce_impl"] == "stack" else p["performance.allreduce_impl"]
@@ -51,12 +52,32 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             elementwise_bandwidth_fraction=p["performance.elementwise_bandwidth_fraction"],
             attention_floor_s=p["performance.attention_floor_s"],
             errors={cls: p[f"performance.{cls}_error"] for cls in roofline.ERROR_CLASSES},
-            step_error=p["performance.step_error"], gemm_surface=gemm_surface(p)),
+            step_error=p["performance.step_error"], gemm_surface=gemm_surface(p), linear=linear),
         "hot_rank_factor": hot_rank_factor,
         "distinct_experts": distinct_experts,
         "attention_window": p["performance.attention_window"],
         "sparse_topk": p["performance.sparse_topk"],
     }
+
+
+#: The GEMM keys a scenario leaves at 0 ("the hardware's") for the hardware's own figures of the compute dtype.
+LINEAR_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction", "performance.gemm_half_tokens",
+               "performance.gemm_floor_s")
+
+
+def linear_gemms(p: dict):
+    """The linear layers' GEMM figures where they are not the BF16 ones: FP8 compute on hardware whose FP8 GEMMs
+    were measured (the catalog's ``gemm_fp8_*`` and FP8 surface), where the scenario leaves the GEMM figures and the
+    surface to the hardware (a scenario's own figures, or a calibration's, apply to every GEMM); else None."""
+    on = p["precision.enabled"] and p["precision.compute"] == "fp8"
+    hw = _hardware(p)
+    if not on or hw.gemm_fp8_flops_fraction <= 0 or str(p.get("performance.gemm_surface", "")):
+        return None
+    hardware_own = gemm_figures(hw)  # what performance_defaults fills in for keys left at 0
+    if any(p.get(k, 0) not in (0, hardware_own[k]) for k in LINEAR_KEYS):
+        return None
+    return roofline.LinearGemms(hw.gemm_fp8_flops_fraction, hw.gemm_fp8_bandwidth_fraction, hw.gemm_fp8_half_tokens,
+                                hw.gemm_fp8_floor_us * 1e-6, surfaces.for_hardware(hw.gemm_fp8_surface))
 
 
 def gemm_surface(p: dict):

@@ -103,6 +103,15 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
     "gemm_floor_us": (float, "fixed GPU time of one GEMM kernel, us, fitted like gemm_flops_fraction; 0 where unknown"),
     "gemm_surface": (str, "the bundled calibration (mcsim/data/calibrations/<name>.toml) whose measured GEMM "
                           "surface corrects each GEMM by its shape (mcsim.perf.gemm_surface); \"\" where none"),
+    "gemm_fp8_flops_fraction": (float, "gemm_flops_fraction of FP8 GEMMs (of the FP8 peak), fitted to measured FP8 "
+                                       "GEMM times where the source says so; 0 where unknown (then FP8 GEMMs take "
+                                       "the BF16 figures at the FP8 peak)"),
+    "gemm_fp8_bandwidth_fraction": (float, "gemm_bandwidth_fraction of FP8 GEMMs, fitted like "
+                                           "gemm_fp8_flops_fraction"),
+    "gemm_fp8_half_tokens": (float, "gemm_half_tokens of FP8 GEMMs, fitted like gemm_fp8_flops_fraction"),
+    "gemm_fp8_floor_us": (float, "gemm_floor_us of FP8 GEMMs, fitted like gemm_fp8_flops_fraction"),
+    "gemm_fp8_surface": (str, "the bundled calibration whose measured FP8 GEMM surface corrects each FP8 GEMM by its "
+                              "shape; \"\" where none"),
     "kernel_floor_us": (float, "fixed GPU time of one element-wise kernel (RMSNorm, RoPE, activation, residual add), "
                                "us, fitted to measured per-layer kernel times where the source says so; 0 where "
                                "unknown"),
@@ -371,6 +380,15 @@ def kernel_evidence(name: str, gemm_surface: str | None = None) -> tuple[str, st
     and tensor cores, at its own peaks and bandwidths) or ``"none"`` (a roofline at the catalog's peaks whose
     efficiencies are uncertain inputs, ``performance.unmeasured_*``: unmeasured, and expected optimistic). ``gemm_surface`` is the scenario's own value where it overrides
     the catalog's."""
+    kind, text = _bf16_evidence(name, gemm_surface)
+    fp8 = str(hardware_preset(name).get("gemm_fp8_surface", "") or "")
+    if fp8:
+        text += (f"; FP8 GEMMs from the measured surface {fp8}.toml (AIConfigurator's vLLM tables)" if fp8 ==
+                 f"{name}-fp8" else f"; FP8 GEMMs from {fp8.split('-')[0]}'s measured FP8 surface")
+    return kind, text
+
+
+def _bf16_evidence(name: str, gemm_surface: str | None) -> tuple[str, str]:
     surface = hardware_preset(name).get("gemm_surface", "") if gemm_surface is None else gemm_surface
     surface = str(surface or "")
     if surface in ("", "none"):
