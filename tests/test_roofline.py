@@ -702,3 +702,23 @@ def test_fp8_gemms_are_priced_from_measured_fp8_gemms_not_the_bf16_curve():
                          prefill_tokens=4096, prefill_context=2000, **plain)
     assert step_new.breakdown["dense_ffn"]["t"] > 1.2 * step_old.breakdown["dense_ffn"]["t"]
     assert step_new.breakdown["attention_core"]["t"] == step_old.breakdown["attention_core"]["t"]  # BF16 attention
+
+
+def test_each_phase_hides_its_own_share_of_the_alltoall():
+    """decode_comm_overlap prices steps without prefill tokens, prefill_comm_overlap steps with them; each hides
+    min(share x all-to-all, compute) of its own step (closed form), and the scenario key they replace is refused
+    in one line that names them."""
+    from mcsim.scenario import ScenarioError, load_scenario
+
+    model, hw = catalog.model_preset("deepseek-v3"), catalog.hardware_preset("h800")
+    parallel = Parallelism(tp=1, attention_dp=32, ep=32)
+    both = Collectives(overlap=0.2, prefill_overlap=0.9)
+    for step in (dict(prefill_tokens=4096, prefill_context=2000, decode_seqs=0, decode_context=0),
+                 dict(prefill_tokens=0, decode_seqs=256, decode_context=2000)):
+        plain = step_cost(model, hw, parallel=parallel, collectives=Collectives(), **step)
+        cost = step_cost(model, hw, parallel=parallel, collectives=both, **step)
+        share = 0.9 if step["prefill_tokens"] else 0.2
+        alltoall, compute = plain.breakdown["ep_alltoall"]["t"], plain.t_step - plain.t_comm_exposed - plain.t_overhead
+        assert cost.breakdown["ep_alltoall"]["hidden"] == pytest.approx(min(share * alltoall, compute), rel=1e-12)
+    with pytest.raises(ScenarioError, match="decode_comm_overlap and performance.prefill_comm_overlap"):
+        load_scenario(DENSE_NODE, overrides=["performance.overlap_fraction=0.5"])

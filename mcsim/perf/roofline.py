@@ -200,7 +200,11 @@ class Collectives:
     alltoall : {"direct", "hierarchical"}
     overlap : float
         Fraction of the EP all-to-all and PP send time hidden behind compute (two micro-batches, DeepSeek's
-        dual-batch overlap), in [0, 1].
+        dual-batch overlap), in [0, 1], in a decode step; never more than the step computes
+        (:func:`hidden_communication`).
+    prefill_overlap : float, optional
+        The same in a step with prefill tokens (None: ``overlap``): prefill and decode micro-batches hide
+        differently (DeepSeek overlaps prefill's two micro-batches and splits decode's attention in two stages).
     allreduce_impl : {"auto", "nccl", "custom"}
         Who runs the TP all-reduce (:func:`mcsim.perf.collectives.tp_allreduce`): the engine's own kernels inside a
         node under 8 MiB and NCCL beyond (auto), NCCL always, or the engine's kernels for every message in a node.
@@ -216,6 +220,7 @@ class Collectives:
     alltoall: str = "direct"
     overlap: float = 0.0
     latency_s: float | None = None
+    prefill_overlap: float | None = None
     prefill_allreduce: str = ""
     allreduce_impl: str = "auto"
     allreduce_overlap: float = 0.0
@@ -746,7 +751,9 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         for op in ops.values():
             op["t"] *= achievable.step_error
             op["floor"] *= achievable.step_error
-    return _assemble(ops, peak_linear, peak_attention, bandwidth, collectives.overlap, collectives.allreduce_overlap)
+    overlap = collectives.prefill_overlap if prefill_tokens > 0 and collectives.prefill_overlap is not None \
+        else collectives.overlap
+    return _assemble(ops, peak_linear, peak_attention, bandwidth, overlap, collectives.allreduce_overlap)
 
 
 def _bound(name: str, op: dict, peak_linear: float, peak_attention: float, bandwidth: float) -> str:

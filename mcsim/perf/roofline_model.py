@@ -2,7 +2,7 @@
 
 The levers map onto the roofline's inputs instead of onto factors: low precision sets the weight, KV and matmul
 formats; fused kernels halve the launches and activation round-trips; communication overlap hides
-``performance.overlap_fraction`` of the collectives; speculative decoding verifies k+1 tokens per sequence per
+``performance.decode_comm_overlap`` (``prefill_comm_overlap`` in a step with prefill tokens) of the collectives; speculative decoding verifies k+1 tokens per sequence per
 pass (priced by the roofline) and adds ``speculative.draft_cost`` of a plain decode step per draft token; expert
 replication lowers the hottest rank's load (the experts kernel's max/mean); the prefill/decode split gives each
 phase its own pool and parallelism. Achievable fractions of peak are scenario inputs, so they can be uncertain.
@@ -36,7 +36,8 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
         "parallel": parallelism(p, prefill=prefill),
         "collectives": roofline.Collectives(
             allreduce=p["performance.allreduce"], alltoall=p["performance.alltoall"],
-            overlap=p["performance.overlap_fraction"] if p["efficiency.comm_overlap"] else 0.0,
+            overlap=p["performance.decode_comm_overlap"] if p["efficiency.comm_overlap"] else 0.0,
+            prefill_overlap=p["performance.prefill_comm_overlap"] if p["efficiency.comm_overlap"] else 0.0,
             latency_s=p["performance.collective_latency_s"] or None,
             prefill_allreduce=("" if p["performance.prefill_allreduce"] == "same"
                                else p["performance.prefill_allreduce"]),

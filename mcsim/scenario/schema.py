@@ -65,6 +65,8 @@ class Field:
 
 #: Keys earlier versions read, and what to do instead (a scenario that sets one gets this, not "unknown key").
 REMOVED_KEYS = {
+    "performance.overlap_fraction": "split by phase: set performance.decode_comm_overlap and "
+                                    "performance.prefill_comm_overlap (the same value keeps the old meaning)",
     "deployment.router": "renamed: set deployment.routing (mcsim schema --describe lists its choices)",
     "performance.mixed_step_penalty": "removed: a step that mixes decode sequences and prefill tokens is priced as one "
                                       "step over all its tokens (the weights are read once; the roofline prices every "
@@ -401,11 +403,14 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "collective_latency_s": F(0.0, "Latency per collective step (hop), s; 0 = the hardware catalog's, fitted to "
                                        "measured NCCL times where it has one (hardware.collective_hop_us), else "
                                        "5 us.", 0, None, fidelity="roofline"),
-        "overlap_fraction": F(0.7, "Share of the EP all-to-all and PP send time hidden behind compute when the "
-                                   "comm_overlap lever is on (0 when off): two micro-batches, one computing while "
-                                   "the other communicates (DeepSeek's dual-batch overlap); never more in all than "
-                                   "the step's compute, the only work there is to hide behind.", 0, 1,
-                              fidelity="roofline"),
+        "decode_comm_overlap": F(0.7, "Share of the EP all-to-all and PP send time of a decode step hidden behind "
+                                      "compute when the comm_overlap lever is on (0 when off): two micro-batches, "
+                                      "one computing while the other communicates (DeepSeek's dual-batch overlap); "
+                                      "never more in all than the step's compute, the only work there is to hide "
+                                      "behind.", 0, 1, fidelity="roofline"),
+        "prefill_comm_overlap": F(0.7, "The same share in a step with prefill tokens (DeepSeek overlaps prefill's "
+                                       "two micro-batches, and splits decode's attention in stages, so the two "
+                                       "phases hide differently).", 0, 1, fidelity="roofline"),
         "stack": C("vllm", "The serving engine that runs the steps (mcsim.perf.stacks): its TP all-reduce "
                            "(vllm, sglang, trtllm: their own kernels inside a node; generic: NCCL) and whether its "
                            "host work per step overlaps the GPU (sglang's and trtllm's overlap schedulers hide "
