@@ -562,7 +562,7 @@ def test_measured_gemm_shapes_are_priced_at_their_measured_times():
 
 
 def test_an_unmeasured_accelerator_draws_its_gemm_efficiency_a_measured_one_keeps_its_fit():
-    """B200 and MI300X have no measured GEMMs: their roofline efficiencies are uncertain inputs drawn per sample
+    """MI300X has no measured GEMMs: its roofline efficiencies are uncertain inputs drawn per sample
     (recorded in the result), the figures each sample's step model uses; H100 keeps its fitted figures and draws
     nothing, and a scenario that states the fraction draws nothing either."""
     import mcsim

@@ -396,7 +396,11 @@ def _bf16_evidence(name: str, gemm_surface: str | None) -> tuple[str, str]:
                         "efficiencies (performance.unmeasured_flops_fraction and unmeasured_bandwidth_fraction, "
                         "drawn per sample: a judgement; unmeasured, likely optimistic)")
     if surface.lower() == name.lower():
-        return "measured", f"{name}: GEMMs, element-wise kernels and NCCL collectives measured (bundled profiles)"
+        entry = hardware_preset(name)
+        if entry.get("kernel_floor_us", 0) > 0 and entry.get("collective_hop_us", 0) > 0:
+            return "measured", f"{name}: GEMMs, element-wise kernels and NCCL collectives measured (bundled profiles)"
+        return "measured", (f"{name}: GEMMs measured (the bundled surface {surface}.toml); element-wise kernels and "
+                            "collectives not measured (the generic model)")
     if surface.endswith(".toml"):
         return "measured", f"{name}: GEMMs from the measured surface {Path(surface).name}"
     return "borrowed", (f"{name}: not measured itself; {surface}'s measured kernels (the same SMs and tensor "

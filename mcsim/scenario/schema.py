@@ -346,7 +346,7 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                                      "performance.unmeasured_bandwidth_fraction.", 0, 1, fidelity="roofline"),
         "unmeasured_flops_fraction": F(UNMEASURED_FLOPS_FRACTION,
                                        "What performance.flops_fraction is on an accelerator with no measured GEMMs "
-                                       "(the catalog's gemm_flops_fraction 0: B200, MI300X): an uncertain input, "
+                                       "(the catalog's gemm_flops_fraction 0: MI300X): an uncertain input, "
                                        "drawn per sample, since nothing measured says it. The default spans the "
                                        "bundled fits (A100 0.74, H100 0.76 of peak) and below, as a new "
                                        "generation's or another vendor's kernels often reach less of a higher peak "
