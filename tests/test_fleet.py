@@ -13,7 +13,7 @@ from mcsim.cli import main
 from mcsim.perf import roofline
 from mcsim.perf.factor import FactorStepModel, _model, step_inputs
 from mcsim.perf.fleet import PERFORMANCE_OUTPUTS
-from mcsim.perf.roofline_model import RooflineStepModel, _hardware, options
+from mcsim.perf.roofline_model import RooflineStepModel, _hardware, base_scales, options
 from mcsim.results import summary
 from mcsim.scenario import ScenarioError, draw_uncertain, load_scenario, resolve
 from mcsim.stages.workload import generate
@@ -71,7 +71,7 @@ def test_the_step_model_reads_its_declared_inputs_only(path):
         full, restricted = (RooflineStepModel(params, req, passes, {"expert_efficiency": 0.8})
                             for params in (p, declared))
     else:
-        full, restricted = (FactorStepModel(params, req, passes, 0.8) for params in (p, declared))
+        full, restricted = (FactorStepModel(params, req, passes, 0.8, base_scales(params)) for params in (p, declared))
     for d, q in ((1, 0), (64, 0), (16, 2048), (0, 8192)):
         for pool in ("decode", "prefill"):
             assert restricted.step_time(d, None, q, pool=pool).total_s == full.step_time(d, None, q, pool=pool).total_s
@@ -79,7 +79,7 @@ def test_the_step_model_reads_its_declared_inputs_only(path):
 
 def test_a_factor_step_is_what_gives_its_throughput():
     scn, p, req = _sample(FACTORY)
-    model = FactorStepModel(p, req, None, 1.0)
+    model = FactorStepModel(p, req, None, 1.0, base_scales(p))
     g, b_half, x = model.decode_gpus, p["efficiency.batch_half_saturation"], model.x_nospec
     # t(d, q) = (d / g + b_half) / X + q / (g x X_prefill): X(b) = X b / (b + b_half) at b = d / g.
     d, q = 8.0 * g, 3000.0
@@ -260,3 +260,30 @@ def test_a_fixed_fleet_deploys_what_it_is_given():
                    overrides=["deployment.fleet=fixed", "deployment.instances=3", "deployment.max_instances=1",
                               "performance.simulate_batching=false"])
     assert ds.instances.values.tolist() == [3.0]
+
+
+def test_a_file_written_for_another_gpu_gets_that_gpus_base_throughputs(tmp_path):
+    """dense-model.toml states its base throughputs for H100 (efficiency.base_hardware). The same file written for
+    H200 or A100 carries them over by the roofline's plain throughputs of Llama-3.1-70B on the two GPUs, exactly as
+    --set does; on H100 itself nothing moves. The factors obey the physics: H200 has H100's SMs and 1.43x its HBM
+    bandwidth, so its decode (at the largest batch, partly compute-bound) gains between 1x and 1.43x and its
+    prefill (compute-bound) about nothing; A100 has 0.61x the bandwidth and 0.32x the BF16 peak."""
+    path = ROOT / "scenarios" / "dense-model.toml"
+    _, p, req = _sample(path)
+    assert p["efficiency.base_hardware"] == "h100" and base_scales(p) == (1.0, 1.0)
+    models = {}
+    for gpu in ("h200", "a100"):
+        edited = tmp_path / f"dense-model-{gpu}.toml"
+        edited.write_text(path.read_text().replace('preset = "h100"', f'preset = "{gpu}"', 1))
+        _, p_file, _ = _sample(edited)
+        _, p_set, _ = _sample(path, [f'hardware.preset="{gpu}"'])
+        assert base_scales(p_file) == base_scales(p_set)
+        models[gpu] = base_scales(p_file)
+    h200_decode, h200_prefill = models["h200"]
+    assert 1.0 < h200_decode < 4.8 / 3.35 and abs(h200_prefill - 1.0) < 0.1
+    a100_decode, a100_prefill = models["a100"]
+    assert a100_decode < 2.039 / 3.35 and a100_prefill < 0.4
+    # the step model's base throughput moves by exactly that factor
+    step = {gpu: FactorStepModel(q, req, None, 1.0, base_scales(q)).x_nospec
+            for gpu, q in (("h100", p), ("h200", _sample(path, ['hardware.preset="h200"'])[1]))}
+    assert step["h200"] / step["h100"] == pytest.approx(h200_decode, rel=1e-12)

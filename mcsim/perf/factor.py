@@ -94,16 +94,6 @@ def expert_factor(expert_efficiency: float, ffn_time_fraction: float) -> float:
     return 1.0 / ((1.0 - ffn_time_fraction) + ffn_time_fraction / expert_efficiency)
 
 
-def hardware_scale(p: dict) -> tuple[float, float]:
-    """Factors that carry the base throughputs from ``efficiency.base_hardware`` to the sample's hardware.
-
-    Decode at the batch sizes served is bound by HBM bandwidth (weights and KV are streamed every step), prefill by
-    dense matrix throughput: decode scales with ``hbm_tb_s``, prefill with ``bf16_tflops``.
-    """
-    base = catalog.hardware_preset(p["efficiency.base_hardware"])
-    return p["hardware.hbm_tb_s"] / base["hbm_tb_s"], p["hardware.bf16_tflops"] / base["bf16_tflops"]
-
-
 def _model(p: dict) -> dict:
     return {k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("model.")}
 
@@ -404,9 +394,11 @@ class FactorStepModel(StepModel):
 
     fidelity = "factor"
 
-    def __init__(self, p: dict, requests, passes, expert_efficiency: float):
+    def __init__(self, p: dict, requests, passes, expert_efficiency: float, hardware_scales: tuple):
+        """``hardware_scales``: (decode, prefill) factors that carry the base throughputs from
+        ``efficiency.base_hardware`` to the sample's hardware (:func:`mcsim.perf.roofline_model.base_scales`)."""
         super().__init__(p, requests, passes)
-        decode_scale, prefill_scale = hardware_scale(p)
+        decode_scale, prefill_scale = hardware_scales
         x = p["efficiency.base_decode_tok_s_per_gpu"] * decode_scale
         if p["precision.enabled"]:
             x *= p["precision.decode_gain"]

@@ -2,13 +2,17 @@
 
 The levers map onto the roofline's inputs instead of onto factors: low precision sets the weight, KV and matmul
 formats; fused kernels halve the launches and activation round-trips; communication overlap hides
-``performance.decode_comm_overlap`` (``prefill_comm_overlap`` in a step with prefill tokens) of the collectives; speculative decoding verifies k+1 tokens per sequence per
-pass (priced by the roofline) and adds ``speculative.draft_cost`` of a plain decode step per draft token; expert
+``performance.decode_comm_overlap`` (``prefill_comm_overlap`` in a step with prefill tokens) of the collectives;
+speculative decoding verifies k+1 tokens per sequence per pass (priced by the roofline) and adds
+``speculative.draft_cost`` of a plain decode step per draft token; expert
 replication lowers the hottest rank's load (the experts kernel's max/mean); the prefill/decode split gives each
 phase its own pool and parallelism. Achievable fractions of peak are scenario inputs, so they can be uncertain.
 
 A step that mixes decode sequences and prefill tokens is one roofline step over all of its tokens: the weights
 are read once, whatever the mix.
+
+The factor fidelity borrows the roofline once: :func:`base_scales` carries its base throughputs from the
+hardware they were estimated on to the sample's.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from mcsim.perf.stacks import stack_entry
 from mcsim.perf.capacity import _instance_step_time
 from mcsim.perf.hardware import Hardware, as_hardware, gemm_figures, performance_defaults
 from mcsim.perf.factor import StepModel, StepTime, _model, parallelism, precision
+from mcsim.scenario import catalog
+from mcsim.scenario.distributions import Dist
 
 
 def _hardware(p: dict) -> Hardware:
@@ -79,6 +85,47 @@ def linear_gemms(p: dict):
         return None
     return roofline.LinearGemms(hw.gemm_fp8_flops_fraction, hw.gemm_fp8_bandwidth_fraction, hw.gemm_fp8_half_tokens,
                                 hw.gemm_fp8_floor_us * 1e-6, surfaces.for_hardware(hw.gemm_fp8_surface))
+
+
+#: Where the roofline compares two accelerators for the factor fidelity's base throughputs: a decode step at the
+#: scenario's largest batch per GPU over this many tokens of context, and a prefill step of this many tokens.
+REFERENCE_CONTEXT = 2048
+REFERENCE_PREFILL = 8192
+#: What "BF16 with no optimization" switches off for that comparison.
+PLAIN = {"precision.enabled": False, "efficiency.fused_kernels": False, "efficiency.comm_overlap": False}
+
+
+def base_scales(p: dict) -> tuple[float, float]:
+    """Factors that carry the factor fidelity's base throughputs from ``efficiency.base_hardware`` (where they were
+    estimated) to the sample's hardware: the ratio of the roofline's decode and prefill throughput per GPU of the
+    scenario's model and parallelism on the two, at BF16 with no lever on, each accelerator with its own peaks,
+    bandwidths and measured kernels. A GPU so moves decode and prefill as it would for this model and batch, not by
+    one catalog ratio (HBM bandwidth, BF16 peak) whatever the model. (1, 1) on the base hardware itself."""
+    base = catalog.hardware_preset(p["efficiency.base_hardware"])
+    own = {k: p[k] for k in p if k.startswith("hardware.") and k != "hardware.preset"}
+    on_base = {f"hardware.{k}": v for k, v in base.items() if f"hardware.{k}" in own}
+    if all(own[k] == on_base.get(k, own[k]) for k in own):
+        return 1.0, 1.0
+    decode, prefill = _plain_throughputs(p, {})
+    base_decode, base_prefill = _plain_throughputs(p, on_base)
+    return decode / base_decode, prefill / base_prefill
+
+
+def _plain_throughputs(p: dict, hardware: dict) -> tuple[float, float]:
+    """Decode and prefill tokens/s per GPU of the roofline at BF16 with no lever, on ``p``'s hardware with
+    ``hardware``'s ``hardware.*`` figures in place of its own; uncertain roofline inputs at their means (a factor
+    sample does not draw them)."""
+    q = {k: (v.mean() if isinstance(v, Dist) else v) for k, v in {**p, **hardware, **PLAIN}.items()
+         if k.startswith(("model.", "hardware.", "deployment.", "precision.", "efficiency.", "performance.", "moe."))}
+    q["performance.calibration"] = ""
+    opts = options({**q, "performance.fidelity": "roofline"})
+    gpus = opts["parallel"].gpus
+    model, hw = _model(q), _hardware(q)
+    batch = max(float(q["deployment.max_batch_per_gpu"]), 1.0) * gpus
+    decode = roofline.step_cost(model, hw, decode_seqs=batch, decode_context=REFERENCE_CONTEXT, **opts)
+    prefill = roofline.step_cost(model, hw, decode_seqs=0, decode_context=0, prefill_tokens=REFERENCE_PREFILL,
+                                 prefill_context=REFERENCE_PREFILL / 2, **opts)
+    return batch / decode.t_step / gpus, REFERENCE_PREFILL / prefill.t_step / gpus
 
 
 def gemm_surface(p: dict):

@@ -460,8 +460,10 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "base_prefill_tok_s_per_gpu": F(5000.0, "Prefill tok/s per GPU at BF16 with no optimization.",
                                         0, None, lo_open=True, fidelity="factor"),
         "base_hardware": S("", "Hardware preset the two base throughputs were estimated on (default: the scenario's "
-                               "[hardware] preset). On other hardware, e.g. in a sweep, decode scales with HBM "
-                               "bandwidth and prefill with dense BF16 FLOP/s.", fidelity="factor"),
+                               "[hardware] preset). On other hardware (a file written for another GPU, --set, a "
+                               "grid) they are carried over by the ratio of the roofline's decode and prefill "
+                               "throughput of the scenario's model on the two, at BF16 with no lever on "
+                               "(mcsim.perf.roofline_model.base_scales).", fidelity="factor"),
         "batch_half_saturation": F(16.0, "Per-GPU batch at which decode reaches half its saturated throughput "
                                          "(weight-read time / per-sequence time).", 0, None, fidelity="factor"),
         "fused_kernels": B(True, "Fused kernels (lever)."),
