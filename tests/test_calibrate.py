@@ -400,6 +400,12 @@ def test_aiconfigurator_tables_refused_in_one_line(tmp_path):
     bad.write_text("m,n,k\n1,2,3\n")
     with pytest.raises(ValueError, match="expected a GEMM table with columns"):
         aic.read_table(bad)
+    with pytest.raises(ValueError, match="no such file"):
+        aic.read_table(tmp_path / "missing.parquet")
+    bad.write_text("gemm_dtype,m,n,k,latency\nfp8,1,2,3,0.1\nfp8,1,2,3,\x1b[31msecret\n")
+    with pytest.raises(ValueError) as err:
+        aic.read_table(bad)
+    assert str(err.value).startswith(f"{bad}:3: column latency is not a number") and "secret" not in str(err.value)
     table = aic.read_table(_aiconfigurator_table(tmp_path, (0.7, 0.8, 50.0, 5e-6), (0.4, 0.8, 50.0, 5e-6)))
     with pytest.raises(ValueError, match="no nvfp4 GEMM"):
         aic.gemm_observations(table, {"bf16_tflops": 989.4, "fp4_tflops": 0.0, "hbm_tb_s": 3.35}, "nvfp4")
@@ -430,3 +436,19 @@ def test_calibrate_reads_an_aiconfigurator_table_for_the_dtype_asked():
         assert cal.regime["dtype"] == dtype and [f.cls for f in class_fits] == ["gemm"]
         fits[dtype] = class_fits[0].estimate["performance.flops_fraction"]
     assert fits["fp8"] < 0.75 * fits["bf16"]  # of the doubled peak: FP8 is not twice BF16's speed
+
+
+def test_calibrate_refuses_a_file_that_is_not_a_gemm_table_in_one_line(tmp_path):
+    """A .parquet that is no parquet file, or a table with a value that is not a number, stops `mcsim calibrate`
+    with exit 2 and one line naming the file, never its content."""
+    garbage = tmp_path / "gemm_perf.parquet"
+    garbage.write_bytes(b"\x1b[31mnot parquet\n")
+    table = tmp_path / "gemm_perf.csv"
+    table.write_text("gemm_dtype,m,n,k,latency\nfp8,1,2,three,0.1\n")
+    for path in (garbage, table):
+        result = CliRunner().invoke(main, ["calibrate", str(path), "--hardware", "h100", "--dtype", "fp8", "-o",
+                                           str(tmp_path / "out.toml")])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and str(path) in lines[0], result.output
+        assert "not parquet" not in lines[0] and "three" not in lines[0]
+        assert not (tmp_path / "out.toml").exists()

@@ -57,21 +57,33 @@ def read_table(path) -> dict:
     """The columns :data:`COLUMNS` of a GEMM table: a parquet file (with ``fastparquet`` or ``pyarrow``) or a
     CSV export; numbers as float64 arrays, the dtype as an array of str."""
     path = Path(path)
+    expected = f"expected a GEMM table with columns {', '.join(COLUMNS)}"
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file; {expected}")
     if path.suffix == ".csv":
-        with path.open(newline="") as handle:
+        with path.open(newline="", errors="replace") as handle:
             rows = list(csv.DictReader(handle))
-        missing = [c for c in COLUMNS if rows and c not in rows[0]]
-        if not rows or missing:
-            raise ValueError(f"{path}: expected a GEMM table with columns {', '.join(COLUMNS)}")
+        if not rows or any(c not in rows[0] for c in COLUMNS):
+            raise ValueError(f"{path}: {expected}")
+        for line, row in enumerate(rows, start=2):  # described by position, never by content
+            for c in COLUMNS[1:]:
+                try:
+                    float(row[c])
+                except (TypeError, ValueError):
+                    raise ValueError(f"{path}:{line}: column {c} is not a number; {expected} "
+                                     "(numbers in m, n, k and latency, ms)") from None
         return {c: np.array([r[c] for r in rows], dtype=str if c == "gemm_dtype" else float) for c in COLUMNS}
-    if fastparquet is not None:
-        frame = fastparquet.ParquetFile(str(path)).to_pandas(columns=list(COLUMNS))
-    elif pyarrow_parquet is not None:
-        frame = pyarrow_parquet.read_table(str(path), columns=list(COLUMNS)).to_pandas()
-    else:
+    if fastparquet is None and pyarrow_parquet is None:
         raise ValueError(f"{path}: reading parquet needs fastparquet or pyarrow "
                          "(pip install \"mcsim[aiconfigurator]\"), or give a CSV export")
-    return {c: frame[c].to_numpy(dtype=str if c == "gemm_dtype" else float) for c in COLUMNS}
+    try:
+        if fastparquet is not None:
+            frame = fastparquet.ParquetFile(str(path)).to_pandas(columns=list(COLUMNS))
+        else:
+            frame = pyarrow_parquet.read_table(str(path), columns=list(COLUMNS)).to_pandas()
+        return {c: frame[c].to_numpy(dtype=str if c == "gemm_dtype" else float) for c in COLUMNS}
+    except Exception as err:  # a parquet library's own errors, of many kinds: one line naming the file
+        raise ValueError(f"{path}: not a parquet GEMM table mcsim reads ({type(err).__name__}); {expected}") from None
 
 
 def gemm_observations(table: dict, hw, dtype: str, source: str = "") -> Observations:
