@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from mcsim.calibration.fit import PARAMETERS, Observations, fit_point, predict
+from mcsim.perf.hardware import as_hardware
+from mcsim.scenario import catalog
 
 try:  # optional: the database is an extra, never a dependency (pip install "mcsim[aiconfigurator]")
     import fastparquet
@@ -34,8 +36,6 @@ try:  # optional, the other parquet reader
     import pyarrow.parquet as pyarrow_parquet
 except ImportError:
     pyarrow_parquet = None
-from mcsim.perf.hardware import as_hardware
-from mcsim.scenario import catalog
 
 #: The database's dtype names -> (the roofline's compute dtype, weight bytes, input bytes per element).
 DTYPES = {"bfloat16": ("bf16", 2.0, 2.0), "fp8": ("fp8", 1.0, 1.0), "fp8_block": ("fp8", 1.0, 1.0),
