@@ -452,3 +452,26 @@ def test_calibrate_refuses_a_file_that_is_not_a_gemm_table_in_one_line(tmp_path)
         assert result.exit_code == 2 and len(lines) == 1 and str(path) in lines[0], result.output
         assert "not parquet" not in lines[0] and "three" not in lines[0]
         assert not (tmp_path / "out.toml").exists()
+
+
+def test_custom_allreduce_fit_recovers_known_figures():
+    """Messages timed by vLLM's one-shot/two-shot rule at a known stage cost and bandwidth (under CUDA graphs), with
+    eager rows and rows the engine would hand to NCCL (8 MiB and more, a group of 16) that the fit must leave out."""
+    from mcsim.calibration import aiconfigurator as aic
+
+    rows = []
+    for p in (2, 4, 8):
+        for elements in 2 ** np.arange(7, 24):
+            nbytes = 2.0 * elements
+            one = p == 2 or (p <= 4 and nbytes < 512 * 1024) or nbytes < 256 * 1024
+            sent = (p - 1) * nbytes if one else 2 * (p - 1) / p * nbytes
+            t = (1 if one else 2) * 5.0e-6 + sent / 250e9
+            rows.append(("bfloat16", p, elements, t * 1e3, "vllm_graph"))
+            rows.append(("bfloat16", p, elements, t * 4e3, "vllm_eager"))
+    rows.append(("bfloat16", 16, 1024, 1.0, "vllm_graph"))
+    table = {c: np.array([r[i] for r in rows], dtype=str if c in ("allreduce_dtype", "backend") else float)
+             for i, c in enumerate(aic.ALLREDUCE_COLUMNS)}
+    fit = aic.fit_custom_allreduce(table)
+    assert fit["hardware.custom_allreduce_hop_us"] == pytest.approx(5.0, rel=1e-6)
+    assert fit["hardware.custom_allreduce_gb_s"] == pytest.approx(250.0, rel=1e-6)
+    assert fit["rows"] == 3 * 15 and fit["mape"] < 1e-6  # 128 elements to 4 M elements (8 MiB left out)

@@ -482,10 +482,12 @@ def test_the_engines_own_allreduce_inside_a_node_and_nccl_beyond():
     assert tp_allreduce(4096, 16, hw)[2].startswith("nccl")
     assert tp_allreduce(4096, 8, hw, impl="nccl")[2].startswith("nccl")
     assert tp_allreduce(32 << 20, 8, hw, impl="custom")[2] == "custom two-shot"
-    # auto takes the faster: at 4 MiB on eight GPUs NCCL's bandwidth wins over the kernels' 70 GB/s
-    custom_t = tp_allreduce(4 << 20, 8, hw, impl="custom")[0]
+    # auto takes the faster, and the kernels never at 8 MiB or more: on eight GPUs the kernels win at 4 MiB, NCCL
+    # runs at 8 MiB even where the kernels would be faster
+    nccl_t = tp_allreduce(4 << 20, 8, hw, impl="nccl")[0]
     t, _, ran = tp_allreduce(4 << 20, 8, hw)
-    assert ran.startswith("nccl") and t < custom_t
+    assert ran == "custom two-shot" and t < nccl_t
+    assert tp_allreduce(8 << 20, 8, hw)[2].startswith("nccl")
     # a fused GEMM + all-reduce hides what allreduce_overlap says, and the all-to-all overlap does not touch it
     plain = step_cost(model, hw, decode_seqs=8, decode_context=100, parallel=Parallelism(tp=8))
     fused = step_cost(model, hw, decode_seqs=8, decode_context=100, parallel=Parallelism(tp=8),
@@ -495,17 +497,29 @@ def test_the_engines_own_allreduce_inside_a_node_and_nccl_beyond():
         tp_allreduce(4096, 8, hw, impl="mpi")
 
 
-def test_the_custom_allreduce_against_the_published_h100_times():
-    # SGLang's published custom all-reduce times on H100 (github.com/sgl-project/sglang/pull/2904, TP 2/4/8,
-    # 512 B to 1 MiB, us), what the catalog's figures were fitted to
+def test_the_custom_allreduce_against_the_measured_h100_times():
+    """vLLM 0.24.0's custom all-reduce timed on H100 under CUDA graphs (AIConfigurator's table, tests/data; TP 2/4/8,
+    256 B to 8 MiB), what the catalog's figures are fitted to: within 5 % on average and 20 % at worst. SGLang's
+    published eager-mode unit test (github.com/sgl-project/sglang/pull/2904), which the figures were fitted to
+    before, is 1.3-2.3x slower from 256 KiB up: an eager kernel launch is not what a served decode step pays."""
+    from pathlib import Path
+
+    from mcsim.calibration import aiconfigurator
     from mcsim.perf.collectives import custom_allreduce
 
-    sizes = (512, 4096, 32768, 262144, 524288, 1048576)
-    measured = {2: (3.7, 3.9, 4.5, 7.9, 12.5, 19.9), 4: (4.8, 3.7, 4.8, 13.9, 20.2, 31.1),
-                8: (5.9, 5.7, 7.8, 16.7, 22.1, 33.8)}
+    table = aiconfigurator.read_table(Path(__file__).parent / "data" / "aiconfigurator"
+                                      / "h100_vllm_0.24.0_custom_allreduce.csv", aiconfigurator.ALLREDUCE_COLUMNS,
+                                      "a custom all-reduce table")
     hw = catalog.hardware_preset("h100")
-    errors = [custom_allreduce(s, p, hw)[0] * 1e6 / t - 1 for p, times in measured.items() for s, t in zip(sizes, times)]
-    assert np.mean(np.abs(errors)) < 0.10 and max(np.abs(errors)) < 0.30
+    errors = []
+    for p, elements, ms, backend in zip(table["num_gpus"], table["message_size"], table["latency"], table["backend"]):
+        nbytes = 2.0 * elements
+        if backend == "vllm_graph" and nbytes < 8 << 20:
+            errors.append(custom_allreduce(nbytes, int(p), hw)[0] / (ms * 1e-3) - 1)
+    assert len(errors) == 45 and np.mean(np.abs(errors)) < 0.05 and max(np.abs(errors)) < 0.20
+    sglang = {(8, 262144): 16.7, (8, 524288): 22.1, (8, 1048576): 33.8, (4, 1048576): 31.1}  # us, eager
+    for (p, nbytes), us in sglang.items():
+        assert 1.3 < us / (custom_allreduce(nbytes, p, hw)[0] * 1e6) < 2.5
 
 
 def test_measured_gemm_shapes_are_priced_at_their_measured_times():

@@ -23,8 +23,10 @@ import csv
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from mcsim.calibration.fit import PARAMETERS, Observations, fit_point, predict
+from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES
 from mcsim.perf.hardware import as_hardware
 from mcsim.scenario import catalog
 
@@ -53,37 +55,41 @@ PARAMETER_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction"
                   "performance.gemm_floor_s")
 
 
-def read_table(path) -> dict:
-    """The columns :data:`COLUMNS` of a GEMM table: a parquet file (with ``fastparquet`` or ``pyarrow``) or a
-    CSV export; numbers as float64 arrays, the dtype as an array of str."""
+def read_table(path, columns=COLUMNS, what: str = "a GEMM table") -> dict:
+    """The ``columns`` of a table (:data:`COLUMNS`: a GEMM table; :data:`ALLREDUCE_COLUMNS`: a custom all-reduce
+    table): a parquet file (with ``fastparquet`` or ``pyarrow``) or a CSV export; numbers as float64 arrays, the
+    first column (a dtype) and any other text as arrays of str."""
     path = Path(path)
-    expected = f"expected a GEMM table with columns {', '.join(COLUMNS)}"
+    expected = f"expected {what} with columns {', '.join(columns)}"
+    text = {columns[0], "backend"}
     if not path.is_file():
         raise ValueError(f"{path}: no such file; {expected}")
     if path.suffix == ".csv":
         with path.open(newline="", errors="replace") as handle:
             rows = list(csv.DictReader(handle))
-        if not rows or any(c not in rows[0] for c in COLUMNS):
+        if not rows or any(c not in rows[0] for c in columns):
             raise ValueError(f"{path}: {expected}")
         for line, row in enumerate(rows, start=2):  # described by position, never by content
-            for c in COLUMNS[1:]:
+            for c in columns:
+                if c in text:
+                    continue
                 try:
                     float(row[c])
                 except (TypeError, ValueError):
-                    raise ValueError(f"{path}:{line}: column {c} is not a number; {expected} "
-                                     "(numbers in m, n, k and latency, ms)") from None
-        return {c: np.array([r[c] for r in rows], dtype=str if c == "gemm_dtype" else float) for c in COLUMNS}
+                    raise ValueError(f"{path}:{line}: column {c} is not a number; {expected} (latency in ms)") \
+                        from None
+        return {c: np.array([r[c] for r in rows], dtype=str if c in text else float) for c in columns}
     if fastparquet is None and pyarrow_parquet is None:
         raise ValueError(f"{path}: reading parquet needs fastparquet or pyarrow "
                          "(pip install \"mcsim[aiconfigurator]\"), or give a CSV export")
     try:
         if fastparquet is not None:
-            frame = fastparquet.ParquetFile(str(path)).to_pandas(columns=list(COLUMNS))
+            frame = fastparquet.ParquetFile(str(path)).to_pandas(columns=list(columns))
         else:
-            frame = pyarrow_parquet.read_table(str(path), columns=list(COLUMNS)).to_pandas()
-        return {c: frame[c].to_numpy(dtype=str if c == "gemm_dtype" else float) for c in COLUMNS}
+            frame = pyarrow_parquet.read_table(str(path), columns=list(columns)).to_pandas()
+        return {c: frame[c].to_numpy(dtype=str if c in text else float) for c in columns}
     except Exception as err:  # a parquet library's own errors, of many kinds: one line naming the file
-        raise ValueError(f"{path}: not a parquet GEMM table mcsim reads ({type(err).__name__}); {expected}") from None
+        raise ValueError(f"{path}: not a parquet table mcsim reads ({type(err).__name__}); {expected}") from None
 
 
 def gemm_observations(table: dict, hw, dtype: str, source: str = "") -> Observations:
@@ -117,12 +123,56 @@ def fit_dtype(table: dict, hw, dtype: str) -> dict:
             "shapes": int(obs.shape.max() + 1), "mape": float(np.mean(np.abs(modelled / obs.measured_s - 1.0)))}
 
 
+#: The columns of a custom all-reduce table (``comm/<engine>/<version>/custom_allreduce_perf.parquet``):
+#: ``message_size`` in elements of ``allreduce_dtype``, ``latency`` in ms, ``backend`` e.g. ``vllm_graph`` (under
+#: CUDA graphs, as an engine runs its decode steps) or ``vllm_eager``.
+ALLREDUCE_COLUMNS = ("allreduce_dtype", "num_gpus", "message_size", "latency", "backend")
+ELEMENT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
+
+
+def fit_custom_allreduce(table: dict, backend: str = "vllm_graph") -> dict:
+    """The serving engine's own all-reduce (:func:`mcsim.perf.collectives.custom_allreduce`: vLLM's one-shot /
+    two-shot rule, a stage cost and the bandwidth of the bytes each GPU reads) fitted to the ``backend`` rows of a
+    custom all-reduce table where the engine runs its kernels (groups of 2, 4, 6 or 8 GPUs, messages under
+    8 MiB), by least squares of the log ratio: ``hardware.custom_allreduce_hop_us`` and ``custom_allreduce_gb_s``,
+    the fit's ``rows``, its in-sample ``mape`` and each group's (``mape_by_group``)."""
+    p = table["num_gpus"]
+    nbytes = table["message_size"] * np.array([ELEMENT_BYTES.get(d, 2.0) for d in table["allreduce_dtype"]])
+    keep = ((table["backend"] == backend) & np.isin(p, CUSTOM_GROUPS) & (nbytes < CUSTOM_MAX_BYTES)
+            & (table["latency"] > 0))
+    if not np.any(keep):
+        raise ValueError(f"no {backend} all-reduce of 2, 4, 6 or 8 GPUs under 8 MiB in the table")
+    p, nbytes, measured = p[keep], nbytes[keep], table["latency"][keep] * 1e-3
+    one = (p == 2) | ((p <= 4) & (nbytes < 512 * 1024)) | (nbytes < 256 * 1024)  # vLLM's rule, as collectives
+    sent = np.where(one, (p - 1) * nbytes, 2.0 * (p - 1) / p * nbytes)
+    stages = np.where(one, 1.0, 2.0)
+
+    def model(x):
+        return stages * x[0] * 1e-6 + sent / (x[1] * 1e9)
+
+    fit = least_squares(lambda x: np.log(model(x)) - np.log(measured), [4.0, 100.0], bounds=([0.0, 1.0], [1e3, 1e4]),
+                        x_scale="jac")
+    error = np.abs(model(fit.x) / measured - 1.0)
+    return {"hardware.custom_allreduce_hop_us": float(fit.x[0]), "hardware.custom_allreduce_gb_s": float(fit.x[1]),
+            "rows": int(keep.sum()), "mape": float(error.mean()),
+            "mape_by_group": {int(g): float(error[p == g].mean()) for g in np.unique(p)}}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Fit the roofline's GEMM figures per dtype to a GEMM table of "
-                                                 "AIConfigurator's database.")
-    parser.add_argument("table", help="gemm_perf.parquet (or a CSV export of it)")
+                                                 "AIConfigurator's database, or the engine's all-reduce to a custom "
+                                                 "all-reduce table.")
+    parser.add_argument("table", help="gemm_perf.parquet or custom_allreduce_perf.parquet (or a CSV export)")
     parser.add_argument("--hardware", required=True, help="the catalog's accelerator the table was measured on")
     args = parser.parse_args(argv)
+    if "allreduce" in Path(args.table).name:
+        fit = fit_custom_allreduce(read_table(args.table, ALLREDUCE_COLUMNS, "a custom all-reduce table"))
+        hop = fit["hardware.custom_allreduce_hop_us"]
+        print(f"custom all-reduce under CUDA graphs: custom_allreduce_hop_us {hop:.3f}, "
+              f"custom_allreduce_gb_s {fit['hardware.custom_allreduce_gb_s']:.1f} ({fit['rows']} messages, MAPE "
+              f"{fit['mape']:.3f}; by group " + ", ".join(f"{g}: {m:.3f}" for g, m in fit["mape_by_group"].items())
+              + ")")
+        return
     table = read_table(args.table)
     hw = catalog.hardware_preset(args.hardware)
     for dtype in DTYPES:

@@ -53,11 +53,12 @@ TensorRT-LLM run their own kernels, in which every GPU reads its peers' buffers 
   ``CUSTOM_MAX_BYTES`` (8 MiB, vLLM's ``CustomAllreduce(max_size=8192 * 1024)``); NCCL for the rest.
 
 A stage costs ``custom_allreduce_hop_us`` and the bytes move at ``custom_allreduce_gb_s`` (the catalog's; fitted on
-H100 to the custom all-reduce times SGLang published in github.com/sgl-project/sglang/pull/2904: 4.3 us a stage,
-70 GB/s, against NCCL's 27 us fixed cost). ``impl = "nccl"``: NCCL always; ``"custom"``: the engine's kernels for any
-message inside a node; ``"auto"``: as the engines do, their kernels where they are the faster (small and medium
-messages: the engines switch to NCCL at a tuned size; with these figures the kernels win up to about 1 MiB on
-eight H100s), never at 8 MiB or more, NCCL across nodes.
+H100 to vLLM 0.24.0's custom all-reduce timed under CUDA graphs, as a served decode step runs it, in AIConfigurator's
+kernel database: 4.5 us a stage, 302 GB/s, against NCCL's 27 us fixed cost; SGLang's eager-mode unit test,
+github.com/sgl-project/sglang/pull/2904, is 1.3-2.3x slower from 256 KiB up). ``impl = "nccl"``: NCCL always;
+``"custom"``: the engine's kernels for any message inside a node; ``"auto"``: as the engines do, their kernels
+where they are the faster (small and medium messages: the engines switch to NCCL at a tuned size; with these
+figures the kernels win on eight H100s up to their 8 MiB limit), never at 8 MiB or more, NCCL across nodes.
 
 All-to-all (MoE dispatch or combine) of ``S = tokens x copies x token_bytes`` per GPU over ``p`` GPUs:
 
@@ -147,8 +148,8 @@ def allreduce_time(nbytes: float, group: int, hw, *, algorithm: str = "auto", la
     (6e-05, 6000000.0)
     >>> from mcsim.scenario import catalog
     >>> t, _ = allreduce_time(4096, 8, catalog.hardware_preset("h100"))  # a decode step's message: latency-bound
-    >>> round(t * 1e6, 1)  # 23 us fixed + one hop + 7 x 4 KiB at 349.7 GB/s (one-shot)
-    25.6
+    >>> round(t * 1e6, 1)  # 27.2 us fixed + one hop of 1.48 + 7 x 4 KiB at 352.5 GB/s (one-shot)
+    28.8
     """
     t, sent, _ = allreduce_choice(nbytes, group, hw, algorithm=algorithm, latency_s=latency_s,
                                   network_fraction=network_fraction)
@@ -190,8 +191,8 @@ def custom_allreduce(nbytes: float, group: int, hw, *, max_bytes: float = CUSTOM
     --------
     >>> from mcsim.scenario import catalog
     >>> t, sent, kind = custom_allreduce(64 * 1024, 8, catalog.hardware_preset("h100"))  # a decode message
-    >>> kind, round(t * 1e6, 1)  # one stage of 4.32 us + 7 x 64 KiB at 70.35 GB/s
-    ('one-shot', 10.8)
+    >>> kind, round(t * 1e6, 1)  # one stage of 4.535 us + 7 x 64 KiB at 302.1 GB/s
+    ('one-shot', 6.1)
     """
     hw = as_hardware(hw)
     p = int(group)
@@ -342,8 +343,9 @@ def send_time(nbytes: float, hw, *, across_nodes: bool, latency_s: float | None 
     Examples
     --------
     >>> from mcsim.scenario import catalog
-    >>> round(send_time(8 << 20, catalog.hardware_preset("h100"), across_nodes=False) * 1e6, 1)  # 7.6 + 8 MiB / 361
-    30.8
+    >>> # 7.67 us + 8 MiB at 357.5 GB/s
+    >>> round(send_time(8 << 20, catalog.hardware_preset("h100"), across_nodes=False) * 1e6, 1)
+    31.1
     """
     if nbytes <= 0:
         return 0.0
