@@ -117,7 +117,6 @@ def _plain_throughputs(p: dict, hardware: dict) -> tuple[float, float]:
     sample does not draw them)."""
     q = {k: (v.mean() if isinstance(v, Dist) else v) for k, v in {**p, **hardware, **PLAIN}.items()
          if k.startswith(("model.", "hardware.", "deployment.", "precision.", "efficiency.", "performance.", "moe."))}
-    q["performance.calibration"] = ""
     opts = options({**q, "performance.fidelity": "roofline"})
     gpus = opts["parallel"].gpus
     model, hw = _model(q), _hardware(q)
