@@ -26,7 +26,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from mcsim.calibration.fit import PARAMETERS, Observations, fit_point, predict
-from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES
+from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES, custom_allreduce_shape
 from mcsim.perf.hardware import as_hardware
 from mcsim.scenario import catalog
 
@@ -143,9 +143,7 @@ def fit_custom_allreduce(table: dict, backend: str = "vllm_graph") -> dict:
     if not np.any(keep):
         raise ValueError(f"no {backend} all-reduce of 2, 4, 6 or 8 GPUs under 8 MiB in the table")
     p, nbytes, measured = p[keep], nbytes[keep], table["latency"][keep] * 1e-3
-    one = (p == 2) | ((p <= 4) & (nbytes < 512 * 1024)) | (nbytes < 256 * 1024)  # vLLM's rule, as collectives
-    sent = np.where(one, (p - 1) * nbytes, 2.0 * (p - 1) / p * nbytes)
-    stages = np.where(one, 1.0, 2.0)
+    _, stages, sent = custom_allreduce_shape(nbytes, p)  # vLLM's rule, as the step model prices it
 
     def model(x):
         return stages * x[0] * 1e-6 + sent / (x[1] * 1e9)

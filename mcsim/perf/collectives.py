@@ -182,6 +182,21 @@ def allreduce_choice(nbytes: float, group: int, hw, *, algorithm: str = "auto", 
     return (*candidates[algorithm], algorithm)
 
 
+def custom_allreduce_shape(nbytes, group):
+    """vLLM's rule for its own all-reduce (module docstring): ``(one-shot?, stages, bytes each GPU reads)`` of a
+    message of ``nbytes`` over ``group`` GPUs; floats, or NumPy arrays of one shape (``mcsim calibrate`` fits the
+    stage cost and bandwidth with it, vectorized over measured messages).
+
+    Examples
+    --------
+    >>> one, stages, sent = custom_allreduce_shape(64 * 1024, 8)  # one stage, reading 7 peers' buffers
+    >>> bool(one), float(stages), float(sent)
+    (True, 1.0, 458752.0)
+    """
+    one = (group == 2) | ((group <= 4) & (nbytes < 512 * 1024)) | (nbytes < 256 * 1024)
+    return one, np.where(one, 1.0, 2.0), np.where(one, (group - 1) * nbytes, 2.0 * (group - 1) / group * nbytes)
+
+
 def custom_allreduce(nbytes: float, group: int, hw, *, max_bytes: float = CUSTOM_MAX_BYTES):
     """The serving engine's own all-reduce (module docstring): ``(time s, bytes read per GPU, "one-shot" |
     "two-shot")``, or None where it does not run (another group size, a group across nodes, a message of
@@ -198,9 +213,8 @@ def custom_allreduce(nbytes: float, group: int, hw, *, max_bytes: float = CUSTOM
     p = int(group)
     if hw.custom_allreduce_gb_s <= 0 or p not in CUSTOM_GROUPS or p > hw.gpus_per_node or nbytes >= max_bytes:
         return None
-    one = p == 2 or (p <= 4 and nbytes < 512 * 1024) or nbytes < 256 * 1024
-    sent = (p - 1) * nbytes if one else 2.0 * (p - 1) / p * nbytes
-    stages = 1 if one else 2
+    one, stages, sent = custom_allreduce_shape(float(nbytes), p)
+    stages, sent = float(stages), float(sent)
     return stages * hw.custom_allreduce_hop_us * 1e-6 + sent / (hw.custom_allreduce_gb_s * 1e9), sent, \
         "one-shot" if one else "two-shot"
 
