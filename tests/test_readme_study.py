@@ -138,3 +138,34 @@ def test_the_readme_capacity_figures_are_what_the_commands_print(tmp_path):
         samples = ds.sizes["sample"]
     quoted = re.search(r"meets the SLOs in ([\d, and]+) of the (\d+) samples", section).groups()
     assert [int(c) for c in re.findall(r"\d+", quoted[0])] == counts and int(quoted[1]) == samples
+
+
+@pytest.mark.slow
+def test_the_readme_hardware_figures_are_what_the_sweep_and_the_calibrations_hold(tmp_path):
+    """The decode capacities the README quotes for a hardware sweep of dense-model.toml are what that sweep prints
+    (medians over samples), and the held-out errors it quotes for the bundled measured GEMM surfaces are those the
+    calibration files recorded when mcsim calibrate wrote them."""
+    import tomllib
+
+    import xarray as xr
+
+    text = " ".join(README.read_text().split())
+    command = re.search(r"`(mcsim sweep scenarios/dense-model.toml --grid hardware.preset=a100,h100,h200,b200[^`]*)`",
+                        text).group(1)
+    args = [str(ROOT / "scenarios" / "dense-model.toml") if a == "scenarios/dense-model.toml" else a
+            for a in shlex.split(command)[1:]]
+    assert invoke(*args, "-o", tmp_path / "hw.nc", "--no-progress").exit_code == 0
+    with xr.open_dataset(tmp_path / "hw.nc") as ds:
+        got = [f"{v:,.0f}" for v in ds.decode_capacity_tok_s_per_gpu.median("sample").values.ravel()]
+    quoted = re.search(r"\(`decode_capacity_tok_s_per_gpu`\) at ([\d,]+), ([\d,]+), ([\d,]+) and ([\d,]+) tok/s",
+                       text).groups()
+    assert list(quoted) == got
+    cv = {}
+    for name in ("b200", "h100-fp8", "h200-fp8", "b200-fp8"):
+        table = tomllib.loads((ROOT / "mcsim" / "data" / "calibrations" / f"{name}.toml").read_text())
+        cv[name] = 100 * table["classes"]["gemm"]["cv_mape"]
+    low, high, fp8_b200 = (float(x) for x in re.search(
+        r"`b200-fp8.toml`: ([\d.]+)-([\d.]+) % held out, B200's FP8 ([\d.]+) %", text).groups())
+    assert f"{min(cv['b200'], cv['h100-fp8'], cv['h200-fp8']):.1f}" == f"{low:.1f}"
+    assert f"{max(cv['b200'], cv['h100-fp8'], cv['h200-fp8']):.1f}" == f"{high:.1f}"
+    assert f"{cv['b200-fp8']:.1f}" == f"{fp8_b200:.1f}"
