@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from mcsim import __version__
-from mcsim.calibration import fit, measurements
+from mcsim.calibration import aiconfigurator, fit, measurements
 from mcsim.calibration.fit import scenario_scale
 from mcsim.calibration.vidur import LINEAR_MODELS, bundled_collectives, bundled_linear, read_collectives
 from mcsim.fileio import atomic_write
@@ -504,6 +504,44 @@ def calibration_checks(quick: bool = False) -> list[Check]:
     return checks
 
 
+AIC = ("measured under vLLM 0.24.0, AIConfigurator's kernel database (ai-dynamo/aiconfigurator, Apache-2.0), "
+       "mcsim/data/measurements/aiconfigurator")
+AIC_DTYPES = {"bfloat16": "BF16", "fp8": "FP8 per-tensor", "nvfp4": "NVFP4"}
+#: Largest disagreement between the catalog's GEMM figures and a second measured source it was not fitted to.
+SECOND_SOURCE_MAPE_TARGET = 0.08
+
+
+def aiconfigurator_checks(quick: bool = False) -> list[Check]:
+    """Every bundled AIConfigurator table: each GEMM shape of each GPU and dtype predicted by a fit and surface
+    without it; the catalog's BF16 figures (Vidur's H100 fit) against these BF16 GEMMs, a second source; the
+    catalog's custom all-reduce against the measured one under CUDA graphs."""
+    checks = []
+    for gpu, dtypes in aiconfigurator.BUNDLED_DTYPES.items():
+        for dtype in dtypes:
+            mape, bands, rows, shapes = aiconfigurator.bundled_held_out(gpu, dtype, 8 if quick else 40)
+            worst = max(bands, key=bands.get)
+            checks.append(_check(f"GEMMs of {gpu.upper()}, {AIC_DTYPES[dtype]}, {rows:,} of {shapes} shapes, each "
+                                 f"shape predicted by a fit and surface without it: MAPE (worst row band {worst}: "
+                                 f"{100 * bands[worst]:.1f} %)", mape, 0.0, HELD_OUT_MAPE_TARGET,
+                                 AIC.replace("measured", "GEMMs measured"), "fraction",
+                                 "target: <= 5 % on the shapes left out, per GPU and dtype", target=True))
+    for gpu in ("h100", "h200"):
+        errors = aiconfigurator.catalog_gemm_errors(gpu, "bfloat16")
+        checks.append(_check(f"The catalog's BF16 GEMM figures of {gpu.upper()} (Vidur's H100 fit and surface) against "
+                             f"its BF16 GEMMs under vLLM 0.24.0, a second source: MAPE (median modelled / measured "
+                             f"{1 + float(np.median(errors)):.2f})", float(np.mean(np.abs(errors))), 0.0,
+                             SECOND_SOURCE_MAPE_TARGET, AIC.replace("measured", "GEMMs measured"), "fraction",
+                             "target: two measured sources agree within 8 %", target=True))
+    for gpu in ("h100", "h200", "b200"):
+        errors = aiconfigurator.custom_allreduce_errors(gpu)
+        checks.append(_check(f"Custom all-reduce under CUDA graphs, {gpu.upper()}, 2-8 GPUs, 256 B-8 MiB "
+                             f"({len(errors)} messages; the catalog's figures fitted to them): MAPE",
+                             float(np.mean(np.abs(errors))), 0.0, ALLREDUCE_MAPE_TARGET,
+                             AIC.replace("measured", "all-reduces measured"), "fraction",
+                             "mean absolute percentage error <= 15 % with vLLM's one-shot/two-shot rule"))
+    return checks
+
+
 def economics_checks() -> list[Check]:
     """DeepSeek's published day through mcsim.stages.economics: cost, revenue, cost-profit margin."""
     # 226.75 H800 nodes (8 GPUs) on average at $2/GPU-hour; 608 B input tokens of which 342 B cache hits,
@@ -546,7 +584,7 @@ def run_validation(out_dir: str | os.PathLike | None = None, quick: bool = False
     started = time.perf_counter()
     checks = (speculative_checks(quick) + expert_checks(quick) + kv_bytes_checks() + trace_checks()
               + batching_checks(quick) + fleet_checks(quick) + collective_checks() + linear_checks()
-              + calibration_checks(quick)
+              + calibration_checks(quick) + aiconfigurator_checks(quick)
               + economics_checks())
     if out_dir is not None:
         write_reports(checks, out_dir, quick=quick, seconds=time.perf_counter() - started)

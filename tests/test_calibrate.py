@@ -475,3 +475,50 @@ def test_custom_allreduce_fit_recovers_known_figures():
     assert fit["hardware.custom_allreduce_hop_us"] == pytest.approx(5.0, rel=1e-6)
     assert fit["hardware.custom_allreduce_gb_s"] == pytest.approx(250.0, rel=1e-6)
     assert fit["rows"] == 3 * 15 and fit["mape"] < 1e-6  # 128 elements to 4 M elements (8 MiB left out)
+
+
+def test_gemm_exports_round_trip_and_bad_ones_are_one_line_errors(tmp_path):
+    """A table exported as compressed CSV reads back row for row (latency to five significant digits), is taken by
+    `mcsim calibrate` as a GEMM table, and a .csv.gz that is not gzip is refused in one line naming the file."""
+    from mcsim.calibration import aiconfigurator as aic
+
+    table = aic.read_table(_aiconfigurator_table(tmp_path, (0.7, 0.8, 50.0, 5e-6), (0.4, 0.8, 50.0, 5e-6)))
+    out = tmp_path / "export.csv.gz"
+    assert aic.export_gemms(table, ["fp8"], out) == 56  # the transformer-shaped FP8 rows only
+    back = aic.read_table(out)
+    keep = ((table["gemm_dtype"] == "fp8") & (table["n"] >= aic.MIN_N) & (table["k"] >= aic.MIN_K)
+            & (table["m"] <= aic.MAX_M))
+    assert sorted(zip(back["m"], back["n"], back["k"])) == sorted(zip(table["m"][keep], table["n"][keep],
+                                                                      table["k"][keep]))
+    original = {(m, n, k): t for m, n, k, t in zip(table["m"][keep], table["n"][keep], table["k"][keep],
+                                                    table["latency"][keep])}
+    for m, n, k, t in zip(back["m"], back["n"], back["k"], back["latency"]):
+        assert t == pytest.approx(original[(m, n, k)], rel=5e-5)  # half a unit in the fifth digit
+    assert measurements.kind_of(out) == "aiconfigurator-gemm"
+    assert out.read_bytes() == (aic.export_gemms(table, ["fp8"], tmp_path / "again.csv.gz"),
+                                (tmp_path / "again.csv.gz").read_bytes())[1]  # no timestamp: the same bytes
+    bad = tmp_path / "bad.csv.gz"
+    bad.write_bytes(b"\x1b[31mnot gzip\n")
+    with pytest.raises(ValueError) as err:
+        aic.read_table(bad)
+    assert str(err.value).startswith(f"{bad}: not a gzip-compressed CSV") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200", "b200"])
+def test_the_catalogs_aiconfigurator_figures_are_fits_of_the_bundled_rows(gpu):
+    """The measured rows that ship are the rows behind the catalog: refitting them gives the catalog's FP8 GEMM
+    figures (B200: its BF16 ones too) and its custom all-reduce, to the digits the catalog keeps."""
+    from mcsim.calibration import aiconfigurator as aic
+    from mcsim.scenario import catalog
+
+    hw = catalog.hardware_preset(gpu)
+    table = aic.read_table(aic.bundled(gpu))
+    for dtype, prefix in (("fp8", "gemm_fp8_"), *((("bfloat16", "gemm_"),) if gpu == "b200" else ())):
+        fitted = aic.fit_dtype(table, hw, dtype)
+        assert fitted["performance.flops_fraction"] == pytest.approx(hw[prefix + "flops_fraction"], abs=1e-3)
+        assert fitted["performance.bandwidth_fraction"] == pytest.approx(hw[prefix + "bandwidth_fraction"], abs=1e-3)
+        assert fitted["performance.gemm_half_tokens"] == pytest.approx(hw[prefix + "half_tokens"], abs=0.05)
+        assert fitted["performance.gemm_floor_s"] * 1e6 == pytest.approx(hw[prefix + "floor_us"], abs=1e-3)
+    allreduce = aic.fit_custom_allreduce(aic.read_table(aic.bundled(gpu, "custom_allreduce"), aic.ALLREDUCE_COLUMNS))
+    assert allreduce["hardware.custom_allreduce_hop_us"] == pytest.approx(hw["custom_allreduce_hop_us"], abs=1e-3)
+    assert allreduce["hardware.custom_allreduce_gb_s"] == pytest.approx(hw["custom_allreduce_gb_s"], abs=0.05)

@@ -10,8 +10,9 @@ compute width and the output in BF16), so :func:`fit_dtype` fits the four figure
 (``hardware.gemm_<dtype>_*``).
 
 Reading the parquet file needs a parquet library (``pip install "mcsim[aiconfigurator]"``); a CSV export of a table
-(the same columns) needs none. Nothing of the database ships with mcsim: the catalog keeps the fitted figures, with
-their source in ``mcsim/data/measurements/aiconfigurator/README.md``.
+(the same columns, optionally gzip-compressed) needs none. The catalog keeps the fitted figures; the measured rows
+they were fitted to ship as such exports (:func:`export_gemms`, :func:`bundled`), so that ``mcsim validate`` checks
+every bundled table without the database. Sources in ``mcsim/data/measurements/aiconfigurator/README.md``.
 
     python -m mcsim.calibration.aiconfigurator gemm_perf.parquet --hardware h100
 """
@@ -20,13 +21,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
+import gzip
+import io
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from mcsim.calibration.fit import PARAMETERS, Observations, fit_point, predict
-from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES, custom_allreduce_shape
+from mcsim.calibration.fit import PARAMETERS, Observations, band_errors, fit_point, held_out, predict
+from mcsim.perf import gemm_surface
+from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES, custom_allreduce, custom_allreduce_shape
 from mcsim.perf.hardware import as_hardware
 from mcsim.scenario import catalog
 
@@ -64,9 +70,13 @@ def read_table(path, columns=COLUMNS, what: str = "a GEMM table") -> dict:
     text = {columns[0], "backend"}
     if not path.is_file():
         raise ValueError(f"{path}: no such file; {expected}")
-    if path.suffix == ".csv":
-        with path.open(newline="", errors="replace") as handle:
-            rows = list(csv.DictReader(handle))
+    if path.name.endswith((".csv", ".csv.gz")):
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rt", newline="", errors="replace") as handle:
+                rows = list(csv.DictReader(handle))
+        except (OSError, EOFError):  # a .gz that is not gzip
+            raise ValueError(f"{path}: not a gzip-compressed CSV; {expected}") from None
         if not rows or any(c not in rows[0] for c in columns):
             raise ValueError(f"{path}: {expected}")
         for line, row in enumerate(rows, start=2):  # described by position, never by content
@@ -90,6 +100,35 @@ def read_table(path, columns=COLUMNS, what: str = "a GEMM table") -> dict:
         return {c: frame[c].to_numpy(dtype=str if c in text else float) for c in columns}
     except Exception as err:  # a parquet library's own errors, of many kinds: one line naming the file
         raise ValueError(f"{path}: not a parquet table mcsim reads ({type(err).__name__}); {expected}") from None
+
+
+#: The bundled exports (:func:`bundled`): the stack and version they were measured under.
+BUNDLED_STACK = "vllm_0.24.0"
+
+
+def bundled(gpu: str, what: str = "gemm"):
+    """The bundled export of ``gpu``'s ``what`` table (``gemm``: every transformer-shaped GEMM of its fitted dtypes;
+    ``custom_allreduce``), measured under vLLM 0.24.0; None where none ships."""
+    folder = resources.files("mcsim.data") / "measurements" / "aiconfigurator"
+    name = f"{gpu}_{BUNDLED_STACK}_{what}.csv" + (".gz" if what == "gemm" else "")
+    path = Path(str(folder / name))
+    return path if path.is_file() else None
+
+
+def export_gemms(table: dict, dtypes, path) -> int:
+    """Write the rows of ``dtypes`` (the database's names) with transformer-layer shapes (what :func:`fit_dtype`
+    fits) as a gzip-compressed CSV of :data:`COLUMNS`, latency to five significant digits (below the spread of
+    repeated timings); returns the rows written. The bytes depend on the rows alone (no timestamp)."""
+    keep = (np.isin(table["gemm_dtype"], list(dtypes)) & (table["n"] >= MIN_N) & (table["k"] >= MIN_K)
+            & (table["m"] <= MAX_M) & (table["latency"] > 0))
+    order = np.lexsort((table["m"][keep], table["k"][keep], table["n"][keep], table["gemm_dtype"][keep]))
+    text = io.StringIO()
+    text.write(",".join(COLUMNS) + "\n")
+    for i in np.flatnonzero(keep)[order]:
+        text.write(f"{table['gemm_dtype'][i]},{int(table['m'][i])},{int(table['n'][i])},{int(table['k'][i])},"
+                   f"{table['latency'][i]:.5g}\n")
+    Path(path).write_bytes(gzip.compress(text.getvalue().encode(), 9, mtime=0))
+    return int(keep.sum())
 
 
 def gemm_observations(table: dict, hw, dtype: str, source: str = "") -> Observations:
@@ -156,13 +195,77 @@ def fit_custom_allreduce(table: dict, backend: str = "vllm_graph") -> dict:
             "mape_by_group": {int(g): float(error[p == g].mean()) for g in np.unique(p)}}
 
 
+#: The dtypes of each bundled GEMM export (the database's names).
+BUNDLED_DTYPES = {"h100": ("bfloat16", "fp8"), "h200": ("bfloat16", "fp8"), "b200": ("bfloat16", "fp8", "nvfp4")}
+
+
+@functools.lru_cache(maxsize=None)
+def _bundled_table(gpu: str, what: str = "gemm") -> dict:
+    columns, label = (COLUMNS, "a GEMM table") if what == "gemm" else (ALLREDUCE_COLUMNS, "a custom all-reduce table")
+    return read_table(bundled(gpu, what), columns, label)
+
+
+def bundled_held_out(gpu: str, dtype: str, max_folds: int = 40) -> tuple[float, dict, int, int]:
+    """Each bundled GEMM of ``gpu`` in ``dtype`` (the database's name) predicted by a fit and surface built without
+    its shape (:func:`mcsim.calibration.fit.held_out`): ``(MAPE, MAPE by row band, GEMMs, shapes)``."""
+    obs = gemm_observations(_bundled_table(gpu), catalog.hardware_preset(gpu), dtype)
+    predicted, _ = held_out(obs, fit_point(obs), max_folds)
+    return (float(np.mean(np.abs(predicted / obs.measured_s - 1.0))), band_errors(predicted, obs.measured_s, obs.data["rows"]), len(obs),
+            int(obs.shape.max() + 1))
+
+
+def catalog_gemm_errors(gpu: str, dtype: str, hardware: str | None = None) -> np.ndarray | None:
+    """Relative errors (modelled / measured - 1) of the catalog's GEMM figures and surface of ``hardware`` (default
+    ``gpu``) for the compute dtype of ``dtype`` against every bundled GEMM of ``gpu`` in it, as the step model
+    prices a GEMM; None where the catalog has no figures of that dtype."""
+    hw = as_hardware(catalog.hardware_preset(hardware or gpu))
+    if dtype == "bfloat16":
+        values = {"performance.flops_fraction": hw.gemm_flops_fraction,
+                  "performance.bandwidth_fraction": hw.gemm_bandwidth_fraction,
+                  "performance.gemm_half_tokens": hw.gemm_half_tokens, "performance.gemm_floor_s": hw.gemm_floor_us}
+        surface = hw.gemm_surface
+    elif dtype == "fp8" and hw.gemm_fp8_flops_fraction > 0:
+        values = {"performance.flops_fraction": hw.gemm_fp8_flops_fraction,
+                  "performance.bandwidth_fraction": hw.gemm_fp8_bandwidth_fraction,
+                  "performance.gemm_half_tokens": hw.gemm_fp8_half_tokens,
+                  "performance.gemm_floor_s": hw.gemm_fp8_floor_us}
+        surface = hw.gemm_fp8_surface
+    else:
+        return None
+    # the measured GEMMs priced on ``hardware``'s peaks and bandwidth, which are ``gpu``'s own when they are one
+    obs = gemm_observations(_bundled_table(gpu), catalog.hardware_preset(gpu), dtype)
+    modelled = predict(obs, values, gemm_surface.for_hardware(surface) if surface else None)
+    return modelled / obs.measured_s - 1.0
+
+
+def custom_allreduce_errors(gpu: str, backend: str = "vllm_graph") -> np.ndarray:
+    """Relative errors of the catalog's custom all-reduce of ``gpu`` (:func:`mcsim.perf.collectives.custom_allreduce`,
+    as the step model prices it) against every bundled ``backend`` row it runs (2-8 GPUs, under 8 MiB)."""
+    table = _bundled_table(gpu, "custom_allreduce")
+    hw = catalog.hardware_preset(gpu)
+    nbytes = table["message_size"] * np.array([ELEMENT_BYTES.get(d, 2.0) for d in table["allreduce_dtype"]])
+    errors = []
+    for b, p, nb, ms in zip(table["backend"], table["num_gpus"], nbytes, table["latency"]):
+        priced = custom_allreduce(nb, int(p), hw) if b == backend else None
+        if priced is not None:
+            errors.append(priced[0] / (ms * 1e-3) - 1.0)
+    return np.array(errors)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Fit the roofline's GEMM figures per dtype to a GEMM table of "
                                                  "AIConfigurator's database, or the engine's all-reduce to a custom "
                                                  "all-reduce table.")
     parser.add_argument("table", help="gemm_perf.parquet or custom_allreduce_perf.parquet (or a CSV export)")
     parser.add_argument("--hardware", required=True, help="the catalog's accelerator the table was measured on")
+    parser.add_argument("--export", metavar="OUT.csv.gz", help="write the table's transformer-shaped GEMMs of "
+                                                                 "--dtypes as a compressed CSV (what ships)")
+    parser.add_argument("--dtypes", default="bfloat16,fp8", help="the database's dtypes to export")
     args = parser.parse_args(argv)
+    if args.export:
+        rows = export_gemms(read_table(args.table), args.dtypes.split(","), args.export)
+        print(f"{args.export}: {rows:,} GEMMs")
+        return
     if "allreduce" in Path(args.table).name:
         fit = fit_custom_allreduce(read_table(args.table, ALLREDUCE_COLUMNS, "a custom all-reduce table"))
         hop = fit["hardware.custom_allreduce_hop_us"]

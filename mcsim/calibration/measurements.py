@@ -57,7 +57,7 @@ def shape_ids(*columns) -> np.ndarray:
 def kind_of(path) -> str:
     """Which of :data:`KINDS` a measurement file is, from its header (a :class:`MeasurementError` otherwise)."""
     path = Path(path)
-    if path.suffix == ".parquet":  # AIConfigurator's database keeps its tables so
+    if path.suffix == ".parquet" or path.name.endswith(".csv.gz"):  # AIConfigurator's tables, or an export of one
         return "aiconfigurator-gemm"
     with _open(path) as handle:
         try:
