@@ -525,6 +525,20 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
                                  f"{100 * bands[worst]:.1f} %)", mape, 0.0, HELD_OUT_MAPE_TARGET,
                                  AIC.replace("measured", "GEMMs measured"), "fraction",
                                  "target: <= 5 % on the shapes left out, per GPU and dtype", target=True))
+    for gpu in aiconfigurator.BUNDLED_DTYPES:
+        result = aiconfigurator.bundled_attention_held_out(gpu, 8 if quick else 40)
+        for phase in ("decode", "prefill"):
+            mape, before, calls = result[phase]
+            checks.append(_check(f"Attention ({phase}) of {gpu.upper()}, GQA, BF16 KV, {calls:,} calls, each shape "
+                                 f"predicted by a fit without it: MAPE (the GEMM figures that priced attention "
+                                 f"before: {100 * before:.0f} %)", mape, 0.0, HELD_OUT_MAPE_TARGET,
+                                 AIC.replace("measured", "attention calls measured"), "fraction",
+                                 "target: <= 5 % on the shapes left out, per GPU", target=True))
+        mape, _, calls = result["fp8 kv decode"]
+        checks.append(_check(f"Attention (decode) of {gpu.upper()}, FP8 KV, {calls:,} calls, priced by the catalog's "
+                             "BF16-KV fit at one byte an element: MAPE", mape, 0.0, BAND_MAPE_TARGET,
+                             AIC.replace("measured", "attention calls measured"), "fraction",
+                             "target: <= 8 % for a KV dtype the fit has not seen", target=True))
     for gpu in ("h100", "h200"):
         errors = aiconfigurator.catalog_gemm_errors(gpu, "bfloat16")
         checks.append(_check(f"The catalog's BF16 GEMM figures of {gpu.upper()} (Vidur's H100 fit and surface) against "

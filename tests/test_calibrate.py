@@ -507,7 +507,8 @@ def test_gemm_exports_round_trip_and_bad_ones_are_one_line_errors(tmp_path):
 @pytest.mark.parametrize("gpu", ["h100", "h200", "b200"])
 def test_the_catalogs_aiconfigurator_figures_are_fits_of_the_bundled_rows(gpu):
     """The measured rows that ship are the rows behind the catalog: refitting them gives the catalog's FP8 GEMM
-    figures (B200: its BF16 ones too) and its custom all-reduce, to the digits the catalog keeps."""
+    figures (B200: its BF16 ones too), its attention figures and its custom all-reduce, to the digits the catalog
+    keeps."""
     from mcsim.calibration import aiconfigurator as aic
     from mcsim.scenario import catalog
 
@@ -519,6 +520,49 @@ def test_the_catalogs_aiconfigurator_figures_are_fits_of_the_bundled_rows(gpu):
         assert fitted["performance.bandwidth_fraction"] == pytest.approx(hw[prefix + "bandwidth_fraction"], abs=1e-3)
         assert fitted["performance.gemm_half_tokens"] == pytest.approx(hw[prefix + "half_tokens"], abs=0.05)
         assert fitted["performance.gemm_floor_s"] * 1e6 == pytest.approx(hw[prefix + "floor_us"], abs=1e-3)
+    attention = aic.attention_observations(aic.read_table(aic.bundled(gpu, "attention"), aic.ATTENTION_COLUMNS), hw)
+    assert measurements.kind_of(aic.bundled(gpu, "attention")) == "aiconfigurator-attention"
+    for key, value in zip(attention.active, fit.fit_point(attention)):
+        assert value == pytest.approx(hw[key.split(".", 1)[1]], rel=1e-3), key
     allreduce = aic.fit_custom_allreduce(aic.read_table(aic.bundled(gpu, "custom_allreduce"), aic.ALLREDUCE_COLUMNS))
     assert allreduce["hardware.custom_allreduce_hop_us"] == pytest.approx(hw["custom_allreduce_hop_us"], abs=1e-3)
     assert allreduce["hardware.custom_allreduce_gb_s"] == pytest.approx(hw["custom_allreduce_gb_s"], abs=0.05)
+
+
+def test_attention_fit_recovers_known_figures():
+    """Decode and prefill calls timed by :func:`mcsim.perf.roofline.attention_seconds` at known figures (with 1 %
+    noise), over batch sizes, contexts, prompt lengths and head shapes, and rows the fit must leave out (a window,
+    an opt-in kernel): the attention class recovers the figures and prices the rows within the noise."""
+    from mcsim.calibration import aiconfigurator as aic
+    from mcsim.scenario import catalog
+
+    truth = {"hardware.attention_floor_us": 10.0, "hardware.attention_bandwidth_fraction": 0.9,
+             "hardware.attention_unit_ns": 25.0, "hardware.attention_flops_fraction": 0.8,
+             "hardware.attention_prefill_bandwidth_fraction": 0.3, "hardware.attention_half_work": 8000.0,
+             "hardware.attention_head_dim_half": 60.0, "hardware.attention_half_context": 400.0}
+    hw = catalog.hardware_preset("h100")
+    rng = np.random.default_rng(7)
+    rows = []
+    for hq, kv, hd in ((8, 1, 128), (16, 2, 128), (32, 8, 64), (4, 4, 256)):
+        for b in (1, 4, 16, 64, 256):
+            for s in (15, 255, 2047, 16383):
+                rows.append(("generation_attention", "fa3", "bfloat16", b, 1, s, hq, kv, hd, 0))
+            for isl in (64, 512, 2048, 8192):
+                rows.append(("context_attention", "fa3", "bfloat16", max(b // 16, 1), isl, 0, hq, kv, hd, 0))
+    rows += [("generation_attention", "fa3", "bfloat16", 8, 1, 100, 8, 1, 128, 128),
+             ("generation_attention", "vllm_flash_attn_fa4", "bfloat16", 8, 1, 100, 8, 1, 128, 0)]
+    columns = aic.ATTENTION_COLUMNS[:-1]
+    table = {c: np.array([r[i] for r in rows], dtype=str if c in aic.TEXT_COLUMNS else float)
+             for i, c in enumerate(columns)}
+    table["latency"] = np.ones(len(rows))
+    obs = aic.attention_observations(table, hw)
+    assert len(obs) == len(rows) - 2
+    clean = fit.predict(obs, truth)
+    keep = (table["window_size"] == 0) & (table["kernel_source"] == "fa3")
+    table["latency"][keep] = clean * 1e3 * np.exp(rng.normal(0, 0.01, clean.size))
+    obs = aic.attention_observations(table, hw)
+    fitted = dict(zip(obs.active, fit.fit_point(obs)))
+    for key in ("hardware.attention_floor_us", "hardware.attention_bandwidth_fraction",
+                "hardware.attention_unit_ns", "hardware.attention_prefill_bandwidth_fraction"):
+        assert fitted[key] == pytest.approx(truth[key], rel=0.05), key
+    assert np.mean(np.abs(fit.predict(obs, fitted) / obs.measured_s - 1)) < 0.015

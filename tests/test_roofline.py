@@ -736,3 +736,77 @@ def test_each_phase_hides_its_own_share_of_the_alltoall():
         assert cost.breakdown["ep_alltoall"]["hidden"] == pytest.approx(min(share * alltoall, compute), rel=1e-12)
     with pytest.raises(ScenarioError, match="decode_comm_overlap and performance.prefill_comm_overlap"):
         load_scenario(DENSE_NODE, overrides=["performance.overlap_fraction=0.5"])
+
+
+def test_measured_attention_figures_price_the_tiny_model_by_hand():
+    """With measured attention figures, a mixed step's attention core is the decode call (KV stream at its own
+    bandwidth share plus a cost per sequence and KV head) plus the prefill call (FLOPs at the prefill share, which
+    grows with head width, query-head tokens and context), plus one floor a layer; FLOPs and bytes are counted as before."""
+    from dataclasses import replace
+
+    from mcsim.perf.roofline import AttentionFigures
+
+    figures = AttentionFigures(bandwidth_fraction=0.8, unit_s=1e-6, flops_fraction=0.5, prefill_bandwidth_fraction=0.25,
+                               half_work=32.0, head_dim_half=16.0, half_context=2.0)
+    measured = replace(HALF, attention=figures, attention_floor_s=2e-6)
+    cost = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10, prefill_tokens=8, prefill_context=6,
+                     achievable=measured)
+    plain = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10, prefill_tokens=8, prefill_context=6,
+                      achievable=replace(HALF, attention_floor_s=2e-6))
+    layers, kv_token, heads, width = 2, 2 * 2 * 16 * 2, 4, 16  # 2 KV heads of 16 at 2 B, twice (K and V)
+    decode_bytes = (3 * 10 + 3) * kv_token + 3 * 2 * heads * width * 2
+    decode = decode_bytes / (1e12 * 0.8) + 3 * 2 * 1e-6
+    prefill_flops = 4 * heads * width * 8 * 6
+    work = 8 * heads  # query-head tokens
+    rate = 1e12 * 0.5 * width / (width + 16.0) * work / (work + 32.0) * 6 / (6 + 2.0)  # 6 tokens of context
+    prefill_bytes = (6 + 8) * kv_token + 8 * 2 * heads * width * 2
+    prefill = max(prefill_flops / rate, prefill_bytes / (1e12 * 0.25))
+    assert cost.breakdown["attention_core"]["t"] == pytest.approx(layers * (decode + prefill + 2e-6), rel=1e-12)
+    for key in ("flops", "bytes"):
+        assert cost.breakdown["attention_core"][key] == pytest.approx(plain.breakdown["attention_core"][key])
+    others = [op for op in cost.breakdown if op != "attention_core"]
+    assert all(cost.breakdown[op]["t"] == plain.breakdown[op]["t"] for op in others)
+
+
+def test_attention_is_priced_from_the_measured_kernels_of_its_gpu():
+    """Llama-3.1-70B at TP8 on H100 (8 query heads, 1 KV head of 128 on each GPU): the step model's attention call
+    against vLLM 0.24.0's measured FlashAttention-3 calls (the bundled rows), decode at 32-256 sequences of 1-8 k
+    cached tokens and prefill of 1-4 prompts of 1-8 k tokens, within the fit's error; the GEMM figures that priced
+    attention before are far faster than measured on both."""
+    from dataclasses import replace
+
+    from mcsim.calibration import aiconfigurator as aic
+    from mcsim.perf.roofline_model import options
+    from mcsim.scenario import draw_uncertain, load_scenario, resolve
+
+    table = aic.read_table(aic.bundled("h100", "attention"), aic.ATTENTION_COLUMNS)
+    scn = load_scenario(DENSE_NODE, overrides=['performance.fidelity="roofline"', 'precision.enabled=false'])
+    p = resolve(scn, {k: v[0] for k, v in draw_uncertain(scn, [0], 1).items()})
+    opts = options(p)
+    assert opts["achievable"].attention is not None and opts["parallel"].tp == 8
+    model = catalog.model_preset("llama-3.1-70b")
+    rows = ((table["num_heads"] == 8) & (table["num_key_value_heads"] == 1) & (table["head_dim"] == 128)
+            & (table["kv_cache_dtype"] == "bfloat16") & (table["window_size"] == 0)
+            & (table["kernel_source"] == "vllm_flash_attn_fa3"))
+    decode = rows & (table["op_name"] == "generation_attention") & (table["batch_size"] >= 32) \
+        & (table["batch_size"] <= 256) & (table["step"] >= 1023) & (table["step"] <= 8191)
+    prefill = rows & (table["op_name"] == "context_attention") & (table["batch_size"] <= 4) \
+        & (table["isl"] >= 1024) & (table["isl"] <= 8192)
+    assert decode.sum() >= 10 and prefill.sum() >= 10
+    errors = {}
+    for label, achievable in (("measured", opts["achievable"]), ("gemm figures", replace(opts["achievable"],
+                                                                                       attention=None))):
+        common = {**opts, "achievable": achievable}
+        for phase, sel in (("decode", decode), ("prefill", prefill)):
+            modelled = []
+            for b, s, isl in zip(table["batch_size"][sel], table["step"][sel], table["isl"][sel]):
+                if phase == "decode":
+                    cost = step_cost(model, p, decode_seqs=b, decode_context=s, **common)
+                else:
+                    cost = step_cost(model, p, decode_seqs=0, decode_context=0, prefill_tokens=b * isl,
+                                     prefill_context=isl / 2, **common)
+                modelled.append(cost.breakdown["attention_core"]["t"] / model["layers"])  # one layer's call
+            errors[label, phase] = np.asarray(modelled) / (table["latency"][sel] * 1e-3) - 1.0
+    assert np.mean(np.abs(errors["measured", "decode"])) < 0.10
+    assert np.mean(np.abs(errors["measured", "prefill"])) < 0.20
+    assert np.median(errors["gemm figures", "decode"]) < -0.05 and np.median(errors["gemm figures", "prefill"]) < -0.2

@@ -61,13 +61,17 @@ PARAMETER_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction"
                   "performance.gemm_floor_s")
 
 
+#: Columns of the database's tables that hold text, not numbers.
+TEXT_COLUMNS = ("backend", "op_name", "kernel_source", "kv_cache_dtype")
+
+
 def read_table(path, columns=COLUMNS, what: str = "a GEMM table") -> dict:
     """The ``columns`` of a table (:data:`COLUMNS`: a GEMM table; :data:`ALLREDUCE_COLUMNS`: a custom all-reduce
     table): a parquet file (with ``fastparquet`` or ``pyarrow``) or a CSV export; numbers as float64 arrays, the
     first column (a dtype) and any other text as arrays of str."""
     path = Path(path)
     expected = f"expected {what} with columns {', '.join(columns)}"
-    text = {columns[0], "backend"}
+    text = {columns[0], *TEXT_COLUMNS}
     if not path.is_file():
         raise ValueError(f"{path}: no such file; {expected}")
     if path.name.endswith((".csv", ".csv.gz")):
@@ -110,7 +114,7 @@ def bundled(gpu: str, what: str = "gemm"):
     """The bundled export of ``gpu``'s ``what`` table (``gemm``: every transformer-shaped GEMM of its fitted dtypes;
     ``custom_allreduce``), measured under vLLM 0.24.0; None where none ships."""
     folder = resources.files("mcsim.data") / "measurements" / "aiconfigurator"
-    name = f"{gpu}_{BUNDLED_STACK}_{what}.csv" + (".gz" if what == "gemm" else "")
+    name = f"{gpu}_{BUNDLED_STACK}_{what}.csv" + (".gz" if what in ("gemm", "attention") else "")
     path = Path(str(folder / name))
     return path if path.is_file() else None
 
@@ -195,13 +199,74 @@ def fit_custom_allreduce(table: dict, backend: str = "vllm_graph") -> dict:
             "mape_by_group": {int(g): float(error[p == g].mean()) for g in np.unique(p)}}
 
 
+#: The columns of an attention table (``attention/<engine>/<version>/generation_attention_perf.parquet`` and
+#: ``context_attention_perf.parquet``), in an export both in one: ``op_name`` (``generation_attention``: one decode
+#: token of each of ``batch_size`` sequences over ``step`` cached tokens; ``context_attention``: ``batch_size``
+#: prompts of ``isl`` tokens), the heads and width on the GPU, ``kv_cache_dtype``, ``window_size`` (0: full
+#: attention) and ``latency`` (ms).
+ATTENTION_COLUMNS = ("op_name", "kernel_source", "kv_cache_dtype", "batch_size", "isl", "step", "num_heads",
+                     "num_key_value_heads", "head_dim", "window_size", "latency")
+#: KV-cache bytes per element by the table's dtype.
+KV_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0}
+#: Kernels of an opt-in backend, left out of a fit of what an engine runs by default (FlashAttention 4 on Hopper).
+OPT_IN_KERNELS = ("vllm_flash_attn_fa4",)
+
+
+def attention_observations(table: dict, hw, kv_dtype: str = "bfloat16", source: str = "") -> Observations:
+    """The full-attention rows of ``kv_dtype`` run by the engine's default kernels, as attention observations on
+    ``hw``: each decode row one call over ``batch_size`` sequences of ``step`` cached tokens, each prefill row one
+    call over ``batch_size`` prompts of ``isl`` tokens with no prefix (each token attends to ``isl / 2`` earlier ones
+    on average), FLOPs and bytes as the step model counts them (:func:`mcsim.perf.roofline.step_cost`); each
+    (phase, query heads, KV heads, head width) is one shape."""
+    keep = ((table["window_size"] == 0) & (table["kv_cache_dtype"] == kv_dtype) & (table["latency"] > 0)
+            & ~np.isin(table["kernel_source"], OPT_IN_KERNELS)
+            & np.isin(table["op_name"], ("generation_attention", "context_attention")))
+    if not np.any(keep):
+        raise ValueError(f"no full-attention row with a {kv_dtype} KV cache in the table")
+    decode = table["op_name"][keep] == "generation_attention"
+    b, hq = table["batch_size"][keep], table["num_heads"][keep]
+    kv, hd = table["num_key_value_heads"][keep], table["head_dim"][keep]
+    tokens = np.where(decode, b, b * table["isl"][keep])
+    context = np.where(decode, table["step"][keep], table["isl"][keep] / 2.0)  # what each new token attends to
+    kv_token = 2.0 * kv * hd * KV_BYTES[kv_dtype]
+    reads = np.where(decode, b * context, context)  # decode: every sequence's cache; a prompt chunk: its prefix
+    hw = as_hardware(hw)
+    data = {"flops": 4.0 * hq * hd * tokens * context, "bytes": (reads + tokens) * kv_token + tokens * 2 * hq * hd * 2.0,
+            "decode": decode.astype(float), "sequences": np.where(decode, b, 0.0), "kv_heads": kv,
+            "work": np.where(decode, 0.0, tokens * hq), "head_dim": hd, "context": context, "rows": tokens,
+            "peak": np.full(b.size, hw.peak_flops("bf16")), "hbm": np.full(b.size, hw.hbm_bytes_s)}
+    shape = np.unique(np.stack([decode, hq, kv, hd], axis=1), axis=0, return_inverse=True)[1].astype(np.int64).ravel()
+    return Observations("attention", table["latency"][keep] * 1e-3, shape, data,
+                        tuple(key for key, *_ in PARAMETERS["attention"]), sources=[source] if source else [])
+
+
+def export_attention(tables, path) -> int:
+    """Write the full-attention rows (bf16 and fp8 KV caches) of ``tables`` (a generation and a context attention
+    table), without the opt-in kernels', as one gzip-compressed CSV of :data:`ATTENTION_COLUMNS`, latency to five
+    significant digits; returns the rows written."""
+    text = io.StringIO()
+    text.write(",".join(ATTENTION_COLUMNS) + "\n")
+    rows = 0
+    for table in tables:
+        keep = ((table["window_size"] == 0) & np.isin(table["kv_cache_dtype"], list(KV_BYTES))
+                & ~np.isin(table["kernel_source"], OPT_IN_KERNELS) & (table["latency"] > 0))
+        order = np.lexsort(tuple(table[c][keep] for c in reversed(ATTENTION_COLUMNS[:-1])))
+        for i in np.flatnonzero(keep)[order]:
+            text.write(",".join(str(table[c][i]) if c in TEXT_COLUMNS else f"{table[c][i]:.5g}" if c == "latency"
+                                else str(int(table[c][i])) for c in ATTENTION_COLUMNS) + "\n")
+        rows += int(keep.sum())
+    Path(path).write_bytes(gzip.compress(text.getvalue().encode(), 9, mtime=0))
+    return rows
+
+
 #: The dtypes of each bundled GEMM export (the database's names).
 BUNDLED_DTYPES = {"h100": ("bfloat16", "fp8"), "h200": ("bfloat16", "fp8"), "b200": ("bfloat16", "fp8", "nvfp4")}
 
 
 @functools.lru_cache(maxsize=None)
 def _bundled_table(gpu: str, what: str = "gemm") -> dict:
-    columns, label = (COLUMNS, "a GEMM table") if what == "gemm" else (ALLREDUCE_COLUMNS, "a custom all-reduce table")
+    columns, label = {"gemm": (COLUMNS, "a GEMM table"), "attention": (ATTENTION_COLUMNS, "an attention table"),
+                      "custom_allreduce": (ALLREDUCE_COLUMNS, "a custom all-reduce table")}[what]
     return read_table(bundled(gpu, what), columns, label)
 
 
@@ -212,6 +277,31 @@ def bundled_held_out(gpu: str, dtype: str, max_folds: int = 40) -> tuple[float, 
     predicted, _ = held_out(obs, fit_point(obs), max_folds)
     return (float(np.mean(np.abs(predicted / obs.measured_s - 1.0))), band_errors(predicted, obs.measured_s, obs.data["rows"]), len(obs),
             int(obs.shape.max() + 1))
+
+
+def bundled_attention_held_out(gpu: str, max_folds: int = 40) -> dict:
+    """Each bundled attention call of ``gpu`` (BF16 KV cache) predicted by a fit without its shape, and by the
+    catalog's GEMM figures (how attention was priced before its kernels were measured): phase -> (held-out MAPE,
+    GEMM-figures MAPE, calls); and, for the FP8 KV-cache calls, the catalog's figures at one byte an element."""
+    hw = catalog.hardware_preset(gpu)
+    table = _bundled_table(gpu, "attention")
+    obs = attention_observations(table, hw)
+    predicted, _ = held_out(obs, fit_point(obs), max_folds)
+    figures = as_hardware(hw)
+    # the GEMM figures on attention: a roofline at the BF16 peak and HBM bandwidth shares, plus 3 kernel floors
+    flops_share, bandwidth_share = figures.gemm_flops_fraction, figures.gemm_bandwidth_fraction
+    before = (np.maximum(obs.data["flops"] / (obs.data["peak"] * flops_share),
+                         obs.data["bytes"] / (obs.data["hbm"] * bandwidth_share)) + 3 * figures.kernel_floor_us * 1e-6)
+    out = {}
+    for phase, rows in (("decode", obs.data["decode"] > 0), ("prefill", obs.data["decode"] == 0)):
+        out[phase] = (float(np.mean(np.abs(predicted[rows] / obs.measured_s[rows] - 1.0))),
+                      float(np.mean(np.abs(before[rows] / obs.measured_s[rows] - 1.0))), int(rows.sum()))
+    fp8 = attention_observations(table, hw, kv_dtype="fp8")
+    catalog_values = {key: hw[key.split(".", 1)[1]] for key in fp8.active}
+    errors = predict(fp8, catalog_values) / fp8.measured_s - 1.0
+    out["fp8 kv decode"] = (float(np.mean(np.abs(errors[fp8.data["decode"] > 0]))), float("nan"),
+                            int((fp8.data["decode"] > 0).sum()))
+    return out
 
 
 def catalog_gemm_errors(gpu: str, dtype: str, hardware: str | None = None) -> np.ndarray | None:
@@ -261,7 +351,12 @@ def main(argv=None) -> None:
     parser.add_argument("--export", metavar="OUT.csv.gz", help="write the table's transformer-shaped GEMMs of "
                                                                  "--dtypes as a compressed CSV (what ships)")
     parser.add_argument("--dtypes", default="bfloat16,fp8", help="the database's dtypes to export")
+    parser.add_argument("more", nargs="*", help="with --export of an attention table: the other phase's table")
     args = parser.parse_args(argv)
+    if args.export and "attention" in Path(args.table).name:
+        tables = [read_table(t, ATTENTION_COLUMNS, "an attention table") for t in (args.table, *args.more)]
+        print(f"{args.export}: {export_attention(tables, args.export):,} attention calls")
+        return
     if args.export:
         rows = export_gemms(read_table(args.table), args.dtypes.split(","), args.export)
         print(f"{args.export}: {rows:,} GEMMs")

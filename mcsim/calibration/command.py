@@ -21,7 +21,7 @@ from mcsim.calibration import aiconfigurator
 from mcsim.scenario import catalog
 
 #: Fitting order: the step class is fitted last, on top of the others' point fits.
-ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "step")
+ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "attention", "step")
 DTYPES = ("fp32", "bf16", "fp8", "fp4")
 
 
@@ -94,6 +94,12 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
                 table = aiconfigurator.read_table(path)
                 parts["gemm"].append(aiconfigurator.gemm_observations(table, hw, aiconfigurator.TABLE_DTYPE[dtype],
                                                                       source=str(path)))
+            except ValueError as err:
+                raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
+        elif kind == "aiconfigurator-attention":
+            try:
+                table = aiconfigurator.read_table(path, aiconfigurator.ATTENTION_COLUMNS, "an attention table")
+                parts["attention"].append(aiconfigurator.attention_observations(table, hw, source=str(path)))
             except ValueError as err:
                 raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
     fits = []

@@ -13,6 +13,12 @@ elementwise     RMSNorms, RoPE, SwiGLU, residual adds (mlp.csv)        performan
                                                                        elementwise_bandwidth_fraction
 allreduce       NCCL all-reduce inside a node (all_reduce.csv)         hardware.collective_base_us, collective_hop_us,
                                                                        allreduce_bus_gb_s
+attention       GQA attention calls, decode and prefill                 hardware.attention_floor_us,
+                (AIConfigurator's attention tables)                    attention_bandwidth_fraction, attention_unit_ns,
+                                                                       attention_flops_fraction,
+                                                                       attention_prefill_bandwidth_fraction,
+                                                                       attention_half_work, attention_head_dim_half,
+                                                                       attention_half_context
 allreduce_nodes NCCL all-reduce over whole nodes (all_reduce.csv)      hardware.remote_allreduce_base_us,
                                                                        remote_allreduce_bus_gb_s
 send            NCCL send/recv (send_recv.csv)                         hardware.send_base_us, send_gb_s (inside a
@@ -53,7 +59,7 @@ from scipy.optimize import least_squares
 
 from mcsim.perf.collectives import allreduce_auto_seconds
 from mcsim.perf.gemm_surface import GemmSurface
-from mcsim.perf.roofline import elementwise_seconds, gemm_seconds
+from mcsim.perf.roofline import AttentionFigures, attention_seconds, elementwise_seconds, gemm_seconds
 
 #: Parameters of each class: (key, SI units per key unit, lower, upper, start) in the key's own units.
 PARAMETERS = {
@@ -72,6 +78,14 @@ PARAMETERS = {
              ("hardware.send_gb_s", 1e9, 0.1, 1e4, 200.0),
              ("hardware.remote_send_base_us", 1e-6, 0.0, 1e4, 20.0),
              ("hardware.remote_send_gb_s", 1e9, 0.1, 1e4, 20.0)),
+    "attention": (("hardware.attention_floor_us", 1e-6, 0.0, 1e3, 10.0),
+                  ("hardware.attention_bandwidth_fraction", 1.0, 0.01, 1.0, 0.9),
+                  ("hardware.attention_unit_ns", 1e-9, 0.0, 1e4, 20.0),
+                  ("hardware.attention_flops_fraction", 1.0, 0.01, 1.0, 0.8),
+                  ("hardware.attention_prefill_bandwidth_fraction", 1.0, 0.01, 1.0, 0.3),
+                  ("hardware.attention_half_work", 1.0, 0.0, 1e8, 1e4),
+                  ("hardware.attention_head_dim_half", 1.0, 0.0, 1e4, 64.0),
+                  ("hardware.attention_half_context", 1.0, 0.0, 1e6, 100.0)),
     "step": (("performance.step_overhead_s", 1e-6, 0.0, 1e6, 200.0),
              ("performance.attention_floor_s", 1e-6, 0.0, 1e4, 10.0)),
 }
@@ -201,6 +215,16 @@ def predict(obs: Observations, values: dict, surface: GemmSurface | None = None)
         inside = si("hardware.send_base_us") + d["bytes"] / si("hardware.send_gb_s")
         remote = si("hardware.remote_send_base_us") + d["bytes"] / si("hardware.remote_send_gb_s")
         return np.where(across, remote, inside)
+    if obs.cls == "attention":
+        figures = AttentionFigures(si("hardware.attention_bandwidth_fraction"), si("hardware.attention_unit_ns"),
+                                   si("hardware.attention_flops_fraction"),
+                                   si("hardware.attention_prefill_bandwidth_fraction"),
+                                   si("hardware.attention_half_work"), si("hardware.attention_head_dim_half"),
+                                   si("hardware.attention_half_context"))
+        return attention_seconds(d["flops"], d["bytes"], decode=d["decode"] > 0, sequences=d["sequences"],
+                                 kv_heads=d["kv_heads"], work=d["work"], head_dim=d["head_dim"],
+                                 context=d["context"], peak=d["peak"],
+                                 hbm=d["hbm"], figures=figures, floor_s=si("hardware.attention_floor_us"))
     if obs.cls == "step":
         return (d["modelled_s"] + si("performance.step_overhead_s")
                 + d["attention_calls"] * si("performance.attention_floor_s"))

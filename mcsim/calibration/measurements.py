@@ -28,6 +28,7 @@ parameters this calibration fits from the other files; the fit then frees the pe
 from __future__ import annotations
 
 import csv
+import gzip
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,7 +46,8 @@ from mcsim.scenario.loading import draw_uncertain, load_scenario, resolve
 from mcsim.text import one_line
 
 STEP_COLUMNS = ("hardware", "model", "tp", "decode_seqs", "mean_context", "prefill_tokens", "time_ms")
-KINDS = ("vidur-mlp", "vidur-all_reduce", "vidur-send_recv", "steps")
+KINDS = ("vidur-mlp", "vidur-all_reduce", "vidur-send_recv", "steps", "aiconfigurator-gemm",
+         "aiconfigurator-attention")
 
 
 def shape_ids(*columns) -> np.ndarray:
@@ -57,7 +59,17 @@ def shape_ids(*columns) -> np.ndarray:
 def kind_of(path) -> str:
     """Which of :data:`KINDS` a measurement file is, from its header (a :class:`MeasurementError` otherwise)."""
     path = Path(path)
-    if path.suffix == ".parquet" or path.name.endswith(".csv.gz"):  # AIConfigurator's tables, or an export of one
+    if path.suffix == ".parquet":  # AIConfigurator's database keeps its tables so, named by what they time
+        return "aiconfigurator-attention" if "attention" in path.name else "aiconfigurator-gemm"
+    if path.name.endswith(".csv.gz"):  # an export of one of its tables
+        try:
+            with gzip.open(path, "rt", newline="", errors="replace") as handle:
+                header = next(csv.reader(handle), [])
+        except (OSError, EOFError):
+            raise MeasurementError(f"{path}: not a gzip-compressed CSV") from None
+        names = {h.strip() for h in header}
+        if {"op_name", "batch_size", "num_key_value_heads", "latency"} <= names:
+            return "aiconfigurator-attention"
         return "aiconfigurator-gemm"
     with _open(path) as handle:
         try:

@@ -64,6 +64,10 @@ class Hardware:
     kernel_floor_us, elementwise_bandwidth_fraction : float
         Fitted element-wise kernel figures: the fixed time of one kernel and the share of HBM bandwidth the
         kernels reach (0 where not measured).
+    attention_floor_us, attention_bandwidth_fraction, attention_unit_ns, attention_flops_fraction, \
+    attention_prefill_bandwidth_fraction, attention_half_work, attention_head_dim_half, attention_half_context : float
+        Fitted GQA attention kernel figures (:class:`mcsim.perf.roofline.AttentionFigures`, with the fixed time of
+        one call; 0 where not measured: attention then takes the GEMM figures).
     tdp_w, idle_w : float
         Board power limit and idle power, W.
     price_usd, rental_usd_per_hour : float
@@ -101,6 +105,14 @@ class Hardware:
     gemm_fp8_surface: str = ""
     kernel_floor_us: float = 0.0
     elementwise_bandwidth_fraction: float = 0.0
+    attention_floor_us: float = 0.0
+    attention_bandwidth_fraction: float = 0.0
+    attention_unit_ns: float = 0.0
+    attention_flops_fraction: float = 0.0
+    attention_prefill_bandwidth_fraction: float = 0.0
+    attention_half_work: float = 0.0
+    attention_head_dim_half: float = 0.0
+    attention_half_context: float = 0.0
     tdp_w: float = 0.0
     idle_w: float = 0.0
     price_usd: float = 0.0
@@ -146,6 +158,10 @@ def as_hardware(entry) -> Hardware:
                     gpus_per_node=int(entry.get("gpus_per_node", 1)), **numbers)
 
 
+#: The catalog's measured GQA attention figures (:class:`mcsim.perf.roofline.AttentionFigures`, and the call's floor).
+ATTENTION_FIELDS = ("attention_floor_us", "attention_bandwidth_fraction", "attention_unit_ns",
+                    "attention_flops_fraction", "attention_prefill_bandwidth_fraction", "attention_half_work",
+                    "attention_head_dim_half", "attention_half_context")
 #: What the roofline assumes where neither the scenario nor the hardware catalog gives a figure. Kernel floors are
 #: 0 (not modelled) on hardware without measurements, as the catalog says.
 GENERIC = {"performance.flops_fraction": 0.6, "performance.bandwidth_fraction": 0.8,
@@ -160,9 +176,9 @@ FITTED_KEYS = (*GENERIC, "performance.attention_floor_s", "performance.gemm_surf
                "hardware.remote_send_gb_s", "hardware.custom_allreduce_hop_us", "hardware.custom_allreduce_gb_s",
                "hardware.gemm_flops_fraction", "hardware.gemm_bandwidth_fraction", "hardware.gemm_half_tokens",
                "hardware.gemm_floor_us", "hardware.gemm_surface", "hardware.kernel_floor_us",
-               "hardware.elementwise_bandwidth_fraction")
+               "hardware.elementwise_bandwidth_fraction", *(f"hardware.{k}" for k in ATTENTION_FIELDS))
 #: Kernels of one attention call that pay the element-wise kernel floor (KV-cache write, attention, reshape); the
-#: attention floor defaults to that many kernel floors (no bundled measurement times attention itself).
+#: attention floor defaults to that many kernel floors where the hardware's attention kernels were not measured.
 ATTENTION_CALL_KERNELS = 3
 
 
@@ -177,8 +193,9 @@ def performance_defaults(p: dict) -> dict:
     * ``performance.kernel_floor_s``, ``elementwise_bandwidth_fraction``: the catalog's ``kernel_floor_us`` and
       ``elementwise_bandwidth_fraction``, fitted the same way to the measured RMSNorm, RoPE, SwiGLU and residual-add
       kernels of those files;
-    * ``performance.attention_floor_s``: :data:`ATTENTION_CALL_KERNELS` kernel floors (an assumption: the bundled
-      data does not time the attention kernel; a whole-step calibration fits it);
+    * ``performance.attention_floor_s``: the catalog's ``attention_floor_us`` for a GQA model on hardware whose
+      attention kernels were measured, else :data:`ATTENTION_CALL_KERNELS` kernel floors (an assumption; a
+      whole-step calibration fits it);
     * for an accelerator without fitted GEMM figures, ``performance.unmeasured_flops_fraction`` and
       ``unmeasured_bandwidth_fraction`` (drawn per sample: uncertain, not measured);
     * otherwise :data:`GENERIC`.
@@ -191,8 +208,11 @@ def performance_defaults(p: dict) -> dict:
         own: p[stand_in] for stand_in, (own, _) in UNMEASURED_STAND_INS.items()
         if isinstance(p.get(stand_in), (int, float))})
     out = {**p, **{key: value for key, value in figures.items() if key in keys}}
-    if attention:  # from the kernel floor in force, the scenario's own or the hardware's
-        out["performance.attention_floor_s"] = ATTENTION_CALL_KERNELS * out.get("performance.kernel_floor_s", 0.0)
+    if attention:  # the measured call's, else from the kernel floor in force (the scenario's own or the hardware's)
+        hw = as_hardware(p)
+        measured = hw.attention_floor_us > 0 and p.get("model.attention", "gqa") == "gqa"
+        out["performance.attention_floor_s"] = hw.attention_floor_us * 1e-6 if measured \
+            else ATTENTION_CALL_KERNELS * out.get("performance.kernel_floor_s", 0.0)
     return out
 
 

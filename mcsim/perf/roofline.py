@@ -107,6 +107,7 @@ from mcsim.scenario import catalog
 
 __all__ = [
     "Achievable",
+    "AttentionFigures",
     "Collectives",
     "Memory",
     "OperatingPoint",
@@ -133,6 +134,7 @@ FUSED_KERNEL_FRACTION = 0.5
 #: Op classes a calibration measures, and the ops whose time each class's error multiplier scales.
 ERROR_CLASSES = {"gemm": ("attention_proj", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head"),
                  "elementwise": ("elementwise",), "allreduce": ("tp_allreduce",), "send": ("pp_send",),
+                 "attention": ("attention_core",),
                  "allreduce_nodes": ("tp_allreduce",)}
 
 
@@ -284,6 +286,71 @@ class Achievable:
     step_error: float = 1.0
     gemm_surface: object = field(default=None, hash=False, compare=False)
     linear: "LinearGemms | None" = None
+    attention: "AttentionFigures | None" = None
+
+
+@dataclass(frozen=True)
+class AttentionFigures:
+    """Measured GQA attention kernels of one GPU (the catalog's ``attention_*`` figures, SI units), priced by
+    :func:`attention_seconds`; the kernel floor is :attr:`Achievable.attention_floor_s`.
+
+    Attributes
+    ----------
+    bandwidth_fraction : float
+        Share of HBM bandwidth a decode call's KV stream reaches.
+    unit_s : float
+        Fixed time per (decoding sequence, KV head on the GPU) of a decode call: its work units.
+    flops_fraction : float
+        Largest share of the BF16 peak a prefill call reaches.
+    prefill_bandwidth_fraction : float
+        Share of HBM bandwidth a prefill call's bytes reach (KV, queries and outputs).
+    half_work : float
+        Query-head tokens (tokens x query heads on the GPU) at which a prefill call reaches half its FLOP share: too
+        few tiles to fill the GPU.
+    head_dim_half : float
+        Head width at which a prefill call reaches half its FLOP share (wider heads fill the tensor cores better).
+    half_context : float
+        Context each token attends to at which a prefill call reaches half its FLOP share (a tile's loop over
+        keys amortizes its prologue and epilogue).
+    """
+
+    bandwidth_fraction: float
+    unit_s: float
+    flops_fraction: float
+    prefill_bandwidth_fraction: float
+    half_work: float
+    head_dim_half: float
+    half_context: float = 0.0
+
+
+def attention_seconds(flops, nbytes, *, decode, sequences, kv_heads, work, head_dim, context, peak, hbm, figures,
+                      floor_s=0.0):
+    """Time of one attention call on one GPU from measured figures (:class:`AttentionFigures`), s (floats or arrays).
+
+    A decode call (``decode`` true) over ``sequences`` sequences with ``kv_heads`` KV heads on the GPU moving
+    ``nbytes`` costs ``floor_s + sequences x kv_heads x unit_s + nbytes / (hbm x bandwidth_fraction)``: decode
+    attention streams the KV cache and pays per work unit, whatever its FLOPs. A prefill call of ``flops`` over
+    ``work`` query-head tokens of width ``head_dim``, each token attending to ``context`` others on average, costs
+    ``floor_s + max(flops / (peak x flops_fraction x e), nbytes / (hbm x prefill_bandwidth_fraction))`` with
+    ``e = head_dim / (head_dim + head_dim_half) x work / (work + half_work) x context / (context + half_context)``.
+    ``peak`` is the BF16 peak and ``hbm`` the HBM bandwidth (bytes/s). The step model and ``mcsim calibrate`` both
+    price attention with this function.
+
+    Examples
+    --------
+    >>> f = AttentionFigures(0.9, 20e-9, 0.8, 0.3, 1e4, 64.0)
+    >>> round(attention_seconds(0.0, 2.7e8, decode=True, sequences=64, kv_heads=1, work=0, head_dim=128,
+    ...                         context=2048, peak=1e15, hbm=3e12, figures=f, floor_s=1e-5) * 1e6, 2)  # 10+1.28+100 us
+    111.28
+    """
+    decode_t = nbytes / (hbm * figures.bandwidth_fraction) + sequences * kv_heads * figures.unit_s
+    work = np.where(decode, 1.0, work)  # a decode call's FLOPs do not set its time
+    context = np.where(decode, 1.0, context)
+    rate = (peak * figures.flops_fraction * head_dim / (head_dim + figures.head_dim_half)
+            * work / (work + figures.half_work) * context / (context + figures.half_context))
+    prefill_t = np.maximum(flops / rate, nbytes / (hbm * figures.prefill_bandwidth_fraction))
+    out = floor_s + np.where(decode, decode_t, prefill_t)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 @dataclass(frozen=True)
@@ -683,7 +750,30 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     if sparse_topk > 0:
         core_flops += 2 * INDEXER_HEADS * INDEXER_HEAD_DIM * (decode_tokens * full_d + prefill_tokens * full_p)
         kv_traffic += (decode_seqs * full_d + has_prefill * full_p + tokens) * INDEXER_HEAD_DIM * INDEXER_KEY_BYTES
-    add("attention_core", layers, core_flops / adp, kv=kv_traffic / adp, act=core_act / adp * a, peak=peak_attention)
+    if achievable.attention is not None and model["attention"] == "gqa" and sparse_topk == 0:
+        # measured attention kernels: the decode sequences' call and the prefill chunk's priced apart (each by
+        # its own figures), the FLOPs and bytes accounted as the roofline's
+        ops["attention_core"]["flops"] += layers * core_flops / adp
+        ops["attention_core"]["kv"] += layers * kv_traffic / adp
+        ops["attention_core"]["act"] += layers * core_act / adp * a
+        hd, kv_heads = model["head_dim"], shard["kv_per_token"] / (2 * model["head_dim"])
+        common = dict(kv_heads=kv_heads, head_dim=hd, peak=hw.peak_flops("bf16"), hbm=hw.hbm_bytes_s,
+                      figures=achievable.attention)
+        t = 0.0
+        if decode_seqs > 0:
+            t += attention_seconds(4 * hq * hd * decode_tokens * ctx_d / adp,
+                                   ((decode_seqs * ctx_d + decode_tokens) * kv_token
+                                    + decode_tokens * 2 * hq * hd * a) / adp,
+                                   decode=True, sequences=decode_seqs / adp, work=0.0, context=ctx_d, **common)
+        if prefill_tokens > 0:
+            t += attention_seconds(4 * hq * hd * prefill_tokens * ctx_p / adp,
+                                   ((ctx_p + prefill_tokens) * kv_token + prefill_tokens * 2 * hq * hd * a) / adp,
+                                   decode=False, sequences=0.0, work=prefill_tokens * hq / adp, context=ctx_p,
+                                   **common)
+        ops["attention_core"]["t"] += layers * t
+    else:
+        add("attention_core", layers, core_flops / adp, kv=kv_traffic / adp, act=core_act / adp * a,
+            peak=peak_attention)
     ops["attention_core"]["t"] += layers * achievable.attention_floor_s
     ops["attention_core"]["floor"] += layers * achievable.attention_floor_s
 

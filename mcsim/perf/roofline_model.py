@@ -33,7 +33,7 @@ def _hardware(p: dict) -> Hardware:
 
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
     """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
-    linear = linear_gemms(p)
+    linear, attention = linear_gemms(p), attention_figures(p)
     p = performance_defaults(p)
     stack = stack_entry(p["performance.stack"])
     impl = stack.allreduce_impl if p["performance.allreduce_impl"] == "stack" else p["performance.allreduce_impl"]
@@ -59,7 +59,8 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             elementwise_bandwidth_fraction=p["performance.elementwise_bandwidth_fraction"],
             attention_floor_s=p["performance.attention_floor_s"],
             errors={cls: p[f"performance.{cls}_error"] for cls in roofline.ERROR_CLASSES},
-            step_error=p["performance.step_error"], gemm_surface=gemm_surface(p), linear=linear),
+            step_error=p["performance.step_error"], gemm_surface=gemm_surface(p), linear=linear,
+            attention=attention),
         "hot_rank_factor": hot_rank_factor,
         "distinct_experts": distinct_experts,
         "attention_window": p["performance.attention_window"],
@@ -85,6 +86,23 @@ def linear_gemms(p: dict):
         return None
     return roofline.LinearGemms(hw.gemm_fp8_flops_fraction, hw.gemm_fp8_bandwidth_fraction, hw.gemm_fp8_half_tokens,
                                 hw.gemm_fp8_floor_us * 1e-6, surfaces.for_hardware(hw.gemm_fp8_surface))
+
+
+def attention_figures(p: dict):
+    """The hardware's measured GQA attention kernels (the catalog's ``attention_*``), where the scenario leaves the
+    achievable fractions to the hardware (a scenario's own ``flops_fraction`` or ``bandwidth_fraction``, or a
+    calibration's, prices attention as it always has: at those figures); else None (attention then takes the GEMM
+    figures)."""
+    hw = _hardware(p)
+    if hw.attention_bandwidth_fraction <= 0:
+        return None
+    hardware_own = gemm_figures(hw)
+    if any(p.get(k, 0) not in (0, hardware_own[k]) for k in ("performance.flops_fraction",
+                                                              "performance.bandwidth_fraction")):
+        return None
+    return roofline.AttentionFigures(hw.attention_bandwidth_fraction, hw.attention_unit_ns * 1e-9,
+                                     hw.attention_flops_fraction, hw.attention_prefill_bandwidth_fraction,
+                                     hw.attention_half_work, hw.attention_head_dim_half, hw.attention_half_context)
 
 
 #: Where the roofline compares two accelerators for the factor fidelity's base throughputs: a decode step at the

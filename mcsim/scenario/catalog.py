@@ -117,6 +117,24 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                                "unknown"),
     "elementwise_bandwidth_fraction": (float, "share of HBM bandwidth element-wise kernels reach, fitted like "
                                               "kernel_floor_us; 0 where unknown (then 0.8)"),
+    "attention_floor_us": (float, "fixed GPU time of one GQA attention call (per layer and step), us, fitted to "
+                                  "measured attention kernels (decode and prefill) where the source says so; 0 where "
+                                  "unknown (then 3 element-wise kernel floors)"),
+    "attention_bandwidth_fraction": (float, "share of HBM bandwidth a decode attention call's KV stream reaches, "
+                                            "fitted like attention_floor_us; 0 where unknown (then attention takes "
+                                            "the GEMM figures)"),
+    "attention_unit_ns": (float, "fixed time per decoding sequence and KV head of a decode attention call, ns, "
+                                 "fitted like attention_floor_us"),
+    "attention_flops_fraction": (float, "largest share of the BF16 peak a prefill attention call reaches, fitted "
+                                        "like attention_floor_us"),
+    "attention_prefill_bandwidth_fraction": (float, "share of HBM bandwidth a prefill attention call's bytes reach, "
+                                                    "fitted like attention_floor_us"),
+    "attention_half_work": (float, "query-head tokens (tokens x query heads on the GPU) at which prefill attention "
+                                   "reaches half its FLOP share, fitted like attention_floor_us"),
+    "attention_head_dim_half": (float, "head width at which prefill attention reaches half its FLOP share, fitted "
+                                       "like attention_floor_us"),
+    "attention_half_context": (float, "context a prefill token attends to at which prefill attention reaches half "
+                                      "its FLOP share, fitted like attention_floor_us"),
     "custom_allreduce_hop_us": (float, "latency of one stage of the serving engine's own all-reduce (vLLM's, "
                                        "SGLang's and TensorRT-LLM's one-shot / two-shot kernels over NVLink), us, "
                                        "fitted to measured times where the source says so; 0 where it has none"),

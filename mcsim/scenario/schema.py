@@ -376,8 +376,9 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "elementwise_bandwidth_fraction": F(0.0, "Achievable fraction of HBM bandwidth of element-wise kernels; 0 = "
                                                  "the hardware catalog's, else 0.8.", 0, 1, fidelity="roofline"),
         "attention_floor_s": F(0.0, "Fixed GPU time of one attention call per layer and step (KV-cache write, "
-                                    "attention kernel, reshape), s; 0 = three element-wise kernel floors.", 0, None,
-                                    fidelity="roofline"),
+                                    "attention kernel, reshape), s; 0 = the hardware's measured attention call "
+                                    "(hardware.attention_floor_us) for a GQA model, else three element-wise kernel "
+                                    "floors.", 0, None, fidelity="roofline"),
         "gemm_error": F(1.0, "Multiplier on modelled GEMM times (the model's error against measurements; a "
                              "calibration draws it per sample from its residuals).", 0, None, lo_open=True,
                              fidelity="roofline"),
@@ -389,6 +390,8 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                                    None, lo_open=True, fidelity="roofline"),
         "send_error": F(1.0, "Multiplier on modelled point-to-point send times (as gemm_error).", 0, None,
                         lo_open=True, fidelity="roofline"),
+        "attention_error": F(1.0, "Multiplier on modelled attention-kernel times (as gemm_error).", 0, None,
+                             lo_open=True, fidelity="roofline"),
         "step_error": F(1.0, "Multiplier on the whole modelled step (a calibration's residual against measured "
                              "whole steps).", 0, None, lo_open=True, fidelity="roofline"),
         "network_fraction": F(0.7, "Achievable fraction of scale-up/scale-out bandwidth (roofline).", 0, 1,
