@@ -56,7 +56,7 @@ def test_the_reader_names_file_and_line(tmp_path):
     assert np.all(read_collectives(good).median_s > 0)
 
 
-@pytest.mark.parametrize("gpu", ["h100", "a100"])
+@pytest.mark.parametrize("gpu", ["a100"])  # H100's catalog GEMMs are vLLM 0.24.0's; Vidur's H100 is the second source
 def test_linear_ops_within_target_of_the_measurements(gpu):
     from mcsim.calibration.vidur import LINEAR_MODELS, bundled_linear
     from mcsim.validate import LINEAR_MAPE_TARGET, linear_errors

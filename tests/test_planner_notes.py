@@ -23,8 +23,8 @@ def test_an_unmeasured_gpu_is_named_in_the_result_and_the_summary(tmp_path):
     with xr.open_dataset(out) as ds:
         assert ds.attrs["kernel_data_unmeasured"] == "mi300x"
         facts = ds.attrs["kernel_data"]
-        assert "h100: GEMMs, element-wise kernels and NCCL collectives measured" in facts
-        assert "h200: not measured itself; h100's measured kernels" in facts
+        assert "h100: GEMMs and attention kernels measured under vLLM 0.24.0" in facts
+        assert "h200: GEMMs and attention kernels measured under vLLM 0.24.0 (the bundled h200-bf16.toml)" in facts
     measured = invoke("run", DENSE_NODE, "--samples", "1", "--requests", "300", "--no-progress", *ROOFLINE, "-o",
                       tmp_path / "y.nc")
     assert measured.exit_code == 0 and "UNMEASURED" not in measured.output

@@ -161,11 +161,12 @@ def test_the_readme_hardware_figures_are_what_the_sweep_and_the_calibrations_hol
                        text).groups()
     assert list(quoted) == got
     cv = {}
-    for name in ("b200", "h100-fp8", "h200-fp8", "b200-fp8"):
+    names = ("h100-bf16", "h200-bf16", "b200-bf16", "h100-fp8", "h200-fp8", "b200-fp8")
+    for name in names:
         table = tomllib.loads((ROOT / "mcsim" / "data" / "calibrations" / f"{name}.toml").read_text())
         cv[name] = 100 * table["classes"]["gemm"]["cv_mape"]
     low, high, fp8_b200 = (float(x) for x in re.search(
-        r"`b200-fp8.toml`: ([\d.]+)-([\d.]+) % held out, B200's FP8 ([\d.]+) %", text).groups())
-    assert f"{min(cv['b200'], cv['h100-fp8'], cv['h200-fp8']):.1f}" == f"{low:.1f}"
-    assert f"{max(cv['b200'], cv['h100-fp8'], cv['h200-fp8']):.1f}" == f"{high:.1f}"
+        r"`h100-bf16.toml` to `b200-fp8.toml`: ([\d.]+)-([\d.]+) % held out, B200's FP8 ([\d.]+) %", text).groups())
+    assert f"{min(cv[n] for n in names[:-1]):.1f}" == f"{low:.1f}"
+    assert f"{max(cv[n] for n in names[:-1]):.1f}" == f"{high:.1f}"
     assert f"{cv['b200-fp8']:.1f}" == f"{fp8_b200:.1f}"

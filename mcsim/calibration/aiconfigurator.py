@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from mcsim.calibration.files import load
 from mcsim.calibration.fit import PARAMETERS, Observations, band_errors, fit_point, held_out, predict
 from mcsim.perf import gemm_surface
 from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES, custom_allreduce, custom_allreduce_shape
@@ -304,28 +305,15 @@ def bundled_attention_held_out(gpu: str, max_folds: int = 40) -> dict:
     return out
 
 
-def catalog_gemm_errors(gpu: str, dtype: str, hardware: str | None = None) -> np.ndarray | None:
-    """Relative errors (modelled / measured - 1) of the catalog's GEMM figures and surface of ``hardware`` (default
-    ``gpu``) for the compute dtype of ``dtype`` against every bundled GEMM of ``gpu`` in it, as the step model
-    prices a GEMM; None where the catalog has no figures of that dtype."""
-    hw = as_hardware(catalog.hardware_preset(hardware or gpu))
-    if dtype == "bfloat16":
-        values = {"performance.flops_fraction": hw.gemm_flops_fraction,
-                  "performance.bandwidth_fraction": hw.gemm_bandwidth_fraction,
-                  "performance.gemm_half_tokens": hw.gemm_half_tokens, "performance.gemm_floor_s": hw.gemm_floor_us}
-        surface = hw.gemm_surface
-    elif dtype == "fp8" and hw.gemm_fp8_flops_fraction > 0:
-        values = {"performance.flops_fraction": hw.gemm_fp8_flops_fraction,
-                  "performance.bandwidth_fraction": hw.gemm_fp8_bandwidth_fraction,
-                  "performance.gemm_half_tokens": hw.gemm_fp8_half_tokens,
-                  "performance.gemm_floor_s": hw.gemm_fp8_floor_us}
-        surface = hw.gemm_fp8_surface
-    else:
-        return None
-    # the measured GEMMs priced on ``hardware``'s peaks and bandwidth, which are ``gpu``'s own when they are one
-    obs = gemm_observations(_bundled_table(gpu), catalog.hardware_preset(gpu), dtype)
-    modelled = predict(obs, values, gemm_surface.for_hardware(surface) if surface else None)
-    return modelled / obs.measured_s - 1.0
+def calibration_gemm_errors(gpu: str, calibration: str) -> np.ndarray:
+    """Relative errors (modelled / measured - 1) of a bundled calibration's GEMM figures and surface
+    (``mcsim/data/calibrations/<calibration>.toml``) against every bundled BF16 GEMM of ``gpu``, as the step model
+    prices a GEMM: one measured source against another."""
+    path = gemm_surface.bundled_path(calibration)
+    units = {key: unit for key, unit, *_ in PARAMETERS["gemm"]}  # a file keeps SI; the fit's units differ
+    values = {key: spec["estimate"] / units[key] for key, spec in load(path).parameters.items() if key in units}
+    obs = gemm_observations(_bundled_table(gpu), catalog.hardware_preset(gpu), "bfloat16")
+    return predict(obs, values, gemm_surface.read(path)) / obs.measured_s - 1.0
 
 
 def custom_allreduce_errors(gpu: str, backend: str = "vllm_graph") -> np.ndarray:

@@ -188,11 +188,12 @@ def performance_defaults(p: dict) -> dict:
     Where each default comes from:
 
     * ``performance.flops_fraction``, ``bandwidth_fraction``, ``gemm_half_tokens``, ``gemm_floor_s``: the hardware
-      catalog's GEMM figures (``gemm_*``), fitted by ``mcsim calibrate`` to measured per-layer GEMM times
-      (Vidur's profiling data, ``mcsim/data/measurements/vidur/``: Llama-2-7B and 70B, TP 1-8, 1-4096 tokens);
+      catalog's GEMM figures (``gemm_*``), fitted by ``mcsim calibrate`` to measured GEMM times (H100, H200, B200:
+      the GEMMs AIConfigurator's database times under vLLM 0.24.0, ``mcsim/data/measurements/aiconfigurator/``;
+      A100: Vidur's per-layer profiles, ``mcsim/data/measurements/vidur/``);
     * ``performance.kernel_floor_s``, ``elementwise_bandwidth_fraction``: the catalog's ``kernel_floor_us`` and
       ``elementwise_bandwidth_fraction``, fitted the same way to the measured RMSNorm, RoPE, SwiGLU and residual-add
-      kernels of those files;
+      kernels of Vidur's files (H100, A100);
     * ``performance.attention_floor_s``: the catalog's ``attention_floor_us`` for a GQA model on hardware whose
       attention kernels were measured, else :data:`ATTENTION_CALL_KERNELS` kernel floors (an assumption; a
       whole-step calibration fits it);

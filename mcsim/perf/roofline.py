@@ -685,14 +685,14 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     bf16 = LinearGemms(achievable.flops_fraction, achievable.bandwidth_fraction, achievable.gemm_half_tokens,
                        achievable.gemm_floor_s, achievable.gemm_surface)
 
-    def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear):
+    def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear, bw=bandwidth):
         """``count`` times an op that is not a GEMM (its roofline alone)."""
         op = ops[name]
         op["flops"] += count * flops
         op["weight"] += count * weight
         op["kv"] += count * kv
         op["act"] += count * act
-        op["t"] += count * gemm_seconds(flops, weight + kv + act, peak, bandwidth, kernels=0)
+        op["t"] += count * gemm_seconds(flops, weight + kv + act, peak, bw, kernels=0)
 
     def add_gemms(name, count, rows, shapes, *, groups=1.0, weight_bytes=wb, figures=linear, peak=peak_linear,
                   gemm_bandwidth=linear_bandwidth, extra_weight=0.0):
@@ -771,9 +771,11 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
                                    decode=False, sequences=0.0, work=prefill_tokens * hq / adp, context=ctx_p,
                                    **common)
         ops["attention_core"]["t"] += layers * t
-    else:
+    else:  # the roofline; its KV stream at the measured attention kernels' share where the GPU has one (MLA)
+        stream = hw.hbm_bytes_s * achievable.attention.bandwidth_fraction if achievable.attention is not None \
+            else bandwidth
         add("attention_core", layers, core_flops / adp, kv=kv_traffic / adp, act=core_act / adp * a,
-            peak=peak_attention)
+            peak=peak_attention, bw=stream)
     ops["attention_core"]["t"] += layers * achievable.attention_floor_s
     ops["attention_core"]["floor"] += layers * achievable.attention_floor_s
 

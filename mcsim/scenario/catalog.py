@@ -413,6 +413,13 @@ def _bf16_evidence(name: str, gemm_surface: str | None) -> tuple[str, str]:
         return "none", (f"{name}: no measured kernels; a roofline at the catalog's peaks with uncertain "
                         "efficiencies (performance.unmeasured_flops_fraction and unmeasured_bandwidth_fraction, "
                         "drawn per sample: a judgement; unmeasured, likely optimistic)")
+    if surface.lower().startswith(f"{name.lower()}-"):  # fitted to a serving engine's kernel tables
+        entry = hardware_preset(name)
+        what = "GEMMs and attention kernels" if entry.get("attention_floor_us", 0) > 0 else "GEMMs"
+        rest = ("element-wise kernels and NCCL collectives by fitted figures, its own or H100's (the catalog's comments "
+                "say which)" if entry.get("kernel_floor_us", 0) > 0 and entry.get("collective_hop_us", 0) > 0
+                else "element-wise kernels and collectives not measured (the generic model)")
+        return "measured", f"{name}: {what} measured under vLLM 0.24.0 (the bundled {surface}.toml); {rest}"
     if surface.lower() == name.lower():
         entry = hardware_preset(name)
         if entry.get("kernel_floor_us", 0) > 0 and entry.get("collective_hop_us", 0) > 0:
@@ -421,5 +428,5 @@ def _bf16_evidence(name: str, gemm_surface: str | None) -> tuple[str, str]:
                             "collectives not measured (the generic model)")
     if surface.endswith(".toml"):
         return "measured", f"{name}: GEMMs from the measured surface {Path(surface).name}"
-    return "borrowed", (f"{name}: not measured itself; {surface}'s measured kernels (the same SMs and tensor "
-                        "cores) at its own peaks and bandwidths")
+    return "borrowed", (f"{name}: not measured itself; {surface.split('-')[0]}'s measured kernels (the same SMs and "
+                        "tensor cores) at its own peaks and bandwidths")
