@@ -858,3 +858,100 @@ def test_h200_over_h100_decode_is_the_ratio_of_their_measured_kernels():
         measured = kernels("h100", batch) / kernels("h200", batch)
         assert measured == pytest.approx(quoted, abs=0.005)
         assert modelled("h100", batch) / modelled("h200", batch) == pytest.approx(measured, rel=0.03), batch
+
+
+def test_precision_axes_price_each_op_in_its_own_format_by_hand():
+    """The tiny MoE model with 4-bit expert weights computed in FP8 beside BF16 linear layers, unfused: the routed
+    experts stream half a byte a weight, read their inputs at one byte, run at the FP8 peak and pay a cast kernel
+    per input (read at two bytes, written at one); the shared expert and the router stay BF16, uncast."""
+    from dataclasses import replace
+
+    hw = dict(TINY_HW, fp8_tflops=2.0)
+    mixed = Precision(weight_bytes=2.0, compute="bf16", experts="fp8", expert_weight_bytes=0.5)
+    args = dict(decode_seqs=3, decode_context=10, parallel=Parallelism(tp=1, attention_dp=2, ep=2))
+    cost = step_cost(TINY_MOE, hw, precision=mixed, achievable=HALF, **args)
+    plain = step_cost(TINY_MOE, hw, achievable=HALF, **args)
+    pairs, distinct_per_rank, expert = 3 * 2 / 2, 4 * (1 - 0.5 ** 3) / 2, 3 * 64 * 32
+    flops = 2 * pairs * expert
+    nbytes = distinct_per_rank * expert * 0.5 + pairs * ((2 * 32 * 2 + 64 * 1) + (64 * 2 + 32 * 1))
+    assert cost.breakdown["moe_ffn"]["flops"] == pytest.approx(flops, rel=1e-12)
+    assert cost.breakdown["moe_ffn"]["bytes"] == pytest.approx(nbytes, rel=1e-12)
+    assert cost.breakdown["moe_ffn"]["t"] == pytest.approx(max(flops / (2e12 * 0.5), nbytes / 0.5e12), rel=1e-12)
+    for op in ("shared_expert", "router", "attention_proj"):
+        assert cost.breakdown[op]["t"] == plain.breakdown[op]["t"], op
+    casts = pairs * (64 + 32) * (2 + 1)  # the gate/up input (64) and the down input (32), per routed pair
+    assert cost.breakdown["elementwise"]["bytes"] == pytest.approx(plain.breakdown["elementwise"]["bytes"] + casts)
+    fused = step_cost(TINY_MOE, hw, precision=mixed, achievable=replace(HALF, fused=True), **args)
+    assert fused.breakdown["elementwise"]["bytes"] == pytest.approx(plain.breakdown["elementwise"]["bytes"])
+    # the memory projection holds the routed experts at half a byte, everything else at two
+    full = memory_projection(TINY_MOE, hw, precision=Precision(weight_bytes=2.0, expert_weight_bytes=0.5))
+    bf16 = memory_projection(TINY_MOE, hw, precision=Precision(weight_bytes=2.0))
+    assert bf16.weights_per_gpu - full.weights_per_gpu == pytest.approx(4 * expert * (2.0 - 0.5))
+
+
+def test_a_4_bit_stored_8_bit_computed_linear_is_priced_by_the_8_bit_table():
+    """Llama-3.1-70B's FFN at TP8 on H100 with 4-bit weights computed in FP8 (as W4A8 kernels run them): compute-bound
+    (4,096 tokens), its two GEMMs cost what vLLM 0.24.0's FP8 GEMMs of those shapes measured (the bundled rows),
+    within the FP8 fit's error; memory-bound (8 tokens), the same GEMMs at 8-bit weights cost the measured FP8 time
+    and at 4-bit weights less, by the weight bytes they do not stream (the surface scales both alike)."""
+    from dataclasses import replace
+
+    from mcsim.calibration import aiconfigurator as aic
+    from mcsim.perf.roofline_model import options
+    from mcsim.scenario import draw_uncertain, load_scenario, resolve
+
+    scn = load_scenario(DENSE_NODE, overrides=['performance.fidelity="roofline"', "precision.weight_bytes=0.5",
+                                               'precision.linear="fp8"', "efficiency.fused_kernels=true"])
+    p = resolve(scn, {k: v[0] for k, v in draw_uncertain(scn, [0], 1).items()})
+    opts = options(p)
+    assert opts["precision"].linear_compute == "fp8" and opts["precision"].weight_bytes == 0.5
+    assert opts["achievable"].linear.flops_fraction == catalog.hardware_preset("h100")["gemm_fp8_flops_fraction"]
+    table = aic.read_table(aic.bundled("h100"))
+    model = dict(catalog.model_preset("llama-3.1-70b"), layers=1, dense_layers=1)
+
+    def measured(m):
+        rows = (table["gemm_dtype"] == "fp8") & (table["m"] == m)
+        return sum(table["latency"][rows & (table["n"] == n) & (table["k"] == k)].mean() * 1e-3
+                   for n, k in ((7168, 8192), (8192, 3584)))
+
+    big = step_cost(model, p, decode_seqs=0, decode_context=0, prefill_tokens=4096, prefill_context=2048, **opts)
+    assert big.breakdown["dense_ffn"]["t"] == pytest.approx(measured(4096), rel=0.08)
+    small = step_cost(model, p, decode_seqs=8, decode_context=2048, **opts)
+    eight_bit = step_cost(model, p, decode_seqs=8, decode_context=2048,
+                          **{**opts, "precision": replace(opts["precision"], weight_bytes=1.0)})
+    assert eight_bit.breakdown["dense_ffn"]["t"] == pytest.approx(measured(8), rel=0.08)
+    saved = (7168 * 8192 + 8192 * 3584) * 0.5 / (3.35e12 * opts["achievable"].linear.bandwidth_fraction)
+    assert small.breakdown["dense_ffn"]["t"] < eight_bit.breakdown["dense_ffn"]["t"] - 0.5 * saved
+
+
+def test_fp4_gemms_on_b200_are_priced_from_its_measured_nvfp4_gemms():
+    """B200 computing the linear layers in FP4 takes its NVFP4 figures and surface (vLLM 0.24.0's table): Llama-3.1-70B's
+    FFN at TP8 over 4,096 tokens costs the measured NVFP4 GEMMs within the fit's error, where the BF16 figures at the
+    FP4 peak would be far faster; H100, without FP4 tensor cores or an FP4 table, falls back to FP8's."""
+    from mcsim.calibration import aiconfigurator as aic
+    from mcsim.perf.roofline_model import options
+    from mcsim.scenario import draw_uncertain, load_scenario, resolve
+
+    def sample(preset):
+        scn = load_scenario(DENSE_NODE, overrides=['performance.fidelity="roofline"', 'precision.compute="fp4"',
+                                                   "precision.weight_bytes=0.5", f'hardware.preset="{preset}"'])
+        p = resolve(scn, {k: v[0] for k, v in draw_uncertain(scn, [0], 1).items()})
+        return p, options(p)
+
+    p, opts = sample("b200")
+    b200 = catalog.hardware_preset("b200")
+    assert opts["achievable"].linear.flops_fraction == b200["gemm_fp4_flops_fraction"]
+    table = aic.read_table(aic.bundled("b200"))
+    rows = (table["gemm_dtype"] == "nvfp4") & (table["m"] == 4096)
+    measured = sum(table["latency"][rows & (table["n"] == n) & (table["k"] == k)].mean() * 1e-3
+                   for n, k in ((7168, 8192), (8192, 3584)))
+    model = dict(catalog.model_preset("llama-3.1-70b"), layers=1, dense_layers=1)
+    cost = step_cost(model, p, decode_seqs=0, decode_context=0, prefill_tokens=4096, prefill_context=2048, **opts)
+    assert cost.breakdown["dense_ffn"]["t"] == pytest.approx(measured, rel=0.08)
+    from dataclasses import replace
+
+    bf16_curve = step_cost(model, p, decode_seqs=0, decode_context=0, prefill_tokens=4096, prefill_context=2048,
+                           **{**opts, "achievable": replace(opts["achievable"], linear=None)})
+    assert bf16_curve.breakdown["dense_ffn"]["t"] < 0.8 * measured
+    _, h100 = sample("h100")
+    assert h100["achievable"].linear is None  # no FP4 figures: the BF16 ones at the widest peak it has (FP8)

@@ -80,7 +80,7 @@ def memory_projection(model: dict, hw, *, precision: Precision = Precision(),
     weights = layers * per_layer + dense_layers * 3 * h * model["dense_ffn"] / tp * wb
     if moe_layers > 0:
         expert = 3 * h * model["expert_ffn"]
-        weights += moe_layers * (model["experts"] * expert / (tp * adp) * wb
+        weights += moe_layers * (model["experts"] * expert / (tp * adp) * precision.expert_weights
                                  + model["shared_experts"] * expert / tp * wb
                                  + model["experts"] * h * ROUTER_WEIGHT_BYTES)
     heads_of_vocab = 2 if pp == 1 else 1
@@ -88,7 +88,7 @@ def memory_projection(model: dict, hw, *, precision: Precision = Precision(),
     if include_mtp and model.get("mtp_layers", 0):
         mtp_total, _ = catalog._mtp_params(model)
         mtp_experts = model["mtp_layers"] * model["experts"] * 3 * h * model["expert_ffn"]
-        weights += ((mtp_total - mtp_experts) / tp + mtp_experts / (tp * adp)) * wb
+        weights += (mtp_total - mtp_experts) / tp * wb + mtp_experts / (tp * adp) * precision.expert_weights
 
     kv_token = layers * shard["kv_per_token"] * precision.kv_bytes
     blocks = math.ceil(context / block_tokens)

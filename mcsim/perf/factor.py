@@ -138,7 +138,10 @@ def precision(p: dict):
     return Precision(weight_bytes=p["precision.weight_bytes"] if on else BF16_BYTES,
                      kv_bytes=p["precision.kv_bytes"] if on else BF16_BYTES,
                      compute=p["precision.compute"] if on else "bf16",
-                     activation_bytes=p["precision.activation_bytes"])
+                     activation_bytes=p["precision.activation_bytes"],
+                     linear=p.get("precision.linear", "") if on else "",
+                     experts=p.get("precision.experts", "") if on else "",
+                     expert_weight_bytes=p.get("precision.expert_weight_bytes", 0.0) if on else 0.0)
 
 
 def pool_memory(p: dict, requests, *, prefill: bool = False):

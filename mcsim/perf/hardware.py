@@ -61,6 +61,8 @@ class Hardware:
         figures at the FP8 peak).
     gemm_fp8_surface : str
         The bundled calibration whose FP8 GEMM surface corrects each FP8 GEMM by its shape ("" where none).
+    gemm_fp4_flops_fraction, gemm_fp4_bandwidth_fraction, gemm_fp4_half_tokens, gemm_fp4_floor_us, gemm_fp4_surface
+        The same for FP4 GEMMs (NVFP4 on Blackwell; 0 and "" where not measured).
     kernel_floor_us, elementwise_bandwidth_fraction : float
         Fitted element-wise kernel figures: the fixed time of one kernel and the share of HBM bandwidth the
         kernels reach (0 where not measured).
@@ -103,6 +105,11 @@ class Hardware:
     gemm_fp8_half_tokens: float = 0.0
     gemm_fp8_floor_us: float = 0.0
     gemm_fp8_surface: str = ""
+    gemm_fp4_flops_fraction: float = 0.0
+    gemm_fp4_bandwidth_fraction: float = 0.0
+    gemm_fp4_half_tokens: float = 0.0
+    gemm_fp4_floor_us: float = 0.0
+    gemm_fp4_surface: str = ""
     kernel_floor_us: float = 0.0
     elementwise_bandwidth_fraction: float = 0.0
     attention_floor_us: float = 0.0
@@ -117,6 +124,15 @@ class Hardware:
     idle_w: float = 0.0
     price_usd: float = 0.0
     rental_usd_per_hour: float = 0.0
+
+    def gemm_dtype_figures(self, compute: str) -> tuple | None:
+        """The measured GEMM figures of a low-precision compute dtype (``"fp8"``, ``"fp4"``): ``(flops_fraction,
+        bandwidth_fraction, half_tokens, floor_s, surface)``, or None where that dtype's GEMMs were not measured."""
+        if compute not in ("fp8", "fp4") or getattr(self, f"gemm_{compute}_flops_fraction") <= 0:
+            return None
+        return (getattr(self, f"gemm_{compute}_flops_fraction"), getattr(self, f"gemm_{compute}_bandwidth_fraction"),
+                getattr(self, f"gemm_{compute}_half_tokens"), getattr(self, f"gemm_{compute}_floor_us") * 1e-6,
+                getattr(self, f"gemm_{compute}_surface"))
 
     def peak_flops(self, compute: str) -> float:
         """Dense peak FLOP/s of ``compute``, or of the next wider format the hardware has."""
@@ -150,10 +166,11 @@ def as_hardware(entry) -> Hardware:
         entry = {k.split(".", 1)[1]: v for k, v in entry.items() if k.startswith("hardware.")}
     numbers = {f.name: float(entry.get(f.name, 0.0))  # every other field is a figure, 0 where not given
                for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node", "gemm_surface",
-                                                           "gemm_fp8_surface")}
+                                                           "gemm_fp8_surface", "gemm_fp4_surface")}
     return Hardware(name=str(entry.get("name", entry.get("preset", ""))),
                     gemm_surface=str(entry.get("gemm_surface", "")),
                     gemm_fp8_surface=str(entry.get("gemm_fp8_surface", "")),
+                    gemm_fp4_surface=str(entry.get("gemm_fp4_surface", "")),
                     tflops={dtype: float(entry.get(f"{dtype}_tflops", 0.0)) for dtype in FORMATS},
                     gpus_per_node=int(entry.get("gpus_per_node", 1)), **numbers)
 

@@ -118,6 +118,8 @@ __all__ = [
 ]
 
 COMPUTE_DTYPES = ("fp32", "bf16", "fp8", "fp4")
+#: Bytes per element of each compute format.
+COMPUTE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
 OPS = ("attention_proj", "attention_core", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head",
        "elementwise", "tp_allreduce", "ep_alltoall", "pp_send", "overhead")
 COMM_OPS = ("tp_allreduce", "ep_alltoall", "pp_send")
@@ -149,16 +151,49 @@ class Precision:
     kv_bytes : float
         Bytes per cached KV element.
     compute : {"fp32", "bf16", "fp8", "fp4"}
-        Peak FLOP/s used by the linear and expert matmuls; attention core always runs at BF16. A format the
-        hardware lacks (peak 0) falls back to the next wider one (weight-only quantization).
+        Peak FLOP/s used by the linear and expert matmuls (the short form of ``linear`` and ``experts``); attention
+        core always runs at BF16. A format the hardware lacks (peak 0) falls back to the next wider one
+        (weight-only quantization).
     activation_bytes : float
         Bytes per activation element, in HBM traffic and on the wire.
+    linear : str
+        Compute format of the dense linear layers (attention projections, dense and shared-expert FFNs, LM head);
+        "" = ``compute``. A GEMM whose format is narrower than the activations reads its input at that width and
+        pays a cast kernel per input (unless fused into the kernel before it).
+    experts : str
+        Compute format of the routed experts' GEMMs; "" = ``linear``'s.
+    expert_weight_bytes : float
+        Bytes per routed-expert weight; 0 = ``weight_bytes`` (a 4-bit expert checkpoint beside 8-bit attention:
+        0.5). Storage and compute are separate: 4-bit weights computed in FP8 stream half the bytes at FP8's rate.
     """
 
     weight_bytes: float = 2.0
     kv_bytes: float = 2.0
     compute: str = "bf16"
     activation_bytes: float = 2.0
+    linear: str = ""
+    experts: str = ""
+    expert_weight_bytes: float = 0.0
+
+    @property
+    def linear_compute(self) -> str:
+        """The dense linear layers' compute format."""
+        return self.linear or self.compute
+
+    @property
+    def experts_compute(self) -> str:
+        """The routed experts' compute format."""
+        return self.experts or self.linear_compute
+
+    @property
+    def expert_weights(self) -> float:
+        """Bytes per routed-expert weight."""
+        return self.expert_weight_bytes or self.weight_bytes
+
+    def input_bytes(self, compute: str) -> float:
+        """Bytes per element of a GEMM's input in ``compute``: the activations' own, or the compute format's where
+        it is narrower (the input is cast to it)."""
+        return min(self.activation_bytes, COMPUTE_BYTES[compute])
 
 
 @dataclass(frozen=True)
@@ -264,9 +299,11 @@ class Achievable:
     gemm_surface : mcsim.perf.gemm_surface.GemmSurface, optional
         Measured correction of each GEMM's time by its shape (None: the roofline alone).
     linear : LinearGemms, optional
-        The figures of the linear layers' GEMMs where their compute dtype has its own measured ones (FP8 on a GPU
-        whose FP8 GEMMs were measured); None: the figures above, at the compute dtype's peak. Attention, the router
-        and element-wise kernels keep the figures above.
+        The figures of the linear layers' GEMMs where their compute dtype has its own measured ones (FP8 or FP4 on a
+        GPU whose GEMMs of that dtype were measured); None: the figures above, at the compute dtype's peak.
+        Attention, the router and element-wise kernels keep the figures above.
+    experts : LinearGemms, optional
+        The same for the routed experts' GEMMs in their compute dtype (None: the figures above).
     """
 
     flops_fraction: float = 0.6
@@ -287,6 +324,7 @@ class Achievable:
     gemm_surface: object = field(default=None, hash=False, compare=False)
     linear: "LinearGemms | None" = None
     attention: "AttentionFigures | None" = None
+    experts: "LinearGemms | None" = None
 
 
 @dataclass(frozen=True)
@@ -674,7 +712,9 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     linear = achievable.linear or LinearGemms(achievable.flops_fraction, achievable.bandwidth_fraction,
                                               achievable.gemm_half_tokens, achievable.gemm_floor_s,
                                               achievable.gemm_surface)
-    peak_linear = _peak_flops(hw, precision.compute) * linear.flops_fraction
+    linear_compute, experts_compute = precision.linear_compute, precision.experts_compute
+    peak_linear = _peak_flops(hw, linear_compute) * linear.flops_fraction
+    linear_input = precision.input_bytes(linear_compute)
     peak_attention = hw.peak_flops("bf16") * achievable.flops_fraction
     bandwidth = hw.hbm_bytes_s * achievable.bandwidth_fraction
     linear_bandwidth = hw.hbm_bytes_s * linear.bandwidth_fraction
@@ -684,6 +724,9 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     layers, dense_layers, moe_layers = _layer_counts(model, pp)
     bf16 = LinearGemms(achievable.flops_fraction, achievable.bandwidth_fraction, achievable.gemm_half_tokens,
                        achievable.gemm_floor_s, achievable.gemm_surface)
+    # the routed experts: their own format's measured figures, the linear layers' in the same format, else the
+    # figures above at their format's peak
+    expert_figures = achievable.experts or (linear if experts_compute == linear_compute else bf16)
 
     def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear, bw=bandwidth):
         """``count`` times an op that is not a GEMM (its roofline alone)."""
@@ -695,19 +738,19 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         op["t"] += count * gemm_seconds(flops, weight + kv + act, peak, bw, kernels=0)
 
     def add_gemms(name, count, rows, shapes, *, groups=1.0, weight_bytes=wb, figures=linear, peak=peak_linear,
-                  gemm_bandwidth=linear_bandwidth, extra_weight=0.0):
+                  gemm_bandwidth=linear_bandwidth, extra_weight=0.0, input_bytes=linear_input):
         """``count`` times the GEMMs ``shapes`` (``(N, K)`` each) over ``rows`` rows; a grouped GEMM spreads its rows
         over ``groups`` weight matrices (experts), each GEMM of ``rows / groups`` rows. Each kernel pays its floor,
         its roofline at its rows' FLOP share and its shape's measured correction (:func:`gemm_seconds`), all from
-        ``figures`` (the linear layers' by default); ``extra_weight`` bytes (a layer's norm weights) ride on the
-        first."""
+        ``figures`` (the linear layers' by default); it reads its input at ``input_bytes`` an element and writes its
+        output at the activations' width; ``extra_weight`` bytes (a layer's norm weights) ride on the first."""
         op = ops[name]
         half, floor, surface = figures.gemm_half_tokens, figures.gemm_floor_s, figures.gemm_surface
         each = rows / max(groups, 1.0)
         for j, (n_cols, depth) in enumerate(shapes):
             flops = 2.0 * rows * n_cols * depth
             weight = groups * n_cols * depth * weight_bytes + (extra_weight if j == 0 else 0.0)
-            act = rows * (n_cols + depth) * a
+            act = rows * (n_cols * a + depth * input_bytes)
             factor = surface.factor(each, n_cols, depth) if surface is not None else 1.0
             op["flops"] += count * flops
             op["weight"] += count * weight
@@ -725,9 +768,18 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         op["floor"] += count * floors * achievable.kernel_floor_s
         op["t"] += count * elementwise_seconds(act, elementwise_bw, kernels=floors, floor_s=achievable.kernel_floor_s)
 
+    def add_casts(count, rows, widths, compute):
+        """Unfused, a cast kernel per GEMM input of ``widths`` elements a row whose ``compute`` format is narrower than
+        the activations (read at their width, written at its); fused, the cast rides on the kernel that produces
+        the input (an RMSNorm's or activation's epilogue) and costs nothing more."""
+        narrow = precision.input_bytes(compute)
+        if narrow < a and not achievable.fused:
+            add_elementwise(count, len(widths), rows * sum(widths) * (a + narrow))
+
     # attention projections and core, every layer
     shard = _attention_shard(model, tp)
     add_gemms("attention_proj", layers, n, attention_gemms(model, tp), extra_weight=shard["norm"] * wb)
+    add_casts(layers, n, [k for _, k in attention_gemms(model, tp)], linear_compute)
     add_elementwise(layers, 3, n * a * (5 * h + 2 * shard["rope"]))  # RMSNorm, RoPE, residual add
     full_d = min(decode_context, attention_window) if attention_window > 0 else decode_context
     full_p = min(prefill_context, attention_window) if attention_window > 0 else prefill_context
@@ -783,17 +835,19 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     if dense_layers > 0:
         f = model["dense_ffn"] / tp
         add_gemms("dense_ffn", dense_layers, n, ffn_gemms(h, f))
+        add_casts(dense_layers, n, [k for _, k in ffn_gemms(h, f)], linear_compute)
         add_elementwise(dense_layers, 3, n * a * (5 * h + 3 * f))  # RMSNorm, SwiGLU, residual add
 
     # MoE layers: router, shared experts, routed experts on the slowest EP rank
     if moe_layers > 0:
         experts, top_k = model["experts"], model["active_experts"]
         add_gemms("router", moe_layers, n, [(experts, h)], weight_bytes=ROUTER_WEIGHT_BYTES, figures=bf16,
-                  peak=hw.peak_flops("bf16") * achievable.flops_fraction, gemm_bandwidth=bandwidth)
+                  peak=hw.peak_flops("bf16") * achievable.flops_fraction, gemm_bandwidth=bandwidth, input_bytes=a)
         add_elementwise(moe_layers, 2, n * a * 5 * h)  # RMSNorm, residual add
         if model["shared_experts"] > 0:
             fs = model["shared_experts"] * model["expert_ffn"] / tp
             add_gemms("shared_expert", moe_layers, n, ffn_gemms(h, fs))
+            add_casts(moe_layers, n, [k for _, k in ffn_gemms(h, fs)], linear_compute)
             add_elementwise(moe_layers, 1, n * a * 3 * fs)  # SwiGLU
         etp = stage_gpus // ep
         fe = model["expert_ffn"] / etp
@@ -801,7 +855,12 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         distinct = expected_distinct_experts(experts, top_k, tokens) if distinct_experts is None \
             else float(distinct_experts)
         distinct_on_rank = min(distinct, experts) / ep
-        add_gemms("moe_ffn", moe_layers, pairs, ffn_gemms(h, fe), groups=distinct_on_rank)  # grouped GEMMs
+        add_gemms("moe_ffn", moe_layers, pairs, ffn_gemms(h, fe), groups=distinct_on_rank,  # grouped GEMMs
+                  weight_bytes=precision.expert_weights, figures=expert_figures,
+                  peak=_peak_flops(hw, experts_compute) * expert_figures.flops_fraction,
+                  gemm_bandwidth=hw.hbm_bytes_s * expert_figures.bandwidth_fraction,
+                  input_bytes=precision.input_bytes(experts_compute))
+        add_casts(moe_layers, pairs, [k for _, k in ffn_gemms(h, fe)], experts_compute)
         add_elementwise(moe_layers, 1, pairs * a * 3 * fe)  # SwiGLU of the routed experts
 
     # output head, on the last stage: every decode token, one row per prefill chunk

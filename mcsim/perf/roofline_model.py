@@ -33,7 +33,7 @@ def _hardware(p: dict) -> Hardware:
 
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
     """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
-    linear, attention = linear_gemms(p), attention_figures(p)
+    linear, attention, experts = linear_gemms(p), attention_figures(p), linear_gemms(p, experts=True)
     p = performance_defaults(p)
     stack = stack_entry(p["performance.stack"])
     impl = stack.allreduce_impl if p["performance.allreduce_impl"] == "stack" else p["performance.allreduce_impl"]
@@ -60,7 +60,7 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             attention_floor_s=p["performance.attention_floor_s"],
             errors={cls: p[f"performance.{cls}_error"] for cls in roofline.ERROR_CLASSES},
             step_error=p["performance.step_error"], gemm_surface=gemm_surface(p), linear=linear,
-            attention=attention),
+            attention=attention, experts=experts),
         "hot_rank_factor": hot_rank_factor,
         "distinct_experts": distinct_experts,
         "attention_window": p["performance.attention_window"],
@@ -73,19 +73,22 @@ LINEAR_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction", "
                "performance.gemm_floor_s")
 
 
-def linear_gemms(p: dict):
-    """The linear layers' GEMM figures where they are not the BF16 ones: FP8 compute on hardware whose FP8 GEMMs
-    were measured (the catalog's ``gemm_fp8_*`` and FP8 surface), where the scenario leaves the GEMM figures and the
-    surface to the hardware (a scenario's own figures, or a calibration's, apply to every GEMM); else None."""
-    on = p["precision.enabled"] and p["precision.compute"] == "fp8"
+def linear_gemms(p: dict, *, experts: bool = False):
+    """The linear layers' (``experts``: the routed experts') GEMM figures where they are not the BF16 ones: FP8 or
+    FP4 compute on hardware whose GEMMs of that dtype were measured (the catalog's ``gemm_fp8_*`` / ``gemm_fp4_*``
+    and surface), where the scenario leaves the GEMM figures and the surface to the hardware (a scenario's own
+    figures, or a calibration's, apply to every GEMM); else None."""
     hw = _hardware(p)
-    if not on or hw.gemm_fp8_flops_fraction <= 0 or str(p.get("performance.gemm_surface", "")):
+    own = precision(p)
+    compute = own.experts_compute if experts else own.linear_compute
+    figures = hw.gemm_dtype_figures(compute) if p["precision.enabled"] else None
+    if figures is None or str(p.get("performance.gemm_surface", "")):
         return None
     hardware_own = gemm_figures(hw)  # what performance_defaults fills in for keys left at 0
     if any(p.get(k, 0) not in (0, hardware_own[k]) for k in LINEAR_KEYS):
         return None
-    return roofline.LinearGemms(hw.gemm_fp8_flops_fraction, hw.gemm_fp8_bandwidth_fraction, hw.gemm_fp8_half_tokens,
-                                hw.gemm_fp8_floor_us * 1e-6, surfaces.for_hardware(hw.gemm_fp8_surface))
+    *numbers, surface = figures
+    return roofline.LinearGemms(*numbers, surfaces.for_hardware(surface))
 
 
 def attention_figures(p: dict):

@@ -110,6 +110,14 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                                            "gemm_fp8_flops_fraction"),
     "gemm_fp8_half_tokens": (float, "gemm_half_tokens of FP8 GEMMs, fitted like gemm_fp8_flops_fraction"),
     "gemm_fp8_floor_us": (float, "gemm_floor_us of FP8 GEMMs, fitted like gemm_fp8_flops_fraction"),
+    "gemm_fp4_flops_fraction": (float, "gemm_flops_fraction of FP4 GEMMs (of the FP4 peak; NVFP4 on Blackwell), "
+                                       "fitted like gemm_fp8_flops_fraction; 0 where unknown"),
+    "gemm_fp4_bandwidth_fraction": (float, "gemm_bandwidth_fraction of FP4 GEMMs, fitted like "
+                                           "gemm_fp4_flops_fraction"),
+    "gemm_fp4_half_tokens": (float, "gemm_half_tokens of FP4 GEMMs, fitted like gemm_fp4_flops_fraction"),
+    "gemm_fp4_floor_us": (float, "gemm_floor_us of FP4 GEMMs, fitted like gemm_fp4_flops_fraction"),
+    "gemm_fp4_surface": (str, "the bundled calibration whose measured FP4 GEMM surface corrects each FP4 GEMM by its "
+                              "shape; \"\" where none"),
     "gemm_fp8_surface": (str, "the bundled calibration whose measured FP8 GEMM surface corrects each FP8 GEMM by its "
                               "shape; \"\" where none"),
     "kernel_floor_us": (float, "fixed GPU time of one element-wise kernel (RMSNorm, RoPE, activation, residual add), "
@@ -399,10 +407,13 @@ def kernel_evidence(name: str, gemm_surface: str | None = None) -> tuple[str, st
     efficiencies are uncertain inputs, ``performance.unmeasured_*``: unmeasured, and expected optimistic). ``gemm_surface`` is the scenario's own value where it overrides
     the catalog's."""
     kind, text = _bf16_evidence(name, gemm_surface)
-    fp8 = str(hardware_preset(name).get("gemm_fp8_surface", "") or "")
-    if fp8:
-        text += (f"; FP8 GEMMs from the measured surface {fp8}.toml (AIConfigurator's vLLM tables)" if fp8 ==
-                 f"{name}-fp8" else f"; FP8 GEMMs from {fp8.split('-')[0]}'s measured FP8 surface")
+    for dtype in ("fp8", "fp4"):
+        own = str(hardware_preset(name).get(f"gemm_{dtype}_surface", "") or "")
+        if own:
+            label = dtype.upper()
+            text += (f"; {label} GEMMs from the measured surface {own}.toml (AIConfigurator's vLLM tables)"
+                     if own == f"{name}-{dtype}" else f"; {label} GEMMs from {own.split('-')[0]}'s measured {label} "
+                     "surface")
     return kind, text
 
 

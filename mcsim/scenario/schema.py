@@ -327,6 +327,15 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                             "has).", "fp32", "bf16", "fp8", "fp4", fidelity="roofline"),
         "activation_bytes": F(2.0, "Bytes per activation element (roofline), from one bit (0.125) to FP64 (8).",
                               *ELEMENT_BYTES, fidelity="roofline"),
+        "linear": C("", "Compute format of the dense linear layers when enabled (attention projections, dense and "
+                        "shared-expert FFNs, LM head; roofline): \"\" = precision.compute. A format narrower than the "
+                        "activations reads GEMM inputs at its width and, without fused kernels, pays a cast kernel "
+                        "per input.", "", "fp32", "bf16", "fp8", "fp4", fidelity="roofline"),
+        "experts": C("", "Compute format of the routed experts' GEMMs when enabled (roofline): \"\" = "
+                         "precision.linear's.", "", "fp32", "bf16", "fp8", "fp4", fidelity="roofline"),
+        "expert_weight_bytes": F(0.0, "Bytes per routed-expert weight when enabled: 0 = weight_bytes; e.g. 0.5 for a "
+                                      "4-bit expert checkpoint beside 8-bit attention (storage, apart from "
+                                      "precision.experts, the compute format).", 0.0, ELEMENT_BYTES[1]),
     },
     "performance": {
         "fidelity": C("factor", "factor: throughput as base x lever factors; roofline: step times from the model "
