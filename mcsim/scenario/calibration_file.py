@@ -369,13 +369,14 @@ def _check_surface(where: str, name: str, table) -> None:
 def regime_of(values: dict) -> dict:
     """The regime a scenario's values describe: hardware preset, matmul format, fidelity."""
     return {"hardware": str(values["hardware.preset"]),
-            "dtype": str(values["precision.compute"]) if values["precision.enabled"] else "bf16",
+            "dtype": str(values.get("precision.linear") or values["precision.compute"]) if values["precision.enabled"]
+            else "bf16",  # the linear layers' format: what a GEMM calibration measures
             "fidelity": str(values["performance.fidelity"])}
 
 
 def check_regime(cal: Calibration, scenario_regime: dict, scenario: str = "the scenario") -> None:
     """Refuse a calibration of another regime, naming every difference and what to do."""
-    hints = {"hardware": "hardware.preset", "dtype": "precision.enabled / precision.compute",
+    hints = {"hardware": "hardware.preset", "dtype": "precision.enabled / precision.compute (precision.linear)",
              "fidelity": "performance.fidelity"}
     differences = []
     for key in CHECKED:
