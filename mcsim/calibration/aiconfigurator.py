@@ -371,3 +371,32 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+#: Llama-3.1-70B's per-GPU GEMMs at TP 8 (QKV, O, gate/up, down) as ``(N, K)``: the layer :func:`layer_kernels`
+#: sums. The QKV projection's 1,280 columns lie between the measured 1,024 and 1,536 (their mean is taken).
+LLAMA70B_TP8_GEMMS = ((1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584))
+
+
+def layer_kernels(gpu: str, batch: int, context: int = 2047, dtype: str = "bfloat16") -> float:
+    """One Llama-3.1-70B TP8 decode layer of ``batch`` sequences over ``context`` cached tokens as the sum of its
+    kernels measured on ``gpu`` under vLLM 0.24.0, s: the four GEMMs in ``dtype``, the attention call (BF16 KV) and
+    the two custom all-reduces under CUDA graphs (the bundled rows; element-wise kernels are not in the tables)."""
+    gemms, attention = _bundled_table(gpu), _bundled_table(gpu, "attention")
+    allreduce = _bundled_table(gpu, "custom_allreduce")
+
+    def measured(table, **where):
+        rows = np.ones(len(table["latency"]), dtype=bool)
+        for column, value in where.items():
+            rows &= table[column] == value
+        if not rows.any():
+            raise ValueError(f"no measured row of {gpu} with {where}")
+        return float(table["latency"][rows].mean()) * 1e-3
+
+    total = 0.0
+    for n, k in LLAMA70B_TP8_GEMMS:
+        columns = (1024, 1536) if n == 1280 else (n,)
+        total += np.mean([measured(gemms, gemm_dtype=dtype, m=batch, n=c, k=k) for c in columns])
+    total += measured(attention, op_name="generation_attention", batch_size=batch, step=context, num_heads=8,
+                      num_key_value_heads=1, head_dim=128, kv_cache_dtype="bfloat16", window_size=0)
+    return total + 2 * measured(allreduce, backend="vllm_graph", num_gpus=8, message_size=batch * 8192)
