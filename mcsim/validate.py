@@ -34,6 +34,8 @@ from mcsim.perf.collectives import allreduce_time, send_time
 from mcsim.perf import gemm_surface
 from mcsim.perf.fleet_batching import simulate_batching, simulate_fleet_batching
 from mcsim.perf.hardware import as_hardware, gemm_figures
+from mcsim.perf.roofline import step_cost
+from mcsim.perf.roofline_model import options
 from mcsim.scenario import bundled, catalog, draw_uncertain, load_scenario, resolve
 from mcsim.stages import economics, kvcache, workload
 from mcsim.stages import requests_trace as traces
@@ -520,9 +522,6 @@ def layer_error(gpu: str, dtype: str, batch: int) -> float:
     """Modelled / measured - 1 of one Llama-3.1-70B TP8 decode layer on ``gpu`` (the bundled dense-node scenario at
     the roofline, its GEMMs in ``dtype``): the step model's GEMMs, attention and TP all-reduce against the sum of
     those kernels measured (:func:`mcsim.calibration.aiconfigurator.layer_kernels`)."""
-    from mcsim.perf.roofline import step_cost
-    from mcsim.perf.roofline_model import options
-
     fp8 = dtype == "fp8"
     scn = load_scenario(bundled("dense-node"), overrides=[
         'performance.fidelity="roofline"', f'hardware.preset="{gpu}"', f"precision.enabled={str(fp8).lower()}",

@@ -124,13 +124,16 @@ def test_tiny_prefill_by_hand():
 
 def test_tiny_fused_graphs_and_overheads():
     achievable = Achievable(flops_fraction=0.5, bandwidth_fraction=0.5, launch_overhead_s=1e-5,
-                            kernels_per_layer=12, cuda_graphs=False, fused=True, step_overhead_s=2e-4)
+                            kernels_per_layer=12, cudagraph_mode="none", fused=True, step_overhead_s=2e-4)
     cost = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10, achievable=achievable)
-    # fused: no element-wise round trips; half of 12 kernels x 2 layers eager launches
+    # fused: no element-wise round trips; half of 12 kernels x 2 layers: each costs the GPU a tenth of a launch,
+    # and the host's eager launches run ahead of the GPU's work, exposed only beyond it
     check_op(cost, "attention_proj", 2 * 2 * 3 * 12288, 2 * ((12288 + 128) * 2 + 3 * 320 * 2))
-    assert cost.t_overhead == pytest.approx(6 * 2 * 1e-5 + 2e-4)
+    busy = sum(op["t"] for name, op in cost.breakdown.items() if name != "overhead")
+    assert busy < 12 * 1e-5  # a tiny step: launch-bound
+    assert cost.t_overhead == pytest.approx(12 * 1e-6 + (12 * 1e-5 - busy) + 2e-4)
     graphs = step_cost(TINY, TINY_HW, decode_seqs=3, decode_context=10,
-                       achievable=Achievable(launch_overhead_s=1e-5, kernels_per_layer=12, cuda_graphs=True,
+                       achievable=Achievable(launch_overhead_s=1e-5, kernels_per_layer=12, cudagraph_mode="full",
                                              fused=False, step_overhead_s=0.0))
     assert graphs.t_overhead == pytest.approx(12 * 2 * 1e-5 * 0.1)
 
@@ -955,3 +958,36 @@ def test_fp4_gemms_on_b200_are_priced_from_its_measured_nvfp4_gemms():
     assert bf16_curve.breakdown["dense_ffn"]["t"] < 0.8 * measured
     _, h100 = sample("h100")
     assert h100["achievable"].linear is None  # no FP4 figures: the BF16 ones at the widest peak it has (FP8)
+
+
+@pytest.mark.parametrize("mode, decode, mixed", [("none", "none", "none"), ("full", "full", "full"),
+                                                 ("full_decode_only", "full", "none"),
+                                                 ("full_and_piecewise", "full", "piecewise")])
+def test_cudagraph_modes_launch_decode_and_mixed_steps_as_the_engines_do(mode, decode, mixed):
+    """The tiny model's 2 layers of 12 kernels: each costs the GPU 1 us between kernels; the host launches all 24
+    eagerly at 10 us (none), each layer's attention call (2 kernels) and the 3 graphs between them (piecewise), or
+    nothing a step does not hide (full), and only what it takes beyond the GPU's work is exposed. A decode-only step
+    runs the mode's decode form, a step with prefill tokens its mixed form."""
+    from dataclasses import replace
+
+    base = Achievable(launch_overhead_s=1e-5, kernels_per_layer=12, step_overhead_s=0.0, fused=False,
+                      flops_fraction=0.5, bandwidth_fraction=0.5, network_fraction=1.0)
+    host = {"none": 24 * 1e-5, "full": 0.0, "piecewise": (4 + 3) * 1e-5}  # what the host launches
+    args = dict(decode_seqs=3, decode_context=10)
+    achievable = replace(base, cudagraph_mode=mode)
+    for form, extra in ((decode, {}), (mixed, dict(prefill_tokens=8, prefill_context=4))):
+        cost = step_cost(TINY, TINY_HW, achievable=achievable, **args, **extra)
+        busy = sum(op["t"] for name, op in cost.breakdown.items() if name != "overhead")
+        assert cost.t_overhead == pytest.approx(24 * 1e-6 + max(0.0, host[form] - busy), rel=1e-12)
+    # a long step hides every eager launch: only the GPU's gaps between kernels remain
+    long = step_cost(TINY, TINY_HW, achievable=achievable, decode_seqs=0, decode_context=0, prefill_tokens=4e6,
+                     prefill_context=4)
+    assert long.t_overhead == pytest.approx(24 * 1e-6, rel=1e-12)
+
+
+def test_the_old_cuda_graphs_key_names_its_replacement(tmp_path):
+    from mcsim.scenario import load_scenario
+    from mcsim.scenario.loading import ScenarioError
+
+    with pytest.raises(ScenarioError, match="performance.cudagraph_mode"):
+        load_scenario(DENSE_NODE, overrides=["performance.cuda_graphs=false"])

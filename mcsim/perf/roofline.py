@@ -131,6 +131,41 @@ ROUTER_WEIGHT_BYTES = 2.0
 INDEXER_HEADS, INDEXER_HEAD_DIM, INDEXER_KEY_BYTES = 64, 128, 1.0
 #: Launch cost with CUDA graph replay relative to eager launches.
 GRAPH_LAUNCH_FRACTION = 0.1
+#: Kernels of one attention call launched eagerly between graph pieces in piecewise mode (the KV-cache write and
+#: the attention kernel: vLLM's ``unified_attention`` custom op, the graph's splitting op).
+EAGER_ATTENTION_KERNELS = 2
+#: Runtime launch mode of decode-only steps and of steps with prefill tokens, per ``cudagraph_mode`` (vLLM,
+#: ``vllm/config/compilation.py``: ``CUDAGraphMode.decode_mode()`` and ``mixed_mode()``).
+CUDAGRAPH_RUNTIME = {"none": ("none", "none"), "piecewise": ("piecewise", "piecewise"), "full": ("full", "full"),
+                     "full_decode_only": ("full", "none"), "full_and_piecewise": ("full", "piecewise")}
+
+
+def launch_seconds(launches: float, layers: float, launch_s: float, mode: str, gpu_s: float = 0.0) -> float:
+    """Launch time a step of ``launches`` kernels over ``layers`` layers leaves exposed in runtime ``mode``
+    (``"none"``, ``"piecewise"``, ``"full"``), s.
+
+    Every kernel costs the GPU ``GRAPH_LAUNCH_FRACTION x launch_s`` between kernels, in any mode (what a graph's
+    replay of it costs). The host's launches are asynchronous: they run ahead of the GPU, so only what they take
+    beyond the ``gpu_s`` the GPU is busy with the step is exposed. The host launches every kernel at ``launch_s``
+    eagerly (``"none"``); in ``"piecewise"`` graphs, each layer's attention call (``EAGER_ATTENTION_KERNELS``)
+    and the ``layers + 1`` graphs between them; in a ``"full"`` graph, one launch (nothing a step's GPU time does
+    not hide). A short decode step is launch-bound eagerly and not in a graph; a long prefill step hides its
+    eager launches.
+
+    Examples
+    --------
+    >>> round(launch_seconds(1200, 80, 1e-5, "none") * 1e3, 2), round(launch_seconds(1200, 80, 1e-5, "full") * 1e3, 2)
+    (13.2, 1.2)
+    >>> round(launch_seconds(1200, 80, 1e-5, "piecewise") * 1e3, 2)  # 160 eager + 81 graphs, 1,200 gaps
+    3.61
+    >>> round(launch_seconds(1200, 80, 1e-5, "piecewise", gpu_s=0.030) * 1e3, 2)  # a 30 ms step hides the host
+    1.2
+    """
+    if mode not in ("none", "piecewise", "full"):
+        raise ValueError(f"runtime CUDA-graph mode must be none, piecewise or full; got {mode!r}")
+    host = {"none": launches, "full": 0.0,
+            "piecewise": min(EAGER_ATTENTION_KERNELS * layers, launches) + layers + 1}[mode] * launch_s
+    return launches * launch_s * GRAPH_LAUNCH_FRACTION + max(0.0, host - gpu_s)
 #: Kernels left per layer when element-wise ops are fused into the matmuls.
 FUSED_KERNEL_FRACTION = 0.5
 #: Op classes a calibration measures, and the ops whose time each class's error multiplier scales.
@@ -275,8 +310,11 @@ class Achievable:
         Cost of one eager kernel launch, s.
     kernels_per_layer : int
         Kernel launches per layer without fusion.
-    cuda_graphs : bool
-        Graph replay: a launch costs ``GRAPH_LAUNCH_FRACTION`` of an eager one.
+    cudagraph_mode : str
+        How the step's kernels are launched (:func:`launch_seconds`): ``"none"`` (eagerly), ``"piecewise"``
+        (graphs between the attention calls, which launch eagerly), ``"full"`` (one graph), or a pair for decode-only
+        steps and steps with prefill tokens, ``"full_decode_only"`` (full, none) and ``"full_and_piecewise"``
+        (full, piecewise), as vLLM's ``CUDAGraphMode`` names them.
     fused : bool
         Fused kernels: ``FUSED_KERNEL_FRACTION`` of the launches and no element-wise activation round trips.
     step_overhead_s : float
@@ -311,7 +349,7 @@ class Achievable:
     network_fraction: float = 0.7
     launch_overhead_s: float = 1e-5
     kernels_per_layer: int = 12
-    cuda_graphs: bool = True
+    cudagraph_mode: str = "full"
     fused: bool = False
     step_overhead_s: float = 2e-4
     gemm_half_tokens: float = 0.0
@@ -886,9 +924,10 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         ops["pp_send"].update(t=t, sent=nbytes)
 
     launches = achievable.kernels_per_layer * layers * (FUSED_KERNEL_FRACTION if achievable.fused else 1.0)
-    t_launch = launches * achievable.launch_overhead_s * (GRAPH_LAUNCH_FRACTION if achievable.cuda_graphs else 1.0)
-    t_overhead = t_launch + achievable.step_overhead_s
-    ops["overhead"]["t"] = t_overhead
+    if achievable.cudagraph_mode not in CUDAGRAPH_RUNTIME:
+        raise ValueError(f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_RUNTIME)}; got "
+                         f"{achievable.cudagraph_mode!r}")
+    mode = CUDAGRAPH_RUNTIME[achievable.cudagraph_mode][1 if prefill_tokens > 0 else 0]
     spans_nodes = tp > hw.gpus_per_node  # the TP all-reduce's error is that of all-reduces across nodes
     for cls, names in ERROR_CLASSES.items():
         if cls == ("allreduce" if spans_nodes else "allreduce_nodes"):
@@ -898,6 +937,9 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
             for name in names:
                 ops[name]["t"] *= factor
                 ops[name]["floor"] *= factor
+    gpu_busy = sum(op["t"] for name, op in ops.items() if name != "overhead")  # what eager launches run ahead of
+    t_launch = launch_seconds(launches, layers, achievable.launch_overhead_s, mode, gpu_s=gpu_busy)
+    ops["overhead"]["t"] = t_launch + achievable.step_overhead_s
     if achievable.step_error != 1.0:
         for op in ops.values():
             op["t"] *= achievable.step_error

@@ -48,6 +48,10 @@ def instance_gpus(p: dict, prefill: bool = False) -> int:
     return int(p["deployment.gpus_per_instance"] or p["deployment.tp"] * p["deployment.pp"])
 
 
+#: ``performance.cudagraph_mode`` (vLLM's ``CUDAGraphMode``; "stack" = the stack's own): how a step's kernels are
+#: launched, for decode-only steps and for steps with prefill tokens (:mod:`mcsim.perf.stacks`).
+CUDAGRAPH_MODES = ("stack", "none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
+
 #: ``performance.stack``: the serving engine (:mod:`mcsim.perf.stacks`).
 STACKS = ("vllm", "sglang", "trtllm", "generic")
 #: ``performance.alltoall``.

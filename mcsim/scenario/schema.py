@@ -27,8 +27,8 @@ from mcsim.errors import McsimError
 from mcsim.scenario import catalog
 from mcsim.scenario.bounds import (CATALOG_LOWER, CATALOG_UPPER, ELEMENT_BYTES, MAX_BURSTINESS, MAX_GPU_MEMORY_GB,
                                    SCENARIO_LOWER, SCENARIO_UPPER)
-from mcsim.scenario.choices import (ALLREDUCE_ALGORITHMS, ALLREDUCE_IMPLS, ALLTOALL_ALGORITHMS, FLEET_SIMULATIONS,
-                                    ROUTING_POLICIES, SCHEDULERS, STACKS)
+from mcsim.scenario.choices import (ALLREDUCE_ALGORITHMS, ALLREDUCE_IMPLS, ALLTOALL_ALGORITHMS, CUDAGRAPH_MODES,
+                                    FLEET_SIMULATIONS, ROUTING_POLICIES, SCHEDULERS, STACKS)
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class Field:
 
 #: Keys earlier versions read, and what to do instead (a scenario that sets one gets this, not "unknown key").
 REMOVED_KEYS = {
+    "performance.cuda_graphs": "replaced by performance.cudagraph_mode (false: \"none\"; true: \"full\"; the default, "
+                               "\"stack\", is the serving stack's own)",
     "performance.overlap_fraction": "split by phase: set performance.decode_comm_overlap and "
                                     "performance.prefill_comm_overlap (the same value keeps the old meaning)",
     "deployment.router": "renamed: set deployment.routing (mcsim schema --describe lists its choices)",
@@ -440,7 +442,12 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "launch_overhead_s": F(1e-5, "Per kernel launch.", 0, None, fidelity="roofline"),
         "kernels_per_layer": I(12, "Kernel launches per layer (halved by fused kernels).", 1, 1000,
                                fidelity="roofline"),
-        "cuda_graphs": B(True, "Replay steps as CUDA graphs (launches ~10x cheaper).", fidelity="roofline"),
+        "cudagraph_mode": C("stack", "How a step's kernels are launched: stack = performance.stack's choice; none "
+                                     "(eagerly), piecewise (graphs between the attention calls, launched eagerly), "
+                                     "full (one graph, launches ~10x cheaper), full_decode_only and "
+                                     "full_and_piecewise (full for decode-only steps; none or piecewise for steps "
+                                     "with prefill tokens), as vLLM's CUDAGraphMode.", *CUDAGRAPH_MODES,
+                            fidelity="roofline"),
         "step_overhead_s": F(2e-4, "Host work per step (scheduling, sampling, input preparation), s: on the step's "
                                    "critical path unless performance.stack overlaps it (sglang, trtllm).", 0, None,
                              fidelity="roofline"),
