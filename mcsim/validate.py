@@ -577,6 +577,15 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
                                  HELD_OUT_MAPE_TARGET, AIC.replace("measured", "kernels measured"), "fraction",
                                  "target: <= 5 %; in sample (the catalog's figures are fits of these tables)",
                                  target=True))
+    for gpu in aiconfigurator.BUNDLED_DTYPES:
+        for compute, label in (("bf16", "BF16"), ("fp8", "block-scaled FP8")):
+            errors = aiconfigurator.step_model_moe_errors(gpu, compute)
+            checks.append(_check(f"Routed experts of {gpu.upper()}, {label}, priced by the GEMM tables' figures and "
+                                 f"surface against vLLM's fused MoE kernel ({errors.size:,} layers, balanced routing, "
+                                 f"experts sharded by TP): MAPE (median modelled / measured "
+                                 f"{1 + float(np.median(errors)):.2f})", float(np.mean(np.abs(errors))), 0.0,
+                                 BAND_MAPE_TARGET, AIC.replace("measured", "MoE layers measured"), "fraction",
+                                 "target: <= 8 %; not fitted to these rows", target=True))
     for gpu in ("h100", "h200", "b200"):
         errors = aiconfigurator.custom_allreduce_errors(gpu)
         checks.append(_check(f"Custom all-reduce under CUDA graphs, {gpu.upper()}, 2-8 GPUs, 256 B-8 MiB "

@@ -573,3 +573,28 @@ def test_attention_fit_recovers_known_figures():
                 "hardware.attention_unit_ns", "hardware.attention_prefill_bandwidth_fraction"):
         assert fitted[key] == pytest.approx(truth[key], rel=0.05), key
     assert np.mean(np.abs(fit.predict(obs, fitted) / obs.measured_s - 1)) < 0.015
+
+
+def test_moe_fit_recovers_known_figures_and_leaves_out_impossible_rows():
+    """Fused MoE layers timed as the step model prices routed experts (grouped GEMMs at known figures, their SwiGLU)
+    over tokens, expert counts and widths, plus a row faster than its experts' weights can be read: the fit leaves
+    that row out and recovers the figures."""
+    from mcsim.calibration import aiconfigurator as aic
+    from mcsim.scenario import catalog
+
+    hw = catalog.hardware_preset("h100")
+    rows = []
+    for hidden, inter, experts, topk, tp in ((4096, 14336, 8, 2, 2), (2048, 768, 128, 8, 1), (7168, 2048, 64, 6, 4)):
+        for tokens in (1, 4, 16, 64, 256, 1024, 4096):
+            rows.append(("bfloat16", "triton", "balanced", tokens, hidden, inter, topk, experts, tp, 1, 1.0))
+    rows.append(("bfloat16", "triton", "balanced", 4096, 4096, 14336, 2, 8, 1, 1, 1e-6))  # impossibly fast
+    table = {c: np.array([r[i] for r in rows], dtype=str if c in aic.MOE_TEXT else float)
+             for i, c in enumerate(aic.MOE_COLUMNS)}
+    truth = (0.55, 0.8, 60.0, 20.0)
+    terms = aic.moe_terms(table, hw, "bf16")
+    assert terms["measured"].size == len(rows) - 1
+    table["latency"][terms["rows"]] = aic.moe_seconds(terms, truth) * 1e3
+    fitted = aic.fit_moe(table, hw, "bf16", folds=3)
+    assert fitted["rows"] == len(rows) - 1 and fitted["shapes"] == 3 and fitted["mape"] < 1e-6
+    for key, value in zip(("flops_fraction", "bandwidth_fraction", "half_tokens", "floor_us"), truth):
+        assert fitted[f"moe_bf16_{key}"] == pytest.approx(value, rel=1e-3), key

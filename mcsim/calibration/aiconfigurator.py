@@ -34,7 +34,8 @@ from mcsim.calibration.files import load
 from mcsim.calibration.fit import PARAMETERS, Observations, band_errors, fit_point, held_out, predict
 from mcsim.perf import gemm_surface
 from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES, custom_allreduce, custom_allreduce_shape
-from mcsim.perf.hardware import as_hardware
+from mcsim.perf.hardware import as_hardware, gemm_figures
+from mcsim.perf.roofline import elementwise_seconds, gemm_seconds
 from mcsim.scenario import catalog
 
 try:  # optional: the database is an extra, never a dependency (pip install "mcsim[aiconfigurator]")
@@ -63,7 +64,7 @@ PARAMETER_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction"
 
 
 #: Columns of the database's tables that hold text, not numbers.
-TEXT_COLUMNS = ("backend", "op_name", "kernel_source", "kv_cache_dtype")
+TEXT_COLUMNS = ("backend", "op_name", "kernel_source", "kv_cache_dtype", "distribution")
 
 
 def read_table(path, columns=COLUMNS, what: str = "a GEMM table") -> dict:
@@ -115,7 +116,7 @@ def bundled(gpu: str, what: str = "gemm"):
     """The bundled export of ``gpu``'s ``what`` table (``gemm``: every transformer-shaped GEMM of its fitted dtypes;
     ``custom_allreduce``), measured under vLLM 0.24.0; None where none ships."""
     folder = resources.files("mcsim.data") / "measurements" / "aiconfigurator"
-    name = f"{gpu}_{BUNDLED_STACK}_{what}.csv" + (".gz" if what in ("gemm", "attention") else "")
+    name = f"{gpu}_{BUNDLED_STACK}_{what}.csv" + (".gz" if what in ("gemm", "attention", "moe") else "")
     path = Path(str(folder / name))
     return path if path.is_file() else None
 
@@ -267,6 +268,7 @@ BUNDLED_DTYPES = {"h100": ("bfloat16", "fp8"), "h200": ("bfloat16", "fp8"), "b20
 @functools.lru_cache(maxsize=None)
 def _bundled_table(gpu: str, what: str = "gemm") -> dict:
     columns, label = {"gemm": (COLUMNS, "a GEMM table"), "attention": (ATTENTION_COLUMNS, "an attention table"),
+                      "moe": (MOE_COLUMNS, "a fused MoE table"),
                       "custom_allreduce": (ALLREDUCE_COLUMNS, "a custom all-reduce table")}[what]
     return read_table(bundled(gpu, what), columns, label)
 
@@ -341,6 +343,16 @@ def main(argv=None) -> None:
     parser.add_argument("--dtypes", default="bfloat16,fp8", help="the database's dtypes to export")
     parser.add_argument("more", nargs="*", help="with --export of an attention table: the other phase's table")
     args = parser.parse_args(argv)
+    if "moe" in Path(args.table).name:
+        table = read_table(args.table, MOE_COLUMNS, "a fused MoE table")
+        if args.export:
+            print(f"{args.export}: {export_moe(table, args.export):,} MoE layers")
+            return
+        for compute in MOE_DTYPES:
+            if np.any(table["moe_dtype"] == MOE_DTYPES[compute][0]):
+                fit = fit_moe(table, catalog.hardware_preset(args.hardware), compute)
+                print(f"{compute} experts: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.items()))
+        return
     if args.export and "attention" in Path(args.table).name:
         tables = [read_table(t, ATTENTION_COLUMNS, "an attention table") for t in (args.table, *args.more)]
         print(f"{args.export}: {export_attention(tables, args.export):,} attention calls")
@@ -368,9 +380,6 @@ def main(argv=None) -> None:
               f"floor_us {fit['performance.gemm_floor_s'] * 1e6:.3f} ({fit['rows']:,} GEMMs of {fit['shapes']} "
               f"shapes, in-sample MAPE {fit['mape']:.3f})")
 
-
-if __name__ == "__main__":
-    main()
 
 
 #: Llama-3.1-70B's per-GPU GEMMs at TP 8 (QKV, O, gate/up, down) as ``(N, K)``: the layer :func:`layer_kernels`
@@ -400,3 +409,139 @@ def layer_kernels(gpu: str, batch: int, context: int = 2047, dtype: str = "bfloa
     total += measured(attention, op_name="generation_attention", batch_size=batch, step=context, num_heads=8,
                       num_key_value_heads=1, head_dim=128, kv_cache_dtype="bfloat16", window_size=0)
     return total + 2 * measured(allreduce, backend="vllm_graph", num_gpus=8, message_size=batch * 8192)
+
+
+#: The columns of a fused MoE table (``moe/<engine>/<version>/moe_perf.parquet``): one MoE layer's experts on one
+#: GPU (routing, both grouped GEMMs, the activation) over ``num_tokens`` tokens, ``latency`` in ms.
+MOE_COLUMNS = ("moe_dtype", "kernel_source", "distribution", "num_tokens", "hidden_size", "inter_size", "topk",
+               "num_experts", "moe_tp_size", "moe_ep_size", "latency")
+#: The table's MoE dtypes by the experts' compute format, and their weight and input bytes per element.
+MOE_DTYPES = {"bf16": ("bfloat16", 2.0, 2.0), "fp8": ("fp8_block", 1.0, 1.0)}
+
+
+def _moe_rows(table: dict, dtype: str) -> np.ndarray:
+    """The rows a fit of ``dtype`` (the table's name) reads: balanced routing, every expert on the GPU (``moe_ep_size``
+    1: experts sharded by columns, as the step model's ``etp`` shards them), the kernel the engine runs by default for
+    that dtype (the one with the most such rows)."""
+    keep = ((table["moe_dtype"] == dtype) & (table["distribution"] == "balanced") & (table["moe_ep_size"] == 1)
+            & (table["latency"] > 0))
+    if not np.any(keep):
+        raise ValueError(f"no balanced {dtype} MoE row with every expert on the GPU in the table")
+    kernels, counts = np.unique(table["kernel_source"][keep], return_counts=True)
+    return keep & (table["kernel_source"] == kernels[np.argmax(counts)])
+
+
+def moe_terms(table: dict, hw, compute: str) -> dict:
+    """What the step model prices for each kept row of a fused MoE table in ``compute`` (``"bf16"``, ``"fp8"``): the
+    rows (mask), the measured seconds, each row's two grouped GEMMs as FLOPs, bytes and rows per expert, the
+    routed activation's seconds at the catalog's element-wise figures, and a shape id. Balanced routing touches
+    ``min(E, T k)`` experts. Rows faster than the touched experts' weights can be read at HBM's peak are left out:
+    their model routes tokens by groups (DeepSeek-style grouped top-k), so the balanced logits touched fewer experts."""
+    name, weight_bytes, input_bytes = MOE_DTYPES[compute]
+    hw = as_hardware(hw)
+    rows = _moe_rows(table, name)
+    tokens, hidden = table["num_tokens"][rows], table["hidden_size"][rows]
+    width = table["inter_size"][rows] / table["moe_tp_size"][rows]
+    pairs = tokens * table["topk"][rows]
+    touched = np.minimum(table["num_experts"][rows], pairs)
+    measured = table["latency"][rows] * 1e-3
+    possible = measured > touched * 3 * hidden * width * weight_bytes / hw.hbm_bytes_s
+    figures = gemm_figures(hw)
+    activation = elementwise_seconds(pairs * 2.0 * 3 * width, hw.hbm_bytes_s
+                                     * figures["performance.elementwise_bandwidth_fraction"], kernels=0, floor_s=0)
+    gemms, shapes = [], []
+    for n, k in ((2 * width, hidden), (hidden, width)):
+        gemms.append((2.0 * pairs * n * k, touched * n * k * weight_bytes + pairs * (2.0 * n + input_bytes * k)))
+        shapes.append((n[possible], k[possible]))
+    rows[rows] = possible
+    shape = np.unique(np.stack([table[c][rows] for c in ("hidden_size", "inter_size", "topk", "num_experts",
+                                                         "moe_tp_size")], axis=1), axis=0, return_inverse=True)[1]
+    return {"rows": rows, "measured": measured[possible], "gemms": [(f[possible], b[possible]) for f, b in gemms],
+            "shapes": shapes,
+            "each": (pairs / touched)[possible], "activation": activation[possible], "shape": shape.ravel(),
+            "peak": hw.peak_flops(compute), "hbm": hw.hbm_bytes_s}
+
+
+def moe_seconds(terms: dict, x, surface=None) -> np.ndarray:
+    """Modelled seconds of every row of :func:`moe_terms` at figures ``x`` = (FLOP share, bandwidth share, half rows,
+    floor us), priced as the step model prices routed experts (:func:`mcsim.perf.roofline.gemm_seconds`, each grouped
+    GEMM corrected by the GEMM ``surface`` at its rows per expert where one is given)."""
+    t = terms["activation"].copy()
+    for (flops, nbytes), (n, k) in zip(terms["gemms"], terms.get("shapes", [(None, None)] * 2)):
+        factor = 1.0 if surface is None else np.array([surface.factor(m, a, b) for m, a, b in
+                                                       zip(terms["each"], n, k)])
+        t += gemm_seconds(flops, nbytes, terms["peak"] * x[0], terms["hbm"] * x[1], rows=terms["each"],
+                          half_tokens=x[2], floor_s=x[3] * 1e-6, factor=factor)
+    return t
+
+
+def step_model_moe_errors(gpu: str, compute: str) -> np.ndarray:
+    """Modelled / measured - 1 of every kept row of ``gpu``'s bundled fused MoE table in ``compute``, the routed
+    experts priced as the step model prices them: the GEMM tables' figures and surface of that format (the catalog's
+    ``gemm_*`` or ``gemm_fp8_*``)."""
+    hw = as_hardware(catalog.hardware_preset(gpu))
+    terms = moe_terms(_bundled_table(gpu, "moe"), hw, compute)
+    if compute == "fp8":
+        *x, surface = hw.gemm_dtype_figures("fp8")
+        x[3] *= 1e6
+    else:
+        x = [hw.gemm_flops_fraction, hw.gemm_bandwidth_fraction, hw.gemm_half_tokens, hw.gemm_floor_us]
+        surface = hw.gemm_surface
+    return moe_seconds(terms, x, gemm_surface.for_hardware(surface) if surface else None) / terms["measured"] - 1.0
+
+
+def fit_moe(table: dict, hw, compute: str, folds: int = 10) -> dict:
+    """The routed experts' four GEMM figures in ``compute`` fitted to a fused MoE table (least squares of the log
+    ratio), with the in-sample MAPE and each shape's rows predicted by a fit without it (``folds`` interleaved
+    groups of shapes): ``moe_<compute>_flops_fraction``, ``_bandwidth_fraction``, ``_half_tokens``, ``_floor_us``,
+    ``rows``, ``shapes``, ``mape``, ``cv_mape``."""
+    terms = moe_terms(table, hw, compute)
+
+    def fit(select):
+        sub = {**terms, "gemms": [(f[select], b[select]) for f, b in terms["gemms"]], "each": terms["each"][select],
+               "activation": terms["activation"][select]}
+        result = least_squares(lambda x: np.log(moe_seconds(sub, x)) - np.log(terms["measured"][select]),
+                               [0.6, 0.8, 50.0, 10.0], bounds=([0.05, 0.05, 0.0, 0.0], [1.0, 1.0, 1e4, 1e3]),
+                               x_scale="jac")
+        return result.x
+
+    x = fit(np.ones(terms["measured"].size, dtype=bool))
+    predicted = np.empty(terms["measured"].size)
+    shapes = np.unique(terms["shape"])
+    fold_of = {s: i % folds for i, s in enumerate(shapes)}
+    group = np.array([fold_of[s] for s in terms["shape"]])
+    for k in range(min(folds, len(shapes))):
+        held = group == k
+        full = moe_seconds(terms, fit(~held))
+        predicted[held] = full[held]
+    prefix = f"moe_{compute}_"
+    return {prefix + "flops_fraction": float(x[0]), prefix + "bandwidth_fraction": float(x[1]),
+            prefix + "half_tokens": float(x[2]), prefix + "floor_us": float(x[3]), "rows": int(terms["measured"].size),
+            "shapes": int(len(shapes)),
+            "mape": float(np.mean(np.abs(moe_seconds(terms, x) / terms["measured"] - 1.0))),
+            "cv_mape": float(np.mean(np.abs(predicted / terms["measured"] - 1.0)))}
+
+
+def export_moe(table: dict, path) -> int:
+    """Write the rows every MoE fit reads (:func:`_moe_rows` of each of :data:`MOE_DTYPES`) as a gzip-compressed CSV
+    of :data:`MOE_COLUMNS`, latency to five significant digits; returns the rows written."""
+    keep = np.zeros(len(table["latency"]), dtype=bool)
+    for name, *_ in MOE_DTYPES.values():
+        if np.any(table["moe_dtype"] == name):
+            keep |= _moe_rows(table, name)
+    text = io.StringIO()
+    text.write(",".join(MOE_COLUMNS) + "\n")
+    order = np.lexsort(tuple(table[c][keep] for c in reversed(MOE_COLUMNS[:-1])))
+    for i in np.flatnonzero(keep)[order]:
+        text.write(",".join(str(table[c][i]) if c in MOE_TEXT else f"{table[c][i]:.5g}" if c == "latency"
+                            else str(int(table[c][i])) for c in MOE_COLUMNS) + "\n")
+    Path(path).write_bytes(gzip.compress(text.getvalue().encode(), 9, mtime=0))
+    return int(keep.sum())
+
+
+#: Text columns of a MoE table.
+MOE_TEXT = ("moe_dtype", "kernel_source", "distribution")
+
+
+if __name__ == "__main__":
+    main()
