@@ -598,3 +598,24 @@ def test_moe_fit_recovers_known_figures_and_leaves_out_impossible_rows():
     assert fitted["rows"] == len(rows) - 1 and fitted["shapes"] == 3 and fitted["mape"] < 1e-6
     for key, value in zip(("flops_fraction", "bandwidth_fraction", "half_tokens", "floor_us"), truth):
         assert fitted[f"moe_bf16_{key}"] == pytest.approx(value, rel=1e-3), key
+
+
+def test_balanced_routing_touches_the_experts_the_collectors_pattern_names():
+    """AIConfigurator's balanced router logits, written out in plain Python: token t's j-th expert is (t + j s) mod E
+    (or (t s / T + j s) mod E, truncated, for T < s), s = ceil(E / k)."""
+    import math
+
+    from mcsim.calibration.aiconfigurator import balanced_experts
+
+    def reference(tokens, experts, topk):
+        stride = math.ceil(experts / topk)
+        chosen = set()
+        for t in range(tokens):
+            for j in range(topk):
+                first = t if tokens >= stride else t * stride / tokens
+                chosen.add(int((first + j * stride) % experts))
+        return len(chosen)
+
+    for tokens, experts, topk in ((1, 8, 2), (3, 8, 2), (8, 8, 2), (1, 256, 8), (5, 256, 8), (40, 256, 8),
+                                  (4, 512, 22), (30, 512, 22), (100, 128, 6), (7, 160, 6)):
+        assert balanced_experts(tokens, experts, topk) == reference(tokens, experts, topk)

@@ -431,19 +431,33 @@ def _moe_rows(table: dict, dtype: str) -> np.ndarray:
     return keep & (table["kernel_source"] == kernels[np.argmax(counts)])
 
 
+def balanced_experts(tokens: int, experts: int, topk: int) -> int:
+    """Distinct experts the collector's balanced routing touches: token ``t``'s ``j``-th expert is
+    ``(t + j s) mod E`` with stride ``s = ceil(E / k)`` (``(t s / T + j s) mod E``, truncated, for ``T < s``), as
+    AIConfigurator's ``balanced_logits`` builds its router logits (``collector/helper.py``)."""
+    stride = -(-experts // topk)
+    t = np.arange(int(tokens))
+    touched = np.zeros(int(experts), dtype=bool)
+    for j in range(int(topk)):
+        first = t if tokens >= stride else t * stride / tokens
+        touched[np.floor((first + j * stride) % experts).astype(np.int64)] = True
+    return int(touched.sum())
+
+
 def moe_terms(table: dict, hw, compute: str) -> dict:
     """What the step model prices for each kept row of a fused MoE table in ``compute`` (``"bf16"``, ``"fp8"``): the
     rows (mask), the measured seconds, each row's two grouped GEMMs as FLOPs, bytes and rows per expert, the
-    routed activation's seconds at the catalog's element-wise figures, and a shape id. Balanced routing touches
-    ``min(E, T k)`` experts. Rows faster than the touched experts' weights can be read at HBM's peak are left out:
-    their model routes tokens by groups (DeepSeek-style grouped top-k), so the balanced logits touched fewer experts."""
+    routed activation's seconds at the catalog's element-wise figures, and a shape id. Balanced routing touches the
+    experts :func:`balanced_experts` counts. Rows faster than those experts' weights can be read at HBM's peak are
+    left out: their model routes tokens by groups (DeepSeek-style grouped top-k), so the logits touched fewer."""
     name, weight_bytes, input_bytes = MOE_DTYPES[compute]
     hw = as_hardware(hw)
     rows = _moe_rows(table, name)
     tokens, hidden = table["num_tokens"][rows], table["hidden_size"][rows]
     width = table["inter_size"][rows] / table["moe_tp_size"][rows]
     pairs = tokens * table["topk"][rows]
-    touched = np.minimum(table["num_experts"][rows], pairs)
+    touched = np.array([balanced_experts(t, e, k) for t, e, k in zip(tokens, table["num_experts"][rows],
+                                                                      table["topk"][rows])], dtype=float)
     measured = table["latency"][rows] * 1e-3
     possible = measured > touched * 3 * hidden * width * weight_bytes / hw.hbm_bytes_s
     figures = gemm_figures(hw)
