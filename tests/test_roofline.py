@@ -1023,3 +1023,41 @@ def test_mixtral_experts_are_priced_near_the_measured_fused_moe_kernel():
                                      * opts["achievable"].elementwise_bandwidth_fraction, kernels=0, floor_s=0)
         ratio = (cost.breakdown["moe_ffn"]["t"] + swiglu) / (latency * 1e-3)
         assert (0.94 <= ratio <= 1.04) if tokens <= 256 else (0.84 <= ratio <= 0.96), (tokens, ratio)
+
+
+def test_a_factor_scenario_without_base_throughputs_takes_the_roofline_of_its_own_hardware(tmp_path):
+    """dense-model.toml without its two base throughputs (and their base_hardware): the factor fidelity's base decode
+    and prefill rates are the roofline's on the scenario's own model, parallelism and hardware (BF16, no lever), so a
+    file written for another GPU gets that GPU's figures, in the order the GPUs' measured kernels put them; stating
+    a base throughput (in the file, or by a grid) makes them the scenario's again."""
+    import re
+
+    from mcsim.perf.roofline_model import _plain_throughputs, factor_bases
+    from mcsim.scenario import draw_uncertain, load_scenario, resolve
+    from helpers import ROOT
+
+    text = (ROOT / "scenarios" / "dense-model.toml").read_text()
+    bare = re.sub(r"(?m)^base_(decode_tok_s_per_gpu|prefill_tok_s_per_gpu|hardware) = .*$", "", text)
+    path = tmp_path / "bare.toml"
+    path.write_text(bare)
+
+    def sample(scn):
+        return resolve(scn, {k: v[0] for k, v in draw_uncertain(scn, [0], 1).items()})
+
+    bases = {}
+    for preset in ("a100", "h100", "h200", "b200"):
+        scn = load_scenario(path, overrides=[f'hardware.preset="{preset}"'])
+        assert scn["efficiency.base_source"] == "roofline"
+        p = sample(scn)
+        decode, prefill = _plain_throughputs(p, {})
+        batch = p["deployment.max_batch_per_gpu"]
+        bases[preset] = factor_bases(p)
+        assert bases[preset][0] == pytest.approx(decode * (batch + p["efficiency.batch_half_saturation"]) / batch)
+        assert bases[preset][1] == pytest.approx(prefill)
+    assert bases["a100"][0] < bases["h100"][0] < bases["h200"][0] < bases["b200"][0]
+    assert bases["a100"][1] < bases["h100"][1] < bases["b200"][1]
+    stated = load_scenario(path, overrides=["efficiency.base_decode_tok_s_per_gpu=700"])
+    assert stated["efficiency.base_source"] == "stated" and factor_bases(sample(stated))[0] == pytest.approx(700)
+    gridded = load_scenario(path).with_values({"efficiency.base_prefill_tok_s_per_gpu": 2500.0})
+    assert gridded["efficiency.base_source"] == "stated"
+    assert load_scenario(ROOT / "scenarios" / "dense-model.toml")["efficiency.base_source"] == "stated"

@@ -21,7 +21,7 @@ from mcsim.perf import fleet
 from mcsim.perf import fleet_memory
 from mcsim.perf import replicas_stream
 from mcsim.perf.hardware import performance_defaults
-from mcsim.perf.roofline_model import RooflineStepModel, base_scales
+from mcsim.perf.roofline_model import RooflineStepModel, factor_bases
 from mcsim.results.variables import WORKLOAD_CLASS
 from mcsim.scenario.choices import instance_gpus
 from mcsim.scenario.policies import policy_for
@@ -495,7 +495,7 @@ def variant_params(scn: Scenario, variant: str, overrides: dict, draws: dict) ->
 def _step_model(step_in, requests, passes, experts):
     if step_in["performance.fidelity"] == "roofline":
         return RooflineStepModel(step_in, requests, passes, experts)
-    return perf.FactorStepModel(step_in, requests, passes, experts["expert_efficiency"], base_scales(step_in))
+    return perf.FactorStepModel(step_in, requests, passes, experts["expert_efficiency"], factor_bases(step_in))
 
 
 def streamed_variant(scn: Scenario, variant: str, p: dict, sample: int, seed: int, n_requests: int, draws: dict,

@@ -397,12 +397,13 @@ class FactorStepModel(StepModel):
 
     fidelity = "factor"
 
-    def __init__(self, p: dict, requests, passes, expert_efficiency: float, hardware_scales: tuple):
-        """``hardware_scales``: (decode, prefill) factors that carry the base throughputs from
-        ``efficiency.base_hardware`` to the sample's hardware (:func:`mcsim.perf.roofline_model.base_scales`)."""
+    def __init__(self, p: dict, requests, passes, expert_efficiency: float, bases: tuple):
+        """``bases``: the (decode, prefill) base throughputs per GPU on the sample's hardware, BF16 with no lever on
+        (:func:`mcsim.perf.roofline_model.factor_bases`: the stated ones carried from ``efficiency.base_hardware``,
+        or the roofline's)."""
         super().__init__(p, requests, passes)
-        decode_scale, prefill_scale = hardware_scales
-        x = p["efficiency.base_decode_tok_s_per_gpu"] * decode_scale
+        decode_base, prefill_base = bases
+        x = decode_base
         if p["precision.enabled"]:
             x *= p["precision.decode_gain"]
         if p["efficiency.fused_kernels"]:
@@ -416,8 +417,7 @@ class FactorStepModel(StepModel):
         self.x_nospec = x
         self.cost = pass_cost(self.draft_tokens, p["speculative.draft_cost"], p["speculative.verify_cost"])
         self.b_half = p["efficiency.batch_half_saturation"]
-        self.x_prefill = p["efficiency.base_prefill_tok_s_per_gpu"] * prefill_scale * (
-            p["precision.prefill_gain"] if p["precision.enabled"] else 1.0)
+        self.x_prefill = prefill_base * (p["precision.prefill_gain"] if p["precision.enabled"] else 1.0)
 
     def _step(self, decode_seqs, decode_context, prefill_tokens, prefill_context, prefill_pool) -> StepTime:
         parts = {}

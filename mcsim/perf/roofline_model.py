@@ -133,6 +133,22 @@ def base_scales(p: dict) -> tuple[float, float]:
     return decode / base_decode, prefill / base_prefill
 
 
+def factor_bases(p: dict) -> tuple[float, float]:
+    """The factor fidelity's base decode and prefill tokens/s per GPU on the sample's hardware (BF16, no lever on):
+    with ``efficiency.base_source = "stated"``, the scenario's two base throughputs carried from
+    ``efficiency.base_hardware`` (:func:`base_scales`); with ``"roofline"``, the roofline's own on the sample's model,
+    parallelism and hardware, the decode one as the saturated asymptote its factor model reaches at the largest
+    batch: ``X = roofline(b) x (b + b_half) / b`` per GPU, so that ``X b / (b + b_half)`` is the roofline's
+    throughput at that batch ``b``."""
+    if p["efficiency.base_source"] != "roofline":
+        decode_scale, prefill_scale = base_scales(p)
+        return (p["efficiency.base_decode_tok_s_per_gpu"] * decode_scale,
+                p["efficiency.base_prefill_tok_s_per_gpu"] * prefill_scale)
+    decode, prefill = _plain_throughputs(p, {})
+    batch = max(float(p["deployment.max_batch_per_gpu"]), 1.0)
+    return decode * (batch + p["efficiency.batch_half_saturation"]) / batch, prefill
+
+
 def _plain_throughputs(p: dict, hardware: dict) -> tuple[float, float]:
     """Decode and prefill tokens/s per GPU of the roofline at BF16 with no lever, on ``p``'s hardware with
     ``hardware``'s ``hardware.*`` figures in place of its own; uncertain roofline inputs at their means (a factor

@@ -61,6 +61,10 @@ from mcsim.scenario.schema import (
 STREAM_PARAMS, STREAM_WORKLOAD, STREAM_ROUTING, STREAM_SPECULATIVE, STREAM_EXPERTS, STREAM_BATCHING = range(6)
 
 
+#: The factor fidelity's base throughputs (``efficiency.*``): stating either makes ``base_source = "auto"`` stated.
+BASE_KEYS = frozenset({"base_decode_tok_s_per_gpu", "base_prefill_tok_s_per_gpu"})
+
+
 def rng_for(seed: int, sample: int, stream: int, *extra: int) -> np.random.Generator:
     """The random generator of one sample and one stage; independent of chunking and workers."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(sample, stream, *extra))))
@@ -138,6 +142,8 @@ class Scenario:
     def with_values(self, flat: dict[str, Any], origin: str = "--set") -> "Scenario":
         """A copy with some dotted paths replaced (values are validated like the file's)."""
         values = dict(self.values)
+        if any(f"efficiency.{key}" in flat for key in BASE_KEYS) and "efficiency.base_source" not in flat:
+            values["efficiency.base_source"] = "stated"  # a base throughput set (a grid, a variant) is read
         # A new preset replaces every catalog field of its section with the new preset's figures, except those the
         # scenario sets itself: an explicit value (or distribution) means that value on whatever preset, as it
         # does with --set, so it holds at every point of a preset sweep and its draws are what each point uses.
@@ -548,6 +554,9 @@ def validate(raw: dict, source: str = "<scenario>", text: str = "", base_dir=Non
             classes = _validate_classes(classes_raw, source, values)
         if section == "cache":
             values.update(_validate_tiers(tiers_raw, source))
+    if values["efficiency.base_source"] == "auto":  # the file's (or --set's) own base throughputs, else the roofline's
+        stated = raw.get("efficiency", {}) if isinstance(raw.get("efficiency"), dict) else {}
+        values["efficiency.base_source"] = "stated" if BASE_KEYS & set(stated) else "roofline"
     if not values["efficiency.base_hardware"]:
         # (an invalid file preset was replaced by --set; the --set one is then the reference)
         known = isinstance(file_hardware, str) and file_hardware.lower() in catalog.hardware()

@@ -478,6 +478,12 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                                                fidelity="factor"),
         "base_prefill_tok_s_per_gpu": F(5000.0, "Prefill tok/s per GPU at BF16 with no optimization.",
                                         0, None, lo_open=True, fidelity="factor"),
+        "base_source": C("auto", "Where the factor fidelity's two base throughputs come from: stated (the two keys "
+                                 "below, estimated on base_hardware), roofline (the roofline's decode and prefill "
+                                 "tokens/s per GPU of the scenario's own model, parallelism and hardware at BF16 with "
+                                 "no lever on, decode at the largest batch per GPU over 2,048 tokens of context; the "
+                                 "two keys unread), or auto: stated where the scenario states either key, else "
+                                 "roofline.", "auto", "stated", "roofline", fidelity="factor"),
         "base_hardware": S("", "Hardware preset the two base throughputs were estimated on (default: the scenario's "
                                "[hardware] preset). On other hardware (a file written for another GPU, --set, a "
                                "grid) they are carried over by the ratio of the roofline's decode and prefill "
