@@ -282,4 +282,6 @@ enabled = false
 request_overhead_s = 0.0
 tokenize_s_per_token = 0.0
 detokenize_s_per_token = 0.0
+[performance]
+fidelity = "factor"
 """

@@ -105,7 +105,7 @@ def test_what_the_loader_accepts_the_schema_accepts(validator, text, tmp_path):
 def test_keys_carry_their_facts():
     defs = scenario_schema()["$defs"]
     fidelity = defs["key.performance.fidelity"]
-    assert fidelity["enum"] == ["factor", "roofline"] and fidelity["default"] == "factor"
+    assert fidelity["enum"] == ["factor", "roofline"] and fidelity["default"] == "roofline"
     assert "roofline fidelity only" in defs["key.performance.gemm_floor_s"]["description"]
     assert defs["key.economics.target_utilization"]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 0,
                                                                     "maximum": 1}

@@ -498,8 +498,11 @@ def test_values_do_not_depend_on_other_uncertain_inputs(sampling):
     np.testing.assert_array_equal(alone["cache.dram_gb_per_node"], both["cache.dram_gb_per_node"])
 
 
+FACTOR = '[performance]\nfidelity = "factor"\n'  # the fidelity that reads efficiency.* and precision.*_gain
+
+
 def test_lhs_has_one_draw_per_stratum_per_input():
-    scn = load(uniforms_text())
+    scn = load(uniforms_text(extra=FACTOR))
     for n in (1, 7, 50):
         draws = draw_uncertain(scn, np.arange(n), seed=3, n_samples=n, sampling="lhs")
         for path, (lo, hi) in UNIFORMS.items():
@@ -530,7 +533,7 @@ N_DRAWS = 2000
 def test_draws_follow_the_distribution(sampling):
     scn = load('[cache]\ndram_gb_per_node = { dist = "uniform", low = 200, high = 600 }\n'
                '[precision]\ndecode_gain = { dist = "triangular", low = 1.15, mode = 1.3, high = 1.5 }\n'
-               '[economics]\nelectricity_usd_per_kwh = { dist = "lognormal", median = 0.08, sigma = 0.3 }\n')
+               '[economics]\nelectricity_usd_per_kwh = { dist = "lognormal", median = 0.08, sigma = 0.3 }\n' + FACTOR)
     draws = draw_uncertain(scn, np.arange(N_DRAWS), seed=11, n_samples=N_DRAWS, sampling=sampling)
     refs = {
         "cache.dram_gb_per_node": stats.uniform(200, 400),

@@ -340,7 +340,7 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                                       "precision.experts, the compute format).", 0.0, ELEMENT_BYTES[1]),
     },
     "performance": {
-        "fidelity": C("factor", "factor: throughput as base x lever factors; roofline: step times from the model "
+        "fidelity": C("roofline", "factor: throughput as base x lever factors; roofline: step times from the model "
                       "and hardware (FLOPs, bytes, collectives, overheads).", "factor", "roofline"),
         "calibration": S("", "A calibration file (mcsim calibrate, mcsim trace --save-calibration), relative to the "
                              "scenario file: its fitted parameters replace the scenario's, drawn per sample from "
