@@ -233,7 +233,8 @@ def attention_observations(table: dict, hw, kv_dtype: str = "bfloat16", source: 
     kv_token = 2.0 * kv * hd * KV_BYTES[kv_dtype]
     reads = np.where(decode, b * context, context)  # decode: every sequence's cache; a prompt chunk: its prefix
     hw = as_hardware(hw)
-    data = {"flops": 4.0 * hq * hd * tokens * context, "bytes": (reads + tokens) * kv_token + tokens * 2 * hq * hd * 2.0,
+    data = {"flops": 4.0 * hq * hd * tokens * context,
+            "bytes": (reads + tokens) * kv_token + tokens * 2 * hq * hd * 2.0,
             "decode": decode.astype(float), "sequences": np.where(decode, b, 0.0), "kv_heads": kv,
             "work": np.where(decode, 0.0, tokens * hq), "head_dim": hd, "context": context, "rows": tokens,
             "peak": np.full(b.size, hw.peak_flops("bf16")), "hbm": np.full(b.size, hw.hbm_bytes_s)}
@@ -278,7 +279,8 @@ def bundled_held_out(gpu: str, dtype: str, max_folds: int = 40) -> tuple[float, 
     its shape (:func:`mcsim.calibration.fit.held_out`): ``(MAPE, MAPE by row band, GEMMs, shapes)``."""
     obs = gemm_observations(_bundled_table(gpu), catalog.hardware_preset(gpu), dtype)
     predicted, _ = held_out(obs, fit_point(obs), max_folds)
-    return (float(np.mean(np.abs(predicted / obs.measured_s - 1.0))), band_errors(predicted, obs.measured_s, obs.data["rows"]), len(obs),
+    return (float(np.mean(np.abs(predicted / obs.measured_s - 1.0))),
+            band_errors(predicted, obs.measured_s, obs.data["rows"]), len(obs),
             int(obs.shape.max() + 1))
 
 

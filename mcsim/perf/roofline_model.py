@@ -51,7 +51,8 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
         "achievable": roofline.Achievable(
             flops_fraction=p["performance.flops_fraction"], bandwidth_fraction=p["performance.bandwidth_fraction"],
             network_fraction=p["performance.network_fraction"], launch_overhead_s=p["performance.launch_overhead_s"],
-            kernels_per_layer=p["performance.kernels_per_layer"], cudagraph_mode=(stack.cudagraph_mode if p["performance.cudagraph_mode"] == "stack"
+            kernels_per_layer=p["performance.kernels_per_layer"],
+            cudagraph_mode=(stack.cudagraph_mode if p["performance.cudagraph_mode"] == "stack"
                             else p["performance.cudagraph_mode"]),
             fused=p["efficiency.fused_kernels"],
             step_overhead_s=0.0 if stack.overlaps_host else p["performance.step_overhead_s"],
