@@ -558,8 +558,10 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
                                  AIC.replace("measured", "attention calls measured"), "fraction",
                                  "target: <= 5 % on the shapes left out, per GPU", target=True))
         mape, _, calls = result["fp8 kv decode"]
-        checks.append(_check(f"Attention (decode) of {gpu.upper()}, FP8 KV, {calls:,} calls, priced by the catalog's "
-                             "BF16-KV fit at one byte an element: MAPE", mape, 0.0, BAND_MAPE_TARGET,
+        own = catalog.hardware_preset(gpu)["attention_fp8_kv_bandwidth_fraction"] > 0
+        how = "its FP8-KV decode figures (in sample)" if own else "the BF16-KV fit at one byte an element"
+        checks.append(_check(f"Attention (decode) of {gpu.upper()}, FP8 KV, {calls:,} calls, priced by {how}: MAPE",
+                             mape, 0.0, BAND_MAPE_TARGET,
                              AIC.replace("measured", "attention calls measured"), "fraction",
                              "target: <= 8 % for a KV dtype the fit has not seen", target=True))
     errors = aiconfigurator.calibration_gemm_errors("h100", "h100")

@@ -746,7 +746,8 @@ def test_each_phase_hides_its_own_share_of_the_alltoall():
 def test_measured_attention_figures_price_the_tiny_model_by_hand():
     """With measured attention figures, a mixed step's attention core is the decode call (KV stream at its own
     bandwidth share plus a cost per sequence and KV head) plus the prefill call (FLOPs at the prefill share, which
-    grows with head width, query-head tokens and context), plus one floor a layer; FLOPs and bytes are counted as before."""
+    grows with head width, query-head tokens and context), plus one floor a layer; FLOPs and bytes are counted as
+    before."""
     from dataclasses import replace
 
     from mcsim.perf.roofline import AttentionFigures
@@ -928,9 +929,10 @@ def test_a_4_bit_stored_8_bit_computed_linear_is_priced_by_the_8_bit_table():
 
 
 def test_fp4_gemms_on_b200_are_priced_from_its_measured_nvfp4_gemms():
-    """B200 computing the linear layers in FP4 takes its NVFP4 figures and surface (vLLM 0.24.0's table): Llama-3.1-70B's
-    FFN at TP8 over 4,096 tokens costs the measured NVFP4 GEMMs within the fit's error, where the BF16 figures at the
-    FP4 peak would be far faster; H100, without FP4 tensor cores or an FP4 table, falls back to FP8's."""
+    """B200 computing the linear layers in FP4 takes its NVFP4 figures and surface (vLLM 0.24.0's table):
+    Llama-3.1-70B's FFN at TP8 over 4,096 tokens costs the measured NVFP4 GEMMs within the fit's error, where the
+    BF16 figures at the FP4 peak would be far faster; H100, without FP4 tensor cores or an FP4 table, falls back to
+    FP8's."""
     from mcsim.calibration import aiconfigurator as aic
     from mcsim.perf.roofline_model import options
     from mcsim.scenario import draw_uncertain, load_scenario, resolve
@@ -1061,3 +1063,43 @@ def test_a_factor_scenario_without_base_throughputs_takes_the_roofline_of_its_ow
     gridded = load_scenario(path).with_values({"efficiency.base_prefill_tok_s_per_gpu": 2500.0})
     assert gridded["efficiency.base_source"] == "stated"
     assert load_scenario(ROOT / "scenarios" / "dense-model.toml")["efficiency.base_source"] == "stated"
+
+
+def test_an_fp8_kv_cache_takes_its_own_measured_decode_figures():
+    """Llama-3.1-70B at TP8 on H100 with an FP8 KV cache: a decode attention call is priced by the FP8 cache's
+    decode figures (dequantizing costs more than the bytes save), against vLLM 0.24.0's FP8-KV calls at 32-256
+    sequences of 1-8 k tokens within the fit's error, where the BF16 cache's figures at one byte are faster than
+    measured; refitting the bundled calls gives the catalog's figures."""
+    from dataclasses import replace
+
+    from mcsim.calibration import aiconfigurator as aic
+    from mcsim.perf.roofline_model import options
+    from mcsim.scenario import draw_uncertain, load_scenario, resolve
+
+    h100 = catalog.hardware_preset("h100")
+    refit = aic.fit_fp8_kv("h100")
+    assert refit["attention_fp8_kv_bandwidth_fraction"] == pytest.approx(h100["attention_fp8_kv_bandwidth_fraction"],
+                                                                        abs=1e-3)
+    assert refit["mape"] < refit["mape_held"]
+    scn = load_scenario(DENSE_NODE, overrides=['performance.fidelity="roofline"'])  # FP8 weights and KV cache
+    p = resolve(scn, {k: v[0] for k, v in draw_uncertain(scn, [0], 1).items()})
+    opts = options(p)
+    assert opts["precision"].kv_bytes == 1.0
+    table = aic.read_table(aic.bundled("h100", "attention"), aic.ATTENTION_COLUMNS)
+    rows = ((table["op_name"] == "generation_attention") & (table["kv_cache_dtype"] == "fp8")
+            & (table["num_heads"] == 8) & (table["num_key_value_heads"] == 1) & (table["head_dim"] == 128)
+            & (table["window_size"] == 0) & (table["batch_size"] >= 32) & (table["batch_size"] <= 256)
+            & (table["step"] >= 1023) & (table["step"] <= 8191) & (table["kernel_source"] == "vllm_flash_attn_fa3"))
+    assert rows.sum() >= 10
+    model = catalog.model_preset("llama-3.1-70b")
+    ratios = {}
+    for label, figures in (("fp8", opts["achievable"].attention),
+                           ("bf16 at one byte", replace(opts["achievable"].attention, fp8_kv_bandwidth_fraction=0.0))):
+        achievable = replace(opts["achievable"], attention=figures)
+        ratios[label] = np.array([
+            step_cost(model, p, decode_seqs=b, decode_context=s, **{**opts, "achievable": achievable})
+            .breakdown["attention_core"]["t"] / model["layers"] / (ms * 1e-3)
+            for b, s, ms in zip(table["batch_size"][rows], table["step"][rows], table["latency"][rows])])
+    assert np.mean(np.abs(ratios["fp8"] - 1)) < 0.12
+    one_byte = np.median(ratios["bf16 at one byte"])
+    assert one_byte < np.median(ratios["fp8"]) and one_byte < 0.9

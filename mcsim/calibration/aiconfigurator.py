@@ -303,10 +303,34 @@ def bundled_attention_held_out(gpu: str, max_folds: int = 40) -> dict:
                       float(np.mean(np.abs(before[rows] / obs.measured_s[rows] - 1.0))), int(rows.sum()))
     fp8 = attention_observations(table, hw, kv_dtype="fp8")
     catalog_values = {key: hw[key.split(".", 1)[1]] for key in fp8.active}
+    if hw["attention_fp8_kv_bandwidth_fraction"] > 0:  # the FP8 cache's own decode figures (fit_fp8_kv)
+        catalog_values["hardware.attention_bandwidth_fraction"] = hw["attention_fp8_kv_bandwidth_fraction"]
+        catalog_values["hardware.attention_unit_ns"] = hw["attention_fp8_kv_unit_ns"]
     errors = predict(fp8, catalog_values) / fp8.measured_s - 1.0
     out["fp8 kv decode"] = (float(np.mean(np.abs(errors[fp8.data["decode"] > 0]))), float("nan"),
                             int((fp8.data["decode"] > 0).sum()))
     return out
+
+
+def fit_fp8_kv(gpu: str) -> dict:
+    """The decode attention figures of an FP8 KV cache on ``gpu``: the catalog's attention fit (a BF16 cache's)
+    held, ``attention_bandwidth_fraction`` and ``attention_unit_ns`` refitted to the bundled FP8-KV decode calls;
+    with the in-sample MAPE of the held fit at one byte an element and of the refit."""
+    hw = catalog.hardware_preset(gpu)
+    obs = attention_observations(_bundled_table(gpu, "attention"), hw, kv_dtype="fp8")
+    decode = obs.subset(np.flatnonzero(obs.data["decode"] > 0))
+    held = {key: hw[key.split(".", 1)[1]] for key in decode.active}
+
+    def modelled(x):
+        return predict(decode, {**held, "hardware.attention_bandwidth_fraction": x[0],
+                                "hardware.attention_unit_ns": x[1]})
+
+    x = least_squares(lambda x: np.log(modelled(x)) - np.log(decode.measured_s), [0.9, 20.0],
+                      bounds=([0.05, 0.0], [1.0, 1e4]), x_scale="jac").x
+    return {"attention_fp8_kv_bandwidth_fraction": float(x[0]), "attention_fp8_kv_unit_ns": float(x[1]),
+            "calls": len(decode),
+            "mape_held": float(np.mean(np.abs(predict(decode, held) / decode.measured_s - 1.0))),
+            "mape": float(np.mean(np.abs(modelled(x) / decode.measured_s - 1.0)))}
 
 
 def calibration_gemm_errors(gpu: str, calibration: str) -> np.ndarray:

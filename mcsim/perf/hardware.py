@@ -67,7 +67,8 @@ class Hardware:
         Fitted element-wise kernel figures: the fixed time of one kernel and the share of HBM bandwidth the
         kernels reach (0 where not measured).
     attention_floor_us, attention_bandwidth_fraction, attention_unit_ns, attention_flops_fraction, \
-    attention_prefill_bandwidth_fraction, attention_half_work, attention_head_dim_half, attention_half_context : float
+    attention_prefill_bandwidth_fraction, attention_half_work, attention_head_dim_half, attention_half_context, \
+    attention_fp8_kv_bandwidth_fraction, attention_fp8_kv_unit_ns : float
         Fitted GQA attention kernel figures (:class:`mcsim.perf.roofline.AttentionFigures`, with the fixed time of
         one call; 0 where not measured: attention then takes the GEMM figures).
     tdp_w, idle_w : float
@@ -120,6 +121,8 @@ class Hardware:
     attention_half_work: float = 0.0
     attention_head_dim_half: float = 0.0
     attention_half_context: float = 0.0
+    attention_fp8_kv_bandwidth_fraction: float = 0.0
+    attention_fp8_kv_unit_ns: float = 0.0
     tdp_w: float = 0.0
     idle_w: float = 0.0
     price_usd: float = 0.0
@@ -178,7 +181,8 @@ def as_hardware(entry) -> Hardware:
 #: The catalog's measured GQA attention figures (:class:`mcsim.perf.roofline.AttentionFigures`, and the call's floor).
 ATTENTION_FIELDS = ("attention_floor_us", "attention_bandwidth_fraction", "attention_unit_ns",
                     "attention_flops_fraction", "attention_prefill_bandwidth_fraction", "attention_half_work",
-                    "attention_head_dim_half", "attention_half_context")
+                    "attention_head_dim_half", "attention_half_context", "attention_fp8_kv_bandwidth_fraction",
+                    "attention_fp8_kv_unit_ns")
 #: What the roofline assumes where neither the scenario nor the hardware catalog gives a figure. Kernel floors are
 #: 0 (not modelled) on hardware without measurements, as the catalog says.
 GENERIC = {"performance.flops_fraction": 0.6, "performance.bandwidth_fraction": 0.8,

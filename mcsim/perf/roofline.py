@@ -97,7 +97,7 @@ What it leaves out: attention kernel efficiency at short context, stage imbalanc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -388,6 +388,9 @@ class AttentionFigures:
     half_context : float
         Context each token attends to at which a prefill call reaches half its FLOP share (a tile's loop over
         keys amortizes its prologue and epilogue).
+    fp8_kv_bandwidth_fraction, fp8_kv_unit_s : float
+        ``bandwidth_fraction`` and ``unit_s`` of a decode call over an FP8 KV cache (dequantizing it costs more than
+        its bytes save; 0: the BF16 cache's).
     """
 
     bandwidth_fraction: float
@@ -397,6 +400,14 @@ class AttentionFigures:
     half_work: float
     head_dim_half: float
     half_context: float = 0.0
+    fp8_kv_bandwidth_fraction: float = 0.0
+    fp8_kv_unit_s: float = 0.0
+
+    def for_kv(self, kv_bytes: float) -> "AttentionFigures":
+        """The figures of a cache of ``kv_bytes`` an element: an FP8 cache's decode figures where measured."""
+        if kv_bytes == 1.0 and self.fp8_kv_bandwidth_fraction > 0:
+            return replace(self, bandwidth_fraction=self.fp8_kv_bandwidth_fraction, unit_s=self.fp8_kv_unit_s)
+        return self
 
 
 def attention_seconds(flops, nbytes, *, decode, sequences, kv_heads, work, head_dim, context, peak, hbm, figures,
@@ -848,7 +859,7 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         ops["attention_core"]["act"] += layers * core_act / adp * a
         hd, kv_heads = model["head_dim"], shard["kv_per_token"] / (2 * model["head_dim"])
         common = dict(kv_heads=kv_heads, head_dim=hd, peak=hw.peak_flops("bf16"), hbm=hw.hbm_bytes_s,
-                      figures=achievable.attention)
+                      figures=achievable.attention.for_kv(kvb))
         t = 0.0
         if decode_seqs > 0:
             t += attention_seconds(4 * hq * hd * decode_tokens * ctx_d / adp,

@@ -107,7 +107,8 @@ def attention_figures(p: dict):
         return None
     return roofline.AttentionFigures(hw.attention_bandwidth_fraction, hw.attention_unit_ns * 1e-9,
                                      hw.attention_flops_fraction, hw.attention_prefill_bandwidth_fraction,
-                                     hw.attention_half_work, hw.attention_head_dim_half, hw.attention_half_context)
+                                     hw.attention_half_work, hw.attention_head_dim_half, hw.attention_half_context,
+                                     hw.attention_fp8_kv_bandwidth_fraction, hw.attention_fp8_kv_unit_ns * 1e-9)
 
 
 #: Where the roofline compares two accelerators for the factor fidelity's base throughputs: a decode step at the

@@ -141,6 +141,11 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                                    "reaches half its FLOP share, fitted like attention_floor_us"),
     "attention_head_dim_half": (float, "head width at which prefill attention reaches half its FLOP share, fitted "
                                        "like attention_floor_us"),
+    "attention_fp8_kv_bandwidth_fraction": (float, "attention_bandwidth_fraction of a decode call over an FP8 KV "
+                                                   "cache, fitted to such calls with the other attention figures "
+                                                   "held; 0 where unknown (then the BF16 cache's)"),
+    "attention_fp8_kv_unit_ns": (float, "attention_unit_ns of a decode call over an FP8 KV cache, fitted like "
+                                        "attention_fp8_kv_bandwidth_fraction"),
     "attention_half_context": (float, "context a prefill token attends to at which prefill attention reaches half "
                                       "its FLOP share, fitted like attention_floor_us"),
     "custom_allreduce_hop_us": (float, "latency of one stage of the serving engine's own all-reduce (vLLM's, "
