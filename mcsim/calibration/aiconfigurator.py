@@ -23,7 +23,6 @@ import argparse
 import csv
 import functools
 import gzip
-import io
 from importlib import resources
 from pathlib import Path
 
@@ -64,7 +63,16 @@ PARAMETER_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction"
 
 
 #: Columns of the database's tables that hold text, not numbers.
-TEXT_COLUMNS = ("backend", "op_name", "kernel_source", "kv_cache_dtype", "distribution")
+TEXT_COLUMNS = ("gemm_dtype", "allreduce_dtype", "moe_dtype", "backend", "op_name", "kernel_source",
+                "kv_cache_dtype", "distribution")
+
+
+def _is_number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def read_table(path, columns=COLUMNS, what: str = "a GEMM table") -> dict:
@@ -85,16 +93,15 @@ def read_table(path, columns=COLUMNS, what: str = "a GEMM table") -> dict:
             raise ValueError(f"{path}: not a gzip-compressed CSV; {expected}") from None
         if not rows or any(c not in rows[0] for c in columns):
             raise ValueError(f"{path}: {expected}")
-        for line, row in enumerate(rows, start=2):  # described by position, never by content
-            for c in columns:
-                if c in text:
-                    continue
-                try:
-                    float(row[c])
-                except (TypeError, ValueError):
-                    raise ValueError(f"{path}:{line}: column {c} is not a number; {expected} (latency in ms)") \
-                        from None
-        return {c: np.array([r[c] for r in rows], dtype=str if c in text else float) for c in columns}
+        out = {}
+        for c in columns:
+            values = [r[c] for r in rows]
+            try:
+                out[c] = np.array(values, dtype=str if c in text else float)
+            except (TypeError, ValueError):  # the first row that is not a number, by position, never by content
+                line = next(i for i, v in enumerate(values, start=2) if not _is_number(v))
+                raise ValueError(f"{path}:{line}: column {c} is not a number; {expected} (latency in ms)") from None
+        return out
     if fastparquet is None and pyarrow_parquet is None:
         raise ValueError(f"{path}: reading parquet needs fastparquet or pyarrow "
                          "(pip install \"mcsim[aiconfigurator]\"), or give a CSV export")
@@ -123,18 +130,26 @@ def bundled(gpu: str, what: str = "gemm"):
 
 def export_gemms(table: dict, dtypes, path) -> int:
     """Write the rows of ``dtypes`` (the database's names) with transformer-layer shapes (what :func:`fit_dtype`
-    fits) as a gzip-compressed CSV of :data:`COLUMNS`, latency to five significant digits (below the spread of
-    repeated timings); returns the rows written. The bytes depend on the rows alone (no timestamp)."""
+    fits) as an export of :data:`COLUMNS` (:func:`write_export`); returns the rows written."""
     keep = (np.isin(table["gemm_dtype"], list(dtypes)) & (table["n"] >= MIN_N) & (table["k"] >= MIN_K)
             & (table["m"] <= MAX_M) & (table["latency"] > 0))
-    order = np.lexsort((table["m"][keep], table["k"][keep], table["n"][keep], table["gemm_dtype"][keep]))
-    text = io.StringIO()
-    text.write(",".join(COLUMNS) + "\n")
-    for i in np.flatnonzero(keep)[order]:
-        text.write(f"{table['gemm_dtype'][i]},{int(table['m'][i])},{int(table['n'][i])},{int(table['k'][i])},"
-                   f"{table['latency'][i]:.5g}\n")
-    Path(path).write_bytes(gzip.compress(text.getvalue().encode(), 9, mtime=0))
-    return int(keep.sum())
+    return write_export([(table, keep)], COLUMNS, path, order=("gemm_dtype", "n", "k", "m"))
+
+
+def write_export(parts, columns, path, order=None) -> int:
+    """Write the rows ``keep`` of each ``(table, keep)`` of ``parts`` as a gzip-compressed CSV of ``columns`` (the
+    database's own names, so :func:`read_table` reads it as it reads the table), each table's rows sorted by
+    ``order`` (default: every column but the last, the latency), text as is, latency to five significant digits
+    (below the spread of repeated timings), other numbers as integers; returns the rows written. The bytes depend on
+    the rows alone (no timestamp)."""
+    order = order or columns[:-1]
+    lines = [",".join(columns)]
+    for table, keep in parts:
+        for i in np.flatnonzero(keep)[np.lexsort(tuple(table[c][keep] for c in reversed(order)))]:
+            lines.append(",".join(str(table[c][i]) if c in TEXT_COLUMNS else f"{table[c][i]:.5g}" if c == "latency"
+                                  else str(int(table[c][i])) for c in columns))
+    Path(path).write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), 9, mtime=0))
+    return len(lines) - 1
 
 
 def gemm_observations(table: dict, hw, dtype: str, source: str = "") -> Observations:
@@ -245,21 +260,11 @@ def attention_observations(table: dict, hw, kv_dtype: str = "bfloat16", source: 
 
 def export_attention(tables, path) -> int:
     """Write the full-attention rows (bf16 and fp8 KV caches) of ``tables`` (a generation and a context attention
-    table), without the opt-in kernels', as one gzip-compressed CSV of :data:`ATTENTION_COLUMNS`, latency to five
-    significant digits; returns the rows written."""
-    text = io.StringIO()
-    text.write(",".join(ATTENTION_COLUMNS) + "\n")
-    rows = 0
-    for table in tables:
-        keep = ((table["window_size"] == 0) & np.isin(table["kv_cache_dtype"], list(KV_BYTES))
-                & ~np.isin(table["kernel_source"], OPT_IN_KERNELS) & (table["latency"] > 0))
-        order = np.lexsort(tuple(table[c][keep] for c in reversed(ATTENTION_COLUMNS[:-1])))
-        for i in np.flatnonzero(keep)[order]:
-            text.write(",".join(str(table[c][i]) if c in TEXT_COLUMNS else f"{table[c][i]:.5g}" if c == "latency"
-                                else str(int(table[c][i])) for c in ATTENTION_COLUMNS) + "\n")
-        rows += int(keep.sum())
-    Path(path).write_bytes(gzip.compress(text.getvalue().encode(), 9, mtime=0))
-    return rows
+    table), without the opt-in kernels', as one export of :data:`ATTENTION_COLUMNS` (:func:`write_export`); returns
+    the rows written."""
+    return write_export([(table, (table["window_size"] == 0) & np.isin(table["kv_cache_dtype"], list(KV_BYTES))
+                          & ~np.isin(table["kernel_source"], OPT_IN_KERNELS) & (table["latency"] > 0))
+                         for table in tables], ATTENTION_COLUMNS, path)
 
 
 #: The dtypes of each bundled GEMM export (the database's names).
@@ -563,24 +568,13 @@ def fit_moe(table: dict, hw, compute: str, folds: int = 10) -> dict:
 
 
 def export_moe(table: dict, path) -> int:
-    """Write the rows every MoE fit reads (:func:`_moe_rows` of each of :data:`MOE_DTYPES`) as a gzip-compressed CSV
-    of :data:`MOE_COLUMNS`, latency to five significant digits; returns the rows written."""
+    """Write the rows every MoE fit reads (:func:`_moe_rows` of each of :data:`MOE_DTYPES`) as an export of
+    :data:`MOE_COLUMNS` (:func:`write_export`); returns the rows written."""
     keep = np.zeros(len(table["latency"]), dtype=bool)
     for name, *_ in MOE_DTYPES.values():
         if np.any(table["moe_dtype"] == name):
             keep |= _moe_rows(table, name)
-    text = io.StringIO()
-    text.write(",".join(MOE_COLUMNS) + "\n")
-    order = np.lexsort(tuple(table[c][keep] for c in reversed(MOE_COLUMNS[:-1])))
-    for i in np.flatnonzero(keep)[order]:
-        text.write(",".join(str(table[c][i]) if c in MOE_TEXT else f"{table[c][i]:.5g}" if c == "latency"
-                            else str(int(table[c][i])) for c in MOE_COLUMNS) + "\n")
-    Path(path).write_bytes(gzip.compress(text.getvalue().encode(), 9, mtime=0))
-    return int(keep.sum())
-
-
-#: Text columns of a MoE table.
-MOE_TEXT = ("moe_dtype", "kernel_source", "distribution")
+    return write_export([(table, keep)], MOE_COLUMNS, path)
 
 
 if __name__ == "__main__":

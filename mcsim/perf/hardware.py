@@ -226,12 +226,12 @@ def performance_defaults(p: dict) -> dict:
     attention = p.get("performance.attention_floor_s", None) == 0
     if not keys and not attention:
         return p
-    figures = gemm_figures(as_hardware(p), unmeasured={
+    hw = as_hardware(p)
+    figures = gemm_figures(hw, unmeasured={
         own: p[stand_in] for stand_in, (own, _) in UNMEASURED_STAND_INS.items()
         if isinstance(p.get(stand_in), (int, float))})
     out = {**p, **{key: value for key, value in figures.items() if key in keys}}
     if attention:  # the measured call's, else from the kernel floor in force (the scenario's own or the hardware's)
-        hw = as_hardware(p)
         measured = hw.attention_floor_us > 0 and p.get("model.attention", "gqa") == "gqa"
         out["performance.attention_floor_s"] = hw.attention_floor_us * 1e-6 if measured \
             else ATTENTION_CALL_KERNELS * out.get("performance.kernel_floor_s", 0.0)

@@ -138,6 +138,13 @@ EAGER_ATTENTION_KERNELS = 2
 #: ``vllm/config/compilation.py``: ``CUDAGraphMode.decode_mode()`` and ``mixed_mode()``).
 CUDAGRAPH_RUNTIME = {"none": ("none", "none"), "piecewise": ("piecewise", "piecewise"), "full": ("full", "full"),
                      "full_decode_only": ("full", "none"), "full_and_piecewise": ("full", "piecewise")}
+#: Kernels left per layer when element-wise ops are fused into the matmuls.
+FUSED_KERNEL_FRACTION = 0.5
+#: Op classes a calibration measures, and the ops whose time each class's error multiplier scales.
+ERROR_CLASSES = {"gemm": ("attention_proj", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head"),
+                 "elementwise": ("elementwise",), "allreduce": ("tp_allreduce",), "send": ("pp_send",),
+                 "attention": ("attention_core",),
+                 "allreduce_nodes": ("tp_allreduce",)}
 
 
 def launch_seconds(launches: float, layers: float, launch_s: float, mode: str, gpu_s: float = 0.0) -> float:
@@ -166,13 +173,6 @@ def launch_seconds(launches: float, layers: float, launch_s: float, mode: str, g
     host = {"none": launches, "full": 0.0,
             "piecewise": min(EAGER_ATTENTION_KERNELS * layers, launches) + layers + 1}[mode] * launch_s
     return launches * launch_s * GRAPH_LAUNCH_FRACTION + max(0.0, host - gpu_s)
-#: Kernels left per layer when element-wise ops are fused into the matmuls.
-FUSED_KERNEL_FRACTION = 0.5
-#: Op classes a calibration measures, and the ops whose time each class's error multiplier scales.
-ERROR_CLASSES = {"gemm": ("attention_proj", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head"),
-                 "elementwise": ("elementwise",), "allreduce": ("tp_allreduce",), "send": ("pp_send",),
-                 "attention": ("attention_core",),
-                 "allreduce_nodes": ("tp_allreduce",)}
 
 
 @dataclass(frozen=True)
@@ -758,9 +758,9 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     h = model["hidden_size"]
     a, wb, kvb = precision.activation_bytes, precision.weight_bytes, precision.kv_bytes
     unfused = 0.0 if achievable.fused else 1.0
-    linear = achievable.linear or LinearGemms(achievable.flops_fraction, achievable.bandwidth_fraction,
-                                              achievable.gemm_half_tokens, achievable.gemm_floor_s,
-                                              achievable.gemm_surface)
+    bf16 = LinearGemms(achievable.flops_fraction, achievable.bandwidth_fraction, achievable.gemm_half_tokens,
+                       achievable.gemm_floor_s, achievable.gemm_surface)  # the figures above, as one dtype's
+    linear = achievable.linear or bf16
     linear_compute, experts_compute = precision.linear_compute, precision.experts_compute
     peak_linear = _peak_flops(hw, linear_compute) * linear.flops_fraction
     linear_input = precision.input_bytes(linear_compute)
@@ -771,20 +771,19 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     n = tokens / adp  # tokens per attention-DP group: what every GPU of a TP group processes
     has_prefill = 1.0 if prefill_tokens > 0 else 0.0
     layers, dense_layers, moe_layers = _layer_counts(model, pp)
-    bf16 = LinearGemms(achievable.flops_fraction, achievable.bandwidth_fraction, achievable.gemm_half_tokens,
-                       achievable.gemm_floor_s, achievable.gemm_surface)
     # the routed experts: their own format's measured figures, the linear layers' in the same format, else the
     # figures above at their format's peak
     expert_figures = achievable.experts or (linear if experts_compute == linear_compute else bf16)
 
-    def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear, bw=bandwidth):
-        """``count`` times an op that is not a GEMM (its roofline alone)."""
+    def add(name, count, flops, weight=0.0, kv=0.0, act=0.0, peak=peak_linear, bw=bandwidth, seconds=None):
+        """``count`` times an op that is not a GEMM: its roofline alone, or the ``seconds`` a measured kernel's
+        figures give it."""
         op = ops[name]
         op["flops"] += count * flops
         op["weight"] += count * weight
         op["kv"] += count * kv
         op["act"] += count * act
-        op["t"] += count * gemm_seconds(flops, weight + kv + act, peak, bw, kernels=0)
+        op["t"] += count * (gemm_seconds(flops, weight + kv + act, peak, bw, kernels=0) if seconds is None else seconds)
 
     def add_gemms(name, count, rows, shapes, *, groups=1.0, weight_bytes=wb, figures=linear, peak=peak_linear,
                   gemm_bandwidth=linear_bandwidth, extra_weight=0.0, input_bytes=linear_input):
@@ -827,8 +826,9 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
 
     # attention projections and core, every layer
     shard = _attention_shard(model, tp)
-    add_gemms("attention_proj", layers, n, attention_gemms(model, tp), extra_weight=shard["norm"] * wb)
-    add_casts(layers, n, [k for _, k in attention_gemms(model, tp)], linear_compute)
+    projections = attention_gemms(model, tp)
+    add_gemms("attention_proj", layers, n, projections, extra_weight=shard["norm"] * wb)
+    add_casts(layers, n, [k for _, k in projections], linear_compute)
     add_elementwise(layers, 3, n * a * (5 * h + 2 * shard["rope"]))  # RMSNorm, RoPE, residual add
     full_d = min(decode_context, attention_window) if attention_window > 0 else decode_context
     full_p = min(prefill_context, attention_window) if attention_window > 0 else prefill_context
@@ -851,32 +851,32 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     if sparse_topk > 0:
         core_flops += 2 * INDEXER_HEADS * INDEXER_HEAD_DIM * (decode_tokens * full_d + prefill_tokens * full_p)
         kv_traffic += (decode_seqs * full_d + has_prefill * full_p + tokens) * INDEXER_HEAD_DIM * INDEXER_KEY_BYTES
+    measured = None
     if achievable.attention is not None and model["attention"] == "gqa" and sparse_topk == 0:
         # measured attention kernels: the decode sequences' call and the prefill chunk's priced apart (each by
         # its own figures), the FLOPs and bytes accounted as the roofline's
-        ops["attention_core"]["flops"] += layers * core_flops / adp
-        ops["attention_core"]["kv"] += layers * kv_traffic / adp
-        ops["attention_core"]["act"] += layers * core_act / adp * a
         hd, kv_heads = model["head_dim"], shard["kv_per_token"] / (2 * model["head_dim"])
         common = dict(kv_heads=kv_heads, head_dim=hd, peak=hw.peak_flops("bf16"), hbm=hw.hbm_bytes_s,
                       figures=achievable.attention.for_kv(kvb))
-        t = 0.0
+        measured = 0.0
         if decode_seqs > 0:
-            t += attention_seconds(4 * hq * hd * decode_tokens * ctx_d / adp,
-                                   ((decode_seqs * ctx_d + decode_tokens) * kv_token
-                                    + decode_tokens * 2 * hq * hd * a) / adp,
-                                   decode=True, sequences=decode_seqs / adp, work=0.0, context=ctx_d, **common)
+            measured += attention_seconds(4 * hq * hd * decode_tokens * ctx_d / adp,
+                                          ((decode_seqs * ctx_d + decode_tokens) * kv_token
+                                           + decode_tokens * 2 * hq * hd * a) / adp,
+                                          decode=True, sequences=decode_seqs / adp, work=0.0, context=ctx_d,
+                                          **common)
         if prefill_tokens > 0:
-            t += attention_seconds(4 * hq * hd * prefill_tokens * ctx_p / adp,
-                                   ((ctx_p + prefill_tokens) * kv_token + prefill_tokens * 2 * hq * hd * a) / adp,
-                                   decode=False, sequences=0.0, work=prefill_tokens * hq / adp, context=ctx_p,
-                                   **common)
-        ops["attention_core"]["t"] += layers * t
-    else:  # the roofline; its KV stream at the measured attention kernels' share where the GPU has one (MLA)
-        stream = hw.hbm_bytes_s * achievable.attention.bandwidth_fraction if achievable.attention is not None \
-            else bandwidth
-        add("attention_core", layers, core_flops / adp, kv=kv_traffic / adp, act=core_act / adp * a,
-            peak=peak_attention, bw=stream)
+            measured += attention_seconds(4 * hq * hd * prefill_tokens * ctx_p / adp,
+                                          ((ctx_p + prefill_tokens) * kv_token
+                                           + prefill_tokens * 2 * hq * hd * a) / adp,
+                                          decode=False, sequences=0.0, work=prefill_tokens * hq / adp,
+                                          context=ctx_p, **common)
+    # otherwise (MLA, a sparse span, an unmeasured GPU) the roofline, its KV stream at the measured attention
+    # kernels' share where the GPU has one
+    stream = hw.hbm_bytes_s * achievable.attention.bandwidth_fraction if achievable.attention is not None \
+        else bandwidth
+    add("attention_core", layers, core_flops / adp, kv=kv_traffic / adp, act=core_act / adp * a,
+        peak=peak_attention, bw=stream, seconds=measured)
     ops["attention_core"]["t"] += layers * achievable.attention_floor_s
     ops["attention_core"]["floor"] += layers * achievable.attention_floor_s
 

@@ -75,6 +75,14 @@ LINEAR_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction", "
                "performance.gemm_floor_s")
 
 
+def _leaves_to_hardware(p: dict, hw: Hardware, keys) -> bool:
+    """Whether the scenario leaves the GEMM figures ``keys`` to the hardware: each at 0, or at the very value
+    :func:`mcsim.perf.hardware.performance_defaults` fills in (a scenario's or a calibration's own figure is neither,
+    and then prices every op it names)."""
+    hardware_own = gemm_figures(hw)
+    return all(p.get(k, 0) in (0, hardware_own[k]) for k in keys)
+
+
 def linear_gemms(p: dict, *, experts: bool = False):
     """The linear layers' (``experts``: the routed experts') GEMM figures where they are not the BF16 ones: FP8 or
     FP4 compute on hardware whose GEMMs of that dtype were measured (the catalog's ``gemm_fp8_*`` / ``gemm_fp4_*``
@@ -84,10 +92,7 @@ def linear_gemms(p: dict, *, experts: bool = False):
     own = precision(p)
     compute = own.experts_compute if experts else own.linear_compute
     figures = hw.gemm_dtype_figures(compute) if p["precision.enabled"] else None
-    if figures is None or str(p.get("performance.gemm_surface", "")):
-        return None
-    hardware_own = gemm_figures(hw)  # what performance_defaults fills in for keys left at 0
-    if any(p.get(k, 0) not in (0, hardware_own[k]) for k in LINEAR_KEYS):
+    if figures is None or str(p.get("performance.gemm_surface", "")) or not _leaves_to_hardware(p, hw, LINEAR_KEYS):
         return None
     *numbers, surface = figures
     return roofline.LinearGemms(*numbers, surfaces.for_hardware(surface))
@@ -99,11 +104,7 @@ def attention_figures(p: dict):
     calibration's, prices attention as it always has: at those figures); else None (attention then takes the GEMM
     figures)."""
     hw = _hardware(p)
-    if hw.attention_bandwidth_fraction <= 0:
-        return None
-    hardware_own = gemm_figures(hw)
-    if any(p.get(k, 0) not in (0, hardware_own[k]) for k in ("performance.flops_fraction",
-                                                              "performance.bandwidth_fraction")):
+    if hw.attention_bandwidth_fraction <= 0 or not _leaves_to_hardware(p, hw, LINEAR_KEYS[:2]):
         return None
     return roofline.AttentionFigures(hw.attention_bandwidth_fraction, hw.attention_unit_ns * 1e-9,
                                      hw.attention_flops_fraction, hw.attention_prefill_bandwidth_fraction,

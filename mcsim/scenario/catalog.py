@@ -103,23 +103,16 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
     "gemm_floor_us": (float, "fixed GPU time of one GEMM kernel, us, fitted like gemm_flops_fraction; 0 where unknown"),
     "gemm_surface": (str, "the bundled calibration (mcsim/data/calibrations/<name>.toml) whose measured GEMM "
                           "surface corrects each GEMM by its shape (mcsim.perf.gemm_surface); \"\" where none"),
-    "gemm_fp8_flops_fraction": (float, "gemm_flops_fraction of FP8 GEMMs (of the FP8 peak), fitted to measured FP8 "
-                                       "GEMM times where the source says so; 0 where unknown (then FP8 GEMMs take "
-                                       "the BF16 figures at the FP8 peak)"),
-    "gemm_fp8_bandwidth_fraction": (float, "gemm_bandwidth_fraction of FP8 GEMMs, fitted like "
-                                           "gemm_fp8_flops_fraction"),
-    "gemm_fp8_half_tokens": (float, "gemm_half_tokens of FP8 GEMMs, fitted like gemm_fp8_flops_fraction"),
-    "gemm_fp8_floor_us": (float, "gemm_floor_us of FP8 GEMMs, fitted like gemm_fp8_flops_fraction"),
-    "gemm_fp4_flops_fraction": (float, "gemm_flops_fraction of FP4 GEMMs (of the FP4 peak; NVFP4 on Blackwell), "
-                                       "fitted like gemm_fp8_flops_fraction; 0 where unknown"),
-    "gemm_fp4_bandwidth_fraction": (float, "gemm_bandwidth_fraction of FP4 GEMMs, fitted like "
-                                           "gemm_fp4_flops_fraction"),
-    "gemm_fp4_half_tokens": (float, "gemm_half_tokens of FP4 GEMMs, fitted like gemm_fp4_flops_fraction"),
-    "gemm_fp4_floor_us": (float, "gemm_floor_us of FP4 GEMMs, fitted like gemm_fp4_flops_fraction"),
-    "gemm_fp4_surface": (str, "the bundled calibration whose measured FP4 GEMM surface corrects each FP4 GEMM by its "
-                              "shape; \"\" where none"),
-    "gemm_fp8_surface": (str, "the bundled calibration whose measured FP8 GEMM surface corrects each FP8 GEMM by its "
-                              "shape; \"\" where none"),
+    **{f"gemm_{dtype}_{name}": (float, f"{bf16_name} of {label} GEMMs (of the {label} peak), fitted to measured "
+                                        f"{label} GEMM times where the source says so; 0 where unknown (then they "
+                                        "take the BF16 figures at their peak)")
+       for dtype, label in (("fp8", "FP8"), ("fp4", "FP4"))
+       for name, bf16_name in (("flops_fraction", "gemm_flops_fraction"),
+                               ("bandwidth_fraction", "gemm_bandwidth_fraction"),
+                               ("half_tokens", "gemm_half_tokens"), ("floor_us", "gemm_floor_us"))},
+    **{f"gemm_{dtype}_surface": (str, f"the bundled calibration whose measured {label} GEMM surface corrects each "
+                                      f"{label} GEMM by its shape; \"\" where none")
+       for dtype, label in (("fp8", "FP8"), ("fp4", "FP4"))},
     "kernel_floor_us": (float, "fixed GPU time of one element-wise kernel (RMSNorm, RoPE, activation, residual add), "
                                "us, fitted to measured per-layer kernel times where the source says so; 0 where "
                                "unknown"),
@@ -409,8 +402,8 @@ def kernel_evidence(name: str, gemm_surface: str | None = None) -> tuple[str, st
     """What the roofline knows of an accelerator's kernels: ``(kind, sentence)``, kind one of ``"measured"`` (its
     own measured GEMMs, element-wise kernels and collectives), ``"borrowed"`` (another GPU's, of the same SMs
     and tensor cores, at its own peaks and bandwidths) or ``"none"`` (a roofline at the catalog's peaks whose
-    efficiencies are uncertain inputs, ``performance.unmeasured_*``: unmeasured, and expected optimistic). ``gemm_surface`` is the scenario's own value where it overrides
-    the catalog's."""
+    efficiencies are uncertain inputs, ``performance.unmeasured_*``: unmeasured, and expected optimistic).
+    ``gemm_surface`` is the scenario's own value where it overrides the catalog's."""
     kind, text = _bf16_evidence(name, gemm_surface)
     for dtype in ("fp8", "fp4"):
         own = str(hardware_preset(name).get(f"gemm_{dtype}_surface", "") or "")
