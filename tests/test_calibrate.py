@@ -588,7 +588,7 @@ def test_moe_fit_recovers_known_figures_and_leaves_out_impossible_rows():
         for tokens in (1, 4, 16, 64, 256, 1024, 4096):
             rows.append(("bfloat16", "triton", "balanced", tokens, hidden, inter, topk, experts, tp, 1, 1.0))
     rows.append(("bfloat16", "triton", "balanced", 4096, 4096, 14336, 2, 8, 1, 1, 1e-6))  # impossibly fast
-    table = {c: np.array([r[i] for r in rows], dtype=str if c in aic.MOE_TEXT else float)
+    table = {c: np.array([r[i] for r in rows], dtype=str if c in aic.TEXT_COLUMNS else float)
              for i, c in enumerate(aic.MOE_COLUMNS)}
     truth = (0.55, 0.8, 60.0, 20.0)
     terms = aic.moe_terms(table, hw, "bf16")

@@ -824,44 +824,16 @@ def test_h200_over_h100_decode_is_the_ratio_of_their_measured_kernels():
     timed on the two GPUs under vLLM 0.24.0 (the bundled rows: 1.23, 1.20 and 1.16; the QKV projection's 1,280
     columns between the measured 1,024 and 1,536), within 3 %: H200 is faster by its bandwidth where a step streams
     and by little where it computes, not by its 43 % more bandwidth nor by nothing."""
-    from mcsim.calibration import aiconfigurator as aic
-    from mcsim.perf.roofline_model import options
-    from mcsim.scenario import draw_uncertain, load_scenario, resolve
-
-    def kernels(gpu, batch):
-        gemm = aic.read_table(aic.bundled(gpu))
-        attention = aic.read_table(aic.bundled(gpu, "attention"), aic.ATTENTION_COLUMNS)
-        allreduce = aic.read_table(aic.bundled(gpu, "custom_allreduce"), aic.ALLREDUCE_COLUMNS)
-
-        def one(table, **where):
-            rows = np.ones(len(table["latency"]), dtype=bool)
-            for column, value in where.items():
-                rows &= table[column] == value
-            assert rows.any(), where
-            return table["latency"][rows].mean() * 1e-3
-
-        gemms = sum(one(gemm, gemm_dtype="bfloat16", m=batch, n=n, k=k)
-                    for n, k in ((8192, 1024), (7168, 8192), (8192, 3584)))
-        gemms += 0.5 * sum(one(gemm, gemm_dtype="bfloat16", m=batch, n=n, k=8192) for n in (1024, 1536))
-        call = one(attention, op_name="generation_attention", batch_size=batch, step=2047, num_heads=8,
-                   num_key_value_heads=1, head_dim=128, kv_cache_dtype="bfloat16", window_size=0)
-        return gemms + call + 2 * one(allreduce, backend="vllm_graph", num_gpus=8, message_size=batch * 8192)
-
-    def modelled(gpu, batch):
-        scn = load_scenario(DENSE_NODE, overrides=['performance.fidelity="roofline"', 'precision.enabled=false',
-                                                   f'hardware.preset="{gpu}"'])
-        p = resolve(scn, {k: v[0] for k, v in draw_uncertain(scn, [0], 1).items()})
-        opts = options(p)
-        assert opts["parallel"].tp == 8
-        cost = step_cost(dict(catalog.model_preset("llama-3.1-70b"), layers=1, dense_layers=1), p,
-                         decode_seqs=batch, decode_context=2048, **opts)
-        return sum(cost.breakdown[op]["t"] for op in ("attention_proj", "dense_ffn", "attention_core",
-                                                      "tp_allreduce"))
+    from mcsim.calibration.aiconfigurator import layer_kernels
+    from mcsim.validate import layer_error
 
     for batch, quoted in ((64, 1.23), (128, 1.20), (256, 1.16)):
-        measured = kernels("h100", batch) / kernels("h200", batch)
+        measured = layer_kernels("h100", batch) / layer_kernels("h200", batch)
         assert measured == pytest.approx(quoted, abs=0.005)
-        assert modelled("h100", batch) / modelled("h200", batch) == pytest.approx(measured, rel=0.03), batch
+        # modelled / measured on each GPU, so the modelled ratio over the measured one is their quotient
+        modelled_over_measured = (1 + layer_error("h100", "bfloat16", batch)) / (1 + layer_error("h200", "bfloat16",
+                                                                                                batch))
+        assert modelled_over_measured == pytest.approx(1.0, rel=0.03), batch
 
 
 def test_precision_axes_price_each_op_in_its_own_format_by_hand():
@@ -1034,7 +1006,7 @@ def test_a_factor_scenario_without_base_throughputs_takes_the_roofline_of_its_ow
     a base throughput (in the file, or by a grid) makes them the scenario's again."""
     import re
 
-    from mcsim.perf.roofline_model import _plain_throughputs, factor_bases
+    from mcsim.perf.roofline_model import factor_bases, options
     from mcsim.scenario import draw_uncertain, load_scenario, resolve
     from helpers import ROOT
 
@@ -1046,16 +1018,26 @@ def test_a_factor_scenario_without_base_throughputs_takes_the_roofline_of_its_ow
     def sample(scn):
         return resolve(scn, {k: v[0] for k, v in draw_uncertain(scn, [0], 1).items()})
 
+    plain = ['performance.fidelity="roofline"', "precision.enabled=false", "efficiency.fused_kernels=false",
+             "efficiency.comm_overlap=false"]
     bases = {}
     for preset in ("a100", "h100", "h200", "b200"):
         scn = load_scenario(path, overrides=[f'hardware.preset="{preset}"'])
         assert scn["efficiency.base_source"] == "roofline"
         p = sample(scn)
-        decode, prefill = _plain_throughputs(p, {})
-        batch = p["deployment.max_batch_per_gpu"]
         bases[preset] = factor_bases(p)
-        assert bases[preset][0] == pytest.approx(decode * (batch + p["efficiency.batch_half_saturation"]) / batch)
-        assert bases[preset][1] == pytest.approx(prefill)
+        # the same scenario at the roofline with no lever on: one decode step of the largest batch over 2,048
+        # tokens, one prefill step of 8,192; the factor model's decode X b / (b + b_half) meets the first
+        q = sample(load_scenario(path, overrides=[f'hardware.preset="{preset}"', *plain]))
+        opts = options(q)
+        gpus, per_gpu = opts["parallel"].gpus, q["deployment.max_batch_per_gpu"]
+        model = catalog.model_preset(q["model.preset"])
+        decode = step_cost(model, q, decode_seqs=per_gpu * gpus, decode_context=2048, **opts)
+        prefill = step_cost(model, q, decode_seqs=0, decode_context=0, prefill_tokens=8192, prefill_context=4096,
+                            **opts)
+        half = p["efficiency.batch_half_saturation"]  # the factor sample's draw
+        assert bases[preset][0] * per_gpu / (per_gpu + half) == pytest.approx(per_gpu / decode.t_step, rel=1e-9)
+        assert bases[preset][1] == pytest.approx(8192 / prefill.t_step / gpus, rel=1e-9)
     assert bases["a100"][0] < bases["h100"][0] < bases["h200"][0] < bases["b200"][0]
     assert bases["a100"][1] < bases["h100"][1] < bases["b200"][1]
     stated = load_scenario(path, overrides=["efficiency.base_decode_tok_s_per_gpu=700"])
