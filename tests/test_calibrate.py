@@ -575,29 +575,49 @@ def test_attention_fit_recovers_known_figures():
     assert np.mean(np.abs(fit.predict(obs, fitted) / obs.measured_s - 1)) < 0.015
 
 
-def test_moe_fit_recovers_known_figures_and_leaves_out_impossible_rows():
-    """Fused MoE layers timed as the step model prices routed experts (grouped GEMMs at known figures, their SwiGLU)
-    over tokens, expert counts and widths, plus a row faster than its experts' weights can be read: the fit leaves
-    that row out and recovers the figures."""
+def test_experts_fit_recovers_known_figures_and_leaves_out_impossible_rows():
+    """Fused MoE layers timed by the fused-MoE formula written out here in plain Python (fixed time; the touched
+    experts' weights and the pairs' activations at their own bandwidth shares, or the FLOPs at a share that grows
+    with pairs per expert; a cost per 64 x 128 output tile) at known figures, over tokens, expert counts and widths,
+    plus a row faster than its experts' weights can be read: the fit leaves that row out and recovers the
+    figures."""
     from mcsim.calibration import aiconfigurator as aic
     from mcsim.scenario import catalog
 
     hw = catalog.hardware_preset("h100")
+    peak, hbm = hw["bf16_tflops"] * 1e12, hw["hbm_tb_s"] * 1e12
+    truth = {"flops_fraction": 0.55, "weight_bandwidth_fraction": 0.9, "stream_bandwidth_fraction": 0.6,
+             "half_rows": 60.0, "floor_us": 30.0, "tile_ns": 6.0}
+
+    def reference(tokens, hidden, inter, experts, topk, tp):
+        width, pairs = inter / tp, tokens * topk
+        touched = aic.balanced_experts(tokens, experts, topk)
+        per_expert = pairs / touched
+        weights = touched * 3 * hidden * width * 2
+        stream = (pairs * (hidden * 2 + 2 * width * 2) + pairs * 3 * width * 2 + pairs * (width * 2 + hidden * 2)
+                  + pairs * hidden * 2 + tokens * hidden * 2)
+        compute = 6 * pairs * hidden * width / (peak * truth["flops_fraction"]) * (per_expert + truth["half_rows"]) \
+            / per_expert
+        memory = (weights / (hbm * truth["weight_bandwidth_fraction"])
+                  + stream / (hbm * truth["stream_bandwidth_fraction"]))
+        tiles = (pairs / 64 + touched) * (math.ceil(2 * width / 128) + math.ceil(hidden / 128))
+        return truth["floor_us"] * 1e-6 + max(compute, memory) + tiles * truth["tile_ns"] * 1e-9
+
     rows = []
-    for hidden, inter, experts, topk, tp in ((4096, 14336, 8, 2, 2), (2048, 768, 128, 8, 1), (7168, 2048, 64, 6, 4)):
-        for tokens in (1, 4, 16, 64, 256, 1024, 4096):
-            rows.append(("bfloat16", "triton", "balanced", tokens, hidden, inter, topk, experts, tp, 1, 1.0))
+    for hidden, inter, experts, topk, tp in ((4096, 14336, 8, 2, 2), (2048, 768, 128, 8, 1), (7168, 2048, 64, 6, 4),
+                                             (2816, 176, 128, 8, 8)):
+        for tokens in (1, 4, 16, 64, 256, 1024, 4096, 16384):
+            rows.append(("bfloat16", "triton", "balanced", tokens, hidden, inter, topk, experts, tp, 1,
+                         reference(tokens, hidden, inter, experts, topk, tp) * 1e3))
     rows.append(("bfloat16", "triton", "balanced", 4096, 4096, 14336, 2, 8, 1, 1, 1e-6))  # impossibly fast
     table = {c: np.array([r[i] for r in rows], dtype=str if c in aic.TEXT_COLUMNS else float)
              for i, c in enumerate(aic.MOE_COLUMNS)}
-    truth = (0.55, 0.8, 60.0, 20.0)
-    terms = aic.moe_terms(table, hw, "bf16")
-    assert terms["measured"].size == len(rows) - 1
-    table["latency"][terms["rows"]] = aic.moe_seconds(terms, truth) * 1e3
-    fitted = aic.fit_moe(table, hw, "bf16", folds=3)
-    assert fitted["rows"] == len(rows) - 1 and fitted["shapes"] == 3 and fitted["mape"] < 1e-6
-    for key, value in zip(("flops_fraction", "bandwidth_fraction", "half_tokens", "floor_us"), truth):
-        assert fitted[f"moe_bf16_{key}"] == pytest.approx(value, rel=1e-3), key
+    obs = aic.experts_observations(table, hw, "bf16")
+    assert len(obs) == len(rows) - 1 and obs.cls == "experts" and len(np.unique(obs.shape)) == 4
+    fitted = dict(zip(obs.active, fit.fit_point(obs)))
+    for key, value in truth.items():
+        assert fitted[f"hardware.experts_{key}"] == pytest.approx(value, rel=0.02), key
+    assert np.mean(np.abs(fit.predict(obs, fitted) / obs.measured_s - 1)) < 1e-3
 
 
 def test_balanced_routing_touches_the_experts_the_collectors_pattern_names():

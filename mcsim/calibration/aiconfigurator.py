@@ -31,10 +31,10 @@ from scipy.optimize import least_squares
 
 from mcsim.calibration.files import load
 from mcsim.calibration.fit import PARAMETERS, Observations, band_errors, fit_point, held_out, predict
-from mcsim.perf import gemm_surface
+from mcsim.perf import gemm_surface, roofline
 from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES, custom_allreduce, custom_allreduce_shape
+from mcsim.perf.fused_moe import expert_stream_bytes, expert_tiles
 from mcsim.perf.hardware import as_hardware, gemm_figures
-from mcsim.perf.roofline import elementwise_seconds, gemm_seconds
 from mcsim.scenario import catalog
 
 try:  # optional: the database is an extra, never a dependency (pip install "mcsim[aiconfigurator]")
@@ -381,8 +381,12 @@ def main(argv=None) -> None:
             return
         for compute in MOE_DTYPES:
             if np.any(table["moe_dtype"] == MOE_DTYPES[compute][0]):
-                fit = fit_moe(table, catalog.hardware_preset(args.hardware), compute)
-                print(f"{compute} experts: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.items()))
+                obs = experts_observations(table, catalog.hardware_preset(args.hardware), compute)
+                x = fit_point(obs)
+                mape = float(np.mean(np.abs(predict(obs, dict(zip(obs.active, x))) / obs.measured_s - 1.0)))
+                print(f"{compute} experts: " + ", ".join(f"{k.split('.', 1)[1]} {v:.4g}" for k, v in
+                                                          zip(obs.active, x))
+                      + f" ({len(obs):,} layers of {int(obs.shape.max() + 1)} shapes, in-sample MAPE {mape:.3f})")
         return
     if args.export and "attention" in Path(args.table).name:
         tables = [read_table(t, ATTENTION_COLUMNS, "an attention table") for t in (args.table, *args.more)]
@@ -462,6 +466,7 @@ def _moe_rows(table: dict, dtype: str) -> np.ndarray:
     return keep & (table["kernel_source"] == kernels[np.argmax(counts)])
 
 
+@functools.lru_cache(maxsize=None)
 def balanced_experts(tokens: int, experts: int, topk: int) -> int:
     """Distinct experts the collector's balanced routing touches: token ``t``'s ``j``-th expert is
     ``(t + j s) mod E`` with stride ``s = ceil(E / k)`` (``(t s / T + j s) mod E``, truncated, for ``T < s``), as
@@ -475,96 +480,88 @@ def balanced_experts(tokens: int, experts: int, topk: int) -> int:
     return int(touched.sum())
 
 
-def moe_terms(table: dict, hw, compute: str) -> dict:
-    """What the step model prices for each kept row of a fused MoE table in ``compute`` (``"bf16"``, ``"fp8"``): the
-    rows (mask), the measured seconds, each row's two grouped GEMMs as FLOPs, bytes and rows per expert, the
-    routed activation's seconds at the catalog's element-wise figures, and a shape id. Balanced routing touches the
-    experts :func:`balanced_experts` counts. Rows faster than those experts' weights can be read at HBM's peak are
-    left out: their model routes tokens by groups (DeepSeek-style grouped top-k), so the logits touched fewer."""
+def experts_observations(table: dict, hw, compute: str, source: str = "") -> Observations:
+    """The kept rows of a fused MoE table in ``compute`` (``"bf16"``, ``"fp8"``; :func:`_moe_rows`) as observations
+    of the experts class (``experts`` or ``experts_fp8``): each row one layer's routed experts on one GPU over
+    ``num_tokens`` tokens, with its FLOPs, the touched experts' weight bytes, the pairs' activation bytes
+    (:func:`mcsim.perf.fused_moe.expert_stream_bytes`), pairs per touched expert and output tiles, as the step model
+    counts them. Balanced routing touches the experts :func:`balanced_experts` counts. Rows faster than those
+    experts' weights can be read at HBM's peak are left out: their model routes tokens by groups (DeepSeek-style
+    grouped top-k), so the logits touched fewer. Each (hidden, width on the GPU, top-k, experts) is one shape; each
+    row's index in the table is kept as ``table_row``."""
     name, weight_bytes, input_bytes = MOE_DTYPES[compute]
     hw = as_hardware(hw)
     rows = _moe_rows(table, name)
     tokens, hidden = table["num_tokens"][rows], table["hidden_size"][rows]
     width = table["inter_size"][rows] / table["moe_tp_size"][rows]
     pairs = tokens * table["topk"][rows]
-    touched = np.array([balanced_experts(t, e, k) for t, e, k in zip(tokens, table["num_experts"][rows],
-                                                                      table["topk"][rows])], dtype=float)
+    touched = np.array([balanced_experts(int(t), int(e), int(k)) for t, e, k in zip(
+        tokens, table["num_experts"][rows], table["topk"][rows])], dtype=float)
     measured = table["latency"][rows] * 1e-3
-    possible = measured > touched * 3 * hidden * width * weight_bytes / hw.hbm_bytes_s
-    figures = gemm_figures(hw)
-    activation = elementwise_seconds(pairs * 2.0 * 3 * width, hw.hbm_bytes_s
-                                     * figures["performance.elementwise_bandwidth_fraction"], kernels=0, floor_s=0)
-    gemms, shapes = [], []
-    for n, k in ((2 * width, hidden), (hidden, width)):
-        gemms.append((2.0 * pairs * n * k, touched * n * k * weight_bytes + pairs * (2.0 * n + input_bytes * k)))
-        shapes.append((n[possible], k[possible]))
-    rows[rows] = possible
-    shape = np.unique(np.stack([table[c][rows] for c in ("hidden_size", "inter_size", "topk", "num_experts",
-                                                         "moe_tp_size")], axis=1), axis=0, return_inverse=True)[1]
-    return {"rows": rows, "measured": measured[possible], "gemms": [(f[possible], b[possible]) for f, b in gemms],
-            "shapes": shapes,
-            "each": (pairs / touched)[possible], "activation": activation[possible], "shape": shape.ravel(),
-            "peak": hw.peak_flops(compute), "hbm": hw.hbm_bytes_s}
+    weights = touched * 3.0 * hidden * width * weight_bytes
+    keep = measured > weights / hw.hbm_bytes_s
+    data = {"flops": 6.0 * pairs * hidden * width, "weight_bytes": weights,
+            "stream_bytes": expert_stream_bytes(pairs, tokens, hidden, width, activation_bytes=2.0,
+                                                input_bytes=input_bytes),
+            "per_expert": pairs / touched, "tiles": expert_tiles(pairs, touched, hidden, width), "rows": tokens,
+            "n": width, "k": hidden, "table_row": np.flatnonzero(rows).astype(float),
+            "peak": np.full(tokens.size, hw.peak_flops(compute)), "hbm": np.full(tokens.size, hw.hbm_bytes_s)}
+    shape = np.unique(np.stack([hidden, width, table["topk"][rows], table["num_experts"][rows]], axis=1)[keep],
+                      axis=0, return_inverse=True)[1].astype(np.int64).ravel()
+    cls = EXPERTS_CLASS[compute]
+    return Observations(cls, measured[keep], shape, {k: v[keep] for k, v in data.items()},
+                        tuple(key for key, *_ in PARAMETERS[cls]), sources=[source] if source else [])
 
 
-def moe_seconds(terms: dict, x, surface=None) -> np.ndarray:
-    """Modelled seconds of every row of :func:`moe_terms` at figures ``x`` = (FLOP share, bandwidth share, half rows,
-    floor us), priced as the step model prices routed experts (:func:`mcsim.perf.roofline.gemm_seconds`, each grouped
-    GEMM corrected by the GEMM ``surface`` at its rows per expert where one is given)."""
-    t = terms["activation"].copy()
-    for (flops, nbytes), (n, k) in zip(terms["gemms"], terms.get("shapes", [(None, None)] * 2)):
-        factor = 1.0 if surface is None else np.array([surface.factor(m, a, b) for m, a, b in
-                                                       zip(terms["each"], n, k)])
-        t += gemm_seconds(flops, nbytes, terms["peak"] * x[0], terms["hbm"] * x[1], rows=terms["each"],
-                          half_tokens=x[2], floor_s=x[3] * 1e-6, factor=factor)
-    return t
+#: The experts class of each compute dtype (:mod:`mcsim.calibration.fit`), and the catalog's prefix of its figures.
+EXPERTS_CLASS = {"bf16": "experts", "fp8": "experts_fp8"}
 
 
-def step_model_moe_errors(gpu: str, compute: str) -> np.ndarray:
-    """Modelled / measured - 1 of every kept row of ``gpu``'s bundled fused MoE table in ``compute``, the routed
-    experts priced as the step model prices them: the GEMM tables' figures and surface of that format (the catalog's
-    ``gemm_*`` or ``gemm_fp8_*``)."""
+def bundled_experts_held_out(gpu: str, compute: str, max_folds: int = 40) -> tuple[float, dict, int, int]:
+    """Each bundled fused MoE layer of ``gpu`` in ``compute`` predicted by a fit without its shape:
+    ``(MAPE, MAPE by tokens band, layers, shapes)``."""
+    obs = experts_observations(_bundled_table(gpu, "moe"), catalog.hardware_preset(gpu), compute)
+    predicted, _ = held_out(obs, fit_point(obs), max_folds)
+    return (float(np.mean(np.abs(predicted / obs.measured_s - 1.0))),
+            band_errors(predicted, obs.measured_s, obs.data["rows"]), len(obs), int(obs.shape.max() + 1))
+
+
+def step_model_experts_errors(gpu: str, compute: str, measured: bool = True) -> np.ndarray:
+    """Modelled / measured - 1 of every kept row of ``gpu``'s bundled fused MoE table in ``compute``, each row priced
+    by the step model (:func:`mcsim.perf.roofline.step_cost`, its ``moe_ffn`` op) as one MoE layer of that shape over
+    that many tokens, experts sharded by TP, the touched experts the collector's: with the catalog's measured
+    experts figures (``measured``), else as the grouped GEMMs of the GEMM tables' figures and surface (how routed
+    experts were priced before their kernels were measured)."""
+    table = _bundled_table(gpu, "moe")
     hw = as_hardware(catalog.hardware_preset(gpu))
-    terms = moe_terms(_bundled_table(gpu, "moe"), hw, compute)
-    if compute == "fp8":
-        *x, surface = hw.gemm_dtype_figures("fp8")
-        x[3] *= 1e6
-    else:
-        x = [hw.gemm_flops_fraction, hw.gemm_bandwidth_fraction, hw.gemm_half_tokens, hw.gemm_floor_us]
-        surface = hw.gemm_surface
-    return moe_seconds(terms, x, gemm_surface.for_hardware(surface) if surface else None) / terms["measured"] - 1.0
-
-
-def fit_moe(table: dict, hw, compute: str, folds: int = 10) -> dict:
-    """The routed experts' four GEMM figures in ``compute`` fitted to a fused MoE table (least squares of the log
-    ratio), with the in-sample MAPE and each shape's rows predicted by a fit without it (``folds`` interleaved
-    groups of shapes): ``moe_<compute>_flops_fraction``, ``_bandwidth_fraction``, ``_half_tokens``, ``_floor_us``,
-    ``rows``, ``shapes``, ``mape``, ``cv_mape``."""
-    terms = moe_terms(table, hw, compute)
-
-    def fit(select):
-        sub = {**terms, "gemms": [(f[select], b[select]) for f, b in terms["gemms"]], "each": terms["each"][select],
-               "activation": terms["activation"][select]}
-        result = least_squares(lambda x: np.log(moe_seconds(sub, x)) - np.log(terms["measured"][select]),
-                               [0.6, 0.8, 50.0, 10.0], bounds=([0.05, 0.05, 0.0, 0.0], [1.0, 1.0, 1e4, 1e3]),
-                               x_scale="jac")
-        return result.x
-
-    x = fit(np.ones(terms["measured"].size, dtype=bool))
-    predicted = np.empty(terms["measured"].size)
-    shapes = np.unique(terms["shape"])
-    fold_of = {s: i % folds for i, s in enumerate(shapes)}
-    group = np.array([fold_of[s] for s in terms["shape"]])
-    for k in range(min(folds, len(shapes))):
-        held = group == k
-        full = moe_seconds(terms, fit(~held))
-        predicted[held] = full[held]
-    prefix = f"moe_{compute}_"
-    return {prefix + "flops_fraction": float(x[0]), prefix + "bandwidth_fraction": float(x[1]),
-            prefix + "half_tokens": float(x[2]), prefix + "floor_us": float(x[3]), "rows": int(terms["measured"].size),
-            "shapes": int(len(shapes)),
-            "mape": float(np.mean(np.abs(moe_seconds(terms, x) / terms["measured"] - 1.0))),
-            "cv_mape": float(np.mean(np.abs(predicted / terms["measured"] - 1.0)))}
+    obs = experts_observations(table, hw, compute)
+    _, weight_bytes, _ = MOE_DTYPES[compute]
+    prec = roofline.Precision(weight_bytes=weight_bytes, kv_bytes=2.0, activation_bytes=2.0, compute=compute)
+    surface = gemm_surface.for_hardware(hw.gemm_surface if compute == "bf16" else hw.gemm_fp8_surface)
+    figures = gemm_figures(hw)
+    bf16 = roofline.LinearGemms(figures["performance.flops_fraction"], figures["performance.bandwidth_fraction"],
+                                figures["performance.gemm_half_tokens"], figures["performance.gemm_floor_s"],
+                                surface if compute == "bf16" else gemm_surface.for_hardware(hw.gemm_surface))
+    own = hw.gemm_dtype_figures(compute)
+    gemms = bf16 if own is None else roofline.LinearGemms(*own[:4], surface)
+    achievable = roofline.Achievable(
+        flops_fraction=bf16.flops_fraction, bandwidth_fraction=bf16.bandwidth_fraction,
+        gemm_half_tokens=bf16.gemm_half_tokens, gemm_floor_s=bf16.gemm_floor_s, gemm_surface=bf16.gemm_surface,
+        kernel_floor_s=figures["performance.kernel_floor_s"],
+        elementwise_bandwidth_fraction=figures["performance.elementwise_bandwidth_fraction"], fused=True,
+        linear=gemms, experts=gemms, moe=hw.expert_figures(compute) if measured else None)
+    out = np.empty(len(obs))
+    for j, i in enumerate(obs.data["table_row"].astype(np.int64)):
+        tokens, experts, topk = int(table["num_tokens"][i]), int(table["num_experts"][i]), int(table["topk"][i])
+        model = {"hidden_size": int(table["hidden_size"][i]), "expert_ffn": float(table["inter_size"][i]),
+                 "experts": experts, "active_experts": topk, "shared_experts": 0, "layers": 1, "dense_layers": 0,
+                 "moe_layers": 1, "attention": "gqa", "attention_heads": 8, "kv_heads": 8, "head_dim": 128,
+                 "vocab": 1, "dense_ffn": 0}
+        cost = roofline.step_cost(model, hw, decode_seqs=tokens, decode_context=1, precision=prec,
+                                  parallel=roofline.Parallelism(tp=int(table["moe_tp_size"][i])),
+                                  achievable=achievable, distinct_experts=balanced_experts(tokens, experts, topk))
+        out[j] = cost.breakdown["moe_ffn"]["t"]
+    return out / obs.measured_s - 1.0
 
 
 def export_moe(table: dict, path) -> int:

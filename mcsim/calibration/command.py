@@ -16,12 +16,13 @@ from pathlib import Path
 from mcsim.calibration import fit as fitting
 from mcsim.calibration import measurements
 from mcsim.calibration.files import Calibration, CalibrationError, build
+from mcsim.scenario.calibration_file import SURFACE_KEYS
 from mcsim.calibration.vidur import MeasurementError
 from mcsim.calibration import aiconfigurator
 from mcsim.scenario import catalog
 
 #: Fitting order: the step class is fitted last, on top of the others' point fits.
-ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "attention", "step")
+ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "attention", "experts", "experts_fp8", "step")
 DTYPES = ("fp32", "bf16", "fp8", "fp4")
 
 
@@ -102,6 +103,16 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
                 parts["attention"].append(aiconfigurator.attention_observations(table, hw, source=str(path)))
             except ValueError as err:
                 raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
+        elif kind == "aiconfigurator-moe":
+            if dtype not in aiconfigurator.EXPERTS_CLASS:
+                raise CalibrationError("--dtype", f"a fused MoE table is fitted for bf16 or fp8 (block-scaled) "
+                                       f"experts, not {dtype}")
+            try:
+                table = aiconfigurator.read_table(path, aiconfigurator.MOE_COLUMNS, "a fused MoE table")
+                obs = aiconfigurator.experts_observations(table, hw, dtype, source=str(path))
+            except ValueError as err:
+                raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
+            parts[obs.cls].append(obs)
     fits = []
     for cls in ORDER[:-1]:
         if parts[cls]:
@@ -137,12 +148,16 @@ def report(cal: Calibration) -> str:
     lines.append("")
     banded = {cls: c["cv_bands"] for cls, c in cal.classes.items() if c.get("cv_bands")}
     for cls, bands in banded.items():
-        lines.append(f"{cls}, cross-validated MAPE by rows: "
-                     + ", ".join(f"{label} {100 * value:.1f} %" for label, value in bands.items()))
+        unit = "rows" if cls == "gemm" else "tokens"
+        lines.append(f"{cls}, cross-validated MAPE by {unit}: "
+                     + ", ".join(f"{label.replace('rows', unit)} {100 * value:.1f} %"
+                                 for label, value in bands.items()))
     for cls, table in cal.surfaces.items():
+        what = ("each GEMM by its rows, columns and depth" if cls == "gemm"
+                else "each MoE layer's routed experts by their width on the GPU, hidden size and tokens")
         lines.append(f"{cls}: the measured surface ({len(table['n'])} points, {len(set(zip(table['n'], table['k'])))} "
-                     "shapes) corrects each GEMM by its rows, columns and depth (mcsim.perf.gemm_surface); a scenario "
-                     "using this file takes it as performance.gemm_surface")
+                     f"shapes) corrects {what} (mcsim.perf.gemm_surface); a scenario using this file takes it as "
+                     + SURFACE_KEYS[cls])
     if banded or cal.surfaces:
         lines.append("")
     header = ("parameter", "estimate", "90 % interval", "class")

@@ -13,6 +13,11 @@ elementwise     RMSNorms, RoPE, SwiGLU, residual adds (mlp.csv)        performan
                                                                        elementwise_bandwidth_fraction
 allreduce       NCCL all-reduce inside a node (all_reduce.csv)         hardware.collective_base_us, collective_hop_us,
                                                                        allreduce_bus_gb_s
+experts,        one MoE layer's routed experts, one fused MoE kernel   hardware.experts_flops_fraction,
+experts_fp8     (AIConfigurator's MoE tables), BF16 and                experts_weight_bandwidth_fraction,
+                block-scaled FP8                                       experts_stream_bandwidth_fraction,
+                                                                       experts_half_rows, experts_floor_us,
+                                                                       experts_tile_ns (experts_fp8_*: FP8's)
 attention       GQA attention calls, decode and prefill                 hardware.attention_floor_us,
                 (AIConfigurator's attention tables)                    attention_bandwidth_fraction, attention_unit_ns,
                                                                        attention_flops_fraction,
@@ -58,6 +63,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from mcsim.perf.collectives import allreduce_auto_seconds
+from mcsim.perf.fused_moe import ExpertFigures, experts_seconds
 from mcsim.perf.gemm_surface import GemmSurface
 from mcsim.perf.roofline import AttentionFigures, attention_seconds, elementwise_seconds, gemm_seconds
 
@@ -86,6 +92,13 @@ PARAMETERS = {
                   ("hardware.attention_half_work", 1.0, 0.0, 1e8, 1e4),
                   ("hardware.attention_head_dim_half", 1.0, 0.0, 1e4, 64.0),
                   ("hardware.attention_half_context", 1.0, 0.0, 1e6, 100.0)),
+    **{cls: ((f"hardware.{cls}_flops_fraction", 1.0, 0.02, 1.0, 0.5),
+             (f"hardware.{cls}_weight_bandwidth_fraction", 1.0, 0.05, 1.0, 0.85),
+             (f"hardware.{cls}_stream_bandwidth_fraction", 1.0, 0.02, 1.0, 0.5),
+             (f"hardware.{cls}_half_rows", 1.0, 0.0, 1e4, 50.0),
+             (f"hardware.{cls}_floor_us", 1e-6, 0.0, 1e3, 30.0),
+             (f"hardware.{cls}_tile_ns", 1e-9, 0.0, 1e3, 5.0))
+       for cls in ("experts", "experts_fp8")},
     "step": (("performance.step_overhead_s", 1e-6, 0.0, 1e6, 200.0),
              ("performance.attention_floor_s", 1e-6, 0.0, 1e4, 10.0)),
 }
@@ -148,9 +161,14 @@ def band_label(band) -> str:
     return f"{low}-{high} rows" if high else f"> {low - 1} rows"
 
 
+#: The classes whose fit carries a measured surface over (rows, N, K): GEMMs by their shape, and a fused MoE layer's
+#: experts by (width on the GPU, hidden) over tokens.
+SURFACE_CLASSES = ("gemm", "experts", "experts_fp8")
+
+
 def has_surface(obs: Observations) -> bool:
     """Whether the class's fit carries a shape surface (GEMMs whose ``N`` and ``K`` are known)."""
-    return obs.cls == "gemm" and "n" in obs.data and "k" in obs.data
+    return obs.cls in SURFACE_CLASSES and "n" in obs.data and "k" in obs.data
 
 
 def surface_factor(obs: Observations, surface: GemmSurface | None) -> np.ndarray:
@@ -225,6 +243,12 @@ def predict(obs: Observations, values: dict, surface: GemmSurface | None = None)
                                  kv_heads=d["kv_heads"], work=d["work"], head_dim=d["head_dim"],
                                  context=d["context"], peak=d["peak"],
                                  hbm=d["hbm"], figures=figures, floor_s=si("hardware.attention_floor_us"))
+    if obs.cls in ("experts", "experts_fp8"):
+        figures = ExpertFigures(*(si(f"hardware.{obs.cls}_{name}") for name in (
+            "flops_fraction", "weight_bandwidth_fraction", "stream_bandwidth_fraction", "half_rows", "floor_us",
+            "tile_ns")))
+        return experts_seconds(d["flops"], d["weight_bytes"], d["stream_bytes"], rows_per_expert=d["per_expert"],
+                               tiles=d["tiles"], peak=d["peak"], hbm=d["hbm"], figures=figures)
     if obs.cls == "step":
         return (d["modelled_s"] + si("performance.step_overhead_s")
                 + d["attention_calls"] * si("performance.attention_floor_s"))

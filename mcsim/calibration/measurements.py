@@ -47,7 +47,7 @@ from mcsim.text import one_line
 
 STEP_COLUMNS = ("hardware", "model", "tp", "decode_seqs", "mean_context", "prefill_tokens", "time_ms")
 KINDS = ("vidur-mlp", "vidur-all_reduce", "vidur-send_recv", "steps", "aiconfigurator-gemm",
-         "aiconfigurator-attention")
+         "aiconfigurator-attention", "aiconfigurator-moe")
 
 
 def shape_ids(*columns) -> np.ndarray:
@@ -60,7 +60,8 @@ def kind_of(path) -> str:
     """Which of :data:`KINDS` a measurement file is, from its header (a :class:`MeasurementError` otherwise)."""
     path = Path(path)
     if path.suffix == ".parquet":  # AIConfigurator's database keeps its tables so, named by what they time
-        return "aiconfigurator-attention" if "attention" in path.name else "aiconfigurator-gemm"
+        return ("aiconfigurator-attention" if "attention" in path.name
+                else "aiconfigurator-moe" if path.name.startswith("moe") else "aiconfigurator-gemm")
     if path.name.endswith(".csv.gz"):  # an export of one of its tables
         try:
             with gzip.open(path, "rt", newline="", errors="replace") as handle:
@@ -70,6 +71,8 @@ def kind_of(path) -> str:
         names = {h.strip() for h in header}
         if {"op_name", "batch_size", "num_key_value_heads", "latency"} <= names:
             return "aiconfigurator-attention"
+        if {"moe_dtype", "num_tokens", "num_experts", "latency"} <= names:
+            return "aiconfigurator-moe"
         return "aiconfigurator-gemm"
     with _open(path) as handle:
         try:

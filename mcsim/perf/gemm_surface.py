@@ -158,18 +158,20 @@ def _interp(x: float, grid: list, curve: list) -> float:
     return (curve[j] - curve[j - 1]) / (x1 - x0) * (x - x0) + curve[j - 1]
 
 
-def read(path) -> GemmSurface | None:
-    """The ``[surfaces.gemm]`` table of a calibration file, or None when it has none."""
-    return _read(str(Path(path).resolve()))
+def read(path, table: str = "gemm") -> GemmSurface | None:
+    """The ``[surfaces.<table>]`` table of a calibration file (``gemm``; a fused MoE fit's ``experts`` or
+    ``experts_fp8``: the experts' residuals by width on the GPU as ``N``, hidden size as ``K`` and tokens as rows),
+    or None when it has none."""
+    return _read(str(Path(path).resolve()), table)
 
 
 @functools.lru_cache(maxsize=16)
-def _read(path: str) -> GemmSurface | None:
+def _read(path: str, name: str = "gemm") -> GemmSurface | None:
     with open(path, "rb") as handle:
         raw = handle.read()
-    table = _plain_surface(raw)
+    table = _plain_surface(raw, name)
     if table is None:  # not as mcsim writes it: the TOML parser decides
-        table = tomllib.loads(raw.decode("utf-8")).get("surfaces", {}).get("gemm")
+        table = tomllib.loads(raw.decode("utf-8")).get("surfaces", {}).get(name)
     if not table:
         return None
     return GemmSurface.from_points(table["n"], table["k"], table["rows"], table["log_ratio"], source=path)
@@ -179,12 +181,12 @@ def _read(path: str) -> GemmSurface | None:
 _SURFACE_KEYS = {"n", "k", "rows", "log_ratio"}
 
 
-def _plain_surface(raw: bytes) -> dict | None:
-    """The ``[surfaces.gemm]`` table read straight from a file as :func:`mcsim.scenario.calibration_file.save`
+def _plain_surface(raw: bytes, name: str = "gemm") -> dict | None:
+    """The ``[surfaces.<name>]`` table read straight from a file as :func:`mcsim.scenario.calibration_file.save`
     writes it (the table last, four one-line lists of plain numbers), or None for any other layout, which
     tomllib then reads. A bundled surface holds 43,000 numbers, which tomllib parses token by token; this splits
     four lines and gives the same floats (a test compares them; ``mcsim bench``'s small run times the whole run)."""
-    _, found, rest = raw.partition(b"\n[surfaces.gemm]\n")
+    _, found, rest = raw.partition(b"\n[surfaces." + name.encode() + b"]\n")
     if not found:
         return None
     table = {}
@@ -208,8 +210,9 @@ def bundled_path(name: str) -> Path:
     return Path(str(resources.files("mcsim.data") / "calibrations" / f"{name}.toml"))
 
 
-def for_hardware(name: str) -> GemmSurface | None:
-    """The bundled surface a catalog entry names (``gemm_surface``; "" = none)."""
+def for_hardware(name: str, table: str = "gemm") -> GemmSurface | None:
+    """The bundled surface a catalog entry names (``gemm_surface``, ``experts_surface``; "" = none), or that of the
+    calibration file at a path (a name ending in ``.toml``)."""
     if not name:
         return None
-    return read(bundled_path(name))
+    return read(name if name.endswith(".toml") else bundled_path(name), table)

@@ -14,8 +14,11 @@ Examples
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 
+from mcsim.perf.fused_moe import ExpertFigures
+from mcsim.perf.gemm_surface import for_hardware
 from mcsim.scenario.schema import UNMEASURED_STAND_INS
 
 #: Number formats from the narrowest up; a format the hardware lacks falls back to the next wider one.
@@ -71,6 +74,14 @@ class Hardware:
     attention_fp8_kv_bandwidth_fraction, attention_fp8_kv_unit_ns : float
         Fitted GQA attention kernel figures (:class:`mcsim.perf.roofline.AttentionFigures`, with the fixed time of
         one call; 0 where not measured: attention then takes the GEMM figures).
+    experts_flops_fraction, experts_weight_bandwidth_fraction, experts_stream_bandwidth_fraction, \
+    experts_half_rows, experts_floor_us, experts_tile_ns : float
+        Fitted fused-MoE kernel figures of BF16 routed experts (:class:`mcsim.perf.fused_moe.ExpertFigures`; 0 where
+        not measured: the experts are then priced as grouped GEMMs at the GEMM figures).
+    experts_surface : str
+        The bundled calibration (or a calibration file's path) whose measured surface corrects them by shape.
+    experts_fp8_flops_fraction, ... experts_fp8_tile_ns, experts_fp8_surface
+        The same of block-scaled FP8 routed experts.
     tdp_w, idle_w : float
         Board power limit and idle power, W.
     price_usd, rental_usd_per_hour : float
@@ -123,6 +134,20 @@ class Hardware:
     attention_half_context: float = 0.0
     attention_fp8_kv_bandwidth_fraction: float = 0.0
     attention_fp8_kv_unit_ns: float = 0.0
+    experts_flops_fraction: float = 0.0
+    experts_weight_bandwidth_fraction: float = 0.0
+    experts_stream_bandwidth_fraction: float = 0.0
+    experts_half_rows: float = 0.0
+    experts_floor_us: float = 0.0
+    experts_tile_ns: float = 0.0
+    experts_surface: str = ""
+    experts_fp8_flops_fraction: float = 0.0
+    experts_fp8_weight_bandwidth_fraction: float = 0.0
+    experts_fp8_stream_bandwidth_fraction: float = 0.0
+    experts_fp8_half_rows: float = 0.0
+    experts_fp8_floor_us: float = 0.0
+    experts_fp8_tile_ns: float = 0.0
+    experts_fp8_surface: str = ""
     tdp_w: float = 0.0
     idle_w: float = 0.0
     price_usd: float = 0.0
@@ -136,6 +161,18 @@ class Hardware:
         return (getattr(self, f"gemm_{compute}_flops_fraction"), getattr(self, f"gemm_{compute}_bandwidth_fraction"),
                 getattr(self, f"gemm_{compute}_half_tokens"), getattr(self, f"gemm_{compute}_floor_us") * 1e-6,
                 getattr(self, f"gemm_{compute}_surface"))
+
+    def expert_figures(self, compute: str) -> ExpertFigures | None:
+        """The measured fused-MoE figures of routed experts computed in ``compute`` (``"bf16"``, ``"fp8"``), or None
+        where that dtype's fused MoE kernels were not measured."""
+        prefix = {"bf16": "experts_", "fp8": "experts_fp8_"}.get(compute)
+        if prefix is None or getattr(self, prefix + "flops_fraction") <= 0:
+            return None
+        get = functools.partial(getattr, self)
+        return ExpertFigures(get(prefix + "flops_fraction"), get(prefix + "weight_bandwidth_fraction"),
+                             get(prefix + "stream_bandwidth_fraction"), get(prefix + "half_rows"),
+                             get(prefix + "floor_us") * 1e-6, get(prefix + "tile_ns") * 1e-9,
+                             for_hardware(get(prefix + "surface"), prefix.rstrip("_")))
 
     def peak_flops(self, compute: str) -> float:
         """Dense peak FLOP/s of ``compute``, or of the next wider format the hardware has."""
@@ -168,16 +205,15 @@ def as_hardware(entry) -> Hardware:
     if any(k.startswith("hardware.") for k in entry):  # a sample's parameters: keep the hardware section
         entry = {k.split(".", 1)[1]: v for k, v in entry.items() if k.startswith("hardware.")}
     numbers = {f.name: float(entry.get(f.name, 0.0))  # every other field is a figure, 0 where not given
-               for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node", "gemm_surface",
-                                                           "gemm_fp8_surface", "gemm_fp4_surface")}
+               for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node", *SURFACE_FIELDS)}
     return Hardware(name=str(entry.get("name", entry.get("preset", ""))),
-                    gemm_surface=str(entry.get("gemm_surface", "")),
-                    gemm_fp8_surface=str(entry.get("gemm_fp8_surface", "")),
-                    gemm_fp4_surface=str(entry.get("gemm_fp4_surface", "")),
+                    **{name: str(entry.get(name, "")) for name in SURFACE_FIELDS},
                     tflops={dtype: float(entry.get(f"{dtype}_tflops", 0.0)) for dtype in FORMATS},
                     gpus_per_node=int(entry.get("gpus_per_node", 1)), **numbers)
 
 
+#: The catalog's fields that name a measured surface (a bundled calibration, or a calibration file's path).
+SURFACE_FIELDS = ("gemm_surface", "gemm_fp8_surface", "gemm_fp4_surface", "experts_surface", "experts_fp8_surface")
 #: The catalog's measured GQA attention figures (:class:`mcsim.perf.roofline.AttentionFigures`, and the call's floor).
 ATTENTION_FIELDS = ("attention_floor_us", "attention_bandwidth_fraction", "attention_unit_ns",
                     "attention_flops_fraction", "attention_prefill_bandwidth_fraction", "attention_half_work",

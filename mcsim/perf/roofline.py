@@ -51,7 +51,10 @@ divided by ``attention_dp``); ``h`` = hidden size; matmul FLOPs are 2 per weight
 * moe_ffn: the instance routes ``T k`` token-expert pairs; the slowest rank computes
   ``hot_rank_factor x T k / ep`` of them and reads the weights of the distinct experts it holds,
   ``distinct_experts / ep`` (default: the expected distinct experts under uniform routing,
-  ``E (1 - (1 - k/E)^T)``), each sharded over ``etp``.
+  ``E (1 - (1 - k/E)^T)``), each sharded over ``etp``. Where the routed experts' compute dtype has measured fused
+  MoE kernels on the GPU (``Achievable.moe``), those pairs and experts are one fused kernel priced from its own
+  figures (:mod:`mcsim.perf.fused_moe`: fixed time, weights and activations at their own bandwidth shares, a cost
+  per output tile); else two grouped GEMMs at the GEMM figures, a SwiGLU and the casts.
 * Activations: every matmul reads its input and writes its output once.
 * elementwise: the element-wise ops (per layer two RMSNorms, RoPE, the SwiGLU activation of each FFN and two
   residual adds) move their bytes (RMSNorm 2h, residual add 3h, RoPE 2 x the rotated widths, SwiGLU 3 x the
@@ -102,6 +105,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from mcsim.perf.collectives import alltoall_time, send_time, tp_allreduce
+from mcsim.perf.fused_moe import ExpertFigures, expert_stream_bytes, expert_tiles, experts_seconds
 from mcsim.perf.hardware import Hardware, as_hardware
 from mcsim.scenario import catalog
 
@@ -144,7 +148,10 @@ FUSED_KERNEL_FRACTION = 0.5
 ERROR_CLASSES = {"gemm": ("attention_proj", "dense_ffn", "moe_ffn", "shared_expert", "router", "lm_head"),
                  "elementwise": ("elementwise",), "allreduce": ("tp_allreduce",), "send": ("pp_send",),
                  "attention": ("attention_core",),
-                 "allreduce_nodes": ("tp_allreduce",)}
+                 "allreduce_nodes": ("tp_allreduce",),
+                 "experts": ("moe_ffn",), "experts_fp8": ("moe_ffn",)}
+#: The error class of routed experts priced by their measured fused MoE kernels, by compute dtype.
+EXPERTS_ERROR_CLASS = {"bf16": "experts", "fp8": "experts_fp8"}
 
 
 def launch_seconds(launches: float, layers: float, launch_s: float, mode: str, gpu_s: float = 0.0) -> float:
@@ -342,6 +349,11 @@ class Achievable:
         Attention, the router and element-wise kernels keep the figures above.
     experts : LinearGemms, optional
         The same for the routed experts' GEMMs in their compute dtype (None: the figures above).
+    moe : mcsim.perf.fused_moe.ExpertFigures, optional
+        The measured fused MoE kernels of the routed experts' compute dtype: each MoE layer's routed experts are then
+        one fused kernel (:func:`mcsim.perf.fused_moe.experts_seconds`: its GEMMs, SwiGLU, quantization and sum over
+        ``top_k``), under the error class ``experts`` (``experts_fp8``) instead of ``gemm``. None: grouped GEMMs at
+        ``experts``' figures, a SwiGLU and casts.
     """
 
     flops_fraction: float = 0.6
@@ -363,6 +375,7 @@ class Achievable:
     linear: "LinearGemms | None" = None
     attention: "AttentionFigures | None" = None
     experts: "LinearGemms | None" = None
+    moe: "ExpertFigures | None" = None
 
 
 @dataclass(frozen=True)
@@ -771,6 +784,7 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     n = tokens / adp  # tokens per attention-DP group: what every GPU of a TP group processes
     has_prefill = 1.0 if prefill_tokens > 0 else 0.0
     layers, dense_layers, moe_layers = _layer_counts(model, pp)
+    fused_moe = ""  # the compute dtype of routed experts priced as measured fused MoE kernels
     # the routed experts: their own format's measured figures, the linear layers' in the same format, else the
     # figures above at their format's peak
     expert_figures = achievable.experts or (linear if experts_compute == linear_compute else bf16)
@@ -909,8 +923,24 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
                   peak=_peak_flops(hw, experts_compute) * expert_figures.flops_fraction,
                   gemm_bandwidth=hw.hbm_bytes_s * expert_figures.bandwidth_fraction,
                   input_bytes=precision.input_bytes(experts_compute))
-        add_casts(moe_layers, pairs, [k for _, k in ffn_gemms(h, fe)], experts_compute)
-        add_elementwise(moe_layers, 1, pairs * a * 3 * fe)  # SwiGLU of the routed experts
+        if achievable.moe is not None:  # one fused MoE kernel, from its measured figures
+            fused_moe = experts_compute
+            weight = distinct_on_rank * 3.0 * h * fe * precision.expert_weights
+            stream = expert_stream_bytes(pairs, pairs / top_k, h, fe, activation_bytes=a,
+                                         input_bytes=precision.input_bytes(experts_compute))
+            op = ops["moe_ffn"]
+            op.update(flops=0.0, weight=0.0, act=0.0, floor=0.0, t=0.0)  # not the grouped GEMMs' figures
+            op["flops"] = moe_layers * 6.0 * pairs * h * fe
+            op["weight"] = moe_layers * weight
+            op["act"] = moe_layers * stream
+            op["floor"] = moe_layers * achievable.moe.floor_s
+            op["t"] = moe_layers * achievable.moe.factor(pairs / top_k, h, fe) * experts_seconds(
+                6.0 * pairs * h * fe, weight, stream, rows_per_expert=pairs / max(distinct_on_rank, 1e-9),
+                tiles=expert_tiles(pairs, distinct_on_rank, h, fe), peak=_peak_flops(hw, experts_compute),
+                hbm=hw.hbm_bytes_s, figures=achievable.moe)
+        else:
+            add_casts(moe_layers, pairs, [k for _, k in ffn_gemms(h, fe)], experts_compute)
+            add_elementwise(moe_layers, 1, pairs * a * 3 * fe)  # SwiGLU of the routed experts
 
     # output head, on the last stage: every decode token, one row per prefill chunk
     rows = (decode_tokens + has_prefill) / adp
@@ -943,6 +973,10 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     for cls, names in ERROR_CLASSES.items():
         if cls == ("allreduce" if spans_nodes else "allreduce_nodes"):
             continue
+        if cls.startswith("experts") and cls != EXPERTS_ERROR_CLASS.get(fused_moe):
+            continue  # the fused kernels' error where they priced the experts
+        if cls == "gemm" and fused_moe:
+            names = tuple(name for name in names if name != "moe_ffn")
         factor = achievable.errors.get(cls, 1.0)
         if factor != 1.0:
             for name in names:

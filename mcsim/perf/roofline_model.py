@@ -34,6 +34,7 @@ def _hardware(p: dict) -> Hardware:
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
     """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
     linear, attention, experts = linear_gemms(p), attention_figures(p), linear_gemms(p, experts=True)
+    moe = expert_figures(p)
     p = performance_defaults(p)
     stack = stack_entry(p["performance.stack"])
     impl = stack.allreduce_impl if p["performance.allreduce_impl"] == "stack" else p["performance.allreduce_impl"]
@@ -62,7 +63,7 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             attention_floor_s=p["performance.attention_floor_s"],
             errors={cls: p[f"performance.{cls}_error"] for cls in roofline.ERROR_CLASSES},
             step_error=p["performance.step_error"], gemm_surface=gemm_surface(p), linear=linear,
-            attention=attention, experts=experts),
+            attention=attention, experts=experts, moe=moe),
         "hot_rank_factor": hot_rank_factor,
         "distinct_experts": distinct_experts,
         "attention_window": p["performance.attention_window"],
@@ -96,6 +97,17 @@ def linear_gemms(p: dict, *, experts: bool = False):
         return None
     *numbers, surface = figures
     return roofline.LinearGemms(*numbers, surfaces.for_hardware(surface))
+
+
+def expert_figures(p: dict):
+    """The hardware's measured fused MoE kernels of the routed experts' compute dtype (the catalog's ``experts_*``
+    or ``experts_fp8_*``), where the scenario leaves the GEMM figures and the surface to the hardware (a scenario's
+    own figures, or a calibration's, price the experts as grouped GEMMs at those figures); else None."""
+    hw = _hardware(p)
+    figures = hw.expert_figures(precision(p).experts_compute)
+    if figures is None or str(p.get("performance.gemm_surface", "")) or not _leaves_to_hardware(p, hw, LINEAR_KEYS):
+        return None
+    return figures
 
 
 def attention_figures(p: dict):

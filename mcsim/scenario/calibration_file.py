@@ -51,7 +51,9 @@ replaces the scenario's value with a draw per Monte Carlo sample from its replic
 draw the *same* replicate in a sample (one random stream, named after the file's digest), so the correlations of
 the joint fit are kept; they are recorded in the result as uncertain inputs like any other. A calibrated value
 *replaces* the scenario's (it never multiplies it). A file with a ``[surfaces.gemm]`` table also sets
-``performance.gemm_surface`` to itself: its measured surface corrects every GEMM by its shape. A calibration whose
+``performance.gemm_surface`` to itself: its measured surface corrects every GEMM by its shape (a fused MoE fit's
+``[surfaces.experts]`` sets ``hardware.experts_surface``, ``[surfaces.experts_fp8]`` ``hardware.experts_fp8_surface``,
+correcting the routed experts by theirs). A calibration whose
 regime differs from the scenario's (hardware preset, matmul format, fidelity) is refused with every difference
 named.
 """
@@ -92,10 +94,16 @@ CLASS_KEYS = {
                   "hardware.attention_flops_fraction", "hardware.attention_prefill_bandwidth_fraction",
                   "hardware.attention_half_work", "hardware.attention_head_dim_half", "hardware.attention_half_context",
                   "performance.attention_error"),
+    **{cls: (*(f"hardware.{cls}_{k}" for k in ("flops_fraction", "weight_bandwidth_fraction",
+                                               "stream_bandwidth_fraction", "half_rows", "floor_us", "tile_ns")),
+             f"performance.{cls}_error") for cls in ("experts", "experts_fp8")},
     "step": ("performance.step_overhead_s", "performance.attention_floor_s", "performance.step_error"),
     "peaks": ("hardware.fp32_tflops", "hardware.bf16_tflops", "hardware.hbm_tb_s"),
     "decoder": ("performance.bandwidth_fraction", "performance.flops_fraction"),
 }
+#: The measured surfaces a calibration may hold (its op classes'), and the scenario key that names the file for each.
+SURFACE_KEYS = {"gemm": "performance.gemm_surface", "experts": "hardware.experts_surface",
+                "experts_fp8": "hardware.experts_fp8_surface"}
 REGIME_KEYS = ("hardware", "dtype", "fidelity", "stack", "stack_version")
 #: The regime keys a scenario is checked against (the stack is provenance: a scenario does not name one).
 CHECKED = ("hardware", "dtype", "fidelity")
@@ -165,8 +173,9 @@ class Calibration:
             reps = [float(v) for v in spec["replicates"]]
             # a parameter measured without spread (a machine's peaks) is a plain value
             out[key] = reps[0] if min(reps) == max(reps) else {"dist": "choice", "values": reps, "stream": stream}
-        if "gemm" in self.surfaces and self.path:
-            out["performance.gemm_surface"] = str(Path(self.path).resolve())
+        for cls in self.surfaces:
+            if self.path:
+                out[SURFACE_KEYS[cls]] = str(Path(self.path).resolve())
         return out
 
     def summary(self) -> dict:
@@ -322,8 +331,8 @@ def load(path) -> Calibration:
     if not isinstance(classes, dict) or not isinstance(notes, dict):
         _fail(where, "classes" if not isinstance(classes, dict) else "notes", "expected a table")
     surfaces = data.get("surfaces", {})
-    if not isinstance(surfaces, dict) or set(surfaces) - {"gemm"}:
-        _fail(where, "surfaces", "expected a table with at most a gemm table")
+    if not isinstance(surfaces, dict) or set(surfaces) - set(SURFACE_KEYS):
+        _fail(where, "surfaces", "expected a table with at most the tables " + ", ".join(SURFACE_KEYS))
     for cls, table in surfaces.items():
         _check_surface(where, f"surfaces.{cls}", table)
     return Calibration(regime={k: regime.get(k, "") for k in REGIME_KEYS},

@@ -141,6 +141,22 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                                         "attention_fp8_kv_bandwidth_fraction"),
     "attention_half_context": (float, "context a prefill token attends to at which prefill attention reaches half "
                                       "its FLOP share, fitted like attention_floor_us"),
+    **{f"experts_{dtype}{name}": (kind, f"{text} of {label} routed experts' fused MoE kernels "
+                                        "(mcsim.perf.fused_moe), fitted to measured fused MoE layers where the source "
+                                        "says so" + ("; 0 where unknown (then the experts are priced as grouped GEMMs "
+                                                     "at the GEMM figures)" if name == "flops_fraction" else ""))
+       for dtype, label in (("", "BF16"), ("fp8_", "block-scaled FP8"))
+       for name, kind, text in (
+           ("flops_fraction", float, "largest share of the compute dtype's peak the grouped GEMMs reach"),
+           ("weight_bandwidth_fraction", float, "share of HBM bandwidth at which the touched experts' weights "
+                                                "stream"),
+           ("stream_bandwidth_fraction", float, "share of HBM bandwidth at which the token-expert pairs' "
+                                                "activations move"),
+           ("half_rows", float, "pairs per expert at which the grouped GEMMs reach half their FLOP share"),
+           ("floor_us", float, "fixed time of one layer's routed experts, us"),
+           ("tile_ns", float, "time per output tile of the two grouped GEMMs over the whole GPU, ns"),
+           ("surface", str, "the bundled calibration (mcsim/data/calibrations/<name>.toml) whose measured surface "
+                            "corrects them by shape (width on the GPU, hidden size, tokens); \"\" where none"))},
     "custom_allreduce_hop_us": (float, "latency of one stage of the serving engine's own all-reduce (vLLM's, "
                                        "SGLang's and TensorRT-LLM's one-shot / two-shot kernels over NVLink), us, "
                                        "fitted to measured times where the source says so; 0 where it has none"),

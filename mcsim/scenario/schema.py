@@ -403,6 +403,11 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                         lo_open=True, fidelity="roofline"),
         "attention_error": F(1.0, "Multiplier on modelled attention-kernel times (as gemm_error).", 0, None,
                              lo_open=True, fidelity="roofline"),
+        "experts_error": F(1.0, "Multiplier on the modelled time of BF16 routed experts priced by their measured fused "
+                                "MoE kernels (as gemm_error).", 0, None, lo_open=True, fidelity="roofline"),
+        "experts_fp8_error": F(1.0, "Multiplier on the modelled time of FP8 routed experts priced by their measured "
+                                    "fused MoE kernels (as gemm_error).", 0, None, lo_open=True,
+                               fidelity="roofline"),
         "step_error": F(1.0, "Multiplier on the whole modelled step (a calibration's residual against measured "
                              "whole steps).", 0, None, lo_open=True, fidelity="roofline"),
         "network_fraction": F(0.7, "Achievable fraction of scale-up/scale-out bandwidth (roofline).", 0, 1,
