@@ -30,8 +30,8 @@ from mcsim.calibration.fit import scenario_scale
 from mcsim.calibration.vidur import LINEAR_MODELS, bundled_collectives, bundled_linear, read_collectives
 from mcsim.fileio import atomic_write
 from mcsim.kernels.experts import build_alias, eplb_placement, route_steps
-from mcsim.perf.collectives import allreduce_time, send_time
-from mcsim.perf import gemm_surface
+from mcsim.perf.collectives import allreduce_time, alltoall_time, send_time
+from mcsim.perf import deepep, gemm_surface
 from mcsim.perf.fleet_batching import simulate_batching, simulate_fleet_batching
 from mcsim.perf.hardware import as_hardware, gemm_figures
 from mcsim.perf.roofline import step_cost
@@ -597,6 +597,30 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
                                  f"modelled / measured {1 + float(np.median(before)):.2f})", mape, 0.0,
                                  HELD_OUT_MAPE_TARGET, AIC.replace("measured", "MoE layers measured"), "fraction",
                                  "target: <= 5 % on the shapes left out, per GPU and dtype", target=True))
+    for gpu, name in (("h100", "h100_sglang_0.5.6.post2"), ("b200", "b200_sglang_0.5.12")):
+        table = deepep.read_export(deepep.bundled_path(name))
+        errors = deepep.errors(table, deepep.for_hardware(name))
+        hw = catalog.hardware_preset(gpu)
+        for mode, label in (("deepep_low_latency", "low-latency"), ("deepep_normal", "normal")):
+            rows = table["op_name"] == deepep.MODES[mode]
+            both = np.concatenate([errors[(mode, phase)] for phase in deepep.PHASES])
+            before = []  # the analytic hierarchical model (network_fraction 0.7) on the same dispatches and combines
+            for i in np.flatnonzero(rows):
+                group = int(table["node_num"][i]) * deepep.TABLE_GPUS_PER_NODE
+                t, _ = alltoall_time(table["num_token"][i], table["num_topk"][i], table["hidden_size"][i] * 2.0,
+                                     group, hw, algorithm="hierarchical", experts=int(table["num_experts"][i]),
+                                     network_fraction=0.7)
+                before.append(2 * t / ((table["dispatch_us"][i] + table["combine_us"][i]) * 1e-6) - 1.0)
+            nodes = sorted({int(n) for n in table["node_num"][rows]})
+            checks.append(_check(f"DeepEP {label} dispatch and combine, {gpu.upper()}, SGLang, "
+                                 f"{', '.join(map(str, nodes))} node(s) of 8 GPUs, {int(rows.sum())} token counts "
+                                 f"and shapes (the figures fitted to them, as a run fits them): MAPE (the hierarchical model "
+                                 f"before: {100 * float(np.mean(np.abs(before))):.0f} %, median modelled / measured "
+                                 f"{1 + float(np.median(before)):.2f})", float(np.mean(np.abs(both))), 0.0,
+                                 ALLREDUCE_MAPE_TARGET,
+                                 AIC.replace("measured under vLLM 0.24.0", "all-to-alls measured under SGLang "
+                                             + name.split("_sglang_")[1]), "fraction",
+                                 "target: <= 15 %; in sample", target=True))
     for gpu in ("h100", "h200", "b200"):
         errors = aiconfigurator.custom_allreduce_errors(gpu)
         checks.append(_check(f"Custom all-reduce under CUDA graphs, {gpu.upper()}, 2-8 GPUs, 256 B-8 MiB "

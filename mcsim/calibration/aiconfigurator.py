@@ -31,7 +31,7 @@ from scipy.optimize import least_squares
 
 from mcsim.calibration.files import load
 from mcsim.calibration.fit import PARAMETERS, Observations, band_errors, fit_point, held_out, predict
-from mcsim.perf import gemm_surface, roofline
+from mcsim.perf import deepep, gemm_surface, roofline
 from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES, custom_allreduce, custom_allreduce_shape
 from mcsim.perf.fused_moe import expert_stream_bytes, expert_tiles
 from mcsim.perf.hardware import as_hardware, gemm_figures
@@ -136,6 +136,10 @@ def export_gemms(table: dict, dtypes, path) -> int:
     return write_export([(table, keep)], COLUMNS, path, order=("gemm_dtype", "n", "k", "m"))
 
 
+#: Columns of times, written to five significant digits (every other number is an integer).
+TIMES = ("latency", "dispatch_us", "combine_us")
+
+
 def write_export(parts, columns, path, order=None) -> int:
     """Write the rows ``keep`` of each ``(table, keep)`` of ``parts`` as a gzip-compressed CSV of ``columns`` (the
     database's own names, so :func:`read_table` reads it as it reads the table), each table's rows sorted by
@@ -146,7 +150,7 @@ def write_export(parts, columns, path, order=None) -> int:
     lines = [",".join(columns)]
     for table, keep in parts:
         for i in np.flatnonzero(keep)[np.lexsort(tuple(table[c][keep] for c in reversed(order)))]:
-            lines.append(",".join(str(table[c][i]) if c in TEXT_COLUMNS else f"{table[c][i]:.5g}" if c == "latency"
+            lines.append(",".join(str(table[c][i]) if c in TEXT_COLUMNS else f"{table[c][i]:.5g}" if c in TIMES
                                   else str(int(table[c][i])) for c in columns))
     Path(path).write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), 9, mtime=0))
     return len(lines) - 1
@@ -372,8 +376,14 @@ def main(argv=None) -> None:
     parser.add_argument("--export", metavar="OUT.csv.gz", help="write the table's transformer-shaped GEMMs of "
                                                                  "--dtypes as a compressed CSV (what ships)")
     parser.add_argument("--dtypes", default="bfloat16,fp8", help="the database's dtypes to export")
-    parser.add_argument("more", nargs="*", help="with --export of an attention table: the other phase's table")
+    parser.add_argument("more", nargs="*", help="with --export of an attention table: the other phase's table; of "
+                                                "DeepEP's low-latency table: its normal table")
     args = parser.parse_args(argv)
+    if "deepep" in Path(args.table).name:  # the low-latency table, then the normal one
+        low_latency = read_table(args.table, DEEPEP_LL_COLUMNS, "a DeepEP low-latency table")
+        normal = read_table(args.more[0], DEEPEP_NORMAL_COLUMNS, "a DeepEP normal table")
+        print(f"{args.export}: {export_deepep(low_latency, normal, args.export):,} all-to-alls")
+        return
     if "moe" in Path(args.table).name:
         table = read_table(args.table, MOE_COLUMNS, "a fused MoE table")
         if args.export:
@@ -562,6 +572,31 @@ def step_model_experts_errors(gpu: str, compute: str, measured: bool = True) -> 
                                   achievable=achievable, distinct_experts=balanced_experts(tokens, experts, topk))
         out[j] = cost.breakdown["moe_ffn"]["t"]
     return out / obs.measured_s - 1.0
+
+
+#: The columns of DeepEP's tables (``comm/sglang/<version>/wideep_deepep_{ll,normal}_perf.parquet``) mcsim reads:
+#: low latency times each phase in ``*_avg_t_us``, normal in ``*_transmit_us`` and ``*_notify_us`` per SM count.
+DEEPEP_LL_COLUMNS = ("op_name", "node_num", "hidden_size", "num_token", "num_topk", "num_experts",
+                     "dispatch_avg_t_us", "combine_avg_t_us")
+DEEPEP_NORMAL_COLUMNS = ("op_name", "node_num", "hidden_size", "num_token", "num_topk", "num_experts",
+                         "dispatch_sms", "dispatch_transmit_us", "dispatch_notify_us", "combine_sms",
+                         "combine_transmit_us", "combine_notify_us")
+#: The SMs DeepEP's normal kernels run on by default (``deep_ep.Buffer.num_sms``): the rows an export keeps.
+DEEPEP_SMS = 20
+
+
+def export_deepep(low_latency: dict, normal: dict, path) -> int:
+    """Write a DeepEP low-latency and a normal table as one export of :data:`mcsim.perf.deepep.COLUMNS`: each phase's
+    time in us (normal: transmit plus notify, at :data:`DEEPEP_SMS` SMs); returns the rows written."""
+    ll = {**{c: low_latency[c] for c in deepep.COLUMNS[:6]},
+          "dispatch_us": low_latency["dispatch_avg_t_us"], "combine_us": low_latency["combine_avg_t_us"]}
+    keep = (normal["dispatch_sms"] == DEEPEP_SMS) & (normal["combine_sms"] == DEEPEP_SMS)
+    nm = {**{c: normal[c][keep] for c in deepep.COLUMNS[:6]},
+          "dispatch_us": (normal["dispatch_transmit_us"] + normal["dispatch_notify_us"])[keep],
+          "combine_us": (normal["combine_transmit_us"] + normal["combine_notify_us"])[keep]}
+    both = {c: np.concatenate([ll[c], nm[c]]) for c in deepep.COLUMNS}
+    return write_export([(both, np.ones(both["op_name"].size, dtype=bool))], deepep.COLUMNS, path,
+                        order=("op_name", "node_num", "hidden_size", "num_topk", "num_experts", "num_token"))
 
 
 def export_moe(table: dict, path) -> int:

@@ -82,6 +82,9 @@ class Hardware:
         The bundled calibration (or a calibration file's path) whose measured surface corrects them by shape.
     experts_fp8_flops_fraction, ... experts_fp8_tile_ns, experts_fp8_surface
         The same of block-scaled FP8 routed experts.
+    deepep_table : str
+        The bundled export of DeepEP's measured dispatches and combines that prices its all-to-all modes on this GPU
+        (:mod:`mcsim.perf.deepep`; "" where none: they take the analytic hierarchical model).
     tdp_w, idle_w : float
         Board power limit and idle power, W.
     price_usd, rental_usd_per_hour : float
@@ -148,6 +151,7 @@ class Hardware:
     experts_fp8_floor_us: float = 0.0
     experts_fp8_tile_ns: float = 0.0
     experts_fp8_surface: str = ""
+    deepep_table: str = ""
     tdp_w: float = 0.0
     idle_w: float = 0.0
     price_usd: float = 0.0
@@ -205,15 +209,17 @@ def as_hardware(entry) -> Hardware:
     if any(k.startswith("hardware.") for k in entry):  # a sample's parameters: keep the hardware section
         entry = {k.split(".", 1)[1]: v for k, v in entry.items() if k.startswith("hardware.")}
     numbers = {f.name: float(entry.get(f.name, 0.0))  # every other field is a figure, 0 where not given
-               for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node", *SURFACE_FIELDS)}
+               for f in fields(Hardware) if f.name not in ("name", "tflops", "gpus_per_node", *NAME_FIELDS)}
     return Hardware(name=str(entry.get("name", entry.get("preset", ""))),
-                    **{name: str(entry.get(name, "")) for name in SURFACE_FIELDS},
+                    **{name: str(entry.get(name, "")) for name in NAME_FIELDS},
                     tflops={dtype: float(entry.get(f"{dtype}_tflops", 0.0)) for dtype in FORMATS},
                     gpus_per_node=int(entry.get("gpus_per_node", 1)), **numbers)
 
 
 #: The catalog's fields that name a measured surface (a bundled calibration, or a calibration file's path).
 SURFACE_FIELDS = ("gemm_surface", "gemm_fp8_surface", "gemm_fp4_surface", "experts_surface", "experts_fp8_surface")
+#: The catalog's fields that name something bundled (text, not figures).
+NAME_FIELDS = (*SURFACE_FIELDS, "deepep_table")
 #: The catalog's measured GQA attention figures (:class:`mcsim.perf.roofline.AttentionFigures`, and the call's floor).
 ATTENTION_FIELDS = ("attention_floor_us", "attention_bandwidth_fraction", "attention_unit_ns",
                     "attention_flops_fraction", "attention_prefill_bandwidth_fraction", "attention_half_work",

@@ -104,6 +104,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from mcsim.perf import deepep
 from mcsim.perf.collectives import alltoall_time, send_time, tp_allreduce
 from mcsim.perf.fused_moe import ExpertFigures, expert_stream_bytes, expert_tiles, experts_seconds
 from mcsim.perf.hardware import Hardware, as_hardware
@@ -276,7 +277,11 @@ class Collectives:
     prefill_allreduce : str
         The all-reduce algorithm of steps with prefill tokens ("": ``allreduce``): prefill messages are thousands of
         tokens, decode messages a few, and engines may pick differently for the two.
-    alltoall : {"direct", "hierarchical"}
+    alltoall : {"direct", "hierarchical", "deepep_low_latency", "deepep_normal"}
+        The EP all-to-all: analytic (:func:`mcsim.perf.collectives.alltoall_time`), or DeepEP's measured kernels
+        (:mod:`mcsim.perf.deepep`) where the hardware has them (``Hardware.deepep_table``; else hierarchical).
+    prefill_alltoall : str
+        The all-to-all of steps with prefill tokens ("": ``alltoall``).
     overlap : float
         Fraction of the EP all-to-all and PP send time hidden behind compute (two micro-batches, DeepSeek's
         dual-batch overlap), in [0, 1], in a decode step; never more than the step computes
@@ -303,6 +308,7 @@ class Collectives:
     prefill_allreduce: str = ""
     allreduce_impl: str = "auto"
     allreduce_overlap: float = 0.0
+    prefill_alltoall: str = ""
 
 
 @dataclass(frozen=True)
@@ -956,9 +962,22 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         ops["tp_allreduce"].update(t=2 * layers * t, sent=2 * layers * sent, impl=ran)
     if ep > 1 and moe_layers > 0:
         tokens_per_gpu = hot_rank_factor * tokens / stage_gpus
-        t, sent = alltoall_time(tokens_per_gpu, model["active_experts"], h * a, ep, hw,
-                                algorithm=collectives.alltoall, experts=model["experts"], **net)
-        ops["ep_alltoall"].update(t=2 * moe_layers * t, sent=2 * moe_layers * sent)
+        algorithm = collectives.prefill_alltoall if prefill_tokens > 0 and collectives.prefill_alltoall \
+            else collectives.alltoall
+        measured = None
+        if algorithm in deepep.MODES and hw.deepep_table:  # DeepEP's kernels, from their measured dispatches
+            measured = deepep.alltoall_seconds(algorithm, tokens_per_gpu, model["active_experts"], h * a, ep,
+                                               hw.gpus_per_node, deepep.for_hardware(hw.deepep_table),
+                                               hw.scale_up_gb_s)
+        if measured is not None:
+            dispatch, combine, sent = measured
+            ops["ep_alltoall"].update(t=moe_layers * (dispatch + combine), sent=2 * moe_layers * sent,
+                                      impl=algorithm)
+        else:  # analytic: DeepEP's modes where they were not measured (that span, that GPU) as hierarchical
+            ran = "hierarchical" if algorithm in deepep.MODES else algorithm
+            t, sent = alltoall_time(tokens_per_gpu, model["active_experts"], h * a, ep, hw, algorithm=ran,
+                                    experts=model["experts"], **net)
+            ops["ep_alltoall"].update(t=2 * moe_layers * t, sent=2 * moe_layers * sent, impl=ran)
     if pp > 1:
         nbytes = n * h * a / tp  # the TP ranks each send their share of the boundary activations
         t = send_time(nbytes, hw, across_nodes=stage_gpus >= hw.gpus_per_node, **net)

@@ -43,6 +43,8 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
         "parallel": parallelism(p, prefill=prefill),
         "collectives": roofline.Collectives(
             allreduce=p["performance.allreduce"], alltoall=p["performance.alltoall"],
+            prefill_alltoall=("" if p.get("performance.prefill_alltoall", "same") == "same"
+                              else p["performance.prefill_alltoall"]),
             overlap=p["performance.decode_comm_overlap"] if p["efficiency.comm_overlap"] else 0.0,
             prefill_overlap=p["performance.prefill_comm_overlap"] if p["efficiency.comm_overlap"] else 0.0,
             latency_s=p["performance.collective_latency_s"] or None,

@@ -157,6 +157,10 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
            ("tile_ns", float, "time per output tile of the two grouped GEMMs over the whole GPU, ns"),
            ("surface", str, "the bundled calibration (mcsim/data/calibrations/<name>.toml) whose measured surface "
                             "corrects them by shape (width on the GPU, hidden size, tokens); \"\" where none"))},
+    "deepep_table": (str, "the bundled export of DeepEP's measured dispatches and combines "
+                          "(mcsim/data/measurements/aiconfigurator/<name>_deepep.csv.gz) that prices "
+                          "performance.alltoall = deepep_low_latency / deepep_normal on this GPU (mcsim.perf.deepep); "
+                          "\"\" where none (then the hierarchical model)"),
     "custom_allreduce_hop_us": (float, "latency of one stage of the serving engine's own all-reduce (vLLM's, "
                                        "SGLang's and TensorRT-LLM's one-shot / two-shot kernels over NVLink), us, "
                                        "fitted to measured times where the source says so; 0 where it has none"),

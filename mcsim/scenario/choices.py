@@ -54,8 +54,10 @@ CUDAGRAPH_MODES = ("stack", "none", "piecewise", "full", "full_decode_only", "fu
 
 #: ``performance.stack``: the serving engine (:mod:`mcsim.perf.stacks`).
 STACKS = ("vllm", "sglang", "trtllm", "generic")
-#: ``performance.alltoall``.
-ALLTOALL_ALGORITHMS = ("direct", "hierarchical")
+#: ``performance.alltoall`` (``performance.prefill_alltoall`` adds ``"same"``): the analytic algorithms
+#: (:func:`mcsim.perf.collectives.alltoall_time`) and DeepEP's two modes, priced from measured kernels
+#: (:mod:`mcsim.perf.deepep`).
+ALLTOALL_ALGORITHMS = ("direct", "hierarchical", "deepep_low_latency", "deepep_normal")
 
 #: What ``deployment.fleet_simulation = "replicas"`` simulates, as the allowed values of the keys that decide it:
 #: a router of :data:`ROUTERS` (and, checked apart, no closed loop on a disaggregated pool); every scheduler policy

@@ -418,7 +418,13 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
         "prefill_allreduce": C("same", "TP all-reduce algorithm of prefill steps (a disaggregated prefill pool, or "
                                "every step with prefill tokens in a colocated one); same: performance.allreduce.",
                                "same", *ALLREDUCE_ALGORITHMS, fidelity="roofline"),
-        "alltoall": C("hierarchical", "EP all-to-all algorithm.", *ALLTOALL_ALGORITHMS, fidelity="roofline"),
+        "alltoall": C("hierarchical", "EP all-to-all algorithm: direct or hierarchical (analytic, on the links' "
+                      "bandwidths), or DeepEP's low-latency or normal kernels (deepep_low_latency, deepep_normal: "
+                      "priced from measured dispatches and combines where the GPU has them, hardware.deepep_table; "
+                      "else hierarchical).", *ALLTOALL_ALGORITHMS, fidelity="roofline"),
+        "prefill_alltoall": C("same", "EP all-to-all algorithm of steps with prefill tokens (engines run DeepEP's "
+                              "normal kernels for prefill and its low-latency ones for decode); same: "
+                              "performance.alltoall.", "same", *ALLTOALL_ALGORITHMS, fidelity="roofline"),
         "collective_latency_s": F(0.0, "Latency per collective step (hop), s; 0 = the hardware catalog's, fitted to "
                                        "measured NCCL times where it has one (hardware.collective_hop_us), else "
                                        "5 us.", 0, None, fidelity="roofline"),
