@@ -567,6 +567,16 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
                              AIC.replace("measured", "attention calls measured"), "fraction",
                              "target: <= 8 %" + ("; in sample" if own else " for a KV dtype the fit has not seen"),
                              target=True))
+    for gpu in aiconfigurator.BUNDLED_DTYPES:
+        result = aiconfigurator.bundled_mla_held_out(gpu, 4 if quick else 10)
+        for phase in ("decode", "prefill"):
+            mape, before, ratio, modules = result[phase]
+            checks.append(_check(f"MLA attention modules ({phase}) of {gpu.upper()}, DeepSeek-V3, BF16 cache, BF16 and "
+                                 f"FP8 projections, {modules:,} modules, each (heads, projections) shape predicted "
+                                 f"by a fit without it: MAPE (the roofline, which priced MLA before: "
+                                 f"{100 * before:.0f} %, median modelled / measured {ratio:.2f})", mape, 0.0,
+                                 HELD_OUT_MAPE_TARGET, AIC.replace("measured", "MLA modules measured"), "fraction",
+                                 "target: <= 5 % on the shapes left out, per GPU", target=True))
     errors = aiconfigurator.calibration_gemm_errors("h100", "h100")
     checks.append(_check("Vidur's H100 GEMM fit and surface (mcsim/data/calibrations/h100.toml) against H100's BF16 "
                          "GEMMs under vLLM 0.24.0, a second source: MAPE (median modelled / measured "

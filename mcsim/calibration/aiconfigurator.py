@@ -34,7 +34,7 @@ from mcsim.calibration.fit import PARAMETERS, Observations, band_errors, fit_poi
 from mcsim.perf import deepep, gemm_surface, roofline
 from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES, custom_allreduce, custom_allreduce_shape
 from mcsim.perf.fused_moe import expert_stream_bytes, expert_tiles
-from mcsim.perf.hardware import as_hardware, gemm_figures
+from mcsim.perf.hardware import ATTENTION_CALL_KERNELS, as_hardware, gemm_figures
 from mcsim.scenario import catalog
 
 try:  # optional: the database is an extra, never a dependency (pip install "mcsim[aiconfigurator]")
@@ -64,7 +64,7 @@ PARAMETER_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction"
 
 #: Columns of the database's tables that hold text, not numbers.
 TEXT_COLUMNS = ("gemm_dtype", "allreduce_dtype", "moe_dtype", "backend", "op_name", "kernel_source",
-                "kv_cache_dtype", "distribution")
+                "kv_cache_dtype", "distribution", "gemm_type")
 
 
 def _is_number(value) -> bool:
@@ -123,7 +123,7 @@ def bundled(gpu: str, what: str = "gemm"):
     """The bundled export of ``gpu``'s ``what`` table (``gemm``: every transformer-shaped GEMM of its fitted dtypes;
     ``custom_allreduce``), measured under vLLM 0.24.0; None where none ships."""
     folder = resources.files("mcsim.data") / "measurements" / "aiconfigurator"
-    name = f"{gpu}_{BUNDLED_STACK}_{what}.csv" + (".gz" if what in ("gemm", "attention", "moe") else "")
+    name = f"{gpu}_{BUNDLED_STACK}_{what}.csv" + (".gz" if what in ("gemm", "attention", "moe", "mla") else "")
     path = Path(str(folder / name))
     return path if path.is_file() else None
 
@@ -278,7 +278,7 @@ BUNDLED_DTYPES = {"h100": ("bfloat16", "fp8"), "h200": ("bfloat16", "fp8"), "b20
 @functools.lru_cache(maxsize=None)
 def _bundled_table(gpu: str, what: str = "gemm") -> dict:
     columns, label = {"gemm": (COLUMNS, "a GEMM table"), "attention": (ATTENTION_COLUMNS, "an attention table"),
-                      "moe": (MOE_COLUMNS, "a fused MoE table"),
+                      "moe": (MOE_COLUMNS, "a fused MoE table"), "mla": (MLA_COLUMNS, "an MLA module table"),
                       "custom_allreduce": (ALLREDUCE_COLUMNS, "a custom all-reduce table")}[what]
     return read_table(bundled(gpu, what), columns, label)
 
@@ -397,6 +397,19 @@ def main(argv=None) -> None:
                 print(f"{compute} experts: " + ", ".join(f"{k.split('.', 1)[1]} {v:.4g}" for k, v in
                                                           zip(obs.active, x))
                       + f" ({len(obs):,} layers of {int(obs.shape.max() + 1)} shapes, in-sample MAPE {mape:.3f})")
+        return
+    if "mla" in Path(args.table).name:
+        tables = [read_table(t, MLA_COLUMNS, "an MLA module table") for t in (args.table, *args.more)]
+        if args.export:
+            print(f"{args.export}: {export_mla(tables, args.export):,} MLA modules")
+            return
+        obs = mla_observations(tables[0] if len(tables) == 1 else
+                               {c: np.concatenate([t[c] for t in tables]) for c in MLA_COLUMNS},
+                               catalog.hardware_preset(args.hardware))
+        x = fit_point(obs)
+        mape = float(np.mean(np.abs(predict(obs, dict(zip(obs.active, x))) / obs.measured_s - 1.0)))
+        print("MLA modules: " + ", ".join(f"{k.split('.', 1)[1]} {v:.4g}" for k, v in zip(obs.active, x))
+              + f" ({len(obs):,} modules, in-sample MAPE {mape:.3f})")
         return
     if args.export and "attention" in Path(args.table).name:
         tables = [read_table(t, ATTENTION_COLUMNS, "an attention table") for t in (args.table, *args.more)]
@@ -536,6 +549,24 @@ def bundled_experts_held_out(gpu: str, compute: str, max_folds: int = 40) -> tup
             band_errors(predicted, obs.measured_s, obs.data["rows"]), len(obs), int(obs.shape.max() + 1))
 
 
+def catalog_achievable(hw, compute: str, **extra) -> "roofline.Achievable":
+    """The step model's GEMM and element-wise figures of ``hw`` (a :class:`~mcsim.perf.hardware.Hardware`) with its
+    linear layers in ``compute`` (its own measured figures and surface where it has them), fused kernels, no
+    launch or step overhead: what a measured kernel of a table is compared with; ``extra`` sets other fields."""
+    figures = gemm_figures(hw)
+    bf16 = roofline.LinearGemms(figures["performance.flops_fraction"], figures["performance.bandwidth_fraction"],
+                                figures["performance.gemm_half_tokens"], figures["performance.gemm_floor_s"],
+                                gemm_surface.for_hardware(hw.gemm_surface))
+    own = hw.gemm_dtype_figures(compute)
+    linear = bf16 if own is None else roofline.LinearGemms(*own[:4], gemm_surface.for_hardware(own[4]))
+    return roofline.Achievable(
+        flops_fraction=bf16.flops_fraction, bandwidth_fraction=bf16.bandwidth_fraction,
+        gemm_half_tokens=bf16.gemm_half_tokens, gemm_floor_s=bf16.gemm_floor_s, gemm_surface=bf16.gemm_surface,
+        kernel_floor_s=figures["performance.kernel_floor_s"],
+        elementwise_bandwidth_fraction=figures["performance.elementwise_bandwidth_fraction"], fused=True,
+        linear=linear, experts=linear, **extra)
+
+
 def step_model_experts_errors(gpu: str, compute: str, measured: bool = True) -> np.ndarray:
     """Modelled / measured - 1 of every kept row of ``gpu``'s bundled fused MoE table in ``compute``, each row priced
     by the step model (:func:`mcsim.perf.roofline.step_cost`, its ``moe_ffn`` op) as one MoE layer of that shape over
@@ -547,19 +578,7 @@ def step_model_experts_errors(gpu: str, compute: str, measured: bool = True) -> 
     obs = experts_observations(table, hw, compute)
     _, weight_bytes, _ = MOE_DTYPES[compute]
     prec = roofline.Precision(weight_bytes=weight_bytes, kv_bytes=2.0, activation_bytes=2.0, compute=compute)
-    surface = gemm_surface.for_hardware(hw.gemm_surface if compute == "bf16" else hw.gemm_fp8_surface)
-    figures = gemm_figures(hw)
-    bf16 = roofline.LinearGemms(figures["performance.flops_fraction"], figures["performance.bandwidth_fraction"],
-                                figures["performance.gemm_half_tokens"], figures["performance.gemm_floor_s"],
-                                surface if compute == "bf16" else gemm_surface.for_hardware(hw.gemm_surface))
-    own = hw.gemm_dtype_figures(compute)
-    gemms = bf16 if own is None else roofline.LinearGemms(*own[:4], surface)
-    achievable = roofline.Achievable(
-        flops_fraction=bf16.flops_fraction, bandwidth_fraction=bf16.bandwidth_fraction,
-        gemm_half_tokens=bf16.gemm_half_tokens, gemm_floor_s=bf16.gemm_floor_s, gemm_surface=bf16.gemm_surface,
-        kernel_floor_s=figures["performance.kernel_floor_s"],
-        elementwise_bandwidth_fraction=figures["performance.elementwise_bandwidth_fraction"], fused=True,
-        linear=gemms, experts=gemms, moe=hw.expert_figures(compute) if measured else None)
+    achievable = catalog_achievable(hw, compute, moe=hw.expert_figures(compute) if measured else None)
     out = np.empty(len(obs))
     for j, i in enumerate(obs.data["table_row"].astype(np.int64)):
         tokens, experts, topk = int(table["num_tokens"][i]), int(table["num_experts"][i]), int(table["topk"][i])
@@ -574,29 +593,97 @@ def step_model_experts_errors(gpu: str, compute: str, measured: bool = True) -> 
     return out / obs.measured_s - 1.0
 
 
-#: The columns of DeepEP's tables (``comm/sglang/<version>/wideep_deepep_{ll,normal}_perf.parquet``) mcsim reads:
-#: low latency times each phase in ``*_avg_t_us``, normal in ``*_transmit_us`` and ``*_notify_us`` per SM count.
-DEEPEP_LL_COLUMNS = ("op_name", "node_num", "hidden_size", "num_token", "num_topk", "num_experts",
-                     "dispatch_avg_t_us", "combine_avg_t_us")
-DEEPEP_NORMAL_COLUMNS = ("op_name", "node_num", "hidden_size", "num_token", "num_topk", "num_experts",
-                         "dispatch_sms", "dispatch_transmit_us", "dispatch_notify_us", "combine_sms",
-                         "combine_transmit_us", "combine_notify_us")
-#: The SMs DeepEP's normal kernels run on by default (``deep_ep.Buffer.num_sms``): the rows an export keeps.
-DEEPEP_SMS = 20
+#: The columns of an MLA module table (``mla/<engine>/<version>/mla_{generation,context}_module_perf.parquet``):
+#: DeepSeek-V3's whole MLA attention module (projections, norms, RoPE, the cache write, the attention kernel) on one
+#: GPU, ``num_heads`` of its 128 heads, ``batch_size`` sequences of ``step`` cached tokens (decode) or ``isl`` new
+#: ones (prefill), ``latency`` in ms, under CUDA graphs.
+MLA_COLUMNS = ("op_name", "kernel_source", "kv_cache_dtype", "gemm_type", "num_heads", "batch_size", "isl", "step",
+               "latency")
+#: The MLA tables' GEMM dtypes by the projections' compute dtype and their weight bytes.
+MLA_GEMMS = {"bfloat16": ("bf16", 2.0), "fp8_block": ("fp8", 1.0)}
+#: The model the MLA tables time.
+MLA_MODEL = "deepseek-v3"
 
 
-def export_deepep(low_latency: dict, normal: dict, path) -> int:
-    """Write a DeepEP low-latency and a normal table as one export of :data:`mcsim.perf.deepep.COLUMNS`: each phase's
-    time in us (normal: transmit plus notify, at :data:`DEEPEP_SMS` SMs); returns the rows written."""
-    ll = {**{c: low_latency[c] for c in deepep.COLUMNS[:6]},
-          "dispatch_us": low_latency["dispatch_avg_t_us"], "combine_us": low_latency["combine_avg_t_us"]}
-    keep = (normal["dispatch_sms"] == DEEPEP_SMS) & (normal["combine_sms"] == DEEPEP_SMS)
-    nm = {**{c: normal[c][keep] for c in deepep.COLUMNS[:6]},
-          "dispatch_us": (normal["dispatch_transmit_us"] + normal["dispatch_notify_us"])[keep],
-          "combine_us": (normal["combine_transmit_us"] + normal["combine_notify_us"])[keep]}
-    both = {c: np.concatenate([ll[c], nm[c]]) for c in deepep.COLUMNS}
-    return write_export([(both, np.ones(both["op_name"].size, dtype=bool))], deepep.COLUMNS, path,
-                        order=("op_name", "node_num", "hidden_size", "num_topk", "num_experts", "num_token"))
+def _mla_rows(table: dict, kv_dtype: str = "bfloat16") -> np.ndarray:
+    """The rows an MLA fit reads: a ``kv_dtype`` cache, projections in a dtype of :data:`MLA_GEMMS`, per phase the
+    kernel with the most such rows (the engine's default)."""
+    keep = np.zeros(len(table["latency"]), dtype=bool)
+    for op in ("mla_generation_module", "mla_context_module"):
+        rows = ((table["op_name"] == op) & (table["kv_cache_dtype"] == kv_dtype) & (table["latency"] > 0)
+                & np.isin(table["gemm_type"], list(MLA_GEMMS)))
+        if np.any(rows):
+            kernels, counts = np.unique(table["kernel_source"][rows], return_counts=True)
+            keep |= rows & (table["kernel_source"] == kernels[np.argmax(counts)])
+    if not np.any(keep):
+        raise ValueError(f"no MLA module row with a {kv_dtype} KV cache in the table")
+    return keep
+
+
+def mla_observations(table: dict, hw, source: str = "") -> Observations:
+    """The kept rows of an MLA module table (:func:`_mla_rows`, BF16 cache) as observations of the ``mla`` class: each
+    row one module on one GPU, its projections priced by the step model at the catalog's GEMM figures (``proj_s``:
+    held, not fitted) and its attention calls as the step model counts them (:func:`mcsim.perf.roofline.mla_calls`);
+    each (phase, heads, projection dtype) is one shape. ``before_s`` is what the step model priced the module at before
+    MLA's kernels were measured: its projections and the roofline's attention with three element-wise kernel floors
+    (:data:`mcsim.perf.hardware.ATTENTION_CALL_KERNELS`)."""
+    hw = as_hardware(hw)
+    rows = np.flatnonzero(_mla_rows(table))
+    model = dict(catalog.model_preset(MLA_MODEL), layers=1, dense_layers=1)
+    floor = ATTENTION_CALL_KERNELS * gemm_figures(hw)["performance.kernel_floor_s"]
+    achievable = {compute: catalog_achievable(hw, compute, attention_floor_s=floor)
+                  for compute, _ in MLA_GEMMS.values()}
+    kv_token = (model["kv_lora_rank"] + model["qk_rope_head_dim"]) * 2.0
+    columns = {k: [] for k in ("proj_s", "before_s", "flops", "bytes", "decode", "sequences", "work", "context",
+                               "kv_heads", "rows")}
+    for i in rows:
+        compute, weight_bytes = MLA_GEMMS[table["gemm_type"][i]]
+        heads, batch = float(table["num_heads"][i]), float(table["batch_size"][i])
+        decode = table["op_name"][i] == "mla_generation_module"
+        tokens = batch if decode else batch * table["isl"][i]
+        context = table["step"][i] if decode else table["isl"][i] / 2.0
+        cost = roofline.step_cost(model, hw, decode_seqs=batch if decode else 0, decode_context=context if decode
+                                  else 0, prefill_tokens=0 if decode else tokens, prefill_context=0 if decode
+                                  else context,
+                                  precision=roofline.Precision(weight_bytes=weight_bytes, compute=compute),
+                                  parallel=roofline.Parallelism(tp=int(round(model["attention_heads"] / heads))),
+                                  achievable=achievable[compute])
+        call, = (roofline.mla_calls(model, heads, kv_token, 2.0, batch, tokens, context, 0, 0) if decode else
+                 roofline.mla_calls(model, heads, kv_token, 2.0, 0, 0, 0, tokens, context))
+        proj = cost.breakdown["attention_proj"]["t"]
+        for key, value in (("proj_s", proj), ("before_s", proj + cost.breakdown["attention_core"]["t"]),
+                           ("flops", call["flops"]),
+                           ("bytes", call["nbytes"]), ("decode", float(decode)), ("sequences", call["sequences"]),
+                           ("work", call["work"]), ("context", call["context"]), ("kv_heads", heads),
+                           ("rows", tokens)):
+            columns[key].append(value)
+    data = {k: np.array(v, dtype=float) for k, v in columns.items()}
+    data.update(peak=np.full(rows.size, hw.peak_flops("bf16")), hbm=np.full(rows.size, hw.hbm_bytes_s))
+    shape = np.unique(np.stack([data["decode"], data["kv_heads"], table["gemm_type"][rows] == "fp8_block"], axis=1),
+                      axis=0, return_inverse=True)[1].astype(np.int64).ravel()
+    return Observations("mla", table["latency"][rows] * 1e-3, shape, data,
+                        tuple(key for key, *_ in PARAMETERS["mla"]), sources=[source] if source else [])
+
+
+def export_mla(tables, path) -> int:
+    """Write the MLA module rows with a BF16 or FP8 cache and projections of :data:`MLA_GEMMS` of ``tables`` (a
+    generation and a context table) as one export of :data:`MLA_COLUMNS`; returns the rows written."""
+    return write_export([(t, np.isin(t["gemm_type"], list(MLA_GEMMS)) & (t["latency"] > 0)) for t in tables],
+                        MLA_COLUMNS, path)
+
+
+def bundled_mla_held_out(gpu: str, max_folds: int = 40) -> dict:
+    """Each bundled MLA module of ``gpu`` predicted by a fit without its shape, and as the step model priced it
+    before (:func:`mla_observations`' ``before_s``): phase -> (held-out MAPE, before MAPE, median before / measured,
+    modules)."""
+    obs = mla_observations(_bundled_table(gpu, "mla"), catalog.hardware_preset(gpu))
+    predicted, _ = held_out(obs, fit_point(obs), max_folds)
+    out = {}
+    for phase, rows in (("decode", obs.data["decode"] > 0), ("prefill", obs.data["decode"] == 0)):
+        before = obs.data["before_s"][rows] / obs.measured_s[rows]
+        out[phase] = (float(np.mean(np.abs(predicted[rows] / obs.measured_s[rows] - 1.0))),
+                      float(np.mean(np.abs(before - 1.0))), float(np.median(before)), int(rows.sum()))
+    return out
 
 
 def export_moe(table: dict, path) -> int:

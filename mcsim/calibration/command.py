@@ -22,7 +22,8 @@ from mcsim.calibration import aiconfigurator
 from mcsim.scenario import catalog
 
 #: Fitting order: the step class is fitted last, on top of the others' point fits.
-ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "attention", "experts", "experts_fp8", "step")
+ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "attention", "experts", "experts_fp8", "mla",
+         "step")
 DTYPES = ("fp32", "bf16", "fp8", "fp4")
 
 
@@ -101,6 +102,12 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
             try:
                 table = aiconfigurator.read_table(path, aiconfigurator.ATTENTION_COLUMNS, "an attention table")
                 parts["attention"].append(aiconfigurator.attention_observations(table, hw, source=str(path)))
+            except ValueError as err:
+                raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
+        elif kind == "aiconfigurator-mla":
+            try:
+                table = aiconfigurator.read_table(path, aiconfigurator.MLA_COLUMNS, "an MLA module table")
+                parts["mla"].append(aiconfigurator.mla_observations(table, hw, source=str(path)))
             except ValueError as err:
                 raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
         elif kind == "aiconfigurator-moe":

@@ -18,6 +18,10 @@ experts_fp8     (AIConfigurator's MoE tables), BF16 and                experts_w
                 block-scaled FP8                                       experts_stream_bandwidth_fraction,
                                                                        experts_half_rows, experts_floor_us,
                                                                        experts_tile_ns (experts_fp8_*: FP8's)
+mla             DeepSeek-V3's MLA attention module, decode and prefill  hardware.mla_floor_us, mla_bandwidth_fraction,
+                (AIConfigurator's MLA module tables; the projections    mla_unit_ns, mla_flops_fraction,
+                held at the step model's GEMM price)                   mla_prefill_bandwidth_fraction, mla_half_work,
+                                                                       mla_half_context
 attention       GQA attention calls, decode and prefill                 hardware.attention_floor_us,
                 (AIConfigurator's attention tables)                    attention_bandwidth_fraction, attention_unit_ns,
                                                                        attention_flops_fraction,
@@ -99,6 +103,13 @@ PARAMETERS = {
              (f"hardware.{cls}_floor_us", 1e-6, 0.0, 1e3, 30.0),
              (f"hardware.{cls}_tile_ns", 1e-9, 0.0, 1e3, 5.0))
        for cls in ("experts", "experts_fp8")},
+    "mla": (("hardware.mla_floor_us", 1e-6, 0.0, 1e4, 30.0),
+            ("hardware.mla_bandwidth_fraction", 1.0, 0.01, 1.0, 0.8),
+            ("hardware.mla_unit_ns", 1e-9, 0.0, 1e4, 20.0),
+            ("hardware.mla_flops_fraction", 1.0, 0.01, 1.0, 0.6),
+            ("hardware.mla_prefill_bandwidth_fraction", 1.0, 0.01, 1.0, 0.3),
+            ("hardware.mla_half_work", 1.0, 0.0, 1e8, 1e4),
+            ("hardware.mla_half_context", 1.0, 0.0, 1e6, 100.0)),
     "step": (("performance.step_overhead_s", 1e-6, 0.0, 1e6, 200.0),
              ("performance.attention_floor_s", 1e-6, 0.0, 1e4, 10.0)),
 }
@@ -243,6 +254,14 @@ def predict(obs: Observations, values: dict, surface: GemmSurface | None = None)
                                  kv_heads=d["kv_heads"], work=d["work"], head_dim=d["head_dim"],
                                  context=d["context"], peak=d["peak"],
                                  hbm=d["hbm"], figures=figures, floor_s=si("hardware.attention_floor_us"))
+    if obs.cls == "mla":  # the projections held at the step model's price, the attention call fitted
+        figures = AttentionFigures(si("hardware.mla_bandwidth_fraction"), si("hardware.mla_unit_ns"),
+                                   si("hardware.mla_flops_fraction"), si("hardware.mla_prefill_bandwidth_fraction"),
+                                   si("hardware.mla_half_work"), 0.0, si("hardware.mla_half_context"))
+        return d["proj_s"] + attention_seconds(d["flops"], d["bytes"], decode=d["decode"] > 0,
+                                               sequences=d["sequences"], kv_heads=d["kv_heads"], work=d["work"],
+                                               head_dim=1.0, context=d["context"], peak=d["peak"], hbm=d["hbm"],
+                                               figures=figures, floor_s=si("hardware.mla_floor_us"))
     if obs.cls in ("experts", "experts_fp8"):
         figures = ExpertFigures(*(si(f"hardware.{obs.cls}_{name}") for name in (
             "flops_fraction", "weight_bandwidth_fraction", "stream_bandwidth_fraction", "half_rows", "floor_us",

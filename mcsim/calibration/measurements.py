@@ -47,7 +47,7 @@ from mcsim.text import one_line
 
 STEP_COLUMNS = ("hardware", "model", "tp", "decode_seqs", "mean_context", "prefill_tokens", "time_ms")
 KINDS = ("vidur-mlp", "vidur-all_reduce", "vidur-send_recv", "steps", "aiconfigurator-gemm",
-         "aiconfigurator-attention", "aiconfigurator-moe")
+         "aiconfigurator-attention", "aiconfigurator-moe", "aiconfigurator-mla")
 
 
 def shape_ids(*columns) -> np.ndarray:
@@ -61,7 +61,8 @@ def kind_of(path) -> str:
     path = Path(path)
     if path.suffix == ".parquet":  # AIConfigurator's database keeps its tables so, named by what they time
         return ("aiconfigurator-attention" if "attention" in path.name
-                else "aiconfigurator-moe" if path.name.startswith("moe") else "aiconfigurator-gemm")
+                else "aiconfigurator-moe" if path.name.startswith("moe")
+                else "aiconfigurator-mla" if path.name.startswith("mla") else "aiconfigurator-gemm")
     if path.name.endswith(".csv.gz"):  # an export of one of its tables
         try:
             with gzip.open(path, "rt", newline="", errors="replace") as handle:
@@ -73,6 +74,8 @@ def kind_of(path) -> str:
             return "aiconfigurator-attention"
         if {"moe_dtype", "num_tokens", "num_experts", "latency"} <= names:
             return "aiconfigurator-moe"
+        if {"op_name", "gemm_type", "num_heads", "latency"} <= names:
+            return "aiconfigurator-mla"
         return "aiconfigurator-gemm"
     with _open(path) as handle:
         try:

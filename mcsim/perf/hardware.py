@@ -82,6 +82,11 @@ class Hardware:
         The bundled calibration (or a calibration file's path) whose measured surface corrects them by shape.
     experts_fp8_flops_fraction, ... experts_fp8_tile_ns, experts_fp8_surface
         The same of block-scaled FP8 routed experts.
+    mla_floor_us, mla_bandwidth_fraction, mla_unit_ns, mla_flops_fraction, mla_prefill_bandwidth_fraction, \
+    mla_half_work, mla_half_context : float
+        Fitted MLA attention figures (DeepSeek-V3's module, its projections at the GEMM figures): the module's fixed
+        time beyond its GEMMs' and the attention call's :class:`mcsim.perf.roofline.AttentionFigures` (0 where not
+        measured: MLA attention then takes the roofline).
     deepep_table : str
         The bundled export of DeepEP's measured dispatches and combines that prices its all-to-all modes on this GPU
         (:mod:`mcsim.perf.deepep`; "" where none: they take the analytic hierarchical model).
@@ -152,6 +157,13 @@ class Hardware:
     experts_fp8_tile_ns: float = 0.0
     experts_fp8_surface: str = ""
     deepep_table: str = ""
+    mla_floor_us: float = 0.0
+    mla_bandwidth_fraction: float = 0.0
+    mla_unit_ns: float = 0.0
+    mla_flops_fraction: float = 0.0
+    mla_prefill_bandwidth_fraction: float = 0.0
+    mla_half_work: float = 0.0
+    mla_half_context: float = 0.0
     tdp_w: float = 0.0
     idle_w: float = 0.0
     price_usd: float = 0.0
@@ -274,8 +286,9 @@ def performance_defaults(p: dict) -> dict:
         if isinstance(p.get(stand_in), (int, float))})
     out = {**p, **{key: value for key, value in figures.items() if key in keys}}
     if attention:  # the measured call's, else from the kernel floor in force (the scenario's own or the hardware's)
-        measured = hw.attention_floor_us > 0 and p.get("model.attention", "gqa") == "gqa"
-        out["performance.attention_floor_s"] = hw.attention_floor_us * 1e-6 if measured \
+        kind = p.get("model.attention", "gqa")
+        measured = hw.attention_floor_us if kind == "gqa" else hw.mla_floor_us if kind == "mla" else 0.0
+        out["performance.attention_floor_s"] = measured * 1e-6 if measured > 0 \
             else ATTENTION_CALL_KERNELS * out.get("performance.kernel_floor_s", 0.0)
     return out
 

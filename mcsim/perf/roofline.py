@@ -150,7 +150,7 @@ ERROR_CLASSES = {"gemm": ("attention_proj", "dense_ffn", "moe_ffn", "shared_expe
                  "elementwise": ("elementwise",), "allreduce": ("tp_allreduce",), "send": ("pp_send",),
                  "attention": ("attention_core",),
                  "allreduce_nodes": ("tp_allreduce",),
-                 "experts": ("moe_ffn",), "experts_fp8": ("moe_ffn",)}
+                 "experts": ("moe_ffn",), "experts_fp8": ("moe_ffn",), "mla": ("attention_core",)}
 #: The error class of routed experts priced by their measured fused MoE kernels, by compute dtype.
 EXPERTS_ERROR_CLASS = {"bf16": "experts", "fp8": "experts_fp8"}
 
@@ -360,6 +360,9 @@ class Achievable:
         one fused kernel (:func:`mcsim.perf.fused_moe.experts_seconds`: its GEMMs, SwiGLU, quantization and sum over
         ``top_k``), under the error class ``experts`` (``experts_fp8``) instead of ``gemm``. None: grouped GEMMs at
         ``experts``' figures, a SwiGLU and casts.
+    mla : AttentionFigures, optional
+        The measured MLA attention kernels (:func:`mla_calls` priced by :func:`attention_seconds`, the head width
+        term unused); None: MLA attention takes the roofline.
     """
 
     flops_fraction: float = 0.6
@@ -382,6 +385,7 @@ class Achievable:
     attention: "AttentionFigures | None" = None
     experts: "LinearGemms | None" = None
     moe: "ExpertFigures | None" = None
+    mla: "AttentionFigures | None" = None
 
 
 @dataclass(frozen=True)
@@ -434,8 +438,9 @@ def attention_seconds(flops, nbytes, *, decode, sequences, kv_heads, work, head_
     """Time of one attention call on one GPU from measured figures (:class:`AttentionFigures`), s (floats or arrays).
 
     A decode call (``decode`` true) over ``sequences`` sequences with ``kv_heads`` KV heads on the GPU moving
-    ``nbytes`` costs ``floor_s + sequences x kv_heads x unit_s + nbytes / (hbm x bandwidth_fraction)``: decode
-    attention streams the KV cache and pays per work unit, whatever its FLOPs. A prefill call of ``flops`` over
+    ``nbytes`` costs ``floor_s + sequences x kv_heads x unit_s + max(nbytes / (hbm x bandwidth_fraction), flops /
+    (peak x flops_fraction))``: decode attention streams the KV cache and pays per work unit, and only where many
+    query heads share a cache entry (MLA's 128 over one latent) does its compute outrun the stream. A prefill call of ``flops`` over
     ``work`` query-head tokens of width ``head_dim``, each token attending to ``context`` others on average, costs
     ``floor_s + max(flops / (peak x flops_fraction x e), nbytes / (hbm x prefill_bandwidth_fraction))`` with
     ``e = head_dim / (head_dim + head_dim_half) x work / (work + half_work) x context / (context + half_context)``.
@@ -449,7 +454,8 @@ def attention_seconds(flops, nbytes, *, decode, sequences, kv_heads, work, head_
     ...                         context=2048, peak=1e15, hbm=3e12, figures=f, floor_s=1e-5) * 1e6, 2)  # 10+1.28+100 us
     111.28
     """
-    decode_t = nbytes / (hbm * figures.bandwidth_fraction) + sequences * kv_heads * figures.unit_s
+    decode_t = (np.maximum(nbytes / (hbm * figures.bandwidth_fraction), flops / (peak * figures.flops_fraction))
+                + sequences * kv_heads * figures.unit_s)
     work = np.where(decode, 1.0, work)  # a decode call's FLOPs do not set its time
     context = np.where(decode, 1.0, context)
     rate = (peak * figures.flops_fraction * head_dim / (head_dim + figures.head_dim_half)
@@ -494,6 +500,31 @@ def gemm_seconds(flops, nbytes, peak, bandwidth, *, kernels=1, rows=None, half_t
     memory = nbytes / bandwidth
     return factor * (kernels * floor_s + (np.maximum(compute, memory) if isinstance(compute, np.ndarray)
                                           else max(compute, memory)))
+
+
+def mla_calls(model: dict, heads: float, kv_token: float, act_bytes: float, decode_seqs: float, decode_tokens: float,
+              decode_context: float, prefill_tokens: float, prefill_context: float) -> list:
+    """The MLA attention calls of one layer on one GPU (``heads`` query heads; the cache ``kv_token`` bytes a token) as
+    keyword arguments of :func:`attention_seconds` (``flops``, ``nbytes``, ``decode``, ``sequences``, ``work``,
+    ``context``): the decode sequences' call in the absorbed form (MQA over the latent: ``2 (2 kv_lora + rope)``
+    FLOPs a head and cached token; it reads every sequence's cache), and the prefill chunk's in the MHA form
+    (``2 (nope + rope + v)`` FLOPs a head and token pair, plus up-projecting the prefix's latent; it reads the
+    prefix's cache once). Both write their tokens' cache entries."""
+    kv_lora, rope = model["kv_lora_rank"], model["qk_rope_head_dim"]
+    nope, v = model["qk_nope_head_dim"], model["v_head_dim"]
+    calls = []
+    if decode_seqs > 0:
+        calls.append(dict(flops=2 * heads * (2 * kv_lora + rope) * decode_tokens * decode_context,
+                          nbytes=((decode_seqs * decode_context + decode_tokens) * kv_token
+                                  + decode_tokens * heads * (2 * kv_lora + rope) * act_bytes),
+                          decode=True, sequences=decode_seqs, work=0.0, context=decode_context))
+    if prefill_tokens > 0:
+        calls.append(dict(flops=(2 * heads * (nope + rope + v) * prefill_tokens * prefill_context
+                                 + 2 * prefill_context * kv_lora * heads * (nope + v)),
+                          nbytes=((prefill_context + prefill_tokens) * kv_token
+                                  + prefill_tokens * heads * (nope + rope + v) * act_bytes),
+                          decode=False, sequences=0.0, work=prefill_tokens * heads, context=prefill_context))
+    return calls
 
 
 def attention_gemms(model: dict, tp: int) -> list:
@@ -891,8 +922,15 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
                                            + prefill_tokens * 2 * hq * hd * a) / adp,
                                           decode=False, sequences=0.0, work=prefill_tokens * hq / adp,
                                           context=ctx_p, **common)
-    # otherwise (MLA, a sparse span, an unmeasured GPU) the roofline, its KV stream at the measured attention
-    # kernels' share where the GPU has one
+    elif achievable.mla is not None and model["attention"] == "mla" and sparse_topk == 0:
+        # measured MLA kernels, each call by its own figures (decode: the absorbed form, MQA over the latent, a unit
+        # per (sequence, head); prefill: the MHA form), the FLOPs and bytes accounted as the roofline's
+        measured = sum(attention_seconds(**call, kv_heads=hq, head_dim=1.0, peak=hw.peak_flops("bf16"),
+                                         hbm=hw.hbm_bytes_s, figures=achievable.mla.for_kv(kvb))
+                       for call in mla_calls(model, hq, shard["kv_per_token"] * kvb, a, decode_seqs / adp,
+                                             decode_tokens / adp, ctx_d, prefill_tokens / adp, ctx_p))
+    # otherwise (MLA on a GPU without its kernels, a sparse span, an unmeasured GPU) the roofline, its KV stream at
+    # the measured attention kernels' share where the GPU has one
     stream = hw.hbm_bytes_s * achievable.attention.bandwidth_fraction if achievable.attention is not None \
         else bandwidth
     add("attention_core", layers, core_flops / adp, kv=kv_traffic / adp, act=core_act / adp * a,
@@ -994,6 +1032,8 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
             continue
         if cls.startswith("experts") and cls != EXPERTS_ERROR_CLASS.get(fused_moe):
             continue  # the fused kernels' error where they priced the experts
+        if cls == "mla" and model["attention"] != "mla":
+            continue
         if cls == "gemm" and fused_moe:
             names = tuple(name for name in names if name != "moe_ffn")
         factor = achievable.errors.get(cls, 1.0)

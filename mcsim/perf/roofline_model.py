@@ -34,7 +34,7 @@ def _hardware(p: dict) -> Hardware:
 def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
     """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
     linear, attention, experts = linear_gemms(p), attention_figures(p), linear_gemms(p, experts=True)
-    moe = expert_figures(p)
+    moe, mla = expert_figures(p), mla_figures(p)
     p = performance_defaults(p)
     stack = stack_entry(p["performance.stack"])
     impl = stack.allreduce_impl if p["performance.allreduce_impl"] == "stack" else p["performance.allreduce_impl"]
@@ -65,7 +65,7 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             attention_floor_s=p["performance.attention_floor_s"],
             errors={cls: p[f"performance.{cls}_error"] for cls in roofline.ERROR_CLASSES},
             step_error=p["performance.step_error"], gemm_surface=gemm_surface(p), linear=linear,
-            attention=attention, experts=experts, moe=moe),
+            attention=attention, experts=experts, moe=moe, mla=mla),
         "hot_rank_factor": hot_rank_factor,
         "distinct_experts": distinct_experts,
         "attention_window": p["performance.attention_window"],
@@ -110,6 +110,16 @@ def expert_figures(p: dict):
     if figures is None or str(p.get("performance.gemm_surface", "")) or not _leaves_to_hardware(p, hw, LINEAR_KEYS):
         return None
     return figures
+
+
+def mla_figures(p: dict):
+    """The hardware's measured MLA attention kernels (the catalog's ``mla_*``), where the scenario leaves the achievable
+    fractions to the hardware (as :func:`attention_figures`); else None (MLA attention then takes the roofline)."""
+    hw = _hardware(p)
+    if hw.mla_bandwidth_fraction <= 0 or not _leaves_to_hardware(p, hw, LINEAR_KEYS[:2]):
+        return None
+    return roofline.AttentionFigures(hw.mla_bandwidth_fraction, hw.mla_unit_ns * 1e-9, hw.mla_flops_fraction,
+                                     hw.mla_prefill_bandwidth_fraction, hw.mla_half_work, 0.0, hw.mla_half_context)
 
 
 def attention_figures(p: dict):

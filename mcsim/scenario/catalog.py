@@ -157,6 +157,18 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
            ("tile_ns", float, "time per output tile of the two grouped GEMMs over the whole GPU, ns"),
            ("surface", str, "the bundled calibration (mcsim/data/calibrations/<name>.toml) whose measured surface "
                             "corrects them by shape (width on the GPU, hidden size, tokens); \"\" where none"))},
+    **{f"mla_{name}": (float, f"{text}, fitted to DeepSeek-V3's measured MLA attention modules (their projections at "
+                              "the GEMM figures) where the source says so; 0 where unknown (then MLA attention takes "
+                              "the roofline)")
+       for name, text in (("floor_us", "fixed GPU time of one MLA attention module beyond its GEMMs' (norms, RoPE, the "
+                                       "cache write, the absorbed BMMs' and the kernel's fixed time), us"),
+                          ("bandwidth_fraction", "share of HBM bandwidth a decode MLA call's latent cache stream "
+                                                 "reaches"),
+                          ("unit_ns", "fixed time per decoding sequence and head of a decode MLA call, ns"),
+                          ("flops_fraction", "largest share of the BF16 peak a prefill MLA call reaches"),
+                          ("prefill_bandwidth_fraction", "share of HBM bandwidth a prefill MLA call's bytes reach"),
+                          ("half_work", "query-head tokens at which prefill MLA reaches half its FLOP share"),
+                          ("half_context", "context at which prefill MLA reaches half its FLOP share"))},
     "deepep_table": (str, "the bundled export of DeepEP's measured dispatches and combines "
                           "(mcsim/data/measurements/aiconfigurator/<name>_deepep.csv.gz) that prices "
                           "performance.alltoall = deepep_low_latency / deepep_normal on this GPU (mcsim.perf.deepep); "

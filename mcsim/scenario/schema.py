@@ -403,6 +403,8 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                         lo_open=True, fidelity="roofline"),
         "attention_error": F(1.0, "Multiplier on modelled attention-kernel times (as gemm_error).", 0, None,
                              lo_open=True, fidelity="roofline"),
+        "mla_error": F(1.0, "Multiplier on the modelled time of MLA attention calls priced by their measured kernels "
+                            "(as gemm_error).", 0, None, lo_open=True, fidelity="roofline"),
         "experts_error": F(1.0, "Multiplier on the modelled time of BF16 routed experts priced by their measured fused "
                                 "MoE kernels (as gemm_error).", 0, None, lo_open=True, fidelity="roofline"),
         "experts_fp8_error": F(1.0, "Multiplier on the modelled time of FP8 routed experts priced by their measured "
