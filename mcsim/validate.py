@@ -599,8 +599,8 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
             step = aiconfigurator.step_model_experts_errors(gpu, compute)
             before = aiconfigurator.step_model_experts_errors(gpu, compute, measured=False)
             checks.append(_check(f"Routed experts of {gpu.upper()}, {label}, vLLM's fused MoE kernel, {layers:,} "
-                                 f"layers of {shapes} shapes (balanced routing, experts sharded by TP), each shape predicted "
-                                 f"by a fit without it: MAPE (worst band {worst.replace('rows', 'tokens')}: "
+                                 f"layers of {shapes} shapes (balanced routing, experts sharded by TP), each shape "
+                                 f"predicted by a fit without it: MAPE (worst band {worst.replace('rows', 'tokens')}: "
                                  f"{100 * bands[worst]:.1f} %; the step model at the catalog's figures, in sample: "
                                  f"{100 * float(np.mean(np.abs(step))):.1f} %; priced as grouped GEMMs at the GEMM "
                                  f"tables' figures, as before: {100 * float(np.mean(np.abs(before))):.1f} %, median "
@@ -624,8 +624,8 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
             nodes = sorted({int(n) for n in table["node_num"][rows]})
             checks.append(_check(f"DeepEP {label} dispatch and combine, {gpu.upper()}, SGLang, "
                                  f"{', '.join(map(str, nodes))} node(s) of 8 GPUs, {int(rows.sum())} token counts "
-                                 f"and shapes (the figures fitted to them, as a run fits them): MAPE (the hierarchical model "
-                                 f"before: {100 * float(np.mean(np.abs(before))):.0f} %, median modelled / measured "
+                                 f"and shapes (the figures fitted to them, as a run fits them): MAPE (the hierarchical "
+                                 f"model before: {100 * float(np.mean(np.abs(before))):.0f} %, median modelled / measured "
                                  f"{1 + float(np.median(before)):.2f})", float(np.mean(np.abs(both))), 0.0,
                                  ALLREDUCE_MAPE_TARGET,
                                  AIC.replace("measured under vLLM 0.24.0", "all-to-alls measured under SGLang "

@@ -138,7 +138,8 @@ def test_deepseek_ep_all_to_all_is_priced_by_deepeps_measured_kernels():
     """DeepSeek-V3 decode on H100 with DeepEP's low-latency kernels, EP 8 to 64 (1 to 8 nodes), 16-256 tokens a rank:
     the step's all-to-all per MoE layer is the measured dispatch plus combine of that many tokens (the bundled SGLang
     rows) within 5 %; prefill's normal kernels within 12 % (their fit is looser: one line per node count through
-    notify and transmit times that are not quite linear in the bytes). H800's one-node figures are slower by its NVLink; B200,
+    notify and transmit times that are not quite linear in the bytes). H800's one-node figures are slower by its
+    NVLink; B200,
     measured on one node only, prices two nodes with the hierarchical model (and says so)."""
     from mcsim.perf import deepep
     from mcsim.perf.roofline import Collectives, Parallelism, Precision, step_cost

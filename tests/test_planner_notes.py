@@ -25,6 +25,10 @@ def test_an_unmeasured_gpu_is_named_in_the_result_and_the_summary(tmp_path):
         facts = ds.attrs["kernel_data"]
         assert "h100: GEMMs and attention kernels measured under vLLM 0.24.0" in facts
         assert "h200: GEMMs and attention kernels measured under vLLM 0.24.0 (the bundled h200-bf16.toml)" in facts
+        h200 = facts.split("h200:")[1].split("mi300x:")[0]
+        assert "routed experts as vLLM 0.24.0's fused MoE kernel (BF16 and FP8), measured" in h200
+        assert "MLA attention from DeepSeek-V3's attention modules measured on H200" in h200
+        assert "DeepEP all-to-all from dispatches and combines measured on H100 under SGLang 0.5.6.post2" in h200
     measured = invoke("run", DENSE_NODE, "--samples", "1", "--requests", "300", "--no-progress", *ROOFLINE, "-o",
                       tmp_path / "y.nc")
     assert measured.exit_code == 0 and "UNMEASURED" not in measured.output

@@ -90,9 +90,9 @@ class DeepEPFigures:
 
 def alltoall_seconds(mode: str, tokens: float, copies: float, token_bytes: float, group: int, gpus_per_node: int,
                      figures: DeepEPFigures, scale_up_gb_s: float) -> tuple | None:
-    """``(dispatch_s, combine_s, bytes_sent)`` of one DeepEP dispatch and one combine of ``tokens`` tokens a rank, each to
-    ``copies`` experts, over ``group`` ranks (``gpus_per_node`` a node; NVLink ``scale_up_gb_s``), with the bytes one
-    of them sends as the fits count them, or None where the figures have no fit for that span.
+    """``(dispatch_s, combine_s, bytes_sent)`` of one DeepEP dispatch and one combine of ``tokens`` tokens a rank,
+    each to ``copies`` experts, over ``group`` ranks (``gpus_per_node`` a node; NVLink ``scale_up_gb_s``), with the
+    bytes one of them sends as the fits count them, or None where the figures have no fit for that span.
 
     Examples
     --------

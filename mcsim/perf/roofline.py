@@ -440,8 +440,9 @@ def attention_seconds(flops, nbytes, *, decode, sequences, kv_heads, work, head_
     A decode call (``decode`` true) over ``sequences`` sequences with ``kv_heads`` KV heads on the GPU moving
     ``nbytes`` costs ``floor_s + sequences x kv_heads x unit_s + max(nbytes / (hbm x bandwidth_fraction), flops /
     (peak x flops_fraction))``: decode attention streams the KV cache and pays per work unit, and only where many
-    query heads share a cache entry (MLA's 128 over one latent) does its compute outrun the stream. A prefill call of ``flops`` over
-    ``work`` query-head tokens of width ``head_dim``, each token attending to ``context`` others on average, costs
+    query heads share a cache entry (MLA's 128 over one latent) does its compute outrun the stream. A prefill call of
+    ``flops`` over ``work`` query-head tokens of width ``head_dim``, each token attending to ``context`` others on
+    average, costs
     ``floor_s + max(flops / (peak x flops_fraction x e), nbytes / (hbm x prefill_bandwidth_fraction))`` with
     ``e = head_dim / (head_dim + head_dim_half) x work / (work + half_work) x context / (context + half_context)``.
     ``peak`` is the BF16 peak and ``hbm`` the HBM bandwidth (bytes/s). The step model and ``mcsim calibrate`` both

@@ -437,13 +437,30 @@ def kernel_evidence(name: str, gemm_surface: str | None = None) -> tuple[str, st
     efficiencies are uncertain inputs, ``performance.unmeasured_*``: unmeasured, and expected optimistic).
     ``gemm_surface`` is the scenario's own value where it overrides the catalog's."""
     kind, text = _bf16_evidence(name, gemm_surface)
+    entry = hardware_preset(name)
     for dtype in ("fp8", "fp4"):
-        own = str(hardware_preset(name).get(f"gemm_{dtype}_surface", "") or "")
+        own = str(entry.get(f"gemm_{dtype}_surface", "") or "")
         if own:
             label = dtype.upper()
             text += (f"; {label} GEMMs from the measured surface {own}.toml (AIConfigurator's vLLM tables)"
                      if own == f"{name}-{dtype}" else f"; {label} GEMMs from {own.split('-')[0]}'s measured {label} "
                      "surface")
+    if kind == "none":
+        return kind, text
+    experts = [label for prefix, label in (("experts_", "BF16"), ("experts_fp8_", "FP8"))
+               if entry.get(prefix + "flops_fraction", 0) > 0]
+    if experts:
+        source = str(entry.get("experts_surface", "") or "").split("-")[0] or name
+        text += (f"; routed experts as vLLM 0.24.0's fused MoE kernel ({' and '.join(experts)}), "
+                 + ("measured" if source == name else f"{source}'s"))
+    if entry.get("mla_floor_us", 0) > 0:
+        source = name if kind == "measured" else str(entry.get("gemm_surface", "") or name).split("-")[0]
+        text += f"; MLA attention from DeepSeek-V3's attention modules measured on {source.upper()} (vLLM 0.24.0)"
+    if entry.get("deepep_table", ""):
+        table = str(entry["deepep_table"])
+        gpu, version = table.split("_sglang_")
+        text += (f"; DeepEP all-to-all from dispatches and combines measured on {gpu.upper()} under SGLang {version}"
+                 + ("" if gpu == name else " (its NICs and NVLink at this GPU's)"))
     return kind, text
 
 
