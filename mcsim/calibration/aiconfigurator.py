@@ -33,7 +33,7 @@ from mcsim.calibration.files import load
 from mcsim.calibration.fit import PARAMETERS, Observations, band_errors, fit_point, held_out, predict
 from mcsim.perf import deepep, gemm_surface, roofline
 from mcsim.perf.collectives import CUSTOM_GROUPS, CUSTOM_MAX_BYTES, custom_allreduce, custom_allreduce_shape
-from mcsim.perf.fused_moe import expert_stream_bytes, expert_tiles
+from mcsim.perf.fused_moe import EXPERTS_CLASSES, expert_stream_bytes, expert_tiles
 from mcsim.perf.hardware import ATTENTION_CALL_KERNELS, as_hardware, gemm_figures
 from mcsim.scenario import catalog
 
@@ -474,7 +474,7 @@ def layer_kernels(gpu: str, batch: int, context: int = 2047, dtype: str = "bfloa
 MOE_COLUMNS = ("moe_dtype", "kernel_source", "distribution", "num_tokens", "hidden_size", "inter_size", "topk",
                "num_experts", "moe_tp_size", "moe_ep_size", "latency")
 #: The table's MoE dtypes by the experts' compute format, and their weight and input bytes per element.
-MOE_DTYPES = {"bf16": ("bfloat16", 2.0, 2.0), "fp8": ("fp8_block", 1.0, 1.0)}
+MOE_DTYPES = {"bf16": ("bfloat16", 2.0, 2.0), "fp8": ("fp8_block", 1.0, 1.0), "fp4": ("nvfp4", 0.5, 0.5)}
 
 
 def _moe_rows(table: dict, dtype: str) -> np.ndarray:
@@ -505,7 +505,7 @@ def balanced_experts(tokens: int, experts: int, topk: int) -> int:
 
 def experts_observations(table: dict, hw, compute: str, source: str = "") -> Observations:
     """The kept rows of a fused MoE table in ``compute`` (``"bf16"``, ``"fp8"``; :func:`_moe_rows`) as observations
-    of the experts class (``experts`` or ``experts_fp8``): each row one layer's routed experts on one GPU over
+    of the experts class (``experts``, ``experts_fp8`` or ``experts_fp4``): each row one layer's routed experts on one GPU over
     ``num_tokens`` tokens, with its FLOPs, the touched experts' weight bytes, the pairs' activation bytes
     (:func:`mcsim.perf.fused_moe.expert_stream_bytes`), pairs per touched expert and output tiles, as the step model
     counts them. Balanced routing touches the experts :func:`balanced_experts` counts. Rows faster than those
@@ -537,7 +537,7 @@ def experts_observations(table: dict, hw, compute: str, source: str = "") -> Obs
 
 
 #: The experts class of each compute dtype (:mod:`mcsim.calibration.fit`), and the catalog's prefix of its figures.
-EXPERTS_CLASS = {"bf16": "experts", "fp8": "experts_fp8"}
+EXPERTS_CLASS = EXPERTS_CLASSES
 
 
 def bundled_experts_held_out(gpu: str, compute: str, max_folds: int = 40) -> tuple[float, dict, int, int]:

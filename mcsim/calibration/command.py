@@ -22,8 +22,8 @@ from mcsim.calibration import aiconfigurator
 from mcsim.scenario import catalog
 
 #: Fitting order: the step class is fitted last, on top of the others' point fits.
-ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "attention", "experts", "experts_fp8", "mla",
-         "step")
+ORDER = ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send", "attention", "experts", "experts_fp8",
+         "experts_fp4", "mla", "step")
 DTYPES = ("fp32", "bf16", "fp8", "fp4")
 
 
@@ -112,8 +112,8 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
                 raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
         elif kind == "aiconfigurator-moe":
             if dtype not in aiconfigurator.EXPERTS_CLASS:
-                raise CalibrationError("--dtype", f"a fused MoE table is fitted for bf16 or fp8 (block-scaled) "
-                                       f"experts, not {dtype}")
+                raise CalibrationError("--dtype", f"a fused MoE table is fitted for bf16, fp8 (block-scaled) or fp4 "
+                                       f"(NVFP4) experts, not {dtype}")
             try:
                 table = aiconfigurator.read_table(path, aiconfigurator.MOE_COLUMNS, "a fused MoE table")
                 obs = aiconfigurator.experts_observations(table, hw, dtype, source=str(path))

@@ -14,8 +14,8 @@ elementwise     RMSNorms, RoPE, SwiGLU, residual adds (mlp.csv)        performan
 allreduce       NCCL all-reduce inside a node (all_reduce.csv)         hardware.collective_base_us, collective_hop_us,
                                                                        allreduce_bus_gb_s
 experts,        one MoE layer's routed experts, one fused MoE kernel   hardware.experts_flops_fraction,
-experts_fp8     (AIConfigurator's MoE tables), BF16 and                experts_weight_bandwidth_fraction,
-                block-scaled FP8                                       experts_stream_bandwidth_fraction,
+experts_fp8,    (AIConfigurator's MoE tables), BF16, block-scaled      experts_weight_bandwidth_fraction,
+experts_fp4     FP8 and NVFP4                                          experts_stream_bandwidth_fraction,
                                                                        experts_half_rows, experts_floor_us,
                                                                        experts_tile_ns (experts_fp8_*: FP8's)
 mla             DeepSeek-V3's MLA attention module, decode and prefill  hardware.mla_floor_us, mla_bandwidth_fraction,
@@ -67,7 +67,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from mcsim.perf.collectives import allreduce_auto_seconds
-from mcsim.perf.fused_moe import ExpertFigures, experts_seconds
+from mcsim.perf.fused_moe import EXPERTS_CLASSES, ExpertFigures, experts_seconds
 from mcsim.perf.gemm_surface import GemmSurface
 from mcsim.perf.roofline import AttentionFigures, attention_seconds, elementwise_seconds, gemm_seconds
 
@@ -102,7 +102,7 @@ PARAMETERS = {
              (f"hardware.{cls}_half_rows", 1.0, 0.0, 1e4, 50.0),
              (f"hardware.{cls}_floor_us", 1e-6, 0.0, 1e3, 30.0),
              (f"hardware.{cls}_tile_ns", 1e-9, 0.0, 1e3, 5.0))
-       for cls in ("experts", "experts_fp8")},
+       for cls in EXPERTS_CLASSES.values()},
     "mla": (("hardware.mla_floor_us", 1e-6, 0.0, 1e4, 30.0),
             ("hardware.mla_bandwidth_fraction", 1.0, 0.01, 1.0, 0.8),
             ("hardware.mla_unit_ns", 1e-9, 0.0, 1e4, 20.0),
@@ -174,7 +174,7 @@ def band_label(band) -> str:
 
 #: The classes whose fit carries a measured surface over (rows, N, K): GEMMs by their shape, and a fused MoE layer's
 #: experts by (width on the GPU, hidden) over tokens.
-SURFACE_CLASSES = ("gemm", "experts", "experts_fp8")
+SURFACE_CLASSES = ("gemm", *EXPERTS_CLASSES.values())
 
 
 def has_surface(obs: Observations) -> bool:
@@ -262,7 +262,7 @@ def predict(obs: Observations, values: dict, surface: GemmSurface | None = None)
                                                sequences=d["sequences"], kv_heads=d["kv_heads"], work=d["work"],
                                                head_dim=1.0, context=d["context"], peak=d["peak"], hbm=d["hbm"],
                                                figures=figures, floor_s=si("hardware.mla_floor_us"))
-    if obs.cls in ("experts", "experts_fp8"):
+    if obs.cls in EXPERTS_CLASSES.values():
         figures = ExpertFigures(*(si(f"hardware.{obs.cls}_{name}") for name in (
             "flops_fraction", "weight_bandwidth_fraction", "stream_bandwidth_fraction", "half_rows", "floor_us",
             "tile_ns")))

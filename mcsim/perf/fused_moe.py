@@ -10,7 +10,7 @@ expert by :data:`TILE_COLUMNS` columns), which is what narrow experts and many e
 
 :func:`experts_seconds` is that model; :class:`ExpertFigures` its six figures, fitted per GPU and compute dtype to
 the fused MoE kernels AIConfigurator times (``mcsim calibrate``, class ``experts``) and held in the hardware catalog
-as ``experts_*`` (BF16) and ``experts_fp8_*`` (block-scaled FP8). The step model and the fit both price with it. As a
+as ``experts_*`` (BF16), ``experts_fp8_*`` (block-scaled FP8) and ``experts_fp4_*`` (NVFP4). The step model and the fit both price with it. As a
 GEMM's roofline is corrected by its shape (:mod:`mcsim.perf.gemm_surface`), the formula is corrected by the fit's
 measured residuals, kept per (width on the GPU, hidden size) as a curve over tokens: a measured shape takes its own,
 another the blend of those near it (``ExpertFigures.surface``).
@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+#: The op class (and catalog prefix) of each compute dtype whose fused MoE kernels can be measured: BF16,
+#: block-scaled FP8 and NVFP4.
+EXPERTS_CLASSES = {"bf16": "experts", "fp8": "experts_fp8", "fp4": "experts_fp4"}
 #: Rows (token-expert pairs of one expert) and columns of one output tile of the grouped GEMMs: the typical Triton
 #: fused-MoE block (``BLOCK_SIZE_M`` 64, ``BLOCK_SIZE_N`` 128); each expert's last tile of rows is partial.
 TILE_ROWS = 64

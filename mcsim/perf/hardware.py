@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields
 
-from mcsim.perf.fused_moe import ExpertFigures
+from mcsim.perf.fused_moe import EXPERTS_CLASSES, ExpertFigures
 from mcsim.perf.gemm_surface import for_hardware
 from mcsim.scenario.schema import UNMEASURED_STAND_INS
 
@@ -81,7 +81,7 @@ class Hardware:
     experts_surface : str
         The bundled calibration (or a calibration file's path) whose measured surface corrects them by shape.
     experts_fp8_flops_fraction, ... experts_fp8_tile_ns, experts_fp8_surface
-        The same of block-scaled FP8 routed experts.
+        The same of block-scaled FP8 routed experts; ``experts_fp4_*`` of NVFP4 ones.
     mla_floor_us, mla_bandwidth_fraction, mla_unit_ns, mla_flops_fraction, mla_prefill_bandwidth_fraction, \
     mla_half_work, mla_half_context : float
         Fitted MLA attention figures (DeepSeek-V3's module, its projections at the GEMM figures): the module's fixed
@@ -156,6 +156,13 @@ class Hardware:
     experts_fp8_floor_us: float = 0.0
     experts_fp8_tile_ns: float = 0.0
     experts_fp8_surface: str = ""
+    experts_fp4_flops_fraction: float = 0.0
+    experts_fp4_weight_bandwidth_fraction: float = 0.0
+    experts_fp4_stream_bandwidth_fraction: float = 0.0
+    experts_fp4_half_rows: float = 0.0
+    experts_fp4_floor_us: float = 0.0
+    experts_fp4_tile_ns: float = 0.0
+    experts_fp4_surface: str = ""
     deepep_table: str = ""
     mla_floor_us: float = 0.0
     mla_bandwidth_fraction: float = 0.0
@@ -181,7 +188,8 @@ class Hardware:
     def expert_figures(self, compute: str) -> ExpertFigures | None:
         """The measured fused-MoE figures of routed experts computed in ``compute`` (``"bf16"``, ``"fp8"``), or None
         where that dtype's fused MoE kernels were not measured."""
-        prefix = {"bf16": "experts_", "fp8": "experts_fp8_"}.get(compute)
+        cls = EXPERTS_CLASSES.get(compute)
+        prefix = cls + "_" if cls else None
         if prefix is None or getattr(self, prefix + "flops_fraction") <= 0:
             return None
         get = functools.partial(getattr, self)
@@ -229,7 +237,8 @@ def as_hardware(entry) -> Hardware:
 
 
 #: The catalog's fields that name a measured surface (a bundled calibration, or a calibration file's path).
-SURFACE_FIELDS = ("gemm_surface", "gemm_fp8_surface", "gemm_fp4_surface", "experts_surface", "experts_fp8_surface")
+SURFACE_FIELDS = ("gemm_surface", "gemm_fp8_surface", "gemm_fp4_surface",
+                  *(f"{cls}_surface" for cls in EXPERTS_CLASSES.values()))
 #: The catalog's fields that name something bundled (text, not figures).
 NAME_FIELDS = (*SURFACE_FIELDS, "deepep_table")
 #: The catalog's measured GQA attention figures (:class:`mcsim.perf.roofline.AttentionFigures`, and the call's floor).

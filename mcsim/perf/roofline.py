@@ -106,7 +106,7 @@ import numpy as np
 
 from mcsim.perf import deepep
 from mcsim.perf.collectives import alltoall_time, send_time, tp_allreduce
-from mcsim.perf.fused_moe import ExpertFigures, expert_stream_bytes, expert_tiles, experts_seconds
+from mcsim.perf.fused_moe import EXPERTS_CLASSES, ExpertFigures, expert_stream_bytes, expert_tiles, experts_seconds
 from mcsim.perf.hardware import Hardware, as_hardware
 from mcsim.scenario import catalog
 
@@ -150,9 +150,9 @@ ERROR_CLASSES = {"gemm": ("attention_proj", "dense_ffn", "moe_ffn", "shared_expe
                  "elementwise": ("elementwise",), "allreduce": ("tp_allreduce",), "send": ("pp_send",),
                  "attention": ("attention_core",),
                  "allreduce_nodes": ("tp_allreduce",),
-                 "experts": ("moe_ffn",), "experts_fp8": ("moe_ffn",), "mla": ("attention_core",)}
+                 **{cls: ("moe_ffn",) for cls in EXPERTS_CLASSES.values()}, "mla": ("attention_core",)}
 #: The error class of routed experts priced by their measured fused MoE kernels, by compute dtype.
-EXPERTS_ERROR_CLASS = {"bf16": "experts", "fp8": "experts_fp8"}
+EXPERTS_ERROR_CLASS = EXPERTS_CLASSES
 
 
 def launch_seconds(launches: float, layers: float, launch_s: float, mode: str, gpu_s: float = 0.0) -> float:
@@ -358,7 +358,7 @@ class Achievable:
     moe : mcsim.perf.fused_moe.ExpertFigures, optional
         The measured fused MoE kernels of the routed experts' compute dtype: each MoE layer's routed experts are then
         one fused kernel (:func:`mcsim.perf.fused_moe.experts_seconds`: its GEMMs, SwiGLU, quantization and sum over
-        ``top_k``), under the error class ``experts`` (``experts_fp8``) instead of ``gemm``. None: grouped GEMMs at
+        ``top_k``), under the error class ``experts`` (``experts_fp8``, ``experts_fp4``) instead of ``gemm``. None: grouped GEMMs at
         ``experts``' figures, a SwiGLU and casts.
     mla : AttentionFigures, optional
         The measured MLA attention kernels (:func:`mla_calls` priced by :func:`attention_seconds`, the head width

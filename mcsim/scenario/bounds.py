@@ -62,7 +62,7 @@ CATALOG_UPPER = {
                                       "gemm_fp8_half_tokens", "attention_floor_us", "attention_unit_ns",
                                       "attention_half_work", "attention_head_dim_half", "attention_half_context",
                                       "attention_fp8_kv_unit_ns",
-                                      *(f"experts_{d}{k}" for d in ("", "fp8_")
+                                      *(f"experts_{d}{k}" for d in ("", "fp8_", "fp4_")
                                         for k in ("half_rows", "floor_us", "tile_ns")),
                                       "mla_floor_us", "mla_unit_ns", "mla_half_work", "mla_half_context")},
     **{f"hardware.{k}": 1 for k in ("gemm_flops_fraction", "gemm_bandwidth_fraction", "gemm_fp8_flops_fraction",
@@ -70,7 +70,7 @@ CATALOG_UPPER = {
                                     "gemm_fp8_bandwidth_fraction", "elementwise_bandwidth_fraction",
                                     "attention_bandwidth_fraction", "attention_flops_fraction",
                                     "attention_prefill_bandwidth_fraction", "attention_fp8_kv_bandwidth_fraction",
-                                    *(f"experts_{d}{k}" for d in ("", "fp8_")
+                                    *(f"experts_{d}{k}" for d in ("", "fp8_", "fp4_")
                                       for k in ("flops_fraction", "weight_bandwidth_fraction",
                                                 "stream_bandwidth_fraction")),
                                     "mla_bandwidth_fraction", "mla_flops_fraction", "mla_prefill_bandwidth_fraction")},
@@ -117,7 +117,8 @@ SCENARIO_UPPER = {
     "performance.kernel_floor_s": 60.0,
     "performance.attention_floor_s": 60.0,
     **{f"performance.{k}_error": 1000.0 for k in ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send",
-                                                  "attention", "experts", "experts_fp8", "mla", "step")},
+                                                  "attention", "experts", "experts_fp8", "experts_fp4", "mla",
+                                                  "step")},
     "performance.collective_latency_s": 60.0,
     "performance.launch_overhead_s": 60.0,
     "performance.step_overhead_s": 600.0,
@@ -163,7 +164,8 @@ SCENARIO_LOWER = {
     "precision.decode_gain": 1e-3,
     "precision.prefill_gain": 1e-3,
     **{f"performance.{k}_error": 1e-3 for k in ("gemm", "elementwise", "allreduce", "allreduce_nodes", "send",
-                                                "attention", "experts", "experts_fp8", "mla", "step")},
+                                                "attention", "experts", "experts_fp8", "experts_fp4", "mla",
+                                                  "step")},
     "efficiency.base_decode_tok_s_per_gpu": 1e-6,
     "efficiency.base_prefill_tok_s_per_gpu": 1e-6,
     "efficiency.fused_kernel_gain": 1e-3,

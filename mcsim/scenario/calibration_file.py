@@ -52,7 +52,8 @@ draw the *same* replicate in a sample (one random stream, named after the file's
 the joint fit are kept; they are recorded in the result as uncertain inputs like any other. A calibrated value
 *replaces* the scenario's (it never multiplies it). A file with a ``[surfaces.gemm]`` table also sets
 ``performance.gemm_surface`` to itself: its measured surface corrects every GEMM by its shape (a fused MoE fit's
-``[surfaces.experts]`` sets ``hardware.experts_surface``, ``[surfaces.experts_fp8]`` ``hardware.experts_fp8_surface``,
+``[surfaces.experts]`` sets ``hardware.experts_surface``, ``[surfaces.experts_fp8]`` ``hardware.experts_fp8_surface``
+(``experts_fp4`` likewise),
 correcting the routed experts by theirs). A calibration whose
 regime differs from the scenario's (hardware preset, matmul format, fidelity) is refused with every difference
 named.
@@ -96,7 +97,7 @@ CLASS_KEYS = {
                   "performance.attention_error"),
     **{cls: (*(f"hardware.{cls}_{k}" for k in ("flops_fraction", "weight_bandwidth_fraction",
                                                "stream_bandwidth_fraction", "half_rows", "floor_us", "tile_ns")),
-             f"performance.{cls}_error") for cls in ("experts", "experts_fp8")},
+             f"performance.{cls}_error") for cls in ("experts", "experts_fp8", "experts_fp4")},
     "mla": (*(f"hardware.mla_{k}" for k in ("floor_us", "bandwidth_fraction", "unit_ns", "flops_fraction",
                                             "prefill_bandwidth_fraction", "half_work", "half_context")),
             "performance.mla_error"),
@@ -106,7 +107,7 @@ CLASS_KEYS = {
 }
 #: The measured surfaces a calibration may hold (its op classes'), and the scenario key that names the file for each.
 SURFACE_KEYS = {"gemm": "performance.gemm_surface", "experts": "hardware.experts_surface",
-                "experts_fp8": "hardware.experts_fp8_surface"}
+                "experts_fp8": "hardware.experts_fp8_surface", "experts_fp4": "hardware.experts_fp4_surface"}
 REGIME_KEYS = ("hardware", "dtype", "fidelity", "stack", "stack_version")
 #: The regime keys a scenario is checked against (the stack is provenance: a scenario does not name one).
 CHECKED = ("hardware", "dtype", "fidelity")

@@ -145,7 +145,7 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                                         "(mcsim.perf.fused_moe), fitted to measured fused MoE layers where the source "
                                         "says so" + ("; 0 where unknown (then the experts are priced as grouped GEMMs "
                                                      "at the GEMM figures)" if name == "flops_fraction" else ""))
-       for dtype, label in (("", "BF16"), ("fp8_", "block-scaled FP8"))
+       for dtype, label in (("", "BF16"), ("fp8_", "block-scaled FP8"), ("fp4_", "NVFP4"))
        for name, kind, text in (
            ("flops_fraction", float, "largest share of the compute dtype's peak the grouped GEMMs reach"),
            ("weight_bandwidth_fraction", float, "share of HBM bandwidth at which the touched experts' weights "
@@ -447,7 +447,7 @@ def kernel_evidence(name: str, gemm_surface: str | None = None) -> tuple[str, st
                      "surface")
     if kind == "none":
         return kind, text
-    experts = [label for prefix, label in (("experts_", "BF16"), ("experts_fp8_", "FP8"))
+    experts = [label for prefix, label in (("experts_", "BF16"), ("experts_fp8_", "FP8"), ("experts_fp4_", "FP4"))
                if entry.get(prefix + "flops_fraction", 0) > 0]
     if experts:
         source = str(entry.get("experts_surface", "") or "").split("-")[0] or name

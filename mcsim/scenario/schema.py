@@ -407,6 +407,9 @@ SECTIONS: dict[str, dict[str, Field]] = {  # a key read by one fidelity only nam
                             "(as gemm_error).", 0, None, lo_open=True, fidelity="roofline"),
         "experts_error": F(1.0, "Multiplier on the modelled time of BF16 routed experts priced by their measured fused "
                                 "MoE kernels (as gemm_error).", 0, None, lo_open=True, fidelity="roofline"),
+        "experts_fp4_error": F(1.0, "Multiplier on the modelled time of NVFP4 routed experts priced by their measured "
+                                    "fused MoE kernels (as gemm_error).", 0, None, lo_open=True,
+                               fidelity="roofline"),
         "experts_fp8_error": F(1.0, "Multiplier on the modelled time of FP8 routed experts priced by their measured "
                                     "fused MoE kernels (as gemm_error).", 0, None, lo_open=True,
                                fidelity="roofline"),
