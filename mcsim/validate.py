@@ -569,12 +569,15 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
                              target=True))
     for gpu in aiconfigurator.BUNDLED_DTYPES:
         result = aiconfigurator.bundled_mla_held_out(gpu, 4 if quick else 10)
+        fp8_mape, fp8_ratio, fp8_modules = result["fp8 kv"]
         for phase in ("decode", "prefill"):
             mape, before, ratio, modules = result[phase]
+            fp8 = (f"; {fp8_modules:,} modules over an FP8 cache at these figures, decode and prefill: "
+                   f"{100 * fp8_mape:.0f} %, median {fp8_ratio:.2f}") if phase == "decode" else ""
             checks.append(_check(f"MLA attention modules ({phase}) of {gpu.upper()}, DeepSeek-V3, BF16 cache, BF16 and "
                                  f"FP8 projections, {modules:,} modules, each (heads, projections) shape predicted "
                                  f"by a fit without it: MAPE (the roofline, which priced MLA before: "
-                                 f"{100 * before:.0f} %, median modelled / measured {ratio:.2f})", mape, 0.0,
+                                 f"{100 * before:.0f} %, median modelled / measured {ratio:.2f}{fp8})", mape, 0.0,
                                  HELD_OUT_MAPE_TARGET, AIC.replace("measured", "MLA modules measured"), "fraction",
                                  "target: <= 5 % on the shapes left out, per GPU", target=True))
     errors = aiconfigurator.calibration_gemm_errors("h100", "h100")

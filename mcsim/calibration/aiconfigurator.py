@@ -620,7 +620,7 @@ def _mla_rows(table: dict, kv_dtype: str = "bfloat16") -> np.ndarray:
     return keep
 
 
-def mla_observations(table: dict, hw, source: str = "") -> Observations:
+def mla_observations(table: dict, hw, source: str = "", kv_dtype: str = "bfloat16") -> Observations:
     """The kept rows of an MLA module table (:func:`_mla_rows`, BF16 cache) as observations of the ``mla`` class: each
     row one module on one GPU, its projections priced by the step model at the catalog's GEMM figures (``proj_s``:
     held, not fitted) and its attention calls as the step model counts them (:func:`mcsim.perf.roofline.mla_calls`);
@@ -628,12 +628,12 @@ def mla_observations(table: dict, hw, source: str = "") -> Observations:
     MLA's kernels were measured: its projections and the roofline's attention with three element-wise kernel floors
     (:data:`mcsim.perf.hardware.ATTENTION_CALL_KERNELS`)."""
     hw = as_hardware(hw)
-    rows = np.flatnonzero(_mla_rows(table))
+    rows = np.flatnonzero(_mla_rows(table, kv_dtype))
     model = dict(catalog.model_preset(MLA_MODEL), layers=1, dense_layers=1)
     floor = ATTENTION_CALL_KERNELS * gemm_figures(hw)["performance.kernel_floor_s"]
     achievable = {compute: catalog_achievable(hw, compute, attention_floor_s=floor)
                   for compute, _ in MLA_GEMMS.values()}
-    kv_token = (model["kv_lora_rank"] + model["qk_rope_head_dim"]) * 2.0
+    kv_token = (model["kv_lora_rank"] + model["qk_rope_head_dim"]) * KV_BYTES[kv_dtype]
     columns = {k: [] for k in ("proj_s", "before_s", "flops", "bytes", "decode", "sequences", "work", "context",
                                "kv_heads", "rows")}
     for i in rows:
@@ -645,7 +645,8 @@ def mla_observations(table: dict, hw, source: str = "") -> Observations:
         cost = roofline.step_cost(model, hw, decode_seqs=batch if decode else 0, decode_context=context if decode
                                   else 0, prefill_tokens=0 if decode else tokens, prefill_context=0 if decode
                                   else context,
-                                  precision=roofline.Precision(weight_bytes=weight_bytes, compute=compute),
+                                  precision=roofline.Precision(weight_bytes=weight_bytes, compute=compute,
+                                                               kv_bytes=KV_BYTES[kv_dtype]),
                                   parallel=roofline.Parallelism(tp=int(round(model["attention_heads"] / heads))),
                                   achievable=achievable[compute])
         call, = (roofline.mla_calls(model, heads, kv_token, 2.0, batch, tokens, context, 0, 0) if decode else
@@ -673,12 +674,16 @@ def export_mla(tables, path) -> int:
 
 
 def bundled_mla_held_out(gpu: str, max_folds: int = 40) -> dict:
-    """Each bundled MLA module of ``gpu`` predicted by a fit without its shape, and as the step model priced it
-    before (:func:`mla_observations`' ``before_s``): phase -> (held-out MAPE, before MAPE, median before / measured,
-    modules)."""
-    obs = mla_observations(_bundled_table(gpu, "mla"), catalog.hardware_preset(gpu))
+    """Each bundled MLA module of ``gpu`` (BF16 cache) predicted by a fit without its shape, and as the step model
+    priced it before (:func:`mla_observations`' ``before_s``): phase -> (held-out MAPE, before MAPE, median before /
+    measured, modules); and ``"fp8 kv"`` -> (MAPE, median modelled / measured, modules) of the modules over an FP8
+    cache at the catalog's figures (a BF16 cache's, at one byte an element)."""
+    hw = catalog.hardware_preset(gpu)
+    obs = mla_observations(_bundled_table(gpu, "mla"), hw)
     predicted, _ = held_out(obs, fit_point(obs), max_folds)
-    out = {}
+    fp8 = mla_observations(_bundled_table(gpu, "mla"), hw, kv_dtype="fp8")
+    ratio = predict(fp8, {key: hw[key.split(".", 1)[1]] for key in fp8.active}) / fp8.measured_s
+    out = {"fp8 kv": (float(np.mean(np.abs(ratio - 1.0))), float(np.median(ratio)), len(fp8))}
     for phase, rows in (("decode", obs.data["decode"] > 0), ("prefill", obs.data["decode"] == 0)):
         before = obs.data["before_s"][rows] / obs.measured_s[rows]
         out[phase] = (float(np.mean(np.abs(predicted[rows] / obs.measured_s[rows] - 1.0))),
