@@ -91,33 +91,24 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
                 parts["allreduce_nodes"].append(nodes)
         elif kind == "vidur-send_recv":
             parts["send"].append(measurements.send_observations(path))
-        elif kind == "aiconfigurator-gemm":
-            try:
-                table = aiconfigurator.read_table(path)
-                parts["gemm"].append(aiconfigurator.gemm_observations(table, hw, aiconfigurator.TABLE_DTYPE[dtype],
-                                                                      source=str(path)))
-            except ValueError as err:
-                raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
-        elif kind == "aiconfigurator-attention":
-            try:
-                table = aiconfigurator.read_table(path, aiconfigurator.ATTENTION_COLUMNS, "an attention table")
-                parts["attention"].append(aiconfigurator.attention_observations(table, hw, source=str(path)))
-            except ValueError as err:
-                raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
-        elif kind == "aiconfigurator-mla":
-            try:
-                table = aiconfigurator.read_table(path, aiconfigurator.MLA_COLUMNS, "an MLA module table")
-                parts["mla"].append(aiconfigurator.mla_observations(table, hw, source=str(path)))
-            except ValueError as err:
-                raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
-        elif kind == "aiconfigurator-moe":
-            if dtype not in aiconfigurator.EXPERTS_CLASS:
+        elif kind.startswith("aiconfigurator-"):
+            if kind == "aiconfigurator-moe" and dtype not in aiconfigurator.EXPERTS_CLASS:
                 raise CalibrationError("--dtype", f"a fused MoE table is fitted for bf16, fp8 (block-scaled) or fp4 "
                                        f"(NVFP4) experts, not {dtype}")
+            columns, what, observe = {
+                "aiconfigurator-gemm": (aiconfigurator.COLUMNS, "a GEMM table",
+                                        lambda t: aiconfigurator.gemm_observations(
+                                            t, hw, aiconfigurator.TABLE_DTYPE[dtype], source=str(path))),
+                "aiconfigurator-attention": (aiconfigurator.ATTENTION_COLUMNS, "an attention table",
+                                             lambda t: aiconfigurator.attention_observations(t, hw, source=str(path))),
+                "aiconfigurator-mla": (aiconfigurator.MLA_COLUMNS, "an MLA module table",
+                                       lambda t: aiconfigurator.mla_observations(t, hw, source=str(path))),
+                "aiconfigurator-moe": (aiconfigurator.MOE_COLUMNS, "a fused MoE table",
+                                       lambda t: aiconfigurator.experts_observations(t, hw, dtype, source=str(path))),
+            }[kind]
             try:
-                table = aiconfigurator.read_table(path, aiconfigurator.MOE_COLUMNS, "a fused MoE table")
-                obs = aiconfigurator.experts_observations(table, hw, dtype, source=str(path))
-            except ValueError as err:
+                obs = observe(aiconfigurator.read_table(path, columns, what))
+            except ValueError as err:  # one line naming the file, whatever the reader or the fit refused
                 raise MeasurementError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
             parts[obs.cls].append(obs)
     fits = []
