@@ -179,6 +179,16 @@ def test_tiny_moe_by_hand():
     fixed = step_cost(TINY_MOE, TINY_HW, decode_seqs=3, decode_context=10, achievable=HALF, distinct_experts=4,
                       parallel=Parallelism(tp=1, attention_dp=2, ep=2))
     assert fixed.breakdown["moe_ffn"]["bytes"] == pytest.approx(2 * expert * 2 + 3 * (2 * 64 + 3 * 32) * 2)
+    # the expert stage's count of 3 distinct experts holds at 8 tokens a step; a step of 3 tokens reads the
+    # experts uniform routing's ratio says it touches, 3 x (4 (1 - 0.5^3)) / (4 (1 - 0.5^8)) = 3 x 3.5 / 3.984375
+    # of the 4, half of them on each of the 2 EP ranks; a step of 8 tokens reads the stage's 3
+    scaled = step_cost(TINY_MOE, TINY_HW, decode_seqs=3, decode_context=10, achievable=HALF, distinct_experts=3,
+                       distinct_tokens=8, parallel=Parallelism(tp=1, attention_dp=2, ep=2))
+    touched = 3 * (4 * (1 - 0.5 ** 3)) / (4 * (1 - 0.5 ** 8)) / 2
+    assert scaled.breakdown["moe_ffn"]["bytes"] == pytest.approx(touched * expert * 2 + 3 * (2 * 64 + 3 * 32) * 2)
+    at_its_tokens = step_cost(TINY_MOE, TINY_HW, decode_seqs=8, decode_context=10, achievable=HALF,
+                              distinct_experts=3, distinct_tokens=8, parallel=Parallelism(tp=1, attention_dp=2, ep=2))
+    assert at_its_tokens.breakdown["moe_ffn"]["bytes"] == pytest.approx(1.5 * expert * 2 + 8 * (2 * 64 + 3 * 32) * 2)
 
 
 def test_kv_bytes_per_token_published():

@@ -94,7 +94,8 @@ def expert_stage(inputs: ExpertInputs | None, rng) -> dict:
                                num_groups=inputs.groups, num_nodes=inputs.nodes)
     # Throughput follows the time-weighted ratio: each step lasts as long as its busiest GPU.
     return {"expert_efficiency": float(result["expert_efficiency_ratio_of_sums"]),
-            "distinct_experts_per_step": float(result["distinct_experts_per_step"])}
+            "distinct_experts_per_step": float(result["distinct_experts_per_step"]),
+            "distinct_experts_tokens": float(inputs.tokens_per_step)}
 
 
 #: Bytes of one slot of a streamed replicas run, counted from the arrays that hold one value per slot: the step
@@ -492,6 +493,12 @@ def variant_params(scn: Scenario, variant: str, overrides: dict, draws: dict) ->
     return p
 
 
+def recorded(experts: dict) -> dict:
+    """The expert stage's outputs a result records: all but the tokens a step it routed (an input of the step
+    model's, already in the scenario's values)."""
+    return {k: v for k, v in experts.items() if k != "distinct_experts_tokens"}
+
+
 def _step_model(step_in, requests, passes, experts):
     if step_in["performance.fidelity"] == "roofline":
         return RooflineStepModel(step_in, requests, passes, experts)
@@ -523,7 +530,7 @@ def streamed_variant(scn: Scenario, variant: str, p: dict, sample: int, seed: in
     result = fleet.performance(fleet.Inputs.from_params(p), measured, None, None, model,
                                rng_for(seed, sample, STREAM_BATCHING))
     m = dict(result.metrics)
-    m.update(experts)
+    m.update(recorded(experts))
     m.update(money(p, result))
     m.update(steady_outputs(stages.cache_steady, result.batching_steady_state, n_requests))
     return variant, m, result, {WORKLOAD_CLASS: stages.class_names, "tier": kvcache.tier_names(p)}
@@ -556,7 +563,7 @@ def sample_variants(scn: Scenario, variants, sample: int, seed: int, n_requests:
                 pooled_tiers=shared["cache_inputs"].pooled_tiers)
         result = shared["memo"][key]
         m = dict(result.metrics)
-        m.update(experts)
+        m.update(recorded(experts))
         m.update(money(p, result))
         # The replicas' own caches, when they ran, else the cache stage's replay.
         cache_steady = result.cache_steady_state

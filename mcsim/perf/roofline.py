@@ -51,7 +51,8 @@ divided by ``attention_dp``); ``h`` = hidden size; matmul FLOPs are 2 per weight
 * moe_ffn: the instance routes ``T k`` token-expert pairs; the slowest rank computes
   ``hot_rank_factor x T k / ep`` of them and reads the weights of the distinct experts it holds,
   ``distinct_experts / ep`` (default: the expected distinct experts under uniform routing,
-  ``E (1 - (1 - k/E)^T)``), each sharded over ``etp``. Where the routed experts' compute dtype has measured fused
+  ``E (1 - (1 - k/E)^T)``; the expert stage's skew-aware count at its own tokens a step, scaled to the step's by
+  that expectation's ratio), each sharded over ``etp``. Where the routed experts' compute dtype has measured fused
   MoE kernels on the GPU (``Achievable.moe``), those pairs and experts are one fused kernel priced from its own
   figures (:mod:`mcsim.perf.fused_moe`: fixed time, weights and activations at their own bandwidth shares, a cost
   per output tile); else two grouped GEMMs at the GEMM figures, a SwiGLU and the casts.
@@ -748,7 +749,8 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
               prefill_context: float = 0, verify_tokens: int = 1, precision: Precision = Precision(),
               parallel: Parallelism = Parallelism(), collectives: Collectives = Collectives(),
               achievable: Achievable = Achievable(), hot_rank_factor: float = 1.0,
-              distinct_experts: float | None = None, attention_window: int = 0, sparse_topk: int = 0) -> StepCost:
+              distinct_experts: float | None = None, attention_window: int = 0, sparse_topk: int = 0,
+              distinct_tokens: float | None = None) -> StepCost:
     """Roofline cost of one forward step of one instance (one pipeline stage when ``pp > 1``).
 
     Parameters
@@ -773,6 +775,10 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         Max / mean token-expert load over EP ranks (from :mod:`mcsim.stages.experts`), >= 1.
     distinct_experts : float, optional
         Distinct routed experts touched per MoE layer in the step; default: uniform-routing expectation.
+    distinct_tokens : float, optional
+        The tokens a step at which ``distinct_experts`` was counted (the expert stage's): a step of other tokens
+        scales it by the uniform-routing expectation's ratio between the two, ``D_u(T) / D_u(T_ref)``, at most all
+        experts (None: ``distinct_experts`` whatever the step's tokens).
     attention_window : int
         Sliding-window size, tokens (0: full attention).
     sparse_topk : int
@@ -960,8 +966,13 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
         etp = stage_gpus // ep
         fe = model["expert_ffn"] / etp
         pairs = hot_rank_factor * tokens * top_k / ep
-        distinct = expected_distinct_experts(experts, top_k, tokens) if distinct_experts is None \
-            else float(distinct_experts)
+        if distinct_experts is None:
+            distinct = expected_distinct_experts(experts, top_k, tokens)
+        elif distinct_tokens:  # skew-aware at the stage's tokens a step, scaled to this step's
+            distinct = min(float(experts), float(distinct_experts) * expected_distinct_experts(experts, top_k, tokens)
+                           / expected_distinct_experts(experts, top_k, distinct_tokens))
+        else:
+            distinct = float(distinct_experts)
         distinct_on_rank = min(distinct, experts) / ep
         add_gemms("moe_ffn", moe_layers, pairs, ffn_gemms(h, fe), groups=distinct_on_rank,  # grouped GEMMs
                   weight_bytes=precision.expert_weights, figures=expert_figures,
@@ -978,8 +989,9 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
             op["flops"] = moe_layers * 6.0 * pairs * h * fe
             op["weight"] = moe_layers * weight
             op["act"] = moe_layers * stream
-            op["floor"] = moe_layers * achievable.moe.floor_s
-            op["t"] = moe_layers * achievable.moe.factor(pairs / top_k, h, fe) * experts_seconds(
+            factor = achievable.moe.factor(pairs / top_k, h, fe)  # the measured surface's correction
+            op["floor"] = moe_layers * achievable.moe.floor_s * factor
+            op["t"] = moe_layers * factor * experts_seconds(
                 6.0 * pairs * h * fe, weight, stream, rows_per_expert=pairs / max(distinct_on_rank, 1e-9),
                 tiles=expert_tiles(pairs, distinct_on_rank, h, fe), peak=_peak_flops(hw, experts_compute),
                 hbm=hw.hbm_bytes_s, figures=achievable.moe)

@@ -31,7 +31,8 @@ def _hardware(p: dict) -> Hardware:
     return as_hardware(p)
 
 
-def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None) -> dict:
+def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, distinct_experts=None,
+            distinct_tokens=None) -> dict:
     """Keyword arguments of :func:`mcsim.perf.roofline.step_cost` (and friends) for the decode or prefill pool."""
     linear, attention, experts = linear_gemms(p), attention_figures(p), linear_gemms(p, experts=True)
     moe, mla = expert_figures(p), mla_figures(p)
@@ -68,6 +69,7 @@ def options(p: dict, *, prefill: bool = False, hot_rank_factor: float = 1.0, dis
             attention=attention, experts=experts, moe=moe, mla=mla),
         "hot_rank_factor": hot_rank_factor,
         "distinct_experts": distinct_experts,
+        "distinct_tokens": distinct_tokens,
         "attention_window": p["performance.attention_window"],
         "sparse_topk": p["performance.sparse_topk"],
     }
@@ -214,7 +216,9 @@ class RooflineStepModel(StepModel):
         distinct = experts.get("distinct_experts_per_step") or None
         hot = 1.0 / eff if eff > 0 else 1.0
         self.model_entry, self.hardware_entry = _model(p), _hardware(p)
-        self.decode_options = options(p, hot_rank_factor=hot, distinct_experts=distinct)
+        # the stage's distinct experts hold at its own tokens a step; a step of other tokens scales them
+        self.decode_options = options(p, hot_rank_factor=hot, distinct_experts=distinct,
+                                      distinct_tokens=experts.get("distinct_experts_tokens") if distinct else None)
         self.prefill_options = options(p, prefill=True, hot_rank_factor=hot) if self.disaggregated \
             else self.decode_options
         self.draft_cost = float(p["speculative.draft_cost"])
