@@ -515,7 +515,8 @@ def test_gemm_exports_round_trip_and_bad_ones_are_one_line_errors(tmp_path):
 @pytest.mark.parametrize("gpu", ["h100", "h200", "b200"])
 def test_the_catalogs_aiconfigurator_figures_are_fits_of_the_bundled_rows(gpu):
     """The measured rows that ship are the rows behind the catalog: refitting them gives the catalog's BF16 and FP8
-    GEMM figures, its attention figures and its custom all-reduce, to the digits the catalog keeps."""
+    GEMM figures, its attention figures, its custom all-reduce, its fused MoE figures of every measured dtype and its
+    MLA figures, to the digits the catalog keeps."""
     from mcsim.calibration import aiconfigurator as aic
     from mcsim.scenario import catalog
 
@@ -534,6 +535,16 @@ def test_the_catalogs_aiconfigurator_figures_are_fits_of_the_bundled_rows(gpu):
     allreduce = aic.fit_custom_allreduce(aic.read_table(aic.bundled(gpu, "custom_allreduce"), aic.ALLREDUCE_COLUMNS))
     assert allreduce["hardware.custom_allreduce_hop_us"] == pytest.approx(hw["custom_allreduce_hop_us"], abs=1e-3)
     assert allreduce["hardware.custom_allreduce_gb_s"] == pytest.approx(hw["custom_allreduce_gb_s"], abs=0.05)
+    moe = aic.read_table(aic.bundled(gpu, "moe"), aic.MOE_COLUMNS)
+    for compute, (name, *_) in aic.MOE_DTYPES.items():
+        if not np.any(moe["moe_dtype"] == name):
+            continue
+        experts = aic.experts_observations(moe, hw, compute)
+        for key, value in zip(experts.active, fit.fit_point(experts)):
+            assert value == pytest.approx(hw[key.split(".", 1)[1]], rel=1e-3, abs=1e-3), key
+    mla = aic.mla_observations(aic.read_table(aic.bundled(gpu, "mla"), aic.MLA_COLUMNS), hw)
+    for key, value in zip(mla.active, fit.fit_point(mla)):
+        assert value == pytest.approx(hw[key.split(".", 1)[1]], rel=1e-3, abs=1e-3), key
 
 
 def test_attention_fit_recovers_known_figures():
