@@ -572,8 +572,9 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
         fp8_mape, fp8_ratio, fp8_modules = result["fp8 kv"]
         for phase in ("decode", "prefill"):
             mape, before, ratio, modules = result[phase]
-            fp8 = (f"; {fp8_modules:,} modules over an FP8 cache at these figures, decode and prefill: "
-                   f"{100 * fp8_mape:.0f} %, median {fp8_ratio:.2f}") if phase == "decode" else ""
+            fp8 = (f"; {fp8_modules:,} modules over an FP8 cache, decode and prefill, by the catalog's FP8-cache "
+                   f"figures (their decode refitted, in sample): {100 * fp8_mape:.0f} %, median {fp8_ratio:.2f}") \
+                if phase == "decode" else ""
             checks.append(_check(f"MLA attention modules ({phase}) of {gpu.upper()}, DeepSeek-V3, BF16 cache, BF16 and "
                                  f"FP8 projections, {modules:,} modules, each (heads, projections) shape predicted "
                                  f"by a fit without it: MAPE (the roofline, which priced MLA before: "
@@ -630,7 +631,8 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
             checks.append(_check(f"DeepEP {label} dispatch and combine, {gpu.upper()}, SGLang, "
                                  f"{', '.join(map(str, nodes))} node(s) of 8 GPUs, {int(rows.sum())} token counts "
                                  f"and shapes (the figures fitted to them, as a run fits them): MAPE (the hierarchical "
-                                 f"model before: {100 * float(np.mean(np.abs(before))):.0f} %, median modelled / measured "
+                                 f"model before: {100 * float(np.mean(np.abs(before))):.0f} %, median modelled / "
+                                 f"measured "
                                  f"{1 + float(np.median(before)):.2f})", float(np.mean(np.abs(both))), 0.0,
                                  ALLREDUCE_MAPE_TARGET,
                                  AIC.replace("measured under vLLM 0.24.0", "all-to-alls measured under SGLang "

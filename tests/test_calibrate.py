@@ -545,6 +545,9 @@ def test_the_catalogs_aiconfigurator_figures_are_fits_of_the_bundled_rows(gpu):
     mla = aic.mla_observations(aic.read_table(aic.bundled(gpu, "mla"), aic.MLA_COLUMNS), hw)
     for key, value in zip(mla.active, fit.fit_point(mla)):
         assert value == pytest.approx(hw[key.split(".", 1)[1]], rel=1e-3, abs=1e-3), key
+    for key, value in aic.fit_mla_fp8_kv(gpu).items():
+        if key.startswith("mla_fp8_kv_"):
+            assert value == pytest.approx(hw[key], rel=1e-3), key
 
 
 def test_attention_fit_recovers_known_figures():

@@ -1151,8 +1151,9 @@ def test_an_fp8_kv_cache_takes_its_own_measured_decode_figures():
 
 def test_mla_attention_is_priced_by_its_measured_kernels_as_the_fit_prices_them():
     """DeepSeek-V3's MLA attention on H100 under the roofline defaults: the step's attention call is the measured MLA
-    figures' call (the absorbed decode form over every sequence's latent cache; the MHA form for a prefill chunk),
-    written out here from the formula, plus the measured module floor; and the step model's projections and attention
+    figures' call (the absorbed decode form over every sequence's latent cache, its stream or its FLOPs; the MHA form
+    for a prefill chunk), written out here from the formula, plus the measured module floor, over an FP8 cache the
+    FP8 cache's own floor and decode figures; and the step model's projections and attention
     come within 15 % of vLLM 0.24.0's measured modules (the bundled rows) at 128 and 16 heads, where the roofline
     alone was about half of them."""
     from dataclasses import replace
@@ -1176,7 +1177,9 @@ def test_mla_attention_is_priced_by_its_measured_kernels_as_the_fit_prices_them(
     for batch, context in ((1, 2048), (64, 4096), (512, 1024)):
         cost = step_cost(model, p, decode_seqs=batch, decode_context=context, **opts)
         nbytes = (batch * context + batch) * (kv_lora + rope) * 2 + batch * 128 * (2 * kv_lora + rope) * 2
-        call = nbytes / (hbm * mla.bandwidth_fraction) + batch * 128 * mla.unit_s
+        call = max(nbytes / (hbm * mla.bandwidth_fraction),
+                   2 * 128 * (2 * kv_lora + rope) * batch * context / (peak * mla.flops_fraction)) \
+            + batch * 128 * mla.unit_s
         assert cost.breakdown["attention_core"]["t"] == pytest.approx(call + hw["mla_floor_us"] * 1e-6, rel=1e-9)
     prefill = step_cost(model, p, decode_seqs=0, decode_context=0, prefill_tokens=4096, prefill_context=2048,
                         **opts)
@@ -1186,6 +1189,21 @@ def test_mla_attention_is_priced_by_its_measured_kernels_as_the_fit_prices_them(
     rate = peak * mla.flops_fraction * work / (work + mla.half_work) * 2048 / (2048 + mla.half_context)
     expected = max(flops / rate, nbytes / (hbm * mla.prefill_bandwidth_fraction)) + hw["mla_floor_us"] * 1e-6
     assert prefill.breakdown["attention_core"]["t"] == pytest.approx(expected, rel=1e-9)
+    # over an FP8 cache: the module floor and the decode call's stream and unit of the FP8 cache's own figures
+    fp8_scn = load_scenario(DENSE_NODE, overrides=['performance.fidelity="roofline"', 'model.preset="deepseek-v3"',
+                                                   "precision.enabled=true", "precision.kv_bytes=1",
+                                                   "precision.weight_bytes=2", 'precision.compute="bf16"',
+                                                   "deployment.tp=1", "deployment.gpus_per_instance=1",
+                                                   "efficiency.fused_kernels=true"])
+    q = resolve(fp8_scn, {k: v[0] for k, v in draw_uncertain(fp8_scn, [0], 1).items()})
+    fp8_opts = options(q)
+    assert fp8_opts["achievable"].attention_floor_s == pytest.approx(hw["mla_fp8_kv_floor_us"] * 1e-6)
+    cost = step_cost(model, q, decode_seqs=64, decode_context=4096, **fp8_opts)
+    nbytes = (64 * 4096 + 64) * (kv_lora + rope) * 1 + 64 * 128 * (2 * kv_lora + rope) * 2
+    call = max(nbytes / (hbm * hw["mla_fp8_kv_bandwidth_fraction"]),
+               2 * 128 * (2 * kv_lora + rope) * 64 * 4096 / (peak * mla.flops_fraction)) \
+        + 64 * 128 * hw["mla_fp8_kv_unit_ns"] * 1e-9
+    assert cost.breakdown["attention_core"]["t"] == pytest.approx(call + hw["mla_fp8_kv_floor_us"] * 1e-6, rel=1e-9)
     # against the measured modules: decode, BF16 projections and cache, 128 heads (TP1) and 16 (TP8)
     table = aic.read_table(aic.bundled("h100", "mla"), aic.MLA_COLUMNS)
     rows = np.flatnonzero((table["op_name"] == "mla_generation_module") & (table["gemm_type"] == "bfloat16")

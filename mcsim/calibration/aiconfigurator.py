@@ -504,9 +504,9 @@ def balanced_experts(tokens: int, experts: int, topk: int) -> int:
 
 
 def experts_observations(table: dict, hw, compute: str, source: str = "") -> Observations:
-    """The kept rows of a fused MoE table in ``compute`` (``"bf16"``, ``"fp8"``; :func:`_moe_rows`) as observations
-    of the experts class (``experts``, ``experts_fp8`` or ``experts_fp4``): each row one layer's routed experts on one GPU over
-    ``num_tokens`` tokens, with its FLOPs, the touched experts' weight bytes, the pairs' activation bytes
+    """The kept rows of a fused MoE table in ``compute`` (``"bf16"``, ``"fp8"``, ``"fp4"``; :func:`_moe_rows`) as
+    observations of the experts class (``experts``, ``experts_fp8`` or ``experts_fp4``): each row one layer's routed
+    experts on one GPU over ``num_tokens`` tokens, with its FLOPs, the touched experts' weight bytes, the pairs' activation bytes
     (:func:`mcsim.perf.fused_moe.expert_stream_bytes`), pairs per touched expert and output tiles, as the step model
     counts them. Balanced routing touches the experts :func:`balanced_experts` counts. Rows faster than those
     experts' weights can be read at HBM's peak are left out: their model routes tokens by groups (DeepSeek-style
@@ -673,16 +673,45 @@ def export_mla(tables, path) -> int:
                         MLA_COLUMNS, path)
 
 
+def fit_mla_fp8_kv(gpu: str) -> dict:
+    """The MLA figures of an FP8 cache on ``gpu``: the catalog's MLA fit (a BF16 cache's) held, the module's fixed
+    time and the decode call's bandwidth share and unit refitted to the bundled FP8-cache decode modules (FlashMLA's);
+    with the in-sample MAPE of the held fit and of the refit, on decode and on all FP8-cache modules."""
+    hw = catalog.hardware_preset(gpu)
+    obs = mla_observations(_bundled_table(gpu, "mla"), hw, kv_dtype="fp8")
+    decode = obs.subset(np.flatnonzero(obs.data["decode"] > 0))
+    held = {key: hw[key.split(".", 1)[1]] for key in decode.active}
+    names = ("hardware.mla_bandwidth_fraction", "hardware.mla_unit_ns", "hardware.mla_floor_us")
+
+    def values(x):
+        return {**held, **dict(zip(names, x))}
+
+    x = least_squares(lambda x: np.log(predict(decode, values(x))) - np.log(decode.measured_s),
+                      [held[n] for n in names], bounds=([0.05, 0.0, 0.0], [1.0, 1e4, 1e3]), x_scale="jac").x
+
+    def mape(sub, v):
+        return float(np.mean(np.abs(predict(sub, v) / sub.measured_s - 1.0)))
+
+    return {"mla_fp8_kv_bandwidth_fraction": float(x[0]), "mla_fp8_kv_unit_ns": float(x[1]),
+            "mla_fp8_kv_floor_us": float(x[2]), "modules": len(obs), "decode_mape_held": mape(decode, held),
+            "decode_mape": mape(decode, values(x)), "mape": mape(obs, values(x))}
+
+
 def bundled_mla_held_out(gpu: str, max_folds: int = 40) -> dict:
     """Each bundled MLA module of ``gpu`` (BF16 cache) predicted by a fit without its shape, and as the step model
     priced it before (:func:`mla_observations`' ``before_s``): phase -> (held-out MAPE, before MAPE, median before /
     measured, modules); and ``"fp8 kv"`` -> (MAPE, median modelled / measured, modules) of the modules over an FP8
-    cache at the catalog's figures (a BF16 cache's, at one byte an element)."""
+    cache at the catalog's figures (its FP8-cache figures where fitted, :func:`fit_mla_fp8_kv`; else the BF16
+    cache's at one byte an element)."""
     hw = catalog.hardware_preset(gpu)
     obs = mla_observations(_bundled_table(gpu, "mla"), hw)
     predicted, _ = held_out(obs, fit_point(obs), max_folds)
     fp8 = mla_observations(_bundled_table(gpu, "mla"), hw, kv_dtype="fp8")
-    ratio = predict(fp8, {key: hw[key.split(".", 1)[1]] for key in fp8.active}) / fp8.measured_s
+    own = {key: hw[key.split(".", 1)[1]] for key in fp8.active}
+    for name in ("floor_us", "bandwidth_fraction", "unit_ns"):  # the FP8 cache's own figures, where fitted
+        if hw[f"mla_fp8_kv_{name}"] > 0:
+            own[f"hardware.mla_{name}"] = hw[f"mla_fp8_kv_{name}"]
+    ratio = predict(fp8, own) / fp8.measured_s
     out = {"fp8 kv": (float(np.mean(np.abs(ratio - 1.0))), float(np.median(ratio)), len(fp8))}
     for phase, rows in (("decode", obs.data["decode"] > 0), ("prefill", obs.data["decode"] == 0)):
         before = obs.data["before_s"][rows] / obs.measured_s[rows]

@@ -87,6 +87,8 @@ class Hardware:
         Fitted MLA attention figures (DeepSeek-V3's module, its projections at the GEMM figures): the module's fixed
         time beyond its GEMMs' and the attention call's :class:`mcsim.perf.roofline.AttentionFigures` (0 where not
         measured: MLA attention then takes the roofline).
+    mla_fp8_kv_floor_us, mla_fp8_kv_bandwidth_fraction, mla_fp8_kv_unit_ns : float
+        The module's fixed time and the decode call's figures over an FP8 cache (0: the BF16 cache's).
     deepep_table : str
         The bundled export of DeepEP's measured dispatches and combines that prices its all-to-all modes on this GPU
         (:mod:`mcsim.perf.deepep`; "" where none: they take the analytic hierarchical model).
@@ -171,6 +173,9 @@ class Hardware:
     mla_prefill_bandwidth_fraction: float = 0.0
     mla_half_work: float = 0.0
     mla_half_context: float = 0.0
+    mla_fp8_kv_floor_us: float = 0.0
+    mla_fp8_kv_bandwidth_fraction: float = 0.0
+    mla_fp8_kv_unit_ns: float = 0.0
     tdp_w: float = 0.0
     idle_w: float = 0.0
     price_usd: float = 0.0
@@ -279,7 +284,8 @@ def performance_defaults(p: dict) -> dict:
       ``elementwise_bandwidth_fraction``, fitted the same way to the measured RMSNorm, RoPE, SwiGLU and residual-add
       kernels of Vidur's files (H100, A100);
     * ``performance.attention_floor_s``: the catalog's ``attention_floor_us`` for a GQA model on hardware whose
-      attention kernels were measured, else :data:`ATTENTION_CALL_KERNELS` kernel floors (an assumption; a
+      attention kernels were measured, its ``mla_floor_us`` (``mla_fp8_kv_floor_us`` over an FP8 cache) for an MLA
+      model on hardware whose MLA modules were, else :data:`ATTENTION_CALL_KERNELS` kernel floors (an assumption; a
       whole-step calibration fits it);
     * for an accelerator without fitted GEMM figures, ``performance.unmeasured_flops_fraction`` and
       ``unmeasured_bandwidth_fraction`` (drawn per sample: uncertain, not measured);
@@ -296,7 +302,9 @@ def performance_defaults(p: dict) -> dict:
     out = {**p, **{key: value for key, value in figures.items() if key in keys}}
     if attention:  # the measured call's, else from the kernel floor in force (the scenario's own or the hardware's)
         kind = p.get("model.attention", "gqa")
-        measured = hw.attention_floor_us if kind == "gqa" else hw.mla_floor_us if kind == "mla" else 0.0
+        fp8_cache = p.get("precision.enabled", False) and p.get("precision.kv_bytes", 2.0) == 1.0
+        mla = hw.mla_fp8_kv_floor_us if fp8_cache and hw.mla_fp8_kv_floor_us > 0 else hw.mla_floor_us
+        measured = hw.attention_floor_us if kind == "gqa" else mla if kind == "mla" else 0.0
         out["performance.attention_floor_s"] = measured * 1e-6 if measured > 0 \
             else ATTENTION_CALL_KERNELS * out.get("performance.kernel_floor_s", 0.0)
     return out

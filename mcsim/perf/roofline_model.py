@@ -121,7 +121,8 @@ def mla_figures(p: dict):
     if hw.mla_bandwidth_fraction <= 0 or not _leaves_to_hardware(p, hw, LINEAR_KEYS[:2]):
         return None
     return roofline.AttentionFigures(hw.mla_bandwidth_fraction, hw.mla_unit_ns * 1e-9, hw.mla_flops_fraction,
-                                     hw.mla_prefill_bandwidth_fraction, hw.mla_half_work, 0.0, hw.mla_half_context)
+                                     hw.mla_prefill_bandwidth_fraction, hw.mla_half_work, 0.0, hw.mla_half_context,
+                                     hw.mla_fp8_kv_bandwidth_fraction, hw.mla_fp8_kv_unit_ns * 1e-9)
 
 
 def attention_figures(p: dict):

@@ -64,7 +64,8 @@ CATALOG_UPPER = {
                                       "attention_fp8_kv_unit_ns",
                                       *(f"experts_{d}{k}" for d in ("", "fp8_", "fp4_")
                                         for k in ("half_rows", "floor_us", "tile_ns")),
-                                      "mla_floor_us", "mla_unit_ns", "mla_half_work", "mla_half_context")},
+                                      "mla_floor_us", "mla_unit_ns", "mla_half_work", "mla_half_context",
+                                      "mla_fp8_kv_floor_us", "mla_fp8_kv_unit_ns")},
     **{f"hardware.{k}": 1 for k in ("gemm_flops_fraction", "gemm_bandwidth_fraction", "gemm_fp8_flops_fraction",
                                     "gemm_fp4_flops_fraction", "gemm_fp4_bandwidth_fraction",
                                     "gemm_fp8_bandwidth_fraction", "elementwise_bandwidth_fraction",
@@ -73,7 +74,8 @@ CATALOG_UPPER = {
                                     *(f"experts_{d}{k}" for d in ("", "fp8_", "fp4_")
                                       for k in ("flops_fraction", "weight_bandwidth_fraction",
                                                 "stream_bandwidth_fraction")),
-                                    "mla_bandwidth_fraction", "mla_flops_fraction", "mla_prefill_bandwidth_fraction")},
+                                    "mla_bandwidth_fraction", "mla_flops_fraction", "mla_prefill_bandwidth_fraction",
+                                    "mla_fp8_kv_bandwidth_fraction")},
     **{f"hardware.{k}": 1e6 for k in ("tdp_w", "idle_w")},
     "hardware.gpus_per_node": 100_000,
     "hardware.price_usd": 1e9,

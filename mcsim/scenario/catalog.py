@@ -168,7 +168,11 @@ HARDWARE_FIELD_DOCS: dict[str, tuple[type, str]] = {
                           ("flops_fraction", "largest share of the BF16 peak a prefill MLA call reaches"),
                           ("prefill_bandwidth_fraction", "share of HBM bandwidth a prefill MLA call's bytes reach"),
                           ("half_work", "query-head tokens at which prefill MLA reaches half its FLOP share"),
-                          ("half_context", "context at which prefill MLA reaches half its FLOP share"))},
+                          ("half_context", "context at which prefill MLA reaches half its FLOP share"),
+                          ("fp8_kv_floor_us", "mla_floor_us over an FP8 cache, us (0: the BF16 cache's)"),
+                          ("fp8_kv_bandwidth_fraction", "mla_bandwidth_fraction of a decode call over an FP8 cache "
+                                                        "(0: the BF16 cache's)"),
+                          ("fp8_kv_unit_ns", "mla_unit_ns of a decode call over an FP8 cache"))},
     "deepep_table": (str, "the bundled export of DeepEP's measured dispatches and combines "
                           "(mcsim/data/measurements/aiconfigurator/<name>_deepep.csv.gz) that prices "
                           "performance.alltoall = deepep_low_latency / deepep_normal on this GPU (mcsim.perf.deepep); "
