@@ -34,6 +34,17 @@ def test_an_unmeasured_gpu_is_named_in_the_result_and_the_summary(tmp_path):
     assert measured.exit_code == 0 and "UNMEASURED" not in measured.output
     with xr.open_dataset(tmp_path / "y.nc") as ds:
         assert ds.attrs["kernel_data_unmeasured"] == ""
+        assert "performance.stack" not in ds.attrs["kernel_data"]  # vLLM's stack, vLLM's kernels: nothing to say
+    # another stack is priced with vLLM's kernel tables, and the result says so (a run, and a grid over stacks)
+    for args, out in ((("--set", 'performance.stack="sglang"'), "z.nc"),
+                      (("--grid", "performance.stack=vllm,trtllm"), "g.nc")):
+        other = invoke("sweep" if args[0] == "--grid" else "run", DENSE_NODE, "--samples", "1", "--requests", "300",
+                       "--no-progress", *ROOFLINE, *args, "-o", tmp_path / out)
+        assert other.exit_code == 0, other.output
+        with xr.open_dataset(tmp_path / out) as ds:
+            stack = "sglang" if out == "z.nc" else "trtllm"
+            assert (f"performance.stack {stack}: the measured kernels are vLLM 0.24.0's (DeepEP's, SGLang's) "
+                    "whatever the stack") in ds.attrs["kernel_data"]
 
 
 def test_search_names_its_unsettled_candidates_and_an_unmeasured_optimum(tmp_path):

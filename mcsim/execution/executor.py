@@ -597,8 +597,9 @@ def run_attrs(plan: Plan, command: str | None, fingerprint: str, reused: int, re
     })
     attrs["workload"] = _workload_over_grid(plan, attrs["workload"])
     swept = {a.path: [str(v) for v in a.values] for a in plan.axes}
-    if "hardware.preset" in swept or "performance.fidelity" in swept:
-        attrs.update(results.kernel_data(plan.scn, swept.get("hardware.preset"), swept.get("performance.fidelity")))
+    if "hardware.preset" in swept or "performance.fidelity" in swept or "performance.stack" in swept:
+        attrs.update(results.kernel_data(plan.scn, swept.get("hardware.preset"), swept.get("performance.fidelity"),
+                                         swept.get("performance.stack")))
     for path, key in (("performance.fidelity", "fidelity"), ("deployment.fleet", "fleet"),
                       ("deployment.fleet_simulation", "fleet_simulation")):
         if any(axis.path == path for axis in plan.axes):

@@ -214,13 +214,14 @@ def numpy_arrays_only() -> None:
         cache(name, absent)
 
 
-def kernel_data(scn, presets=None, fidelities=None) -> dict:
-    """What the step times of a result stand on, per accelerator: ``kernel_data`` (a sentence per preset) and
-    ``kernel_data_unmeasured`` (the presets whose roofline no measurement supports, space-separated; "" where
-    none, or where no roofline ran). ``presets`` and ``fidelities`` default to the scenario's own (a grid passes
-    its axes' values)."""
+def kernel_data(scn, presets=None, fidelities=None, stacks=None) -> dict:
+    """What the step times of a result stand on, per accelerator: ``kernel_data`` (a sentence per preset, and one
+    saying whose kernels priced a stack other than vLLM) and ``kernel_data_unmeasured`` (the presets whose roofline
+    no measurement supports, space-separated; "" where none, or where no roofline ran). ``presets``, ``fidelities``
+    and ``stacks`` default to the scenario's own (a grid passes its axes' values)."""
     presets = list(dict.fromkeys(presets or [str(scn["hardware.preset"])]))
     fidelities = set(fidelities or [str(scn["performance.fidelity"])])
+    stacks = sorted(set(stacks or [str(scn["performance.stack"])]) - {"vllm"})
     own = str(scn["hardware.preset"])
     parts, unmeasured = [], []
     if "factor" in fidelities:
@@ -231,6 +232,10 @@ def kernel_data(scn, presets=None, fidelities=None) -> dict:
             parts.append(text)
             if kind == "none" and getattr(scn, "calibration", None) is None:
                 unmeasured.append(name)
+        if stacks:
+            parts.append(f"performance.stack {', '.join(stacks)}: the measured kernels are vLLM 0.24.0's (DeepEP's, "
+                         "SGLang's) whatever the stack; its own kernel tables are not read, the stack sets the "
+                         "all-reduce, the CUDA-graph mode and the host's overlap")
     return {"kernel_data": "; ".join(parts), "kernel_data_unmeasured": " ".join(unmeasured)}
 
 
