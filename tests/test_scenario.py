@@ -611,3 +611,20 @@ def test_bundled_scenarios_trust_the_fit_or_say_why():
 def test_a_removed_key_says_what_became_of_it(text, message):
     err = error_of(text)
     assert message in str(err) and "unknown key" not in str(err)
+
+
+@pytest.mark.parametrize("override, key, expected", [
+    ('hardware.deepep_table="h100_sglang"', "hardware.deepep_table",
+     "one of b200_sglang_0.5.12, h100_sglang_0.5.6.post2"),
+    ('hardware.experts_fp8_surface="h100-experts-fp9"', "hardware.experts_fp8_surface",
+     "did you mean 'h100-experts-fp8'"),
+    ('hardware.gemm_surface="missing.toml"', "hardware.gemm_surface", "missing.toml: no such calibration file"),
+])
+def test_a_bundled_name_that_does_not_ship_is_refused_naming_its_key(override, key, expected):
+    """A hardware key that names a bundled file (a surface's calibration, DeepEP's export) is checked when the
+    scenario is made, by --set as by the file: a misspelt name is one line naming the key, not a missing file later."""
+    deepseek = FACTORY.parent / "deepseek-disaggregated.toml"
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(deepseek, overrides=[override])
+    assert err.value.key == key and expected in str(err.value) and "\n" not in str(err.value)
+    assert load_scenario(deepseek, overrides=['hardware.deepep_table=""'])["hardware.deepep_table"] == ""

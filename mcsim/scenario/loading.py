@@ -704,6 +704,7 @@ def _cross_checks(scn: Scenario):
                             "whose support is only 0 counts as 0)")
 
     _check_expert_layout(scn, v)
+    _check_bundled_names(scn, v)
     _check_replicas(scn, v)
     _check_tiers(scn, v)
     _check_rate_profile(scn, v)
@@ -714,6 +715,33 @@ def _cross_checks(scn: Scenario):
     g, tp = v["deployment.prefill_gpus_per_instance"], v["deployment.prefill_tp"]
     if all(isinstance(x, int) for x in (g, tp)) and g and g % tp:
         raise ScenarioError(scn.source, "deployment.prefill_tp", f"must divide prefill_gpus_per_instance ({g})")
+
+
+#: The hardware keys that name a bundled file (a surface's calibration, DeepEP's export), and where those live.
+BUNDLED_NAMES = {**{f"hardware.{k}": ("calibrations", ".toml") for k in
+                    ("gemm_surface", "gemm_fp8_surface", "gemm_fp4_surface", "experts_surface", "experts_fp8_surface",
+                     "experts_fp4_surface")},
+                 "hardware.deepep_table": ("measurements/aiconfigurator", "_deepep.csv.gz")}
+
+
+def _check_bundled_names(scn: Scenario, v: dict):
+    """A hardware key that names a bundled file names one that ships (or, for a surface, a calibration file that
+    exists): a misspelt name is refused here, naming the key, not when a step first reads it."""
+    data = Path(str(resources.files("mcsim.data")))
+    for key, (folder, suffix) in BUNDLED_NAMES.items():
+        name = v.get(key, "")
+        if not isinstance(name, str) or not name:
+            continue
+        if suffix == ".toml" and name.endswith(".toml"):
+            if not Path(name).is_file():
+                raise ScenarioError(scn.source, key, f"{name}: no such calibration file")
+            continue
+        if not (data / folder / f"{name}{suffix}").is_file():
+            known = sorted(p.name[:-len(suffix)] for p in (data / folder).glob(f"*{suffix}"))
+            raise ScenarioError(scn.source, key, f"expected a bundled name{_nearest(name, known)} (one of "
+                                f"{', '.join(known)}) or \"\" for none, got {name!r}" if suffix != ".toml" else
+                                f"expected a bundled calibration{_nearest(name, known)} or a calibration file's path "
+                                f"(.toml), or \"\" for none; got {name!r}")
 
 
 def _check_rate_profile(scn: Scenario, v: dict):
