@@ -638,6 +638,24 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
                                  AIC.replace("measured under vLLM 0.24.0", "all-to-alls measured under SGLang "
                                              + name.split("_sglang_")[1]), "fraction",
                                  "target: <= 15 %; in sample", target=True))
+    errors = aiconfigurator.nccl_allreduce_errors("b200")
+    checks.append(_check(f"NCCL all-reduce, B200, NCCL 2.29.2, 2-8 GPUs, 2 KiB-64 MiB ({errors.size} messages; the "
+                         "catalog's figures fitted to them): MAPE", float(np.mean(np.abs(errors))), 0.0,
+                         ALLREDUCE_MAPE_TARGET,
+                         AIC.replace("measured under vLLM 0.24.0", "all-reduces measured under NCCL 2.29.2"),
+                         "fraction", "target: <= 15 %; in sample", target=True))
+    for gpu in ("h100", "h200"):
+        errors = aiconfigurator.nccl_allreduce_errors(gpu)
+        obs = aiconfigurator.nccl_allreduce_observations(
+            aiconfigurator.read_table(aiconfigurator.bundled_nccl(gpu), aiconfigurator.NCCL_COLUMNS))
+        large = obs.data["bytes"] >= 8 * 2 ** 20
+        checks.append(_check(f"NCCL all-reduce, {gpu.upper()}, NCCL 2.29.2, 2-8 GPUs, 2 KiB-64 MiB, priced by the "
+                             f"catalog's fit to Vidur's DGX H100 profiles, a second source ({errors.size} messages): "
+                             f"MAPE (median modelled / measured {1 + float(np.median(errors)):.2f}; from 8 MiB, "
+                             f"where the step model runs NCCL: {100 * float(np.mean(np.abs(errors[large]))):.1f} %)",
+                             float(np.mean(np.abs(errors))), 0.0, SECOND_SOURCE_MAPE_TARGET,
+                             AIC.replace("measured under vLLM 0.24.0", "all-reduces measured under NCCL 2.29.2"),
+                             "fraction", "target: two measured sources agree within 8 %", target=True))
     for gpu in ("h100", "h200", "b200"):
         errors = aiconfigurator.custom_allreduce_errors(gpu)
         checks.append(_check(f"Custom all-reduce under CUDA graphs, {gpu.upper()}, 2-8 GPUs, 256 B-8 MiB "

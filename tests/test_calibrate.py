@@ -548,6 +548,11 @@ def test_the_catalogs_aiconfigurator_figures_are_fits_of_the_bundled_rows(gpu):
     for key, value in aic.fit_mla_fp8_kv(gpu).items():
         if key.startswith("mla_fp8_kv_"):
             assert value == pytest.approx(hw[key], rel=1e-3), key
+    if gpu == "b200":  # B200's NCCL figures are its own NCCL 2.29.2 all-reduces' (H100's and H200's are Vidur's)
+        assert measurements.kind_of(aic.bundled_nccl(gpu)) == "aiconfigurator-nccl"
+        nccl = aic.nccl_allreduce_observations(aic.read_table(aic.bundled_nccl(gpu), aic.NCCL_COLUMNS))
+        for key, value in zip(nccl.active, fit.fit_point(nccl)):
+            assert value == pytest.approx(hw[key.split(".", 1)[1]], rel=1e-3, abs=1e-3), key
 
 
 def test_attention_fit_recovers_known_figures():

@@ -27,7 +27,7 @@ def test_every_check_passes(checks):
 
 def test_fidelity_targets_are_reported_not_enforced(checks, tmp_path):
     targets = [c for c in checks if c.target]
-    assert len(targets) == 83 and {c.result for c in targets} <= {"met", "missed"}
+    assert len(targets) == 86 and {c.result for c in targets} <= {"met", "missed"}
     assert all(c.result == ("met" if c.passed else "missed") for c in targets)
 
 

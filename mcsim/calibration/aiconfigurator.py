@@ -63,7 +63,7 @@ PARAMETER_KEYS = ("performance.flops_fraction", "performance.bandwidth_fraction"
 
 
 #: Columns of the database's tables that hold text, not numbers.
-TEXT_COLUMNS = ("gemm_dtype", "allreduce_dtype", "moe_dtype", "backend", "op_name", "kernel_source",
+TEXT_COLUMNS = ("gemm_dtype", "allreduce_dtype", "moe_dtype", "nccl_dtype", "backend", "op_name", "kernel_source",
                 "kv_cache_dtype", "distribution", "gemm_type")
 
 
@@ -379,6 +379,18 @@ def main(argv=None) -> None:
     parser.add_argument("more", nargs="*", help="with --export of an attention table: the other phase's table; of "
                                                 "DeepEP's low-latency table: its normal table")
     args = parser.parse_args(argv)
+    if "nccl" in Path(args.table).name:
+        table = read_table(args.table, NCCL_COLUMNS, "an NCCL table")
+        if args.export:
+            keep = (table["op_name"] == "all_reduce") & (table["nccl_dtype"] == "half")
+            print(f"{args.export}: {write_export([(table, keep)], NCCL_COLUMNS, args.export):,} all-reduces")
+            return
+        obs = nccl_allreduce_observations(table)
+        x = fit_point(obs)
+        mape = float(np.mean(np.abs(predict(obs, dict(zip(obs.active, x))) / obs.measured_s - 1.0)))
+        print("NCCL all-reduce: " + ", ".join(f"{k.split('.', 1)[1]} {v:.4g}" for k, v in zip(obs.active, x))
+              + f" ({len(obs)} messages, in-sample MAPE {mape:.3f})")
+        return
     if "deepep" in Path(args.table).name:  # the low-latency table, then the normal one
         low_latency = read_table(args.table, DEEPEP_LL_COLUMNS, "a DeepEP low-latency table")
         normal = read_table(args.more[0], DEEPEP_NORMAL_COLUMNS, "a DeepEP normal table")
@@ -718,6 +730,47 @@ def bundled_mla_held_out(gpu: str, max_folds: int = 40) -> dict:
         out[phase] = (float(np.mean(np.abs(predicted[rows] / obs.measured_s[rows] - 1.0))),
                       float(np.mean(np.abs(before - 1.0))), float(np.median(before)), int(rows.sum()))
     return out
+
+
+#: The columns of an NCCL table (``comm/nccl/<version>/nccl_perf.parquet``) mcsim reads: one collective over
+#: ``num_gpus`` GPUs of one node, ``message_size`` elements of ``nccl_dtype``, ``latency`` in ms.
+NCCL_COLUMNS = ("op_name", "nccl_dtype", "num_gpus", "message_size", "latency")
+#: Bytes an element of the NCCL tables' dtypes.
+NCCL_BYTES = {"half": 2.0, "bfloat16": 2.0, "float": 4.0, "int8": 1.0}
+#: The NCCL version of the bundled NCCL exports, and the message sizes a fit reads (those of Vidur's profiles,
+#: which the catalog's other NCCL fits read: 2 KiB-64 MiB).
+BUNDLED_NCCL = "nccl_2.29.2"
+NCCL_MIN_BYTES, NCCL_MAX_BYTES = 2048, 64 * 2 ** 20
+
+
+def nccl_allreduce_observations(table: dict, source: str = "") -> Observations:
+    """The NCCL all-reduces of an NCCL table (``all_reduce`` in 16-bit elements, 2 KiB-64 MiB) as observations of the
+    ``allreduce`` class (:func:`mcsim.perf.collectives.allreduce_auto_seconds`), each (GPUs, bytes) one shape."""
+    keep = ((table["op_name"] == "all_reduce") & (table["nccl_dtype"] == "half") & (table["latency"] > 0))
+    nbytes = table["message_size"] * 2.0
+    keep &= (nbytes >= NCCL_MIN_BYTES) & (nbytes <= NCCL_MAX_BYTES)
+    if not np.any(keep):
+        raise ValueError("no 16-bit NCCL all-reduce of 2 KiB-64 MiB in the table")
+    workers = table["num_gpus"][keep]
+    shape = np.unique(np.stack([workers, nbytes[keep]], axis=1), axis=0, return_inverse=True)[1].astype(np.int64)
+    return Observations("allreduce", table["latency"][keep] * 1e-3, shape.ravel(),
+                        {"bytes": nbytes[keep], "workers": workers},
+                        tuple(key for key, *_ in PARAMETERS["allreduce"]), sources=[source] if source else [])
+
+
+def bundled_nccl(gpu: str):
+    """The bundled export of ``gpu``'s NCCL all-reduces (:data:`BUNDLED_NCCL`), or None where none ships."""
+    path = Path(str(resources.files("mcsim.data") / "measurements" / "aiconfigurator"
+                    / f"{gpu}_{BUNDLED_NCCL}_all_reduce.csv.gz"))
+    return path if path.is_file() else None
+
+
+def nccl_allreduce_errors(gpu: str, figures_of: str | None = None) -> np.ndarray:
+    """Modelled / measured - 1 of ``gpu``'s bundled NCCL all-reduces priced by the catalog's NCCL figures of
+    ``figures_of`` (default ``gpu``'s own)."""
+    obs = nccl_allreduce_observations(read_table(bundled_nccl(gpu), NCCL_COLUMNS, "an NCCL table"))
+    hw = catalog.hardware_preset(figures_of or gpu)
+    return predict(obs, {key: hw[key.split(".", 1)[1]] for key in obs.active}) / obs.measured_s - 1.0
 
 
 def export_moe(table: dict, path) -> int:

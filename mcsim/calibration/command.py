@@ -105,6 +105,8 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
                                        lambda t: aiconfigurator.mla_observations(t, hw, source=str(path))),
                 "aiconfigurator-moe": (aiconfigurator.MOE_COLUMNS, "a fused MoE table",
                                        lambda t: aiconfigurator.experts_observations(t, hw, dtype, source=str(path))),
+                "aiconfigurator-nccl": (aiconfigurator.NCCL_COLUMNS, "an NCCL table",
+                                        lambda t: aiconfigurator.nccl_allreduce_observations(t, source=str(path))),
             }[kind]
             try:
                 obs = observe(aiconfigurator.read_table(path, columns, what))

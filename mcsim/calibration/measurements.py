@@ -47,7 +47,7 @@ from mcsim.text import one_line
 
 STEP_COLUMNS = ("hardware", "model", "tp", "decode_seqs", "mean_context", "prefill_tokens", "time_ms")
 KINDS = ("vidur-mlp", "vidur-all_reduce", "vidur-send_recv", "steps", "aiconfigurator-gemm",
-         "aiconfigurator-attention", "aiconfigurator-moe", "aiconfigurator-mla")
+         "aiconfigurator-attention", "aiconfigurator-moe", "aiconfigurator-mla", "aiconfigurator-nccl")
 
 
 def shape_ids(*columns) -> np.ndarray:
@@ -62,7 +62,8 @@ def kind_of(path) -> str:
     if path.suffix == ".parquet":  # AIConfigurator's database keeps its tables so, named by what they time
         return ("aiconfigurator-attention" if "attention" in path.name
                 else "aiconfigurator-moe" if path.name.startswith("moe")
-                else "aiconfigurator-mla" if path.name.startswith("mla") else "aiconfigurator-gemm")
+                else "aiconfigurator-mla" if path.name.startswith("mla")
+                else "aiconfigurator-nccl" if path.name.startswith("nccl") else "aiconfigurator-gemm")
     if path.name.endswith(".csv.gz"):  # an export of one of its tables
         try:
             with gzip.open(path, "rt", newline="", errors="replace") as handle:
@@ -76,6 +77,8 @@ def kind_of(path) -> str:
             return "aiconfigurator-moe"
         if {"op_name", "gemm_type", "num_heads", "latency"} <= names:
             return "aiconfigurator-mla"
+        if {"op_name", "nccl_dtype", "num_gpus", "message_size", "latency"} <= names:
+            return "aiconfigurator-nccl"
         return "aiconfigurator-gemm"
     with _open(path) as handle:
         try:

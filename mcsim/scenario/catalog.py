@@ -478,8 +478,12 @@ def _bf16_evidence(name: str, gemm_surface: str | None) -> tuple[str, str]:
     if surface.lower().startswith(f"{name.lower()}-"):  # fitted to a serving engine's kernel tables
         entry = hardware_preset(name)
         what = "GEMMs and attention kernels" if entry.get("attention_floor_us", 0) > 0 else "GEMMs"
+        elementwise = entry.get("kernel_floor_us", 0) > 0
+        collectives = entry.get("collective_hop_us", 0) > 0 or entry.get("collective_base_us", 0) > 0
         rest = ("element-wise kernels and NCCL collectives by fitted figures, its own or H100's (the catalog's "
-                "comments say which)" if entry.get("kernel_floor_us", 0) > 0 and entry.get("collective_hop_us", 0) > 0
+                "comments say which)" if elementwise and collectives
+                else "NCCL collectives by its own fitted figures; element-wise kernels not measured (the generic "
+                     "model)" if collectives
                 else "element-wise kernels and collectives not measured (the generic model)")
         return "measured", f"{name}: {what} measured under vLLM 0.24.0 (the bundled {surface}.toml); {rest}"
     if surface.lower() == name.lower():
