@@ -568,7 +568,7 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
                              "target: <= 8 %" + ("; in sample" if own else " for a KV dtype the fit has not seen"),
                              target=True))
     for gpu in aiconfigurator.BUNDLED_DTYPES:
-        result = aiconfigurator.bundled_mla_held_out(gpu, 4 if quick else 10)
+        result = aiconfigurator.bundled_mla_held_out(gpu, 4 if quick else 10, stride=3 if quick else 1)
         fp8_mape, fp8_ratio, fp8_modules = result["fp8 kv"]
         for phase in ("decode", "prefill"):
             mape, before, ratio, modules = result[phase]
@@ -602,8 +602,9 @@ def aiconfigurator_checks(quick: bool = False) -> list[Check]:
                 continue  # NVFP4 experts measured on B200 only
             mape, bands, layers, shapes = aiconfigurator.bundled_experts_held_out(gpu, compute, 4 if quick else 10)
             worst = max(bands, key=bands.get)
-            step = aiconfigurator.step_model_experts_errors(gpu, compute)
-            before = aiconfigurator.step_model_experts_errors(gpu, compute, measured=False)
+            stride = 4 if quick else 1  # quick: every fourth layer priced by the step model
+            step = aiconfigurator.step_model_experts_errors(gpu, compute, stride=stride)
+            before = aiconfigurator.step_model_experts_errors(gpu, compute, measured=False, stride=stride)
             checks.append(_check(f"Routed experts of {gpu.upper()}, {label}, vLLM's fused MoE kernel, {layers:,} "
                                  f"layers of {shapes} shapes (balanced routing, experts sharded by TP), each shape "
                                  f"predicted by a fit without it: MAPE (worst band {worst.replace('rows', 'tokens')}: "

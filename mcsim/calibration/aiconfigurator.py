@@ -518,9 +518,9 @@ def balanced_experts(tokens: int, experts: int, topk: int) -> int:
 def experts_observations(table: dict, hw, compute: str, source: str = "") -> Observations:
     """The kept rows of a fused MoE table in ``compute`` (``"bf16"``, ``"fp8"``, ``"fp4"``; :func:`_moe_rows`) as
     observations of the experts class (``experts``, ``experts_fp8`` or ``experts_fp4``): each row one layer's routed
-    experts on one GPU over ``num_tokens`` tokens, with its FLOPs, the touched experts' weight bytes, the pairs' activation bytes
-    (:func:`mcsim.perf.fused_moe.expert_stream_bytes`), pairs per touched expert and output tiles, as the step model
-    counts them. Balanced routing touches the experts :func:`balanced_experts` counts. Rows faster than those
+    experts on one GPU over ``num_tokens`` tokens, with its FLOPs, the touched experts' weight bytes, the pairs'
+    activation bytes (:func:`mcsim.perf.fused_moe.expert_stream_bytes`), pairs per touched expert and output tiles,
+    as the step model counts them. Balanced routing touches the experts :func:`balanced_experts` counts. Rows faster than those
     experts' weights can be read at HBM's peak are left out: their model routes tokens by groups (DeepSeek-style
     grouped top-k), so the logits touched fewer. Each (hidden, width on the GPU, top-k, experts) is one shape; each
     row's index in the table is kept as ``table_row``."""
@@ -579,20 +579,22 @@ def catalog_achievable(hw, compute: str, **extra) -> "roofline.Achievable":
         linear=linear, experts=linear, **extra)
 
 
-def step_model_experts_errors(gpu: str, compute: str, measured: bool = True) -> np.ndarray:
+def step_model_experts_errors(gpu: str, compute: str, measured: bool = True, stride: int = 1) -> np.ndarray:
     """Modelled / measured - 1 of every kept row of ``gpu``'s bundled fused MoE table in ``compute``, each row priced
     by the step model (:func:`mcsim.perf.roofline.step_cost`, its ``moe_ffn`` op) as one MoE layer of that shape over
     that many tokens, experts sharded by TP, the touched experts the collector's: with the catalog's measured
     experts figures (``measured``), else as the grouped GEMMs of the GEMM tables' figures and surface (how routed
-    experts were priced before their kernels were measured)."""
+    experts were priced before their kernels were measured). ``stride`` prices every stride-th row only (a quick
+    check)."""
     table = _bundled_table(gpu, "moe")
     hw = as_hardware(catalog.hardware_preset(gpu))
     obs = experts_observations(table, hw, compute)
     _, weight_bytes, _ = MOE_DTYPES[compute]
     prec = roofline.Precision(weight_bytes=weight_bytes, kv_bytes=2.0, activation_bytes=2.0, compute=compute)
     achievable = catalog_achievable(hw, compute, moe=hw.expert_figures(compute) if measured else None)
-    out = np.empty(len(obs))
-    for j, i in enumerate(obs.data["table_row"].astype(np.int64)):
+    picked = np.arange(0, len(obs), max(int(stride), 1))
+    out = np.empty(picked.size)
+    for j, i in enumerate(obs.data["table_row"][picked].astype(np.int64)):
         tokens, experts, topk = int(table["num_tokens"][i]), int(table["num_experts"][i]), int(table["topk"][i])
         model = {"hidden_size": int(table["hidden_size"][i]), "expert_ffn": float(table["inter_size"][i]),
                  "experts": experts, "active_experts": topk, "shared_experts": 0, "layers": 1, "dense_layers": 0,
@@ -602,7 +604,7 @@ def step_model_experts_errors(gpu: str, compute: str, measured: bool = True) -> 
                                   parallel=roofline.Parallelism(tp=int(table["moe_tp_size"][i])),
                                   achievable=achievable, distinct_experts=balanced_experts(tokens, experts, topk))
         out[j] = cost.breakdown["moe_ffn"]["t"]
-    return out / obs.measured_s - 1.0
+    return out / obs.measured_s[picked] - 1.0
 
 
 #: The columns of an MLA module table (``mla/<engine>/<version>/mla_{generation,context}_module_perf.parquet``):
@@ -632,7 +634,8 @@ def _mla_rows(table: dict, kv_dtype: str = "bfloat16") -> np.ndarray:
     return keep
 
 
-def mla_observations(table: dict, hw, source: str = "", kv_dtype: str = "bfloat16") -> Observations:
+def mla_observations(table: dict, hw, source: str = "", kv_dtype: str = "bfloat16",
+                     stride: int = 1) -> Observations:
     """The kept rows of an MLA module table (:func:`_mla_rows`, BF16 cache) as observations of the ``mla`` class: each
     row one module on one GPU, its projections priced by the step model at the catalog's GEMM figures (``proj_s``:
     held, not fitted) and its attention calls as the step model counts them (:func:`mcsim.perf.roofline.mla_calls`);
@@ -640,7 +643,7 @@ def mla_observations(table: dict, hw, source: str = "", kv_dtype: str = "bfloat1
     MLA's kernels were measured: its projections and the roofline's attention with three element-wise kernel floors
     (:data:`mcsim.perf.hardware.ATTENTION_CALL_KERNELS`)."""
     hw = as_hardware(hw)
-    rows = np.flatnonzero(_mla_rows(table, kv_dtype))
+    rows = np.flatnonzero(_mla_rows(table, kv_dtype))[::max(int(stride), 1)]  # every stride-th row (a quick check)
     model = dict(catalog.model_preset(MLA_MODEL), layers=1, dense_layers=1)
     floor = ATTENTION_CALL_KERNELS * gemm_figures(hw)["performance.kernel_floor_s"]
     achievable = {compute: catalog_achievable(hw, compute, attention_floor_s=floor)
@@ -709,16 +712,16 @@ def fit_mla_fp8_kv(gpu: str) -> dict:
             "decode_mape": mape(decode, values(x)), "mape": mape(obs, values(x))}
 
 
-def bundled_mla_held_out(gpu: str, max_folds: int = 40) -> dict:
+def bundled_mla_held_out(gpu: str, max_folds: int = 40, stride: int = 1) -> dict:
     """Each bundled MLA module of ``gpu`` (BF16 cache) predicted by a fit without its shape, and as the step model
     priced it before (:func:`mla_observations`' ``before_s``): phase -> (held-out MAPE, before MAPE, median before /
     measured, modules); and ``"fp8 kv"`` -> (MAPE, median modelled / measured, modules) of the modules over an FP8
     cache at the catalog's figures (its FP8-cache figures where fitted, :func:`fit_mla_fp8_kv`; else the BF16
     cache's at one byte an element)."""
     hw = catalog.hardware_preset(gpu)
-    obs = mla_observations(_bundled_table(gpu, "mla"), hw)
+    obs = mla_observations(_bundled_table(gpu, "mla"), hw, stride=stride)
     predicted, _ = held_out(obs, fit_point(obs), max_folds)
-    fp8 = mla_observations(_bundled_table(gpu, "mla"), hw, kv_dtype="fp8")
+    fp8 = mla_observations(_bundled_table(gpu, "mla"), hw, kv_dtype="fp8", stride=stride)
     own = {key: hw[key.split(".", 1)[1]] for key in fp8.active}
     for name in ("floor_us", "bandwidth_fraction", "unit_ns"):  # the FP8 cache's own figures, where fitted
         if hw[f"mla_fp8_kv_{name}"] > 0:
