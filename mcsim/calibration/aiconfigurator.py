@@ -520,10 +520,10 @@ def experts_observations(table: dict, hw, compute: str, source: str = "") -> Obs
     observations of the experts class (``experts``, ``experts_fp8`` or ``experts_fp4``): each row one layer's routed
     experts on one GPU over ``num_tokens`` tokens, with its FLOPs, the touched experts' weight bytes, the pairs'
     activation bytes (:func:`mcsim.perf.fused_moe.expert_stream_bytes`), pairs per touched expert and output tiles,
-    as the step model counts them. Balanced routing touches the experts :func:`balanced_experts` counts. Rows faster than those
-    experts' weights can be read at HBM's peak are left out: their model routes tokens by groups (DeepSeek-style
-    grouped top-k), so the logits touched fewer. Each (hidden, width on the GPU, top-k, experts) is one shape; each
-    row's index in the table is kept as ``table_row``."""
+    as the step model counts them. Balanced routing touches the experts :func:`balanced_experts` counts. Rows faster
+    than those experts' weights can be read at HBM's peak are left out: their model routes tokens by groups
+    (DeepSeek-style grouped top-k), so the logits touched fewer. Each (hidden, width on the GPU, top-k, experts) is
+    one shape; each row's index in the table is kept as ``table_row``."""
     name, weight_bytes, input_bytes = MOE_DTYPES[compute]
     hw = as_hardware(hw)
     rows = _moe_rows(table, name)
