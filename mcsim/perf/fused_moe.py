@@ -9,11 +9,12 @@ bandwidth: gathered rows, scattered writes), and pays per output tile (a tile of
 expert by :data:`TILE_COLUMNS` columns), which is what narrow experts and many experts with few rows each cost.
 
 :func:`experts_seconds` is that model; :class:`ExpertFigures` its six figures, fitted per GPU and compute dtype to
-the fused MoE kernels AIConfigurator times (``mcsim calibrate``, class ``experts``) and held in the hardware catalog
-as ``experts_*`` (BF16), ``experts_fp8_*`` (block-scaled FP8) and ``experts_fp4_*`` (NVFP4). The step model and the fit both price with it. As a
-GEMM's roofline is corrected by its shape (:mod:`mcsim.perf.gemm_surface`), the formula is corrected by the fit's
-measured residuals, kept per (width on the GPU, hidden size) as a curve over tokens: a measured shape takes its own,
-another the blend of those near it (``ExpertFigures.surface``).
+the fused MoE kernels AIConfigurator times (``mcsim calibrate``, classes ``experts``, ``experts_fp8``, ``experts_fp4``)
+and held in the hardware catalog as ``experts_*`` (BF16), ``experts_fp8_*`` (block-scaled FP8) and ``experts_fp4_*``
+(NVFP4). The step model and the fit both price with it. As a GEMM's roofline is corrected by its shape
+(:mod:`mcsim.perf.gemm_surface`), the formula is corrected by the fit's measured residuals, kept per (width on the
+GPU, hidden size) as a curve over tokens: a measured shape takes its own, another the blend of those near it
+(``ExpertFigures.surface``).
 """
 
 from __future__ import annotations

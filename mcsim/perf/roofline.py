@@ -359,8 +359,8 @@ class Achievable:
     moe : mcsim.perf.fused_moe.ExpertFigures, optional
         The measured fused MoE kernels of the routed experts' compute dtype: each MoE layer's routed experts are then
         one fused kernel (:func:`mcsim.perf.fused_moe.experts_seconds`: its GEMMs, SwiGLU, quantization and sum over
-        ``top_k``), under the error class ``experts`` (``experts_fp8``, ``experts_fp4``) instead of ``gemm``. None: grouped GEMMs at
-        ``experts``' figures, a SwiGLU and casts.
+        ``top_k``), under the error class ``experts`` (``experts_fp8``, ``experts_fp4``) instead of ``gemm``. None:
+        grouped GEMMs at ``experts``' figures, a SwiGLU and casts.
     mla : AttentionFigures, optional
         The measured MLA attention kernels (:func:`mla_calls` priced by :func:`attention_seconds`, the head width
         term unused); None: MLA attention takes the roofline.
@@ -458,7 +458,7 @@ def attention_seconds(flops, nbytes, *, decode, sequences, kv_heads, work, head_
     """
     decode_t = (np.maximum(nbytes / (hbm * figures.bandwidth_fraction), flops / (peak * figures.flops_fraction))
                 + sequences * kv_heads * figures.unit_s)
-    work = np.where(decode, 1.0, work)  # a decode call's FLOPs do not set its time
+    work = np.where(decode, 1.0, work)  # the prefill form's efficiency is a prefill call's only
     context = np.where(decode, 1.0, context)
     rate = (peak * figures.flops_fraction * head_dim / (head_dim + figures.head_dim_half)
             * work / (work + figures.half_work) * context / (context + figures.half_context))
