@@ -543,13 +543,9 @@ def experts_observations(table: dict, hw, compute: str, source: str = "") -> Obs
             "peak": np.full(tokens.size, hw.peak_flops(compute)), "hbm": np.full(tokens.size, hw.hbm_bytes_s)}
     shape = np.unique(np.stack([hidden, width, table["topk"][rows], table["num_experts"][rows]], axis=1)[keep],
                       axis=0, return_inverse=True)[1].astype(np.int64).ravel()
-    cls = EXPERTS_CLASS[compute]
+    cls = EXPERTS_CLASSES[compute]
     return Observations(cls, measured[keep], shape, {k: v[keep] for k, v in data.items()},
                         tuple(key for key, *_ in PARAMETERS[cls]), sources=[source] if source else [])
-
-
-#: The experts class of each compute dtype (:mod:`mcsim.calibration.fit`), and the catalog's prefix of its figures.
-EXPERTS_CLASS = EXPERTS_CLASSES
 
 
 def bundled_experts_held_out(gpu: str, compute: str, max_folds: int = 40) -> tuple[float, dict, int, int]:

@@ -92,7 +92,7 @@ def calibrate(paths, *, hardware: str | None = None, dtype: str = "bf16", stack:
         elif kind == "vidur-send_recv":
             parts["send"].append(measurements.send_observations(path))
         elif kind.startswith("aiconfigurator-"):
-            if kind == "aiconfigurator-moe" and dtype not in aiconfigurator.EXPERTS_CLASS:
+            if kind == "aiconfigurator-moe" and dtype not in aiconfigurator.EXPERTS_CLASSES:
                 raise CalibrationError("--dtype", f"a fused MoE table is fitted for bf16, fp8 (block-scaled) or fp4 "
                                        f"(NVFP4) experts, not {dtype}")
             columns, what, observe = {

@@ -152,8 +152,6 @@ ERROR_CLASSES = {"gemm": ("attention_proj", "dense_ffn", "moe_ffn", "shared_expe
                  "attention": ("attention_core",),
                  "allreduce_nodes": ("tp_allreduce",),
                  **{cls: ("moe_ffn",) for cls in EXPERTS_CLASSES.values()}, "mla": ("attention_core",)}
-#: The error class of routed experts priced by their measured fused MoE kernels, by compute dtype.
-EXPERTS_ERROR_CLASS = EXPERTS_CLASSES
 
 
 def launch_seconds(launches: float, layers: float, launch_s: float, mode: str, gpu_s: float = 0.0) -> float:
@@ -1043,7 +1041,7 @@ def step_cost(model: dict, hw, *, decode_seqs: float, decode_context: float, pre
     for cls, names in ERROR_CLASSES.items():
         if cls == ("allreduce" if spans_nodes else "allreduce_nodes"):
             continue
-        if cls.startswith("experts") and cls != EXPERTS_ERROR_CLASS.get(fused_moe):
+        if cls.startswith("experts") and cls != EXPERTS_CLASSES.get(fused_moe):
             continue  # the fused kernels' error where they priced the experts
         if cls == "mla" and model["attention"] != "mla":
             continue
